@@ -1,0 +1,79 @@
+# gearfarm build file: one idempotent setup step shared by `./nightly.bash` and `make test`,
+# plus the test, lint and engine targets. Stamps make a second `make setup` a no-op.
+
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CACHE ?= $(or $(GEARFARM_CACHE),$(HOME)/.cache/gearfarm)
+
+# Debian packages the farm and its four targets need (issue: setup installs them idempotently).
+DEB_PACKAGES := gearman-job-server gearman-tools libgearman-dev build-essential git \
+	zlib1g-dev gcc-i686-linux-gnu gcc-aarch64-linux-gnu mingw-w64 libz-mingw-w64-dev \
+	qemu-user wine wine64 stunnel4 postgresql postgresql-client python3-venv
+# Foreign architectures only so `apt-get download` can fetch their zlib (see cross-zlib).
+FOREIGN_ARCHS := i386 arm64
+
+.PHONY: setup test test-fast lint engine engine-test clean farm-stop
+setup: .setup/debian.stamp .setup/cross-zlib.stamp .setup/minio.stamp .setup/venv.stamp
+
+# Checks first and calls apt only for what is missing, so a ready machine downloads nothing.
+.setup/debian.stamp: Makefile
+	@mkdir -p .setup
+	@missing=""; \
+	for a in $(FOREIGN_ARCHS); do dpkg --print-foreign-architectures | grep -qx $$a || missing="$$missing arch:$$a"; done; \
+	for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "setup: installing Debian packages:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  for a in $(FOREIGN_ARCHS); do $$SUDO dpkg --add-architecture $$a; done; \
+	  $$SUDO apt-get update -q || echo "setup: warning: apt-get update reported errors; trying the install anyway" >&2; \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $(DEB_PACKAGES) \
+	    || { echo "error: apt-get install failed; run 'make setup' again as root or with sudo" >&2; exit 2; }; \
+	fi
+	@touch $@
+
+# Installing zlib1g-dev:i386/arm64 through multiarch drags in conflicting foreign libc
+# packages, so the static libz and its headers are unpacked into the cross compilers' own
+# sysroots, where i686-linux-gnu-gcc and aarch64-linux-gnu-gcc find them with no flags.
+.setup/cross-zlib.stamp: .setup/debian.stamp
+	@for pair in i386:i686-linux-gnu arm64:aarch64-linux-gnu; do \
+	  arch=$${pair%%:*}; tri=$${pair##*:}; \
+	  test -f /usr/$$tri/lib/libz.a && test -f /usr/$$tri/include/zlib.h && continue; \
+	  echo "setup: unpacking zlib1g-dev:$$arch into /usr/$$tri"; \
+	  tmp=$$(mktemp -d); chmod 755 $$tmp; \
+	  (cd $$tmp && apt-get download -q zlib1g-dev:$$arch >/dev/null) || { echo "error: cannot download zlib1g-dev:$$arch; run 'apt-get update' and 'make setup' again" >&2; exit 2; }; \
+	  dpkg -x $$tmp/zlib1g-dev_*.deb $$tmp/x && \
+	  cp $$tmp/x/usr/include/zlib.h $$tmp/x/usr/include/zconf.h /usr/$$tri/include/ && \
+	  cp $$tmp/x/usr/lib/*/libz.a /usr/$$tri/lib/ && rm -rf $$tmp || exit 2; \
+	done
+	@touch $@
+
+.setup/minio.stamp: s3/install-minio.bash
+	@mkdir -p .setup
+	@GEARFARM_CACHE=$(CACHE) bash s3/install-minio.bash
+	@touch $@
+
+.setup/venv.stamp: requirements.txt pyproject.toml
+	@mkdir -p .setup
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	@$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $@
+
+# The whole suite: engine suites natively, lint, then every Python test (integration included).
+test: setup
+	$(MAKE) -s lint
+	$(MAKE) -C engine test
+	$(PY) -m pytest -q tests
+
+lint: setup
+	$(VENV)/bin/ruff check gearfarm workers s3 tests bench
+
+engine:
+	$(MAKE) -C engine
+
+farm-stop: setup
+	$(VENV)/bin/gearfarm farm stop
+
+clean:
+	rm -rf .setup $(VENV) engine/build

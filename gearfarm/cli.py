@@ -1,0 +1,346 @@
+"""The `gearfarm` command: nightly, worker, collector, status, report, history, farm stop."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from gearfarm import catalog as catalog_mod
+from gearfarm import config as config_mod
+from gearfarm import nightly, report
+from gearfarm.catalog import CatalogError
+from gearfarm.config import Config, ConfigError
+from gearfarm.gearman import GearmanError, admin
+from gearfarm.result import TERMINAL
+from gearfarm.store import ResultsDB
+from s3.store import ArtifactStore, StoreError
+
+console = Console(stderr=True)
+EXIT_OK, EXIT_FAILED, EXIT_FARM = 0, 1, 2
+
+
+def _fail(msg: str) -> None:
+    console.print(f"[bold red]error:[/] {msg}", highlight=False)
+    sys.exit(EXIT_FARM)
+
+
+def _repo_root() -> Path:
+    proc = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        _fail("not inside a git repository; run from the gearfarm checkout or pass --repo")
+    return Path(proc.stdout.strip())
+
+
+def _load_config(path: str | None) -> Config | None:
+    path = path or os.environ.get(config_mod.ENV_VAR)
+    if not path:
+        return None
+    try:
+        return config_mod.load(path)
+    except ConfigError as e:
+        _fail(str(e))
+    raise AssertionError
+
+
+def _csv(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    if value.strip() in ("", "none"):
+        return []
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+@click.group()
+@click.option("-v", "--verbose", is_flag=True, help="Log at debug level.")
+def main(verbose: bool) -> None:
+    """gearfarm: nightly builds, tests and benchmarks on Gearman."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for noisy in ("botocore", "boto3", "urllib3", "s3transfer"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+@main.command("nightly")
+@click.option("--config", "config_path", help="Lab config (TOML); default: $GEARFARM_CONFIG, else embedded.")
+@click.option("--rev", default="HEAD", show_default=True, help="Engine revision to build.")
+@click.option("--targets", help="Comma-separated targets (default: all in the catalog).")
+@click.option("--suites", help="Comma-separated suites (default: each target's list; 'none' for build only).")
+@click.option("--benchmarks", default="", help="Comma-separated benchmarks for perf targets.")
+@click.option("--run-id", help="Run id (default: time and revision). Resubmitting an id adds nothing.")
+@click.option("--seed", default=1, show_default=True, type=int)
+@click.option("--repo", type=click.Path(file_okay=False, path_type=Path), help="Engine repository.")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Embedded farm state (default: $GEARFARM_STATE or <repo>/state).")
+@click.option("--keep", is_flag=True, help="Leave the embedded farm running (stop: gearfarm farm stop).")
+@click.option("--no-worker-wait", type=float, help="Seconds before a job with no worker is recorded so.")
+@click.option("--deadline", type=float, help="Seconds by which the run must end.")
+def nightly_cmd(config_path: str | None, rev: str, targets: str | None, suites: str | None, benchmarks: str,
+                run_id: str | None, seed: int, repo: Path | None, state_dir: Path | None, keep: bool,
+                no_worker_wait: float | None, deadline: float | None) -> None:
+    """Run a whole nightly: build every target, test, collect, report."""
+    cfg = _load_config(config_path)
+    repo = (repo or (cfg.path(cfg.farm.repo) if cfg else None) or _repo_root()).resolve()
+    try:
+        full_rev = nightly.resolve_rev(repo, rev)
+        cat = catalog_mod.load_at_rev(repo, full_rev)
+        run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{full_rev[:12]}"
+        plan = nightly.plan(cat, run_id, full_rev, _csv(targets), _csv(suites), _csv(benchmarks), seed)
+    except (CatalogError, nightly.RunError, ValueError) as e:
+        _fail(str(e))
+    farm = None
+    if cfg is None:
+        from gearfarm.farm import EmbeddedFarm, FarmError
+        from gearfarm.gearmand import GearmandError
+        from s3.minio import MinioError
+
+        state = (state_dir or Path(os.environ.get("GEARFARM_STATE", repo / "state"))).resolve()
+        farm = EmbeddedFarm(state, repo)
+        console.print(f"starting the embedded farm in {state} …")
+        try:
+            cfg = farm.start(cat, plan.targets, perf=any(plan.benchmarks.values()))
+        except (GearmandError, MinioError, FarmError, OSError) as e:
+            farm.stop()
+            _fail(f"the embedded farm could not start: {e}")
+        for role, missing in farm.missing.items():
+            for t, why in missing.items():
+                console.print(f"[yellow]no {role} worker for {t}:[/] {why}")
+    assert cfg is not None
+    if no_worker_wait is not None:
+        cfg.farm.no_worker_wait = no_worker_wait
+    if deadline is not None:
+        cfg.farm.run_deadline = deadline
+    try:
+        code = _run_nightly(cfg, plan)
+    finally:
+        if farm is not None and not keep:
+            farm.stop()
+        elif farm is not None:
+            console.print(f"farm left running (config {farm.config_path}); stop it with: gearfarm farm stop")
+    sys.exit(code)
+
+
+def _run_nightly(cfg: Config, plan: nightly.Plan) -> int:
+    db = ResultsDB(cfg.database.url)
+    store = ArtifactStore(cfg.s3, retry_for=60)
+    try:
+        store.check()
+        nightly.preflight(cfg)
+    except (StoreError, nightly.RunError) as e:
+        _fail(str(e))
+    table = nightly.preflight(cfg)
+    for t in plan.targets:
+        fn = f"build:{t}"
+        if table.get(fn) is None or table[fn].workers == 0:
+            console.print(f"[yellow]preflight: no worker registered for {fn}; its jobs are recorded as "
+                          f"'no worker' after {cfg.farm.no_worker_wait:.0f}s[/]")
+    from workers.base import gearman_client
+
+    with gearman_client(cfg) as client:
+        try:
+            created = nightly.submit(cfg, db, client, plan)
+        except GearmanError as e:
+            _fail(f"cannot submit to gearmand: {e}")
+    console.print(f"run {plan.run_id} {'submitted' if created else 'already known; resubmitted'}: "
+                  f"rev {plan.rev[:12]}, {len(plan.targets)} targets, {len(plan.expected)} jobs")
+    records = _watch(cfg, db, store, plan)
+    db.finish_run(plan.run_id, "finished")
+    run = db.get_run(plan.run_id)
+    assert run is not None
+    rep = report.build(run, records, store)
+    out = cfg.path(cfg.farm.state_dir) / "runs" / plan.run_id
+    paths = report.write(rep, records, out, store)
+    console.print(report.render_text(rep), highlight=False, markup=False)
+    console.print(f"report: {paths['html']}")
+    bad = [r for r in records if r.status not in ("passed", "skipped")]
+    return EXIT_FAILED if bad or rep["missing"] else EXIT_OK
+
+
+def _watch(cfg: Config, db: ResultsDB, store: ArtifactStore, plan: nightly.Plan) -> list:
+    def table_of(states: dict[str, str], fns: dict[str, admin.FunctionStatus]) -> Table:
+        t = Table(title=f"run {plan.run_id}")
+        t.add_column("target")
+        for col in ("queued", "running", "passed", "failed", "other"):
+            t.add_column(col)
+        for target in plan.targets:
+            ids = [j for j in plan.expected if j.split(":")[-2] == target]
+            st = [states.get(j, "") for j in ids]
+            running = sum(fns[f].running for f in fns if f.endswith(":" + target))
+            queued = sum(1 for s in st if s not in TERMINAL) - running
+            t.add_row(target, str(max(queued, 0)), str(running), str(st.count("passed")),
+                      str(st.count("failed") + st.count("timed_out")),
+                      str(sum(1 for s in st if s in ("skipped", "no_worker", "infra"))))
+        return t
+
+    if console.is_terminal:
+        with Live(console=console, refresh_per_second=2) as live:
+            return nightly.wait(cfg, db, store, plan, lambda s, f: live.update(table_of(s, f)))
+    last: dict[str, str] = {}
+
+    def lines(states: dict[str, str], _fns: dict[str, admin.FunctionStatus]) -> None:
+        for j in plan.expected:
+            if states.get(j) and states.get(j) != last.get(j):
+                console.print(f"  {j[len(plan.run_id) + 1:]:<40} {states[j]}", highlight=False)
+        last.update(states)
+
+    return nightly.wait(cfg, db, store, plan, lines)
+
+
+@main.command("worker")
+@click.option("--role", type=click.Choice(["build", "test", "perf", "collector"]), required=True)
+@click.option("--targets", help="Comma-separated targets to serve (default: all this host can serve).")
+@click.option("--config", "config_path", help="Farm config (TOML); default $GEARFARM_CONFIG.")
+def worker_cmd(role: str, targets: str | None, config_path: str | None) -> None:
+    """Run a worker: registers exactly the functions this host can serve."""
+    cfg = _load_config(config_path)
+    if cfg is None:
+        _fail(f"a worker needs a farm config: pass --config or set ${config_mod.ENV_VAR}")
+    assert cfg is not None
+    if role == "collector":
+        from workers import collector
+
+        collector.serve(cfg)
+        return
+    from gearfarm import probe
+    from gearfarm.job import function_name
+    from workers import base, build, perf, test
+
+    repo = cfg.path(cfg.farm.repo)
+    try:
+        cat = catalog_mod.load_at_rev(repo, "HEAD")
+        wanted = _csv(targets)
+        for t in wanted or []:
+            cat.target(t)
+    except CatalogError as e:
+        _fail(str(e))
+    ok, missing = probe.servable(cat, role, wanted)
+    if wanted and missing:
+        _fail("; ".join(f"this host cannot serve {role} for {t}: {why}" for t, why in missing.items()))
+    if not ok:
+        _fail(f"this host can serve no target for role {role}: " + "; ".join(f"{t}: {w}" for t, w in missing.items()))
+    handler = {"build": build.handle, "test": test.handle, "perf": perf.handle}[role]
+    base.serve(cfg, role, {function_name(role, t): handler for t in ok})  # type: ignore[arg-type]
+
+
+@main.command("collector")
+@click.option("--config", "config_path", help="Farm config (TOML); default $GEARFARM_CONFIG.")
+def collector_cmd(config_path: str | None) -> None:
+    """Run the collector: stores every result record in the results database."""
+    cfg = _load_config(config_path)
+    if cfg is None:
+        _fail(f"the collector needs a farm config: pass --config or set ${config_mod.ENV_VAR}")
+    from workers import collector
+
+    assert cfg is not None
+    collector.serve(cfg)
+
+
+def _config_or_embedded(config_path: str | None, state_dir: Path | None) -> Config:
+    cfg = _load_config(config_path)
+    if cfg is not None:
+        return cfg
+    state = (state_dir or Path(os.environ.get("GEARFARM_STATE", _repo_root() / "state"))).resolve()
+    path = state / "farm.toml"
+    if not path.exists():
+        _fail(f"no farm config: pass --config, set ${config_mod.ENV_VAR}, or start a farm with "
+              f"'./nightly.bash --keep' (looked for {path})")
+    return config_mod.load(path)
+
+
+@main.command("status")
+@click.option("--config", "config_path")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
+def status_cmd(config_path: str | None, state_dir: Path | None) -> None:
+    """gearmand's queues and workers per function, and the runs in progress."""
+    cfg = _config_or_embedded(config_path, state_dir)
+    out = Console()
+    for host, port in cfg.gearman.addresses():
+        try:
+            fns = admin.status(host, port)
+            workers = admin.workers(host, port)
+        except (OSError, GearmanError) as e:
+            out.print(f"[red]gearmand {host}:{port} unreachable: {e}[/]")
+            continue
+        t = Table(title=f"gearmand {host}:{port}")
+        for col in ("function", "queued", "running", "workers", "worker ids"):
+            t.add_column(col)
+        for fn in sorted(fns):
+            ids = sorted({w.client_id for w in workers if fn in w.functions})
+            t.add_row(fn, str(fns[fn].queued), str(fns[fn].running), str(fns[fn].workers), " ".join(ids))
+        out.print(t)
+    db = ResultsDB(cfg.database.url)
+    t = Table(title="runs")
+    for col in ("run", "rev", "state", "done", "expected", "failed"):
+        t.add_column(col)
+    for run in db.runs(limit=10):
+        recs = db.jobs(run.run_id)
+        done = sum(1 for r in recs if r.status in TERMINAL)
+        failed = sum(1 for r in recs if r.status not in ("passed", "skipped"))
+        t.add_row(run.run_id, run.rev[:12], run.state, str(done), str(len(run.expected)), str(failed))
+    out.print(t)
+
+
+@main.group("farm")
+def farm_group() -> None:
+    """Manage the embedded farm."""
+
+
+@farm_group.command("stop")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
+def farm_stop(state_dir: Path | None) -> None:
+    """Stop an embedded farm left running by `nightly --keep`."""
+    from gearfarm.farm import stop_from_state
+
+    state = (state_dir or Path(os.environ.get("GEARFARM_STATE", _repo_root() / "state"))).resolve()
+    stopped = stop_from_state(state)
+    click.echo(f"stopped: {', '.join(stopped)}" if stopped else f"no farm running in {state}")
+
+
+@main.command("report")
+@click.argument("run_id")
+@click.option("--config", "config_path")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
+def report_cmd(run_id: str, config_path: str | None, state_dir: Path | None) -> None:
+    """Re-render a run's report from the results database."""
+    cfg = _config_or_embedded(config_path, state_dir)
+    db = ResultsDB(cfg.database.url)
+    run = db.get_run(run_id)
+    if run is None:
+        _fail(f"no run {run_id!r} in {cfg.database.url}; known: {', '.join(r.run_id for r in db.runs(10))}")
+    assert run is not None
+    records = db.jobs(run_id)
+    rep = report.build(run, records, None)
+    paths = report.write(rep, records, cfg.path(cfg.farm.state_dir) / "runs" / run_id, None)
+    click.echo(report.render_text(rep))
+    click.echo(f"report: {paths['html']}")
+
+
+@main.command("history")
+@click.argument("test")
+@click.option("--config", "config_path")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
+def history_cmd(test: str, config_path: str | None, state_dir: Path | None) -> None:
+    """A test's results across runs and targets."""
+    cfg = _config_or_embedded(config_path, state_dir)
+    db = ResultsDB(cfg.database.url)
+    rows = db.cases_of(test)
+    if not rows:
+        _fail(f"no results for test {test!r}")
+    t = Table(title=f"history of {test}")
+    for col in ("run", "rev", "target", "suite", "status"):
+        t.add_column(col)
+    for case, run in rows:
+        t.add_row(run.run_id, run.rev[:12], case.target, case.suite, case.status)
+    Console().print(t)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Farm configuration: one TOML file (flag --config or $GEARFARM_CONFIG) naming the gearmand
+servers, the S3 endpoint, the results database, mail, and the signing keys.
+
+The embedded default writes such a file into its state directory, so the lab deployment and
+the embedded farm run the very same code.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENV_VAR = "GEARFARM_CONFIG"
+
+
+class ConfigError(ValueError):
+    """The configuration file is missing or invalid."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GearmanConfig(_Section):
+    servers: list[str] = Field(default_factory=lambda: ["127.0.0.1:4730"])
+    # CA file to verify the job server's TLS certificate (stunnel in front of gearmand).
+    tls_ca: str | None = None
+    tls_server_name: str | None = None
+
+    @field_validator("servers")
+    @classmethod
+    def _hostports(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("at least one gearmand server is needed, as 'host:port'")
+        for s in v:
+            host, sep, port = s.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"gearmand server {s!r} is not 'host:port'")
+        return v
+
+    def addresses(self) -> list[tuple[str, int]]:
+        out = []
+        for s in self.servers:
+            host, _, port = s.rpartition(":")
+            out.append((host, int(port)))
+        return out
+
+
+class S3Config(_Section):
+    endpoint: str = "http://127.0.0.1:9000"
+    bucket: str = "gearfarm"
+    access_key: str = "gearfarm"
+    secret_key: str = ""
+    region: str = "us-east-1"
+    ca_bundle: str | None = None
+    presign_expiry: int = 7 * 24 * 3600
+
+
+class DatabaseConfig(_Section):
+    url: str = "sqlite:///gearfarm.db"
+
+
+class MailConfig(_Section):
+    host: str | None = None
+    port: int = 25
+    security: str = "none"  # none | starttls | tls
+    username: str | None = None
+    password: str | None = None
+    sender: str = "gearfarm@localhost"
+    recipients: list[str] = Field(default_factory=list)
+    retries: int = 3
+
+
+class FarmConfig(_Section):
+    # Repository of the engine: workers read the catalog and export sources from it.
+    repo: str = "."
+    state_dir: str = "state"
+    # HMAC keys for payloads: the first signs, every key verifies (rotation).
+    secrets: list[str] = Field(default_factory=list)
+    # Seconds a job may wait with no worker registered for its function before it is
+    # recorded as "no worker".
+    no_worker_wait: float = 120.0
+    # A run ends by this many seconds after submission, every job terminal.
+    run_deadline: float = 3 * 3600.0
+    # A payload older than this is refused as a replay.
+    payload_max_age: float = 24 * 3600.0
+
+
+class Config(_Section):
+    gearman: GearmanConfig = Field(default_factory=GearmanConfig)
+    s3: S3Config = Field(default_factory=S3Config)
+    database: DatabaseConfig = Field(default_factory=DatabaseConfig)
+    mail: MailConfig = Field(default_factory=MailConfig)
+    farm: FarmConfig = Field(default_factory=FarmConfig)
+    # Where the file was read from; relative paths in it are relative to its folder.
+    source: str | None = None
+
+    def path(self, p: str) -> Path:
+        base = Path(self.source).parent if self.source else Path.cwd()
+        return (base / p).resolve()
+
+
+def load(path: str | os.PathLike[str]) -> Config:
+    p = Path(path)
+    try:
+        raw = tomllib.loads(p.read_text())
+    except FileNotFoundError as e:
+        raise ConfigError(f"config file {p} not found (given by --config or ${ENV_VAR})") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {p} is not valid TOML: {e}") from e
+    try:
+        cfg = Config.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(f"config file {p} is invalid: {e}") from e
+    cfg.source = str(p.resolve())
+    return cfg
+
+
+def dump(cfg: Config, path: Path) -> None:
+    """Write a config as TOML (only the simple shapes this model uses)."""
+    lines: list[str] = []
+    for section, model in cfg.model_dump(exclude={"source"}).items():
+        lines.append(f"[{section}]")
+        for k, v in model.items():
+            if v is None:
+                continue
+            lines.append(f"{k} = {_toml_value(v)}")
+        lines.append("")
+    path.write_text("\n".join(lines))
+    path.chmod(0o600)  # it holds secrets
+
+
+def _toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")

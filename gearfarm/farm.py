@@ -1,0 +1,171 @@
+"""The embedded farm: gearmand (persistent queue), MinIO, the collector, and a build and a test
+worker per target this host can serve, all on loopback under one state directory. It writes
+the same TOML config a lab deployment uses, so every part runs exactly as in the lab."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import sys
+import time
+from pathlib import Path
+
+from gearfarm import config as config_mod
+from gearfarm import probe, process
+from gearfarm.catalog import Catalog
+from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig
+from gearfarm.gearman import admin
+from gearfarm.gearmand import Gearmand
+from s3.minio import MinioServer
+
+log = logging.getLogger("gearfarm.farm")
+STATE_FILE = "farm.json"
+
+
+class FarmError(RuntimeError):
+    """The embedded farm could not start."""
+
+
+class EmbeddedFarm:
+    def __init__(self, state_dir: Path, repo: Path, job_retries: int = 3) -> None:
+        self.state = state_dir.resolve()
+        self.repo = repo.resolve()
+        self.job_retries = job_retries
+        self.gearmand: Gearmand | None = None
+        self.minio: MinioServer | None = None
+        self.procs: dict[str, object] = {}
+        self.cfg: Config | None = None
+        self.missing: dict[str, dict[str, str]] = {}
+        self.functions: set[str] = {"collect"}
+
+    @property
+    def config_path(self) -> Path:
+        return self.state / "farm.toml"
+
+    def _previous_secrets(self) -> tuple[str, list[str]]:
+        """Keep MinIO's key and the signing keys across nightlies: the bucket and the
+        history persist in the state directory, so must the credentials."""
+        if self.config_path.exists():
+            old = config_mod.load(self.config_path)
+            return old.s3.secret_key, old.farm.secrets
+        return secrets.token_hex(20), [secrets.token_hex(32)]
+
+    def start(self, cat: Catalog, targets: list[str] | None = None, roles: tuple[str, ...] = ("build", "test"),
+              perf: bool = False) -> Config:
+        self.state.mkdir(parents=True, exist_ok=True)
+        stop_from_state(self.state)  # a farm left by --keep or a crash would hold the queue
+        s3_secret, hmac_keys = self._previous_secrets()
+        self.gearmand = Gearmand(self.state / "gearmand", queue_db=self.state / "gearmand" / "queue.db",
+                                 job_retries=self.job_retries)
+        self.gearmand.start()
+        self.minio = MinioServer(self.state / "minio", secret_key=s3_secret).start()
+        host, port = self.gearmand.address
+        self.cfg = Config(
+            gearman=GearmanConfig(servers=[f"{host}:{port}"]),
+            s3=self.minio.s3_config(),
+            database=DatabaseConfig(url=f"sqlite:///{self.state / 'results.db'}"),
+            farm=FarmConfig(repo=str(self.repo), state_dir=str(self.state), secrets=hmac_keys,
+                            no_worker_wait=30.0),
+        )
+        config_mod.dump(self.cfg, self.config_path)
+        self.cfg = config_mod.load(self.config_path)
+        self._record()
+        self.spawn("collector", ["collector"])
+        wanted = targets or sorted(cat.targets)
+        for role in roles + (("perf",) if perf else ()):
+            ok, missing = probe.servable(cat, role, wanted if role != "perf" else
+                                         [t for t in wanted if cat.target(t).perf])
+            self.missing[role] = missing
+            for t in ok:
+                self.spawn(f"{role}-{t}", ["worker", "--role", role, "--targets", t])
+                self.functions.add(f"{role}:{t}")
+        self._record()
+        self.wait_ready(timeout=120)
+        return self.cfg
+
+    def wait_ready(self, timeout: float) -> None:
+        """Wait until every spawned worker has registered, so the run's preflight reports
+        only targets that really have no worker; a worker that died is named."""
+        assert self.gearmand is not None
+        host, port = self.gearmand.address
+        deadline = time.monotonic() + timeout
+        while True:
+            fns = admin.status(host, port)
+            missing = {f for f in self.functions if f not in fns or fns[f].workers == 0}
+            if not missing:
+                return
+            dead = [n for n, p in self.procs.items() if p.poll() is not None]  # type: ignore[attr-defined]
+            if dead or time.monotonic() > deadline:
+                logs = "; ".join(f"{n}: {process.log_tail(self.state / 'logs' / f'{n}.log', 3)}" for n in dead)
+                raise FarmError(f"workers did not register: {', '.join(sorted(missing))}. {logs}")
+            time.sleep(0.3)
+
+    def spawn(self, name: str, args: list[str]) -> None:
+        argv = [sys.executable, "-m", "gearfarm.cli", *args, "--config", str(self.config_path)]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.procs[name] = process.spawn(argv, self.state / "logs" / f"{name}.log", env=env)
+
+    def _record(self) -> None:
+        pids = {n: p.pid for n, p in self.procs.items()}  # type: ignore[attr-defined]
+        if self.minio and self.minio.proc:
+            pids["minio"] = self.minio.proc.pid
+        if self.gearmand and self.gearmand.pid:
+            pids["gearmand"] = self.gearmand.pid
+        (self.state / STATE_FILE).write_text(json.dumps({"pids": pids, "config": str(self.config_path)}))
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            process.stop(p, timeout=10)  # type: ignore[arg-type]
+        self.procs.clear()
+        if self.minio:
+            self.minio.stop()
+        if self.gearmand:
+            self.gearmand.stop()
+        (self.state / STATE_FILE).unlink(missing_ok=True)
+
+
+def stop_from_state(state_dir: Path) -> list[str]:
+    """Stop a farm left running (by --keep or a crash): every pid in its state file."""
+    path = state_dir / STATE_FILE
+    if not path.exists():
+        return []
+    stopped = []
+    pids: dict[str, int] = json.loads(path.read_text()).get("pids", {})
+    for name, pid in pids.items():
+        if _alive(pid):
+            process.kill_group(pid, signal.SIGTERM)
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            stopped.append(name)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in pids.values()):
+        time.sleep(0.1)
+    for pid in pids.values():
+        if _alive(pid):
+            process.kill_group(pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    path.unlink(missing_ok=True)
+    return stopped
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours still answers kill(0); reap it if it is ours.
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return True

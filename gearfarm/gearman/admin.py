@@ -1,0 +1,154 @@
+"""Gearman administrative (text) protocol: ``status``, ``workers``, ``version``.
+
+gearmand speaks a line protocol on the same port as the binary one (it looks at the
+first byte).  Each helper opens a short-lived connection, because admin queries are
+rare and a fresh socket can never be confused by leftovers of an earlier query.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import time
+from dataclasses import dataclass, field
+
+from .errors import ProtocolError, ServerError, ServerUnavailable
+from .protocol import format_address
+
+# A reply bigger than this is not something gearmand would send for our commands.
+_MAX_REPLY = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class FunctionStatus:
+    """One line of ``status``: jobs queued (including running), running, capable workers."""
+
+    queued: int
+    running: int
+    workers: int
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """One line of ``workers``: ``fd ip client_id : function ...`` (client_id ``-`` if unset)."""
+
+    fd: int
+    ip: str
+    client_id: str
+    functions: list[str] = field(default_factory=list)
+
+
+def _command(
+    host: str,
+    port: int,
+    command: str,
+    *,
+    multiline: bool,
+    ssl_context: ssl.SSLContext | None,
+    timeout: float,
+) -> list[str]:
+    """Send one admin command; return the reply lines (without the final ``.``)."""
+    address = format_address(host, port)
+    deadline = time.monotonic() + timeout
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as exc:
+        raise ServerUnavailable([(address, exc)]) from exc
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if ssl_context is not None:
+            sock = ssl_context.wrap_socket(sock, server_hostname=host)
+        sock.sendall(command.encode("ascii") + b"\n")
+        buf = b""
+        while True:
+            lines = buf.split(b"\n")
+            complete = [line.rstrip(b"\r").decode("utf-8", "replace") for line in lines[:-1]]
+            if complete and complete[0].startswith("ERR "):
+                _, _, rest = complete[0].partition(" ")
+                code, _, text = rest.partition(" ")
+                raise ServerError(address, code, text.replace("+", " "))
+            if multiline and "." in complete:
+                return complete[: complete.index(".")]
+            if not multiline and complete:
+                return complete[:1]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"gearmand admin {address}: no complete reply to {command!r} within {timeout}s"
+                )
+            sock.settimeout(remaining)
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ProtocolError(
+                    f"gearmand admin {address} closed the connection mid-reply to {command!r}"
+                )
+            buf += chunk
+            if len(buf) > _MAX_REPLY:
+                raise ProtocolError(f"gearmand admin {address}: reply to {command!r} too large")
+    except OSError as exc:
+        if isinstance(exc, TimeoutError):
+            raise
+        raise ServerUnavailable([(address, exc)]) from exc
+    finally:
+        sock.close()
+
+
+def status(
+    host: str, port: int, ssl_context: ssl.SSLContext | None = None, timeout: float = 5.0
+) -> dict[str, FunctionStatus]:
+    """Per-function queue counters from the ``status`` command."""
+    result: dict[str, FunctionStatus] = {}
+    address = format_address(host, port)
+    for line in _command(host, port, "status", multiline=True, ssl_context=ssl_context, timeout=timeout):
+        parts = line.split("\t")
+        if len(parts) != 4:
+            raise ProtocolError(f"gearmand admin {address}: unexpected status line {line!r}")
+        try:
+            result[parts[0]] = FunctionStatus(int(parts[1]), int(parts[2]), int(parts[3]))
+        except ValueError:
+            raise ProtocolError(f"gearmand admin {address}: unexpected status line {line!r}") from None
+    return result
+
+
+def workers(
+    host: str, port: int, ssl_context: ssl.SSLContext | None = None, timeout: float = 5.0
+) -> list[WorkerInfo]:
+    """Connected clients/workers from the ``workers`` command.
+
+    gearmand lists every connection, including plain clients (and this admin
+    connection itself) with no functions, so filter on ``functions`` if needed.
+    """
+    result: list[WorkerInfo] = []
+    address = format_address(host, port)
+    for line in _command(host, port, "workers", multiline=True, ssl_context=ssl_context, timeout=timeout):
+        # Split on " :" rather than ":" -- IPv6 addresses contain colons.
+        head, sep, tail = line.partition(" :")
+        parts = head.split(None, 2)
+        if not sep or len(parts) < 2:
+            raise ProtocolError(f"gearmand admin {address}: unexpected workers line {line!r}")
+        try:
+            fd = int(parts[0])
+        except ValueError:
+            raise ProtocolError(f"gearmand admin {address}: unexpected workers line {line!r}") from None
+        client_id = parts[2] if len(parts) > 2 else "-"
+        result.append(WorkerInfo(fd=fd, ip=parts[1], client_id=client_id, functions=tail.split()))
+    return result
+
+
+def version(host: str, port: int, ssl_context: ssl.SSLContext | None = None, timeout: float = 5.0) -> str:
+    """Server version string, e.g. ``1.1.20+ds``."""
+    (line,) = _command(host, port, "version", multiline=False, ssl_context=ssl_context, timeout=timeout)
+    if not line.startswith("OK "):
+        raise ProtocolError(f"gearmand admin {format_address(host, port)}: unexpected version reply {line!r}")
+    return line[3:].strip()
+
+
+def getpid(host: str, port: int, ssl_context: ssl.SSLContext | None = None, timeout: float = 5.0) -> int:
+    """Process id of the server (used to check that *our* gearmand owns a port)."""
+    (line,) = _command(host, port, "getpid", multiline=False, ssl_context=ssl_context, timeout=timeout)
+    try:
+        return int(line.removeprefix("OK").strip())
+    except ValueError:
+        raise ProtocolError(
+            f"gearmand admin {format_address(host, port)}: unexpected getpid reply {line!r}"
+        ) from None

@@ -1,0 +1,417 @@
+"""Gearman binary protocol: packet encoding/decoding and a buffered socket connection.
+
+Wire format (http://gearman.org/protocol/): a 12-byte header -- 4-byte magic
+(``\\0REQ`` towards the server, ``\\0RES`` from it), a big-endian command code and a
+big-endian payload size -- followed by the payload, whose arguments are separated by
+NUL bytes.  Only the *last* argument may contain NULs (it carries opaque job data),
+so decoding must know how many arguments each command has; that is what
+``ARG_COUNTS`` is for.
+"""
+
+from __future__ import annotations
+
+import enum
+import select
+import socket
+import ssl
+import struct
+import threading
+import time
+from dataclasses import dataclass
+
+from .errors import ConnectionClosed, ProtocolError
+
+REQ = b"\0REQ"
+RES = b"\0RES"
+HEADER = struct.Struct(">4sII")
+HEADER_SIZE = HEADER.size
+
+# gearmand itself refuses payloads far below this; the cap only stops a garbage header
+# from making us try to buffer gigabytes.
+MAX_PAYLOAD = 256 * 1024 * 1024
+
+# gearmand limits (libgearman/constants.h): unique ids are at most 64 bytes, function
+# names at most 512.  Checking here gives a clear ValueError instead of a server ERROR.
+MAX_UNIQUE_SIZE = 64
+MAX_FUNCTION_SIZE = 512
+
+
+class Command(enum.IntEnum):
+    """Binary packet types, numbered as in the protocol specification."""
+
+    CAN_DO = 1
+    CANT_DO = 2
+    RESET_ABILITIES = 3
+    PRE_SLEEP = 4
+    NOOP = 6
+    SUBMIT_JOB = 7
+    JOB_CREATED = 8
+    GRAB_JOB = 9
+    NO_JOB = 10
+    JOB_ASSIGN = 11
+    WORK_STATUS = 12
+    WORK_COMPLETE = 13
+    WORK_FAIL = 14
+    GET_STATUS = 15
+    ECHO_REQ = 16
+    ECHO_RES = 17
+    SUBMIT_JOB_BG = 18
+    ERROR = 19
+    STATUS_RES = 20
+    SUBMIT_JOB_HIGH = 21
+    SET_CLIENT_ID = 22
+    CAN_DO_TIMEOUT = 23
+    ALL_YOURS = 24
+    WORK_EXCEPTION = 25
+    OPTION_REQ = 26
+    OPTION_RES = 27
+    WORK_DATA = 28
+    WORK_WARNING = 29
+    GRAB_JOB_UNIQ = 30
+    JOB_ASSIGN_UNIQ = 31
+    SUBMIT_JOB_HIGH_BG = 32
+    SUBMIT_JOB_LOW = 33
+    SUBMIT_JOB_LOW_BG = 34
+    SUBMIT_JOB_SCHED = 35
+    SUBMIT_JOB_EPOCH = 36
+    SUBMIT_REDUCE_JOB = 37
+    SUBMIT_REDUCE_JOB_BG = 38
+    GRAB_JOB_ALL = 39
+    JOB_ASSIGN_ALL = 40
+    GET_STATUS_UNIQ = 41
+    STATUS_RES_UNIQ = 42
+
+
+# Number of NUL-separated arguments per command.  The last argument takes the rest of
+# the payload verbatim, so binary job data containing NULs survives.
+ARG_COUNTS: dict[Command, int] = {
+    Command.CAN_DO: 1,
+    Command.CANT_DO: 1,
+    Command.RESET_ABILITIES: 0,
+    Command.PRE_SLEEP: 0,
+    Command.NOOP: 0,
+    Command.SUBMIT_JOB: 3,
+    Command.JOB_CREATED: 1,
+    Command.GRAB_JOB: 0,
+    Command.NO_JOB: 0,
+    Command.JOB_ASSIGN: 3,
+    Command.WORK_STATUS: 3,
+    Command.WORK_COMPLETE: 2,
+    Command.WORK_FAIL: 1,
+    Command.GET_STATUS: 1,
+    Command.ECHO_REQ: 1,
+    Command.ECHO_RES: 1,
+    Command.SUBMIT_JOB_BG: 3,
+    Command.ERROR: 2,
+    Command.STATUS_RES: 5,
+    Command.SUBMIT_JOB_HIGH: 3,
+    Command.SET_CLIENT_ID: 1,
+    Command.CAN_DO_TIMEOUT: 2,
+    Command.ALL_YOURS: 0,
+    Command.WORK_EXCEPTION: 2,
+    Command.OPTION_REQ: 1,
+    Command.OPTION_RES: 1,
+    Command.WORK_DATA: 2,
+    Command.WORK_WARNING: 2,
+    Command.GRAB_JOB_UNIQ: 0,
+    Command.JOB_ASSIGN_UNIQ: 4,
+    Command.SUBMIT_JOB_HIGH_BG: 3,
+    Command.SUBMIT_JOB_LOW: 3,
+    Command.SUBMIT_JOB_LOW_BG: 3,
+    Command.SUBMIT_JOB_SCHED: 8,
+    Command.SUBMIT_JOB_EPOCH: 4,
+    Command.SUBMIT_REDUCE_JOB: 4,
+    Command.SUBMIT_REDUCE_JOB_BG: 4,
+    Command.GRAB_JOB_ALL: 0,
+    Command.JOB_ASSIGN_ALL: 5,
+    Command.GET_STATUS_UNIQ: 1,
+    Command.STATUS_RES_UNIQ: 6,
+}
+
+Arg = bytes | str | int
+
+
+@dataclass(frozen=True)
+class Packet:
+    """One decoded packet.  ``args`` are raw bytes; the last one may contain NULs."""
+
+    magic: bytes
+    command: Command
+    args: tuple[bytes, ...]
+
+    def arg(self, index: int) -> bytes:
+        """Argument ``index``, or ``b""`` when the peer sent fewer arguments."""
+        return self.args[index] if index < len(self.args) else b""
+
+    def text(self, index: int) -> str:
+        """Argument ``index`` as text with trailing NULs removed.
+
+        gearmand 1.1.20 sends some handles (WORK_FAIL) with a trailing NUL byte, so
+        every textual field (handles, function names) goes through here before it is
+        compared with anything.
+        """
+        return self.arg(index).rstrip(b"\0").decode("utf-8", "replace")
+
+
+def _to_bytes(value: Arg) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, int):
+        return str(value).encode("ascii")
+    raise TypeError(f"cannot encode {type(value).__name__} as a Gearman argument")
+
+
+def encode(command: Command | int, *args: Arg, magic: bytes = REQ) -> bytes:
+    """Encode one packet.  All arguments but the last must be NUL-free."""
+    raw = [_to_bytes(a) for a in args]
+    for position, value in enumerate(raw[:-1]):
+        if b"\0" in value:
+            raise ValueError(f"argument {position} of {Command(command).name} contains a NUL byte")
+    payload = b"\0".join(raw)
+    return HEADER.pack(magic, int(command), len(payload)) + payload
+
+
+def decode_header(header: bytes) -> tuple[bytes, Command, int]:
+    """Validate a 12-byte header and return (magic, command, payload size)."""
+    magic, code, size = HEADER.unpack(header)
+    if magic not in (REQ, RES):
+        raise ProtocolError(f"bad magic {magic!r} (not a Gearman binary packet)")
+    try:
+        command = Command(code)
+    except ValueError:
+        raise ProtocolError(f"unknown Gearman command code {code}") from None
+    if size > MAX_PAYLOAD:
+        raise ProtocolError(f"payload size {size} of {command.name} exceeds {MAX_PAYLOAD}")
+    return magic, command, size
+
+
+def decode_payload(magic: bytes, command: Command, payload: bytes) -> Packet:
+    """Split a payload into the argument count the command is specified to have."""
+    count = ARG_COUNTS[command]
+    if count == 0:
+        # Be lenient: a stray payload on NOOP/NO_JOB carries no meaning, keep it visible.
+        args: tuple[bytes, ...] = (payload,) if payload else ()
+    else:
+        args = tuple(payload.split(b"\0", count - 1))
+    return Packet(magic, command, args)
+
+
+def decode(data: bytes) -> tuple[Packet, int]:
+    """Decode one complete packet from the start of ``data``; return it and its length.
+
+    Raises ``ProtocolError`` on garbage and ``ValueError`` if ``data`` is incomplete.
+    """
+    if len(data) < HEADER_SIZE:
+        raise ValueError("incomplete header")
+    magic, command, size = decode_header(bytes(data[:HEADER_SIZE]))
+    end = HEADER_SIZE + size
+    if len(data) < end:
+        raise ValueError("incomplete payload")
+    return decode_payload(magic, command, bytes(data[HEADER_SIZE:end])), end
+
+
+def check_name(kind: str, value: str, limit: int) -> bytes:
+    """Encode a function name / unique id, rejecting what gearmand would reject."""
+    raw = value.encode("utf-8")
+    if not raw:
+        raise ValueError(f"{kind} must not be empty")
+    if b"\0" in raw:
+        raise ValueError(f"{kind} must not contain NUL bytes: {value!r}")
+    if len(raw) > limit:
+        raise ValueError(f"{kind} is {len(raw)} bytes, gearmand allows at most {limit}: {value!r}")
+    return raw
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class Connection:
+    """One TCP (optionally TLS) connection to a job server.
+
+    ``send`` is thread-safe (a heartbeat thread may send WORK_STATUS while the owner
+    thread sends WORK_COMPLETE); ``recv`` must only be called by one thread at a time.
+    Waiting is done with ``poll`` rather than socket timeouts so that a short receive
+    timeout never shortens a concurrent ``sendall`` and leaves half a packet on the wire.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
+        connect_timeout: float = 5.0,
+        io_timeout: float = 30.0,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.address = format_address(host, port)
+        self._ssl_context = ssl_context
+        self._server_hostname = server_hostname or host
+        self._connect_timeout = connect_timeout
+        self._io_timeout = io_timeout
+        self._sock: socket.socket | None = None
+        self._buf = bytearray()
+        self._send_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        state = "open" if self._sock is not None else "closed"
+        return f"<Connection {self.address} {state}>"
+
+    @property
+    def connected(self) -> bool:
+        return self._sock is not None
+
+    def connect(self) -> Connection:
+        """Open the socket (no-op if already open).  Raises ``OSError`` on failure."""
+        if self._sock is not None:
+            return self
+        sock = socket.create_connection((self.host, self.port), timeout=self._connect_timeout)
+        try:
+            # Without TCP_NODELAY, Nagle + delayed ACK adds ~40 ms to every small
+            # request/response exchange -- the reason the 'gear' package does 43 ms/job.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # Keepalive lets an idle worker notice a server host that vanished silently.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            if self._ssl_context is not None:
+                sock = self._ssl_context.wrap_socket(sock, server_hostname=self._server_hostname)
+            # The socket timeout only bounds sendall and the completion of a partially
+            # received TLS record; waiting for data is done with poll in recv().
+            sock.settimeout(self._io_timeout)
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+        self._buf.clear()
+        return self
+
+    def close(self) -> None:
+        sock, self._sock = self._sock, None
+        self._buf.clear()
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def fileno(self) -> int:
+        if self._sock is None:
+            raise ConnectionClosed(f"connection to {self.address} is closed")
+        return self._sock.fileno()
+
+    def send_raw(self, data: bytes) -> None:
+        """Send pre-encoded packets atomically with respect to other senders."""
+        with self._send_lock:
+            sock = self._sock
+            if sock is None:
+                raise ConnectionClosed(f"connection to {self.address} is closed")
+            try:
+                sock.sendall(data)
+            except BaseException:
+                # A partial write leaves the stream unparseable: the connection is dead.
+                self.close()
+                raise
+
+    def send(self, command: Command | int, *args: Arg) -> None:
+        self.send_raw(encode(command, *args))
+
+    def has_buffered(self) -> bool:
+        """True if a recv() could make progress without waiting on the socket."""
+        if self._buf:
+            return True
+        return isinstance(self._sock, ssl.SSLSocket) and self._sock.pending() > 0
+
+    def _complete_packet(self) -> Packet | None:
+        buf = self._buf
+        if len(buf) >= 4 and buf[:4] not in (REQ, RES):
+            # Fail fast on garbage (e.g. a text "ERR ..." line) instead of waiting for
+            # 12 bytes that may never come.
+            raise ProtocolError(f"garbage from {self.address}: {bytes(buf[:32])!r}")
+        if len(buf) < HEADER_SIZE:
+            return None
+        magic, command, size = decode_header(bytes(buf[:HEADER_SIZE]))
+        end = HEADER_SIZE + size
+        if len(buf) < end:
+            return None
+        packet = decode_payload(magic, command, bytes(buf[HEADER_SIZE:end]))
+        del buf[:end]
+        return packet
+
+    def _poll_socket(self, timeout: float | None) -> bool:
+        # poll, not select: select breaks on fd numbers >= 1024 in busy processes.
+        poller = select.poll()
+        poller.register(self.fileno(), select.POLLIN | select.POLLPRI)
+        ms = None if timeout is None else max(0, int(timeout * 1000))
+        return bool(poller.poll(ms))
+
+    def recv(self, timeout: float | None = None) -> Packet:
+        """Return the next packet, reading as many times as needed (short reads are fine).
+
+        Raises ``TimeoutError`` if no complete packet arrives within ``timeout`` seconds
+        (already received bytes stay buffered for the next call), ``ConnectionClosed``
+        on EOF and ``ProtocolError`` on garbage (the connection is closed then, since
+        the stream cannot be resynchronised).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                packet = self._complete_packet()
+            except ProtocolError:
+                self.close()
+                raise
+            if packet is not None:
+                return packet
+            sock = self._sock
+            if sock is None:
+                raise ConnectionClosed(f"connection to {self.address} is closed")
+            if not (isinstance(sock, ssl.SSLSocket) and sock.pending()):
+                # A zero remaining time still polls once, so recv(0) means "whatever is
+                # already readable" rather than "fail immediately".
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not self._poll_socket(remaining):
+                    raise TimeoutError(f"no reply from gearmand {self.address} within {timeout:.1f}s")
+            try:
+                chunk = sock.recv(65536)
+            except ssl.SSLWantReadError:
+                continue
+            except OSError:
+                self.close()
+                raise
+            if not chunk:
+                self.close()
+                raise ConnectionClosed(f"gearmand {self.address} closed the connection")
+            self._buf += chunk
+
+    def request(self, command: Command | int, *args: Arg, timeout: float | None = None) -> Packet:
+        """Send one packet and return the next packet received (simple RPC helper)."""
+        self.send(command, *args)
+        return self.recv(timeout=self._io_timeout if timeout is None else timeout)
+
+
+def wait_any(connections: list[Connection], timeout: float | None) -> list[Connection]:
+    """Wait until at least one connection can make progress; return those that can.
+
+    Used by the worker to sleep on all its servers at once after PRE_SLEEP.
+    """
+    ready = [c for c in connections if c.connected and c.has_buffered()]
+    if ready:
+        return ready
+    poller = select.poll()
+    by_fd: dict[int, Connection] = {}
+    for conn in connections:
+        if conn.connected:
+            fd = conn.fileno()
+            by_fd[fd] = conn
+            poller.register(fd, select.POLLIN | select.POLLPRI)
+    if not by_fd:
+        if timeout:
+            time.sleep(timeout)
+        return []
+    ms = None if timeout is None else max(0, int(timeout * 1000))
+    return [by_fd[fd] for fd, _ in poller.poll(ms)]

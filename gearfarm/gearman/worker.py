@@ -1,0 +1,391 @@
+"""Synchronous Gearman worker: grab jobs from one or more servers and run handlers.
+
+Loop per iteration: GRAB_JOB_UNIQ on each live server (round-robin start); if every
+server says NO_JOB, send PRE_SLEEP everywhere and poll all sockets for a NOOP, waking
+at least every ``poll_interval`` seconds to check the stop event and to re-grab (which
+also covers a NOOP lost across a reconnect).  Dead servers are reconnected with
+exponential backoff and get SET_CLIENT_ID + CAN_DO again, because gearmand forgets a
+worker's abilities with its connection.  No CAN_DO_TIMEOUT: gearmand 1.1.20 silently
+requeues timed-out jobs, which hides hung workers instead of failing the job.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from .errors import ProtocolError
+from .protocol import MAX_FUNCTION_SIZE, Command, Connection, check_name, format_address, wait_any
+
+log = logging.getLogger(__name__)
+
+# Anything that means "this connection is broken, reconnect".
+_CONNECTION_ERRORS = (OSError, ProtocolError)
+
+
+class Job:
+    """A job assigned to this worker, passed to the handler.
+
+    ``status`` / ``send_data`` may be called from another thread (e.g. a heartbeat)
+    while the handler runs; after the job finished they do nothing and return False,
+    so a late heartbeat cannot send WORK_STATUS for a handle gearmand already retired.
+    """
+
+    def __init__(self, connection: Connection, handle: str, function: str, unique: str, data: bytes) -> None:
+        self.handle = handle
+        self.function = function
+        self.unique = unique
+        self.data = data
+        self._connection = connection
+        self._lock = threading.Lock()
+        self._finished = False
+
+    def __repr__(self) -> str:
+        return f"<Job {self.handle} {self.function} unique={self.unique!r} {len(self.data)} bytes>"
+
+    @property
+    def server(self) -> str:
+        """Address of the server that assigned the job."""
+        return self._connection.address
+
+    def _send_update(self, command: Command, *args: bytes | str | int) -> bool:
+        with self._lock:
+            if self._finished:
+                return False
+            try:
+                self._connection.send(command, self.handle, *args)
+            except OSError as exc:
+                log.warning("job %s: cannot send %s to %s: %s", self.handle, command.name, self.server, exc)
+                return False
+            return True
+
+    def status(self, numerator: int, denominator: int) -> bool:
+        """Send WORK_STATUS (progress / heartbeat).  Thread-safe; False if not sent."""
+        return self._send_update(Command.WORK_STATUS, int(numerator), int(denominator))
+
+    def send_data(self, data: bytes) -> bool:
+        """Send WORK_DATA (partial output to a foreground client).  Thread-safe."""
+        return self._send_update(Command.WORK_DATA, bytes(data))
+
+    def _finish(self, command: Command, *args: bytes) -> bool:
+        """Send the final packet exactly once; later status() calls become no-ops."""
+        with self._lock:
+            if self._finished:
+                return False
+            self._finished = True
+            try:
+                self._connection.send(command, self.handle, *args)
+            except OSError as exc:
+                # gearmand requeues the job when our connection drops (subject to
+                # --job-retries), so the result is not lost silently -- but say so.
+                log.warning(
+                    "job %s: result not delivered to %s (%s); server will requeue it",
+                    self.handle,
+                    self.server,
+                    exc,
+                )
+                return False
+            return True
+
+
+Handler = Callable[[Job], bytes]
+
+
+@dataclass
+class _Server:
+    host: str
+    port: int
+    connection: Connection
+    next_attempt: float = 0.0
+    backoff: float = 0.0
+    sleeping: bool = False
+    registered: set[str] = field(default_factory=set)
+
+    @property
+    def address(self) -> str:
+        return format_address(self.host, self.port)
+
+
+class Worker:
+    """Gearman worker serving registered functions from one or more servers."""
+
+    def __init__(
+        self,
+        servers: Sequence[tuple[str, int]],
+        client_id: str,
+        ssl_context: ssl.SSLContext | None = None,
+        connect_timeout: float = 5.0,
+        io_timeout: float = 30.0,
+        poll_interval: float = 1.0,
+        max_backoff: float = 5.0,
+        server_hostname: str | None = None,
+    ) -> None:
+        if not servers:
+            raise ValueError("Worker needs at least one (host, port) server")
+        if not client_id or any(c.isspace() for c in client_id) or "\0" in client_id:
+            # gearmand prints client ids space-separated in 'workers'; keep them parseable.
+            raise ValueError(f"client_id must be non-empty without whitespace: {client_id!r}")
+        self.client_id = client_id
+        self.poll_interval = poll_interval
+        self.max_backoff = max_backoff
+        self._io_timeout = io_timeout
+        self._handlers: dict[str, Handler] = {}
+        self._lock = threading.Lock()
+        self._servers = [
+            _Server(
+                h,
+                int(p),
+                Connection(
+                    h,
+                    int(p),
+                    ssl_context=ssl_context,
+                    server_hostname=server_hostname,
+                    connect_timeout=connect_timeout,
+                    io_timeout=io_timeout,
+                ),
+            )
+            for h, p in servers
+        ]
+        self._next = 0  # round-robin start index
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def register(self, function: str, handler: Handler) -> None:
+        """Serve ``function`` with ``handler``; may be called while ``work`` runs."""
+        check_name("function", function, MAX_FUNCTION_SIZE)
+        with self._lock:
+            self._handlers[function] = handler
+        # Live connections learn the new ability on the worker thread's next
+        # iteration (see _register); sending from here would race with its reads.
+
+    def close(self) -> None:
+        """Disconnect from every server (gearmand requeues any job we were running)."""
+        for server in self._servers:
+            server.connection.close()
+            server.registered.clear()
+            server.sleeping = False
+
+    # -- connection handling ---------------------------------------------------------
+
+    def _drop(self, server: _Server, reason: BaseException | str) -> None:
+        if server.connection.connected or server.registered:
+            log.warning(
+                "worker %s: lost gearmand %s (%s); reconnecting", self.client_id, server.address, reason
+            )
+        server.connection.close()
+        server.registered.clear()
+        server.sleeping = False
+        server.backoff = min(self.max_backoff, max(0.1, server.backoff * 2))
+        server.next_attempt = time.monotonic() + server.backoff
+
+    def _register(self, server: _Server) -> None:
+        """Send SET_CLIENT_ID (once per connection) and CAN_DO for new functions."""
+        with self._lock:
+            wanted = list(self._handlers)
+        missing = [f for f in wanted if f not in server.registered]
+        if not missing:
+            return
+        packets = [(Command.CAN_DO, f) for f in missing]
+        if not server.registered:
+            packets.insert(0, (Command.SET_CLIENT_ID, self.client_id))
+        for command, arg in packets:
+            server.connection.send(command, arg)
+        server.registered.update(missing)
+
+    def _live(self) -> list[_Server]:
+        """Connect servers whose backoff expired; return the connected ones."""
+        now = time.monotonic()
+        live = []
+        for server in self._servers:
+            if not server.connection.connected:
+                # The connection may have been closed underneath us (a failed send or
+                # EOF inside Connection): a new one starts with no abilities.
+                server.registered.clear()
+                server.sleeping = False
+            if not server.connection.connected and now >= server.next_attempt:
+                try:
+                    server.connection.connect()
+                    log.info("worker %s: connected to gearmand %s", self.client_id, server.address)
+                except OSError as exc:
+                    self._drop(server, exc)
+                    continue
+            if server.connection.connected:
+                try:
+                    self._register(server)
+                except _CONNECTION_ERRORS as exc:
+                    self._drop(server, exc)
+                    continue
+                live.append(server)
+        return live
+
+    # -- grabbing and running --------------------------------------------------------
+
+    def _grab(self, server: _Server) -> Job | None:
+        conn = server.connection
+        conn.send(Command.GRAB_JOB_UNIQ)
+        server.sleeping = False
+        while True:
+            packet = conn.recv(self._io_timeout)
+            if packet.command in (Command.JOB_ASSIGN_UNIQ, Command.JOB_ASSIGN, Command.NO_JOB):
+                # Reset the backoff only once the server really answered: a server that
+                # accepts and then drops us keeps backing off instead of spinning.
+                server.backoff = 0.0
+            if packet.command is Command.JOB_ASSIGN_UNIQ:
+                return Job(conn, packet.text(0), packet.text(1), packet.text(2), packet.arg(3))
+            if packet.command is Command.JOB_ASSIGN:
+                return Job(conn, packet.text(0), packet.text(1), "", packet.arg(2))
+            if packet.command is Command.NO_JOB:
+                return None
+            if packet.command is Command.ERROR:
+                log.error(
+                    "worker %s: gearmand %s error: %s %s",
+                    self.client_id,
+                    server.address,
+                    packet.text(0),
+                    packet.text(1),
+                )
+                return None
+            # NOOP from an earlier PRE_SLEEP, or anything unexpected: skip it.
+            if packet.command is not Command.NOOP:
+                log.debug(
+                    "worker %s: ignoring %s from %s", self.client_id, packet.command.name, server.address
+                )
+
+    def _run(self, job: Job) -> None:
+        with self._lock:
+            handler = self._handlers.get(job.function)
+        if handler is None:
+            log.error("worker %s: no handler for %s (job %s)", self.client_id, job.function, job.handle)
+            job._finish(Command.WORK_FAIL)
+            return
+        try:
+            result = handler(job)
+            payload = _as_bytes(result)
+        except Exception:
+            log.exception(
+                "worker %s: handler for %s failed on job %s (unique %r)",
+                self.client_id,
+                job.function,
+                job.handle,
+                job.unique,
+            )
+            job._finish(Command.WORK_FAIL)
+            return
+        job._finish(Command.WORK_COMPLETE, payload)
+
+    def _grab_and_run(self) -> bool:
+        """Try every live server once (round-robin); run at most one job."""
+        live = self._live()
+        if not live:
+            return False
+        start = self._next % len(live)
+        for offset in range(len(live)):
+            server = live[(start + offset) % len(live)]
+            try:
+                job = self._grab(server)
+            except _CONNECTION_ERRORS as exc:
+                self._drop(server, exc)
+                continue
+            if job is not None:
+                self._next = start + offset + 1
+                self._run(job)
+                return True
+        return False
+
+    def _sleep(self, timeout: float, stop: threading.Event | None = None) -> None:
+        """PRE_SLEEP on every live server and wait for a NOOP (or timeout / reconnect)."""
+        live = []
+        for server in self._servers:
+            if not server.connection.connected:
+                continue
+            try:
+                if not server.sleeping:
+                    server.connection.send(Command.PRE_SLEEP)
+                    server.sleeping = True
+                live.append(server)
+            except _CONNECTION_ERRORS as exc:
+                self._drop(server, exc)
+        # Wake up no later than the next scheduled reconnect attempt.
+        pending = [s.next_attempt for s in self._servers if not s.connection.connected]
+        if pending:
+            timeout = max(0.0, min(timeout, min(pending) - time.monotonic()))
+        if not live:
+            if stop is not None:
+                stop.wait(timeout)
+            else:
+                time.sleep(timeout)
+            return
+        for conn in wait_any([s.connection for s in live], timeout):
+            server = next(s for s in live if s.connection is conn)
+            try:
+                # Drain wake-ups; EOF here is how we notice a dead server while idle.
+                while True:
+                    packet = conn.recv(0)
+                    if packet.command is Command.NOOP:
+                        server.sleeping = False
+                    elif packet.command is Command.ERROR:
+                        log.error(
+                            "worker %s: gearmand %s error: %s %s",
+                            self.client_id,
+                            server.address,
+                            packet.text(0),
+                            packet.text(1),
+                        )
+                    if not conn.has_buffered():
+                        break
+            except TimeoutError:
+                pass  # partial packet; the rest arrives later
+            except _CONNECTION_ERRORS as exc:
+                self._drop(server, exc)
+
+    # -- public loops ----------------------------------------------------------------
+
+    def work_one(self, timeout: float) -> bool:
+        """Process at most one job, waiting up to ``timeout`` s.  True if one ran."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._grab_and_run():
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._sleep(min(remaining, self.poll_interval))
+
+    def work(self, stop: threading.Event) -> None:
+        """Serve jobs until ``stop`` is set; never raises for server/protocol trouble."""
+        try:
+            while not stop.is_set():
+                try:
+                    if self._grab_and_run():
+                        continue
+                    self._sleep(self.poll_interval, stop)
+                except Exception:
+                    # A bug-shaped surprise (not a connection error, those are handled
+                    # inside): log it, reset connections and keep serving.
+                    log.exception("worker %s: unexpected error in work loop; reconnecting", self.client_id)
+                    for server in self._servers:
+                        self._drop(server, "unexpected error")
+                    stop.wait(min(self.poll_interval, 1.0))
+        finally:
+            self.close()
+
+
+def _as_bytes(result: object) -> bytes:
+    if result is None:
+        return b""
+    if isinstance(result, (bytes, bytearray, memoryview)):
+        return bytes(result)
+    if isinstance(result, str):
+        return result.encode("utf-8")
+    raise TypeError(f"handler must return bytes, got {type(result).__name__}")
+
+
+__all__ = ["Handler", "Job", "Worker"]

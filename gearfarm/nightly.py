@@ -1,0 +1,188 @@
+"""Submitting a nightly run and seeing it to its end: plan the expected jobs from the catalog,
+submit one signed background build job per target, then watch until every job is terminal,
+recording "no worker" and deadline expiries instead of hanging."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gearfarm.catalog import Catalog
+from gearfarm.config import Config
+from gearfarm.gearman import Client, admin
+from gearfarm.job import Payload, function_name, job_id, sign, step_name
+from gearfarm.result import TERMINAL, ResultRecord
+from gearfarm.store import ResultsDB
+from s3 import keys
+from s3.store import ArtifactStore, StoreError
+
+log = logging.getLogger("gearfarm.nightly")
+
+
+class RunError(RuntimeError):
+    """The farm itself cannot run (exit status 2)."""
+
+
+@dataclass
+class Plan:
+    run_id: str
+    rev: str
+    targets: list[str]
+    suites: dict[str, list[str]]
+    benchmarks: dict[str, list[str]]
+    seed: int = 1
+    expected: list[str] = field(default_factory=list)
+
+    def steps(self, target: str) -> list[str]:
+        return ([step_name("build")] + [step_name("test", s) for s in self.suites[target]]
+                + [step_name("perf", b) for b in self.benchmarks[target]])
+
+
+def resolve_rev(repo: Path, rev: str) -> str:
+    proc = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", f"{rev}^{{commit}}"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RunError(f"revision {rev!r} not found in {repo}: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+def plan(cat: Catalog, run_id: str, rev: str, targets: list[str] | None, suites: list[str] | None,
+         benchmarks: list[str] | None, seed: int = 1) -> Plan:
+    """Raise CatalogError naming the known entries for anything unknown."""
+    names = targets if targets else sorted(cat.targets)
+    for t in names:
+        cat.target(t)
+    for b in benchmarks or []:
+        cat.benchmark(b)
+    p = Plan(run_id=run_id, rev=rev, targets=names,
+             suites={t: cat.suites_for(t, suites) for t in names},
+             benchmarks={t: list(benchmarks or []) if cat.target(t).perf else [] for t in names}, seed=seed)
+    p.expected = [job_id(run_id, t, s) for t in names for s in p.steps(t)]
+    return p
+
+
+def preflight(cfg: Config) -> dict[str, admin.FunctionStatus]:
+    """gearmand's function table, from the first server that answers; RunError naming every
+    address tried when none does."""
+    errors = []
+    for host, port in cfg.gearman.addresses():
+        try:
+            return admin.status(host, port)
+        except OSError as e:
+            errors.append(f"{host}:{port} ({e})")
+    raise RunError(f"gearmand is unreachable: tried {', '.join(errors)}; start it or fix [gearman] servers")
+
+
+def submit(cfg: Config, db: ResultsDB, client: Client, p: Plan) -> bool:
+    """Record the run and submit its build jobs. False when the run existed already: a
+    resubmission then only re-sends jobs (gearmand dedupes them by unique id)."""
+    created = db.create_run(p.run_id, p.rev, p.targets, p.expected,
+                            notes={"suites": p.suites, "benchmarks": p.benchmarks, "seed": p.seed})
+    for t in p.targets:
+        payload = Payload(kind="build", run_id=p.run_id, rev=p.rev, target=t, suites=p.suites[t],
+                          benchmarks=p.benchmarks[t], seed=p.seed, submitted_at=time.time())
+        if not created and job_id(p.run_id, t, "build") in db.terminal_ids(p.run_id):
+            continue
+        client.submit_background(payload.function, sign(payload, cfg.farm.secrets), unique=payload.unique)
+    return created
+
+
+def _function_of(step: str, target: str) -> str:
+    kind = step.split("-", 1)[0]
+    return function_name(kind, target)  # type: ignore[arg-type]
+
+
+def reconcile(db: ResultsDB, store: ArtifactStore, run_id: str) -> int:
+    """Load result records from S3 that the database lacks (a collector outage loses none)."""
+    have = {r.job_id: r for r in db.jobs(run_id)}
+    added = 0
+    for key in store.list(keys.run_prefix(run_id)):
+        if not key.endswith("/result.json"):
+            continue
+        try:
+            rec = ResultRecord.model_validate_json(store.get_bytes(key))
+        except (StoreError, ValueError) as e:
+            log.warning("cannot read %s: %s", key, e)
+            continue
+        if rec.job_id not in have or have[rec.job_id].status not in TERMINAL:
+            db.upsert(rec, host_class=rec.host.get("class", ""))
+            added += 1
+    return added
+
+
+Progress = Callable[[dict[str, str], dict[str, admin.FunctionStatus]], None]
+
+
+def wait(cfg: Config, db: ResultsDB, store: ArtifactStore, p: Plan, progress: Progress | None = None,
+         poll: float = 1.0) -> list[ResultRecord]:
+    """Block until every expected job is terminal; returns the run's records."""
+    run = db.get_run(p.run_id)
+    start = run.created_at if run else time.time()
+    deadline = start + cfg.farm.run_deadline
+    no_worker_since: dict[str, float] = {}
+    last_reconcile = time.monotonic()
+    while True:
+        states = {r.job_id: r.status for r in db.jobs(p.run_id)}
+        pending = [j for j in p.expected if states.get(j) not in TERMINAL]
+        try:
+            table = preflight(cfg)
+        except RunError as e:
+            log.warning("%s", e)
+            table = {}
+        if progress:
+            progress(states, table)
+        if not pending:
+            break
+        now = time.time()
+        if now > deadline:
+            reconcile(db, store, p.run_id)
+            _expire(db, p, pending, "infra", f"not finished by the run deadline ({cfg.farm.run_deadline:.0f}s)")
+            continue
+        if time.monotonic() - last_reconcile > 30:
+            # The collector may be down; S3 holds every result the workers reported.
+            reconcile(db, store, p.run_id)
+            last_reconcile = time.monotonic()
+        for jid in pending:
+            target, step = jid[len(p.run_id) + 1:].split(":", 1)
+            fn = _function_of(step, target)
+            st = table.get(fn)
+            if table and (st is None or st.workers == 0):
+                since = no_worker_since.setdefault(fn, now)
+                if now - since >= cfg.farm.no_worker_wait and _ready(jid, p, states):
+                    _expire(db, p, [jid], "no_worker",
+                            f"no worker registered for {fn} within {cfg.farm.no_worker_wait:.0f}s")
+            else:
+                no_worker_since.pop(fn, None)
+        time.sleep(poll)
+    reconcile(db, store, p.run_id)
+    return db.jobs(p.run_id)
+
+
+def _ready(jid: str, p: Plan, states: dict[str, str]) -> bool:
+    """A test or perf job exists only after its build passed; before that it waits on the
+    build, not on a worker."""
+    target, step = jid[len(p.run_id) + 1:].split(":", 1)
+    return step == "build" or states.get(job_id(p.run_id, target, "build")) == "passed"
+
+
+def _expire(db: ResultsDB, p: Plan, jids: list[str], status: str, message: str) -> None:
+    now = time.time()
+    for jid in jids:
+        target, step = jid[len(p.run_id) + 1:].split(":", 1)
+        kind, _, name = step.partition("-")
+        rec = ResultRecord(job_id=jid, run_id=p.run_id, target=target, kind=kind, step=step,  # type: ignore[arg-type]
+                           name=name or None, rev=p.rev, status=status, worker="nightly",  # type: ignore[arg-type]
+                           started_at=now, finished_at=now, message=message)
+        db.upsert(rec)
+        if step == "build":
+            for s in p.steps(target)[1:]:
+                dep = job_id(p.run_id, target, s)
+                k, _, n = s.partition("-")
+                db.upsert(rec.model_copy(update={"job_id": dep, "step": s, "kind": k, "name": n,
+                                                 "status": "skipped",
+                                                 "message": f"skipped: the build was recorded as {status}"}))
+

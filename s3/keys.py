@@ -1,0 +1,53 @@
+"""The one definition of the farm's S3 key layout.
+
+artifacts/<rev>/<target>/<toolchain>/artifact.tar.gz   the packed build outputs + manifest
+artifacts/<rev>/<target>/<toolchain>/manifest.json     the manifest alone (read before download)
+runs/<run>/<target>/<step>/log.txt | junit.xml | result.json
+runs/<run>/report.json | report.html
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:#-]*$")
+
+
+def _part(value: str) -> str:
+    if not _SAFE.match(value) or ".." in value:
+        raise ValueError(f"unsafe S3 key component {value!r}")
+    return value
+
+
+def toolchain_id(compiler_version: str, flags: str) -> str:
+    """Artifacts built by different compilers or flags never share a key."""
+    return hashlib.sha256(f"{compiler_version}\n{flags}".encode()).hexdigest()[:16]
+
+
+def artifact_prefix(rev: str, target: str, toolchain: str) -> str:
+    return f"artifacts/{_part(rev)}/{_part(target)}/{_part(toolchain)}"
+
+
+def artifact(rev: str, target: str, toolchain: str) -> str:
+    return f"{artifact_prefix(rev, target, toolchain)}/artifact.tar.gz"
+
+
+def manifest(rev: str, target: str, toolchain: str) -> str:
+    return f"{artifact_prefix(rev, target, toolchain)}/manifest.json"
+
+
+def job_file(run_id: str, target: str, step: str, name: str) -> str:
+    return f"runs/{_part(run_id)}/{_part(target)}/{_part(step)}/{_part(name)}"
+
+
+def result(run_id: str, target: str, step: str) -> str:
+    return job_file(run_id, target, step, "result.json")
+
+
+def run_prefix(run_id: str) -> str:
+    return f"runs/{_part(run_id)}/"
+
+
+def report(run_id: str, ext: str) -> str:
+    return f"runs/{_part(run_id)}/report.{_part(ext)}"

@@ -1,0 +1,21 @@
+"""Shared pytest fixtures.  The ``gearmand`` fixture runs a real job server per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gearfarm.gearmand import Gearmand
+
+
+@pytest.fixture
+def gearmand(tmp_path: Path) -> Iterator[Gearmand]:
+    """A real gearmand on a free loopback port, state in tmp_path; always stopped."""
+    server = Gearmand(tmp_path / "gearmand")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

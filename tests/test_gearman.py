@@ -1,0 +1,653 @@
+"""Tests of gearfarm.gearman (client, worker, admin, protocol) and gearfarm.gearmand.
+
+Everything except the pure protocol tests runs against a real gearmand on a free
+loopback port (fixture ``gearmand`` in conftest.py), and the interoperability tests
+talk to libgearman through the ``gearman`` CLI from gearman-tools.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from gearfarm import gearmand as gearmand_module
+from gearfarm.gearman import (
+    BackgroundJob,
+    Client,
+    Command,
+    Connection,
+    Job,
+    JobFailed,
+    ProtocolError,
+    ServerUnavailable,
+    Worker,
+    admin,
+)
+from gearfarm.gearman.protocol import REQ, RES, decode, encode
+from gearfarm.gearmand import Gearmand, GearmandError
+from gearfarm.net import free_port
+
+FAST = {"poll_interval": 0.1, "max_backoff": 0.3}
+
+
+@contextmanager
+def running(worker: Worker) -> Iterator[threading.Thread]:
+    """Run ``worker.work`` in a thread for the duration of the block."""
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.work, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        stop.set()
+        thread.join(5)
+        assert not thread.is_alive(), "worker loop did not stop within 5 s"
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+@contextmanager
+def fake_server(serve: Callable[[socket.socket], None]) -> Iterator[tuple[int, list[int]]]:
+    """A TCP server calling ``serve(conn)`` per connection; yields (port, [accept count])."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)
+    port = listener.getsockname()[1]
+    accepted = [0]
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            accepted[0] += 1
+            with conn:
+                try:
+                    serve(conn)
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield port, accepted
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+
+
+# -- protocol ----------------------------------------------------------------------------
+
+
+def test_encode_decode_keeps_nul_bytes_in_last_argument() -> None:
+    raw = encode(Command.SUBMIT_JOB_BG, "build", "nightly-1", b"\0bin\0ary\0")
+    assert raw[:4] == REQ and int.from_bytes(raw[4:8], "big") == 18
+    assert int.from_bytes(raw[8:12], "big") == len(raw) - 12
+    packet, used = decode(raw + b"trailing")
+    assert used == len(raw)
+    assert packet.command is Command.SUBMIT_JOB_BG
+    assert packet.args == (b"build", b"nightly-1", b"\0bin\0ary\0")
+    with pytest.raises(ValueError):
+        encode(Command.SUBMIT_JOB, "bad\0name", "u", b"")
+    with pytest.raises(ProtocolError):
+        decode(b"HTTP/1.1 200 OK\r\n\r\n")
+    with pytest.raises(ProtocolError):
+        decode(RES + (999).to_bytes(4, "big") + (0).to_bytes(4, "big"))
+
+
+def test_connection_reassembles_short_reads_and_rejects_garbage() -> None:
+    packets = encode(Command.JOB_CREATED, "H:x:1", magic=RES) + encode(
+        Command.WORK_COMPLETE, "H:x:1", b"res\0ult", magic=RES
+    )
+
+    def dribble(conn: socket.socket) -> None:
+        for i in range(len(packets)):  # one byte per segment
+            conn.sendall(packets[i : i + 1])
+            time.sleep(0.001)
+        conn.recv(1)  # keep open until the client closes
+
+    with fake_server(dribble) as (port, _):
+        conn = Connection("127.0.0.1", port).connect()
+        assert conn.recv(5).args == (b"H:x:1",)
+        assert conn.recv(5).args == (b"H:x:1", b"res\0ult")
+        with pytest.raises(TimeoutError):
+            conn.recv(0.05)
+        conn.close()
+
+    def garbage(conn: socket.socket) -> None:
+        conn.sendall(b"ERR nonsense\r\n")
+        conn.recv(1)
+
+    with fake_server(garbage) as (port, _):
+        conn = Connection("127.0.0.1", port).connect()
+        with pytest.raises(ProtocolError):
+            conn.recv(5)
+        assert not conn.connected
+
+
+def test_connection_speaks_tls(tmp_path: Path) -> None:
+    # Debian's gearmand accepts --ssl but is built without TLS (it reads the
+    # ClientHello as bad magic), so the TLS path is checked against a Python server.
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl CLI missing")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert)]
+        + ["-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(cert, key)
+
+    def echo_over_tls(raw: socket.socket) -> None:
+        with server_ctx.wrap_socket(raw, server_side=True) as tls:
+            header = tls.recv(12)
+            payload = tls.recv(int.from_bytes(header[8:12], "big")) if header[8:12] != bytes(4) else b""
+            tls.sendall(encode(Command.ECHO_RES, payload, magic=RES))
+            tls.recv(1)
+
+    client_ctx = ssl.create_default_context(cafile=str(cert))
+    with fake_server(echo_over_tls) as (port, _):
+        conn = Connection("127.0.0.1", port, ssl_context=client_ctx).connect()
+        try:
+            reply = conn.request(Command.ECHO_REQ, b"secret", timeout=5)
+        finally:
+            conn.close()
+    assert reply.command is Command.ECHO_RES and reply.args == (b"secret",)
+
+
+def test_connection_sets_tcp_nodelay(gearmand: Gearmand) -> None:
+    conn = Connection(*gearmand.address).connect()
+    try:
+        sock = socket.socket(fileno=socket.dup(conn.fileno()))
+        with sock:
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        conn.close()
+
+
+# -- client / worker round trips -------------------------------------------------------
+
+
+def test_background_job_roundtrip(gearmand: Gearmand) -> None:
+    seen: list[tuple[str, str, str, bytes]] = []
+
+    def handler(job: Job) -> bytes:
+        seen.append((job.handle, job.function, job.unique, job.data))
+        return b"done"
+
+    with Client([gearmand.address]) as client:
+        handle = client.submit_background("compile", b"\0payload\xff", "nightly-42")
+        assert handle.startswith("H:")
+        assert admin.status(*gearmand.address)["compile"].queued == 1
+        with Worker([gearmand.address], "bg-worker", **FAST) as worker:
+            worker.register("compile", handler)
+            assert worker.work_one(5) is True
+            assert worker.work_one(0.3) is False
+        assert seen == [(handle, "compile", "nightly-42", b"\0payload\xff")]
+        wait_for(lambda: admin.status(*gearmand.address)["compile"].queued == 0, 5, "queue to drain")
+        assert client.get_status(handle).known is False
+
+
+def test_foreground_submit_returns_result_and_forwards_status(gearmand: Gearmand) -> None:
+    finished: list[Job] = []
+
+    def handler(job: Job) -> bytes:
+        # A heartbeat thread sending WORK_STATUS while the handler runs.
+        beat = threading.Thread(target=lambda: [job.status(i, 3) for i in range(1, 4)])
+        beat.start()
+        beat.join()
+        finished.append(job)
+        return job.data[::-1]
+
+    statuses: list[tuple[int, int]] = []
+    worker = Worker([gearmand.address], "fg-worker", **FAST)
+    worker.register("reverse", handler)
+    with Client([gearmand.address]) as client, running(worker):
+        result = client.submit(
+            "reverse", b"gearfarm", "fg-1", timeout=10, on_status=lambda n, d: statuses.append((n, d))
+        )
+    assert result == b"mrafraeg"
+    assert statuses == [(1, 3), (2, 3), (3, 3)]
+    assert finished[0].status(3, 3) is False, "status after completion must be a no-op"
+
+
+def test_work_fail_and_exception_raise_job_failed(gearmand: Gearmand) -> None:
+    def handler(job: Job) -> bytes:
+        raise RuntimeError("compiler exploded")
+
+    worker = Worker([gearmand.address], "failing", **FAST)
+    worker.register("explode", handler)
+    with Client([gearmand.address]) as client:
+        with running(worker), pytest.raises(JobFailed) as info:
+            client.submit("explode", b"x", "fail-1", timeout=10)
+        assert info.value.handle.startswith("H:") and "\0" not in info.value.handle
+
+        # WORK_EXCEPTION from a raw worker connection carries its text to the client.
+        raw = Connection(*gearmand.address).connect()
+        raw.send(Command.CAN_DO, "raw-exc")
+        result: list[BaseException] = []
+        thread = threading.Thread(target=lambda: _capture(result, client.submit, "raw-exc", b"", "exc-1", 10))
+        thread.start()
+        wait_for(
+            lambda: admin.status(*gearmand.address).get("raw-exc", admin.FunctionStatus(0, 0, 0)).queued == 1
+        )
+        assign = raw.request(Command.GRAB_JOB_UNIQ)
+        assert assign.command is Command.JOB_ASSIGN_UNIQ
+        raw.send(Command.WORK_EXCEPTION, assign.args[0], b"Traceback: boom")
+        thread.join(10)
+        raw.close()
+    assert isinstance(result[0], JobFailed) and result[0].exception == b"Traceback: boom"
+
+
+def _capture(out: list[BaseException], fn: Callable[..., object], *args: object) -> None:
+    try:
+        fn(*args)
+    except BaseException as exc:  # noqa: B036 - the test inspects whatever was raised
+        out.append(exc)
+
+
+def test_foreground_timeout_and_argument_validation(gearmand: Gearmand) -> None:
+    with Client([gearmand.address]) as client:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            client.submit("nobody-serves-this", b"", "t-1", timeout=0.3)
+        assert time.monotonic() - started < 3
+        with pytest.raises(ValueError):
+            client.submit_background("f", b"", "")
+        with pytest.raises(ValueError):
+            client.submit_background("f", b"", "u" * 65)
+        with pytest.raises(ValueError):
+            client.submit_background("f", b"", "u", priority="urgent")
+        assert client.echo(b"still fine") == b"still fine"
+
+
+def test_sleeping_worker_is_woken_by_noop(gearmand: Gearmand) -> None:
+    # poll_interval far above the asserted latency: only PRE_SLEEP/NOOP can wake it.
+    with (
+        Worker([gearmand.address], "sleeper", poll_interval=3.0) as worker,
+        Client([gearmand.address]) as client,
+    ):
+        worker.register("wake", lambda job: b"")
+        timer = threading.Timer(0.3, client.submit_background, args=("wake", b"", "wake-1"))
+        timer.start()
+        started = time.monotonic()
+        assert worker.work_one(3.0) is True
+        elapsed = time.monotonic() - started
+        timer.join()
+    assert elapsed < 1.0, f"worker needed {elapsed:.2f}s to notice a job (NOOP wake-up broken?)"
+
+
+def test_late_result_of_timed_out_job_is_not_returned_to_next_submit(gearmand: Gearmand) -> None:
+    def handler(job: Job) -> bytes:
+        if job.function == "slow":
+            time.sleep(0.4)
+        return job.function.encode()
+
+    worker = Worker([gearmand.address], "late", **FAST)
+    worker.register("slow", handler)
+    worker.register("fast", handler)
+    with Client([gearmand.address]) as client, running(worker):
+        with pytest.raises(TimeoutError):
+            client.submit("slow", b"", "late-slow", timeout=0.1)
+        # Same thread, same connection: the slow job's WORK_COMPLETE arrives first.
+        assert client.submit("fast", b"", "late-fast", timeout=10) == b"fast"
+
+
+def test_same_unique_while_queued_is_one_job(gearmand: Gearmand) -> None:
+    with Client([gearmand.address]) as client:
+        first = client.submit_background("dedup", b"a", "same-unique")
+        second = client.submit_background("dedup", b"b", "same-unique")
+        other = client.submit_background("dedup", b"c", "other-unique")
+    assert first == second and other != first
+    assert admin.status(*gearmand.address)["dedup"].queued == 2
+    runs: list[tuple[str, bytes]] = []
+    with Worker([gearmand.address], "dedup", **FAST) as worker:
+        worker.register("dedup", lambda job: runs.append((job.unique, job.data)) or b"")
+        while worker.work_one(0.5):
+            pass
+    assert sorted(runs) == [("other-unique", b"c"), ("same-unique", b"a")]
+
+
+def test_priorities_are_honoured(gearmand: Gearmand) -> None:
+    with Client([gearmand.address]) as client:
+        client.submit_background("prio", b"low", "p-low", priority="low")
+        client.submit_background("prio", b"normal", "p-normal")
+        client.submit_background("prio", b"high", "p-high", priority="high")
+    order: list[bytes] = []
+    with Worker([gearmand.address], "prio", **FAST) as worker:
+        worker.register("prio", lambda job: order.append(job.data) or b"")
+        while worker.work_one(0.5):
+            pass
+    assert order == [b"high", b"normal", b"low"]
+
+
+def test_worker_serves_several_servers_and_skips_dead_ones(gearmand: Gearmand, tmp_path: Path) -> None:
+    second = Gearmand(tmp_path / "second")
+    second.start()
+    try:
+        dead = ("127.0.0.1", free_port())
+        for server, unique in ((gearmand, "on-first"), (second, "on-second")):
+            with Client([server.address]) as client:
+                client.submit_background("multi", b"", unique)
+        seen: list[str] = []
+        with Worker([dead, gearmand.address, second.address], "multi", **FAST) as worker:
+            worker.register("multi", lambda job: seen.append(job.unique) or b"")
+            assert worker.work_one(5) and worker.work_one(5)
+            assert sorted(seen) == ["on-first", "on-second"]
+            ids = {
+                addr: [w.client_id for w in admin.workers(*addr)]
+                for addr in (gearmand.address, second.address)
+            }
+        assert all("multi" in listed for listed in ids.values()), ids
+    finally:
+        second.stop()
+
+
+# -- admin -----------------------------------------------------------------------------
+
+
+def test_admin_status_workers_version(gearmand: Gearmand) -> None:
+    host, port = gearmand.address
+    assert admin.version(host, port).startswith("1.")
+    worker = Worker([gearmand.address], "admin-probe", **FAST)
+    worker.register("fn-a", lambda job: b"")
+    worker.register("fn-b", lambda job: b"")
+    with Client([gearmand.address]) as client:
+        client.submit_background("fn-c", b"", "queued-only")
+        with running(worker):
+            wait_for(
+                lambda: any(w.client_id == "admin-probe" for w in admin.workers(host, port)),
+                5,
+                "worker listed",
+            )
+            listed = [w for w in admin.workers(host, port) if w.client_id == "admin-probe"]
+            status = admin.status(host, port)
+    assert len(listed) == 1
+    assert sorted(listed[0].functions) == ["fn-a", "fn-b"]
+    assert listed[0].ip == "127.0.0.1" and listed[0].fd > 0
+    assert status["fn-a"] == admin.FunctionStatus(queued=0, running=0, workers=1)
+    assert status["fn-c"] == admin.FunctionStatus(queued=1, running=0, workers=0)
+
+
+def test_admin_error_names_the_address() -> None:
+    port = free_port()
+    with pytest.raises(ServerUnavailable, match=f"127.0.0.1:{port}"):
+        admin.status("127.0.0.1", port)
+
+
+# -- failures, restarts, failover ------------------------------------------------------
+
+
+def test_client_reports_every_address_when_no_server_answers() -> None:
+    ports = [free_port(), free_port()]
+    with Client([("127.0.0.1", p) for p in ports], connect_timeout=1) as client:
+        with pytest.raises(ServerUnavailable) as info:
+            client.submit_background("f", b"", "u")
+    for port in ports:
+        assert f"127.0.0.1:{port}" in str(info.value)
+
+
+def test_client_fails_over_to_next_server(gearmand: Gearmand) -> None:
+    dead = ("127.0.0.1", free_port())
+    with Client([dead, gearmand.address], connect_timeout=1) as client:
+        assert client.echo(b"x") == b"x"
+        client.submit_background("failover", b"", "fo-1")
+    assert admin.status(*gearmand.address)["failover"].queued == 1
+
+
+def test_client_reconnects_after_server_restart(gearmand: Gearmand) -> None:
+    with Client([gearmand.address]) as client:
+        client.submit_background("restart", b"", "before")
+        address = gearmand.address
+        gearmand.restart()
+        assert gearmand.address == address
+        client.submit_background("restart", b"", "after-restart")
+        gearmand.kill9()
+        gearmand.start()
+        assert client.echo(b"after kill -9") == b"after kill -9"
+        client.submit_background("restart", b"", "after-kill")
+    # Builtin queue: only jobs submitted after the last crash are left.
+    assert admin.status(*gearmand.address)["restart"].queued == 1
+
+
+def test_worker_reconnects_and_persistent_queue_survives_kill9(tmp_path: Path) -> None:
+    server = Gearmand(tmp_path / "persist", queue_db=tmp_path / "persist" / "queue.db")
+    server.start()
+    try:
+        gate = threading.Event()
+        blocked = threading.Event()
+        done: list[str] = []
+
+        def handler(job: Job) -> bytes:
+            if job.unique == "job-0" and not gate.is_set():
+                blocked.set()  # job-0 is running when the server dies
+                gate.wait(10)
+            done.append(job.unique)
+            return b"ok"
+
+        worker = Worker([server.address], "survivor", **FAST)
+        worker.register("persist", handler)
+        with Client([server.address]) as client, running(worker):
+            client.submit_background("persist", b"0", "job-0")
+            assert blocked.wait(5)
+            for i in range(1, 6):
+                client.submit_background("persist", str(i).encode(), f"job-{i}")
+            assert admin.status(*server.address)["persist"] == admin.FunctionStatus(6, 1, 1)
+
+            server.kill9()
+            server.start()  # same port, same sqlite queue
+            assert admin.status(*server.address)["persist"].queued == 6, "queue lost across kill -9"
+            gate.set()
+
+            expected = {f"job-{i}" for i in range(6)}
+            wait_for(lambda: expected <= set(done), 10, "replayed jobs to run")
+            wait_for(lambda: admin.status(*server.address)["persist"].queued == 0, 5, "queue to drain")
+            listed = [w for w in admin.workers(*server.address) if w.client_id == "survivor"]
+            assert listed and listed[0].functions == ["persist"], "worker did not re-register"
+            # The client that saw the crash keeps working too.
+            client.submit_background("persist", b"6", "job-6")
+            wait_for(lambda: "job-6" in done, 5, "post-restart job")
+    finally:
+        server.stop()
+
+
+def test_worker_survives_garbage_from_server() -> None:
+    def garbage(conn: socket.socket) -> None:
+        conn.recv(4096)
+        conn.sendall(b"\0RES\0\0\x03\xe7\0\0\0\0 nonsense")  # unknown command 999
+
+    with fake_server(garbage) as (port, accepted):
+        worker = Worker([("127.0.0.1", port)], "robust", **FAST)
+        worker.register("f", lambda job: b"")
+        with running(worker) as thread:
+            wait_for(lambda: accepted[0] >= 3, 5, "worker to reconnect repeatedly")
+            assert thread.is_alive()
+
+
+# -- gearmand management ---------------------------------------------------------------
+
+
+def test_gearmand_missing_binary_names_the_package(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(gearmand_module.shutil, "which", lambda name: None)
+    monkeypatch.setattr(gearmand_module, "_FALLBACK_BINARY", str(tmp_path / "no-such-gearmand"))
+    with pytest.raises(GearmandError, match="apt-get install gearman-job-server"):
+        Gearmand(tmp_path).start()
+
+
+def test_gearmand_start_failure_shows_log_tail(tmp_path: Path) -> None:
+    server = Gearmand(tmp_path, extra_args=["--no-such-option"], start_timeout=5)
+    started = time.monotonic()
+    with pytest.raises(GearmandError, match="no-such-option"):
+        server.start()
+    assert time.monotonic() - started < 3, "an exiting gearmand must fail fast, not retry"
+    assert not server.running
+
+
+def test_gearmand_retries_lost_bind_race_and_stops(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    squatter = socket.create_server(("127.0.0.1", 0))
+    taken = squatter.getsockname()[1]
+    ports = iter([taken, free_port()])
+    monkeypatch.setattr(gearmand_module, "free_port", lambda host: next(ports))
+    server = Gearmand(tmp_path / "race")
+    try:
+        server.start()
+        assert server.port != taken
+        assert admin.getpid(*server.address) == server.pid
+        pid = server.pid
+        assert pid is not None
+    finally:
+        server.stop()
+        squatter.close()
+    assert not server.running
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_gearmand_fixed_port_taken_is_an_error(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as squatter:
+        port = squatter.getsockname()[1]
+        with pytest.raises(GearmandError, match=f"port {port}"):
+            Gearmand(tmp_path, port=port, start_timeout=1).start()
+
+
+# -- interoperability with libgearman (gearman CLI) ------------------------------------
+
+gearman_cli = shutil.which("gearman")
+needs_cli = pytest.mark.skipif(
+    gearman_cli is None, reason="gearman CLI missing (apt-get install gearman-tools)"
+)
+
+
+@needs_cli
+def test_our_worker_serves_libgearman_client(gearmand: Gearmand) -> None:
+    host, port = gearmand.address
+    seen: list[bytes] = []
+    worker = Worker([gearmand.address], "interop-worker", **FAST)
+    worker.register("upper", lambda job: seen.append(job.data) or job.data.upper())
+    base = [str(gearman_cli), "-h", host, "-p", str(port), "-f", "upper"]
+    with running(worker):
+        fg = subprocess.run([*base, "hello farm"], capture_output=True, timeout=15, stdin=subprocess.DEVNULL)
+        bg = subprocess.run(
+            [*base, "-b", "background"], capture_output=True, timeout=15, stdin=subprocess.DEVNULL
+        )
+        wait_for(lambda: b"background" in seen, 5, "background job from CLI")
+    assert fg.returncode == 0, fg.stderr
+    assert fg.stdout == b"HELLO FARM"
+    assert bg.returncode == 0, bg.stderr
+
+
+@needs_cli
+def test_libgearman_worker_serves_our_client(gearmand: Gearmand) -> None:
+    host, port = gearmand.address
+    cli = subprocess.Popen(
+        [
+            str(gearman_cli),
+            "-w",
+            "-h",
+            host,
+            "-p",
+            str(port),
+            "-f",
+            "shout",
+            "-c",
+            "2",
+            "--",
+            "tr",
+            "a-z",
+            "A-Z",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        with Client([gearmand.address]) as client:
+            assert (
+                client.submit("shout", b"from gearfarm\0binary", "cli-fg", timeout=15)
+                == b"FROM GEARFARM\0BINARY"
+            )
+            client.submit_background("shout", b"bg", "cli-bg")
+        assert cli.wait(15) == 0, "gearman -w -c 2 did not finish both jobs"
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+        cli.communicate()
+    assert admin.status(host, port)["shout"].queued == 0
+
+
+# -- volume ----------------------------------------------------------------------------
+
+
+def test_many_jobs_from_concurrent_threads_match_results(gearmand: Gearmand) -> None:
+    threads_n, per_thread = 4, 500
+    workers = []
+    for i in range(4):
+        worker = Worker([gearmand.address], f"bulk-{i}", **FAST)
+        worker.register("tag", lambda job: b"R:" + job.unique.encode() + b":" + job.data)
+        workers.append(worker)
+    mismatches: list[str] = []
+    errors: list[BaseException] = []
+
+    with Client([gearmand.address]) as client:  # one client shared by all threads
+
+        def submit_many(t: int) -> None:
+            try:
+                for n in range(per_thread):
+                    unique, data = f"t{t}-{n}", f"payload-{t}-{n}".encode()
+                    got = client.submit("tag", data, unique, timeout=10)
+                    if got != b"R:" + unique.encode() + b":" + data:
+                        mismatches.append(f"{unique}: {got!r}")
+            except BaseException as exc:  # noqa: B036 - reported below
+                errors.append(exc)
+
+        with running(workers[0]), running(workers[1]), running(workers[2]), running(workers[3]):
+            submitters = [threading.Thread(target=submit_many, args=(t,)) for t in range(threads_n)]
+            for thread in submitters:
+                thread.start()
+            for thread in submitters:
+                thread.join(30)
+    assert not errors, errors[:3]
+    assert not mismatches, mismatches[:5]
+
+
+def test_pipelined_background_submission(gearmand: Gearmand) -> None:
+    count = 2000
+    done: set[str] = set()
+    lock = threading.Lock()
+
+    def handler(job: Job) -> bytes:
+        assert job.data == job.unique.encode()
+        with lock:
+            done.add(job.unique)
+        return b""
+
+    jobs = [BackgroundJob("pipe", f"bg-{n}".encode(), f"bg-{n}") for n in range(count)]
+    with Client([gearmand.address]) as client:
+        handles = client.submit_background_many(jobs)
+    assert len(handles) == count and len(set(handles)) == count
+    worker_a = Worker([gearmand.address], "pipe-a", **FAST)
+    worker_b = Worker([gearmand.address], "pipe-b", **FAST)
+    for worker in (worker_a, worker_b):
+        worker.register("pipe", handler)
+    with running(worker_a), running(worker_b):
+        wait_for(lambda: len(done) == count, 20, "all pipelined jobs to run")
+    assert done == {j.unique for j in jobs}

@@ -1,0 +1,1 @@
+"""Worker roles: build, test, perf and the collector, each a Gearman worker."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ from gearfarm.result import TERMINAL
 from gearfarm.store import ResultsDB
 from s3.store import ArtifactStore, StoreError
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)
 EXIT_OK, EXIT_FAILED, EXIT_FARM = 0, 1, 2
 
 
@@ -87,6 +88,8 @@ def nightly_cmd(config_path: str | None, rev: str, targets: str | None, suites: 
                 run_id: str | None, seed: int, repo: Path | None, state_dir: Path | None, keep: bool,
                 no_worker_wait: float | None, deadline: float | None) -> None:
     """Run a whole nightly: build every target, test, collect, report."""
+    # cron and CI stop jobs with SIGTERM: unwind so the embedded farm is stopped, not orphaned.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(EXIT_FARM))
     cfg = _load_config(config_path)
     repo = (repo or (cfg.path(cfg.farm.repo) if cfg else None) or _repo_root()).resolve()
     try:
@@ -158,8 +161,8 @@ def _run_nightly(cfg: Config, plan: nightly.Plan) -> int:
     rep = report.build(run, records, store)
     out = cfg.path(cfg.farm.state_dir) / "runs" / plan.run_id
     paths = report.write(rep, records, out, store)
-    console.print(report.render_text(rep), highlight=False, markup=False)
-    console.print(f"report: {paths['html']}")
+    click.echo(report.render_text(rep))
+    click.echo(f"report: {paths['html']}")
     bad = [r for r in records if r.status not in ("passed", "skipped")]
     return EXIT_FAILED if bad or rep["missing"] else EXIT_OK
 

@@ -38,10 +38,11 @@ def step_name(kind: Kind, name: str | None = None) -> str:
     return kind if kind == "build" else f"{kind}-{name}"
 
 
-def unique_id(job: str, attempt: int) -> str:
-    # gearmand dedupes on (unique, function): a resubmitted run with the same attempt is a
-    # no-op, while a deliberate retry (attempt+1) is a new job.
-    return f"{job}#{attempt}"
+def unique_id(job: str, attempt: int, salt: str = "") -> str:
+    """gearmand dedupes on (unique, function): a resubmitted run with the same attempt is a
+    no-op, while a deliberate retry (attempt+1) is a new job. gearmand caps unique ids at 64
+    bytes, so the id is a digest of the job id (the payload carries the readable one)."""
+    return hashlib.sha256(f"{job}#{attempt}#{salt}".encode()).hexdigest()[:48] + f"#{attempt}"
 
 
 class Payload(BaseModel):

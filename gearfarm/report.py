@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jinja2 import Environment, FileSystemLoader, select_autoescape
+from jinja2 import Environment, FileSystemLoader
 
 from gearfarm import junit
 from gearfarm.result import PRODUCT_FAILURES, ResultRecord
@@ -20,7 +20,7 @@ from s3.store import ArtifactStore
 STAGES = ("queue_wait", "export", "lookup", "build", "upload", "download", "verify", "test")
 OVERHEAD = ("queue_wait", "export", "lookup", "upload", "download", "verify")
 _env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
-                   autoescape=select_autoescape(["html", "j2"]), trim_blocks=True, lstrip_blocks=True)
+                   autoescape=lambda name: bool(name and name.endswith(".html.j2")), trim_blocks=True, lstrip_blocks=True)
 
 
 def build(run: Run, records: list[ResultRecord], store: ArtifactStore | None) -> dict[str, Any]:

@@ -54,6 +54,11 @@ def unpack(archive: Path, dest: Path, expected_sha256: str) -> dict[str, Any]:
     dest.mkdir(parents=True, exist_ok=True)
     try:
         with tarfile.open(archive, "r:gz") as tar:
+            for m in tar.getmembers():
+                # The "data" filter would quietly make an absolute name relative; an artifact
+                # we packed never has one, so its presence means tampering: refuse it.
+                if m.name.startswith("/") or ".." in Path(m.name).parts:
+                    raise tarfile.OutsideDestinationError(m, m.name)
             tar.extractall(dest, filter="data")
     except (tarfile.TarError, OSError) as e:
         raise ArtifactError(f"artifact cannot be unpacked safely: {e}") from e

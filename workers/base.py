@@ -19,7 +19,7 @@ from pathlib import Path
 from gearfarm import host
 from gearfarm.config import Config
 from gearfarm.gearman import Client, GearmanError, Job, Worker
-from gearfarm.job import COLLECT_FUNCTION, Payload, PayloadError, verify
+from gearfarm.job import COLLECT_FUNCTION, Payload, PayloadError, unique_id, verify
 from gearfarm.result import ResultRecord
 from s3 import keys
 from s3.store import ArtifactStore, StoreError
@@ -61,15 +61,17 @@ class Context:
         try:
             self.store.put_bytes(keys.result(rec.run_id, rec.target, rec.step), body, "application/json")
             self._send(rec, body)
-        except (StoreError, GearmanError, OSError) as e:
+        except Exception as e:  # whatever went wrong, the record must survive: spool it
             self.spool.mkdir(parents=True, exist_ok=True)
             path = self.spool / f"{hashlib.sha256(rec.job_id.encode()).hexdigest()[:16]}-{rec.attempt}.json"
             path.write_bytes(body)
             log.warning("result of %s spooled to %s (%s); will deliver when possible", rec.job_id, path, e)
 
     def _send(self, rec: ResultRecord, body: bytes) -> None:
-        digest = hashlib.sha256(body).hexdigest()[:16]
-        self.client.submit_background(COLLECT_FUNCTION, body, unique=f"{rec.job_id}#{rec.attempt}@{digest}")
+        # The body's digest is in the unique id: a changed record is a new delivery, the very
+        # same record sent twice (a spool replay) is deduplicated by gearmand while queued.
+        salt = hashlib.sha256(body).hexdigest()
+        self.client.submit_background(COLLECT_FUNCTION, body, unique=unique_id(rec.job_id, rec.attempt, salt))
 
     def flush_spool(self) -> None:
         with self._spool_lock:

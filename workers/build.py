@@ -58,10 +58,34 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
     started = time.time()
-    timings: dict[str, float] = {"queue_wait": max(0.0, started - p.submitted_at)}
     cat = catalog_mod.load_at_rev(ctx.repo, p.rev)
     target = cat.target(p.target)
     suites = [s for s in p.suites if s in target.suites]
+    try:
+        rec = build(ctx, p, cat, target, started)
+    except Exception as e:  # the farm failed (S3, disk, git), not the engine: say so
+        log.exception("build %s failed inside the worker", p.job_id)
+        rec = ctx.record(p, "infra", message=f"build worker error: {type(e).__name__}: {e}",
+                         started_at=started, finished_at=time.time())
+    if rec.status == "passed":
+        fan_out(ctx, p, suites, target, rec)
+    else:
+        skip_dependents(ctx, p, suites if not target.perf else suites + p.benchmarks, rec.status)
+    return rec
+
+
+def skip_dependents(ctx: Context, p: Payload, names: list[str], why: str) -> None:
+    """A failed build still accounts for every job it would have started: as skipped."""
+    now = time.time()
+    for name in names:
+        kind = "test" if name in p.suites else "perf"
+        q = p.model_copy(update={"kind": kind, "name": name, "suites": [], "benchmarks": []})
+        ctx.deliver(ctx.record(q, "skipped", message=f"skipped: the {p.target} build {why}",
+                               started_at=now, finished_at=now))
+
+
+def build(ctx: Context, p: Payload, cat: Catalog, target: Target, started: float) -> ResultRecord:
+    timings: dict[str, float] = {"queue_wait": max(0.0, started - p.submitted_at)}
     tc_id, cc_version, flags = toolchain(cat, target)
     art_key = keys.artifact(p.rev, p.target, tc_id)
     man_key = keys.manifest(p.rev, p.target, tc_id)
@@ -112,25 +136,11 @@ def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
         log_tail = tail(log_path)
         ctx.store.put_bytes(log_key, log_path.read_bytes(), "text/plain; charset=utf-8")
 
-    finished = time.time()
-    rec = ctx.record(p, status, started_at=started, finished_at=finished, timings=timings,
-                     bytes_uploaded=bytes_up, reused_artifact=reused, log_key=log_key,
-                     artifact_key=art_key if status == "passed" else None,
-                     artifact_sha256=manifest.get("archive_sha256") if status == "passed" else None,
-                     message=message, log_tail=log_tail if status != "passed" else "")
-    if status == "passed":
-        fan_out(ctx, p, suites, target, rec)
-    else:
-        for s in suites:
-            q = p.model_copy(update={"kind": "test", "name": s, "suites": [], "benchmarks": []})
-            ctx.deliver(ctx.record(q, "skipped", message=f"skipped: the {p.target} build {status}",
-                                   started_at=finished, finished_at=finished))
-        if target.perf:
-            for b in p.benchmarks:
-                q = p.model_copy(update={"kind": "perf", "name": b, "suites": [], "benchmarks": []})
-                ctx.deliver(ctx.record(q, "skipped", message=f"skipped: the {p.target} build {status}",
-                                       started_at=finished, finished_at=finished))
-    return rec
+    return ctx.record(p, status, started_at=started, finished_at=time.time(), timings=timings,
+                      bytes_uploaded=bytes_up, reused_artifact=reused, log_key=log_key,
+                      artifact_key=art_key if status == "passed" else None,
+                      artifact_sha256=manifest.get("archive_sha256") if status == "passed" else None,
+                      message=message, log_tail=log_tail if status != "passed" else "")
 
 
 def fan_out(ctx: Context, p: Payload, suites: list[str], target: Target, build: ResultRecord) -> None:

@@ -84,29 +84,30 @@ static void bits_clear(uint64_t *bm, uint64_t b, uint64_t n) { for (uint64_t i =
 
 static int used(const gfe_db *db, uint64_t b) { return bit(db->bm_now, b) | bit(db->bm_ckpt, b); }
 
+/* Lowest-address first fit, so live data stays packed at the front and a
+ * checkpoint can truncate the free tail.  hint is a lower bound of the
+ * first free block. */
 static uint64_t alloc_extent(gfe_db *db, uint32_t n)
 {
-    for (int pass = 0; pass < 2; pass++) {
-        uint64_t b = pass == 0 ? db->hint : 2, end = pass == 0 ? db->nblocks : db->hint;
-        if (b < 2) b = 2;
-        while (b + n <= end) {
-            if ((b & 63) == 0 && (db->bm_now[b >> 6] | db->bm_ckpt[b >> 6]) == ~0ull) { b += 64; continue; }
-            if (used(db, b)) { b++; continue; }
-            uint32_t k = 1;
-            while (k < n && !used(db, b + k)) k++;
-            if (k == n) {
-                bits_set(db->bm_now, b, n);
-                db->hint = b + n;
-                return b;
-            }
-            b += k + 1;
+    uint64_t b = db->hint < 2 ? 2 : db->hint, first_free = UINT64_MAX;
+    while (b + n <= db->nblocks) {
+        if ((b & 63) == 0 && (db->bm_now[b >> 6] | db->bm_ckpt[b >> 6]) == ~0ull) { b += 64; continue; }
+        if (used(db, b)) { b++; continue; }
+        if (first_free == UINT64_MAX) first_free = b;
+        uint32_t k = 1;
+        while (k < n && !used(db, b + k)) k++;
+        if (k == n) {
+            bits_set(db->bm_now, b, n);
+            db->hint = first_free < b ? first_free : b + n;
+            return b;
         }
+        b += k + 1;
     }
     if (bm_reserve(db, db->nblocks + n)) return 0;
-    uint64_t b = db->nblocks;
+    b = db->nblocks;
     db->nblocks += n;
     bits_set(db->bm_now, b, n);
-    db->hint = db->nblocks;
+    db->hint = first_free != UINT64_MAX ? first_free : db->nblocks;
     return b;
 }
 
@@ -207,7 +208,11 @@ int db_write_node(gfe_db *db, node *n)
     if (port_pwrite(db->f, o, (size_t)nblk * BLOCK, blk * BLOCK))
         return db_fail(db, GFE_EIO, "%s: write of page %llu failed: %s", db->path, (unsigned long long)blk,
                        port_errstr(e, sizeof e));
-    if (n->blk) bits_clear(db->bm_now, n->blk, n->nblk);
+    if (n->blk) {
+        bits_clear(db->bm_now, n->blk, n->nblk);
+        if (bit(db->bm_ckpt, n->blk)) db->pending_free += n->nblk;
+        else if (n->blk < db->hint) db->hint = n->blk;
+    }
     n->blk = blk;
     n->nblk = nblk;
     n->dirty = 0;
@@ -323,11 +328,15 @@ static int checkpoint_locked(gfe_db *db)
     for (int i = 0; i < db->ntrees; i++)
         if ((rc = tree_write_dirty(db->trees[i]))) { db->broken = 1; return rc; }
     if (port_sync(db->f)) goto ioerr;
+    /* the file can shrink to the last live block once the new header is
+     * durable; the header already records the smaller size */
+    uint64_t keep = db->nblocks;
+    while (keep > 2 && !bit(db->bm_now, keep - 1)) keep--;
     hdr h;
     memset(&h, 0, sizeof h);
     h.gen = db->gen + 1;
     h.seq = db->seq;
-    h.nblocks = db->nblocks;
+    h.nblocks = keep;
     h.nidx = (uint32_t)db->ntrees;
     for (int i = 0; i < db->ntrees; i++) {
         tree *t = db->trees[i];
@@ -346,6 +355,12 @@ static int checkpoint_locked(gfe_db *db)
     db->gen = h.gen;
     db->ckpt_seq = h.seq;
     memcpy(db->bm_ckpt, db->bm_now, db->bm_words * 8);
+    db->pending_free = 0;
+    db->hint = 2;
+    if (keep < db->nblocks) {
+        db->nblocks = keep;
+        if (port_truncate(db->f, keep * BLOCK)) goto ioerr;
+    }
     db->st.checkpoints++;
     return wal_reset(db);
 ioerr:
@@ -510,6 +525,10 @@ int gfe_open(const char *path, const gfe_options *opt, gfe_db **out, char *err, 
     if (!opt->create && !port_exists(path)) { rc = db_fail(db, GFE_EIO, "%s: no such database file", path); goto fail; }
     if (port_open(path, opt->create, &db->f)) {
         rc = db_fail(db, GFE_EIO, "%s: cannot open: %s", path, port_errstr(e, sizeof e));
+        goto fail;
+    }
+    if (port_trylock(db->f)) {
+        rc = db_fail(db, GFE_EIO, "%s: database is in use by another process", path);
         goto fail;
     }
     if (port_open(db->walpath, 1, &db->wal)) {
@@ -749,7 +768,10 @@ int gfe_commit(gfe_db *db, gfe_batch *b, int durability, uint64_t *seq_out)
     if (seq_out) *seq_out = seq;
     cache_evict(db);
     if (db->broken) { rc = GFE_EIO; goto out; }
-    if (db->wal_off > db->wal_limit) rc = checkpoint_locked(db);
+    /* copy-on-write keeps old node versions until the next checkpoint, so
+     * checkpoint early when they would bloat the file */
+    if (db->wal_off > db->wal_limit || (db->pending_free > 2048 && db->pending_free > db->nblocks / 4))
+        rc = checkpoint_locked(db);
     port_unlock(db->mu);
     free(ops);
     if (!rc && durability == GFE_DUR_GROUP) rc = wal_group_sync(db, target);

@@ -91,6 +91,18 @@ int port_sync(port_file *f)
     return 0;
 }
 
+int port_trylock(port_file *f)
+{
+    OVERLAPPED ov;
+    memset(&ov, 0, sizeof ov);
+    ov.OffsetHigh = 0x40000000u; /* far beyond any data, so I/O is unaffected */
+    if (!LockFileEx(f->h, LOCKFILE_EXCLUSIVE_LOCK | LOCKFILE_FAIL_IMMEDIATELY, 0, 1, 0, &ov)) {
+        last_err = GetLastError();
+        return -1;
+    }
+    return 0;
+}
+
 int64_t port_size(port_file *f)
 {
     LARGE_INTEGER s;
@@ -318,6 +330,16 @@ int port_pwrite(port_file *f, const void *buf, size_t n, uint64_t off)
 int port_sync(port_file *f)
 {
     if (fsync(f->fd) != 0) { last_errno = errno; return -1; }
+    return 0;
+}
+
+int port_trylock(port_file *f)
+{
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    if (fcntl(f->fd, F_SETLK, &fl) != 0) { last_errno = errno; return -1; }
     return 0;
 }
 

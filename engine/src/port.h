@@ -18,6 +18,8 @@ int port_open(const char *path, int create, port_file **out);
 long port_pread(port_file *f, void *buf, size_t n, uint64_t off);
 int port_pwrite(port_file *f, const void *buf, size_t n, uint64_t off);
 int port_sync(port_file *f);
+/* Exclusive advisory lock held until close or process death; -1 if taken. */
+int port_trylock(port_file *f);
 int64_t port_size(port_file *f);
 int port_truncate(port_file *f, uint64_t size);
 void port_close(port_file *f);

@@ -277,7 +277,12 @@ static int split_child(node *p, uint32_t j)
     if (!r || ensure_kids(p, p->nk + 1)) { free(r); return GFE_ENOMEM; }
     r->level = c->level;
     if (c->leaf) {
-        size_t half = c->bytes / 2, acc = 0;
+        /* splitting the tree's rightmost leaf means keys arrive in order
+         * (auto-increment, timestamps): leave it nearly full instead of half */
+        int rightmost = 1;
+        for (node *x = c, *q = p; q && rightmost; x = q, q = q->parent)
+            rightmost = q->kids[q->nk - 1].ptr == x;
+        size_t half = rightmost ? c->bytes / 10 * 9 : c->bytes / 2, acc = 0;
         uint32_t m = 0;
         while (m < c->n - 1 && acc < half) acc += item_leaf_size(c->it[m++]);
         if (m == 0) m = 1;
@@ -303,7 +308,7 @@ static int split_child(node *p, uint32_t j)
             }
         uint32_t s = lower_bound(c->it, c->n, pivot->d, pivot->klen);
         if (ensure_cap(r, c->n - s)) return GFE_ENOMEM;
-        memcpy(r->it, c->it + s, (c->n - s) * sizeof *r->it);
+        if (c->n > s) memcpy(r->it, c->it + s, (c->n - s) * sizeof *r->it);
         r->n = c->n - s;
         c->n = s;
     }
@@ -516,7 +521,7 @@ int tree_collect(tree *t, const void *k, uint32_t kl, int mode, item ***out, uin
     range_of(n->it, n->n, NULL, NULL, k, kl, mode, &s, &e);
     item **cur = malloc(((size_t)(e - s) + 1) * sizeof *cur);
     if (!cur) return GFE_ENOMEM;
-    memcpy(cur, n->it + s, (e - s) * sizeof *cur);
+    if (e > s) memcpy(cur, n->it + s, (e - s) * sizeof *cur);
     cnt = e - s;
     for (int d = depth - 1; d >= 0; d--) {
         node *p = path[d];

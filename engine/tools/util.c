@@ -2,6 +2,7 @@
 #include "util.h"
 #include "port.h"
 
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -193,4 +194,20 @@ void fmt_hex(char *out, size_t n, const void *p, size_t len)
     size_t o = 0;
     for (size_t i = 0; i < len && o + 3 < n; i++) o += (size_t)snprintf(out + o, n - o, "%02x", b[i]);
     if (n) out[o < n ? o : n - 1] = 0;
+}
+
+void sfmt(char *out, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(out, n, fmt, ap);
+    va_end(ap);
+}
+
+void junit_free(junit *j)
+{
+    for (int i = 0; i < j->n; i++) { free(j->c[i].name); free(j->c[i].fail); }
+    free(j->c);
+    j->c = NULL;
+    j->n = j->cap = 0;
 }

@@ -26,6 +26,7 @@ void junit_init(junit *j, const char *suite);
 /* Records one check and prints a human line; fail == NULL means passed. */
 void junit_add(junit *j, const char *name, double secs, const char *fail);
 int junit_write(const junit *j, const char *path);
+void junit_free(junit *j);
 
 typedef struct mentry { unsigned char *k, *v; size_t kl, vl; } mentry;
 typedef struct model { mentry *e; size_t n, cap; } model;
@@ -40,6 +41,8 @@ void path_join(char *out, size_t n, const char *dir, const char *name);
 void remove_db(const char *path);
 void put_be64(unsigned char *p, uint64_t v);
 uint64_t get_be64(const unsigned char *p);
+/* snprintf that may truncate silently (messages only). */
+void sfmt(char *out, size_t n, const char *fmt, ...);
 void fmt_hex(char *out, size_t n, const void *p, size_t len);
 
 #endif

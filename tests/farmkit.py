@@ -1,0 +1,36 @@
+"""Test helpers for whole-farm tests: a temporary git repository of the engine and catalog,
+and running the real `gearfarm` command against it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GIT = ["git", "-c", "user.name=gearfarm-test", "-c", "user.email=test@gearfarm.local"]
+
+
+def make_repo(dest: Path) -> Path:
+    """A git repository holding this checkout's engine/ and jobs/ (working tree, not HEAD, so
+    the tests test the code as it is)."""
+    dest.mkdir(parents=True)
+    for part in ("engine", "jobs"):
+        shutil.copytree(ROOT / part, dest / part, ignore=shutil.ignore_patterns("build", "*.o"))
+    subprocess.run(GIT + ["init", "-q", "-b", "main"], cwd=dest, check=True)
+    commit(dest, "engine import")
+    return dest
+
+
+def commit(repo: Path, message: str) -> str:
+    subprocess.run(GIT + ["add", "-A"], cwd=repo, check=True)
+    subprocess.run(GIT + ["commit", "-q", "--allow-empty", "-m", message], cwd=repo, check=True)
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def gearfarm(*args: str, timeout: float = 900, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gearfarm.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})})

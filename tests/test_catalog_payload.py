@@ -1,0 +1,168 @@
+"""Unit tests of the wire formats: the job catalog, the signed payload, the S3 key layout and
+artifact packing. Each asserts what a farm operator relies on: bad input is refused, clearly."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from gearfarm import catalog
+from gearfarm.job import Payload, PayloadError, function_name, job_id, sign, unique_id, verify
+from s3 import artifact, keys
+
+ROOT = Path(__file__).resolve().parents[1]
+REV = "a" * 40
+KEYS = ["k-new", "k-old"]
+
+
+def test_repo_catalog_defines_the_four_targets_and_their_suites() -> None:
+    cat = catalog.load_file(ROOT / "jobs" / "catalog.toml")
+    assert set(cat.targets) == {"linux-x86_64", "linux-i686", "linux-aarch64", "windows-x86_64"}
+    assert cat.target("linux-aarch64").runner == ["qemu-aarch64"]
+    assert cat.target("windows-x86_64").runner == ["wine"]
+    assert [t for t, v in cat.targets.items() if v.perf] == ["linux-x86_64"]
+    for t in cat.targets.values():
+        assert "unit" in t.suites
+
+
+def test_unknown_names_list_the_known_ones() -> None:
+    cat = catalog.load_file(ROOT / "jobs" / "catalog.toml")
+    with pytest.raises(catalog.CatalogError, match="known targets: linux-aarch64, linux-i686"):
+        cat.target("plan9-mips")
+    with pytest.raises(catalog.CatalogError, match="known suites: model, recovery, unit"):
+        cat.suites_for("linux-x86_64", ["unit", "nosuch"])
+    assert cat.suites_for("windows-x86_64", ["unit", "recovery"]) == ["unit"]
+
+
+BASE = """
+schema = 1
+[build]
+argv = ["make", "{out}"]
+outputs = ["x"]
+[targets.linux-x86_64]
+cc = "gcc"
+ar = "ar"
+suites = ["unit"]
+[suites.unit]
+argv = ["{bin}/t"]
+"""
+
+
+def test_catalog_rejects_unknown_placeholders_and_undefined_suites() -> None:
+    assert catalog.parse(BASE, "t").suite("unit").argv == ["{bin}/t"]
+    with pytest.raises(catalog.CatalogError, match=r"unknown placeholder \{payload\}"):
+        catalog.parse(BASE.replace('"{bin}/t"', '"{payload}"'), "t")
+    with pytest.raises(catalog.CatalogError, match="lists suite 'model'"):
+        catalog.parse(BASE.replace('suites = ["unit"]', 'suites = ["unit", "model"]'), "t")
+    with pytest.raises(catalog.CatalogError, match="not <os>-<arch>"):
+        catalog.parse(BASE.replace("targets.linux-x86_64", "targets.linux"), "t")
+    with pytest.raises(catalog.CatalogError, match="invalid job catalog"):
+        catalog.parse(BASE + "\n[suites.extra]\nargv = []\n", "t")
+
+
+def test_expand_substitutes_whole_arguments_only() -> None:
+    argv = catalog.expand(["{bin}/gfe", "--seed", "{seed}"], {"bin": "/tmp/b; rm -rf /", "seed": "7"})
+    assert argv == ["/tmp/b; rm -rf //gfe", "--seed", "7"]  # one argv item, no shell
+
+
+def _payload(**kw: object) -> Payload:
+    base: dict[str, object] = dict(kind="test", run_id="r1", rev=REV, target="linux-x86_64", name="unit",
+                                   artifact_key="artifacts/x", artifact_sha256="b" * 64, submitted_at=time.time())
+    base.update(kw)
+    return Payload(**base)  # type: ignore[arg-type]
+
+
+def test_names_and_unique_ids() -> None:
+    p = _payload()
+    assert p.function == function_name("test", "linux-x86_64") == "test:linux-x86_64"
+    assert p.job_id == job_id("r1", "linux-x86_64", "test-unit") == "r1:linux-x86_64:test-unit"
+    assert p.unique == unique_id(p.job_id, 1) != unique_id(p.job_id, 2)
+    assert len(unique_id("r" * 300, 99)) <= 64  # gearmand's limit
+
+
+def test_signed_payload_roundtrip_and_rotation() -> None:
+    p = _payload()
+    assert verify(sign(p, KEYS), KEYS, 3600) == p
+    # During a rotation a worker accepts the previous key too.
+    assert verify(sign(p, ["k-old"]), KEYS, 3600) == p
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda b: b.replace(b'"unit"', b'"model"'), "bad signature"),
+    (lambda b: b"not json", "not JSON"),
+    (lambda b: json.dumps({"payload": {}}).encode(), "not a signed envelope"),
+    (lambda b: b"x" * 70000, "too large"),
+])
+def test_tampered_payloads_are_refused(mutate, message) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(PayloadError, match=message):
+        verify(mutate(sign(_payload(), KEYS)), KEYS, 3600)
+
+
+def test_unknown_key_replay_and_commands_are_refused() -> None:
+    with pytest.raises(PayloadError, match="bad signature"):
+        verify(sign(_payload(), ["attacker"]), KEYS, 3600)
+    with pytest.raises(PayloadError, match="time window"):
+        verify(sign(_payload(submitted_at=time.time() - 7200), KEYS), KEYS, 3600)
+    # A payload cannot smuggle a command: unknown fields fail validation even when signed.
+    env = json.loads(sign(_payload(), KEYS))
+    env["payload"]["command"] = "rm -rf /"
+    from gearfarm.job import _canonical, _mac
+
+    env["sig"] = _mac("k-new", _canonical(env["payload"]))
+    with pytest.raises(PayloadError, match="invalid payload"):
+        verify(json.dumps(env).encode(), KEYS, 3600)
+    with pytest.raises(PayloadError, match="needs name, artifact_key"):
+        verify(sign(_payload(artifact_key=None), KEYS), KEYS, 3600)
+
+
+def test_s3_key_layout_refuses_unsafe_components() -> None:
+    assert keys.artifact(REV, "linux-x86_64", "abc") == f"artifacts/{REV}/linux-x86_64/abc/artifact.tar.gz"
+    assert keys.result("r1", "linux-x86_64", "test-unit") == "runs/r1/linux-x86_64/test-unit/result.json"
+    for bad in ("../x", "a/b", "", "..", "/abs"):
+        with pytest.raises(ValueError, match="unsafe"):
+            keys.job_file("r1", bad, "s", "log.txt")
+
+
+def test_artifact_pack_unpack_verifies_every_file(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "gfe").write_bytes(b"\x7fELF binary")
+    (out / "libgfe.a").write_bytes(b"!<arch>")
+    man = artifact.pack(out, ["gfe", "libgfe.a"], {"rev": REV}, tmp_path / "a.tar.gz")
+    got = artifact.unpack(tmp_path / "a.tar.gz", tmp_path / "x", man["archive_sha256"])
+    assert got["files"]["gfe"]["sha256"] == man["files"]["gfe"]["sha256"]
+    assert (tmp_path / "x" / "gfe").read_bytes() == b"\x7fELF binary"
+    with pytest.raises(artifact.ArtifactError, match="expected"):
+        artifact.unpack(tmp_path / "a.tar.gz", tmp_path / "y", "0" * 64)
+    with pytest.raises(artifact.ArtifactError, match="missing"):
+        artifact.pack(out, ["nosuch"], {}, tmp_path / "b.tar.gz")
+
+
+def _evil_tar(path: Path, member: tarfile.TarInfo, data: bytes = b"x") -> str:
+    with tarfile.open(path, "w:gz") as tar:
+        tar.addfile(member, io.BytesIO(data) if member.isfile() else None)
+    from s3.store import sha256_file
+
+    return sha256_file(path)
+
+
+@pytest.mark.parametrize("name,linkname,kind", [
+    ("../escape", "", tarfile.REGTYPE),
+    ("/etc/evil", "", tarfile.REGTYPE),
+    ("link", "/etc/passwd", tarfile.SYMTYPE),
+    ("link", "../../outside", tarfile.SYMTYPE),
+])
+def test_unpack_refuses_paths_and_links_outside(tmp_path: Path, name: str, linkname: str, kind: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = linkname
+    info.size = 1 if kind == tarfile.REGTYPE else 0
+    sha = _evil_tar(tmp_path / "e.tar.gz", info)
+    with pytest.raises(artifact.ArtifactError, match="cannot be unpacked safely"):
+        artifact.unpack(tmp_path / "e.tar.gz", tmp_path / "dest", sha)
+    assert not (tmp_path / "escape").exists()

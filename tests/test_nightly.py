@@ -1,0 +1,142 @@
+"""The nightly path end to end on real gearmand and real MinIO: `gearfarm nightly` builds the
+engine for the host target, stores the artifact, runs the suites, collects and reports."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from gearfarm import config as config_mod
+from s3.artifact import unpack
+from s3.minio import MinioServer
+from s3.store import ArtifactStore
+from tests.farmkit import commit, gearfarm, make_repo
+
+TARGET = "linux-x86_64"
+
+
+@pytest.fixture(scope="module")
+def farm(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    base = tmp_path_factory.mktemp("nightly")
+    repo = make_repo(base / "repo")
+    state = base / "state"
+    yield repo, state
+    gearfarm("farm", "stop", "--state-dir", str(state))
+
+
+def rows(state: Path, run_id: str) -> list[tuple[str, str]]:
+    with sqlite3.connect(state / "results.db") as db:
+        return sorted(db.execute("SELECT job_id, status FROM jobs WHERE run_id = ?", (run_id,)).fetchall())
+
+
+def nightly(repo: Path, state: Path, *args: str) -> tuple[int, str]:
+    p = gearfarm("nightly", "--repo", str(repo), "--state-dir", str(state), "--targets", TARGET, *args)
+    return p.returncode, p.stdout + p.stderr
+
+
+def test_host_nightly_builds_stores_tests_and_reports(farm) -> None:  # type: ignore[no-untyped-def]
+    repo, state = farm
+    code, out = nightly(repo, state, "--run-id", "n1", "--keep")
+    assert code == 0, out
+    expected = {f"n1:{TARGET}:{s}" for s in ("build", "test-unit", "test-model", "test-recovery")}
+    got = rows(state, "n1")
+    assert {j for j, _ in got} == expected and len(got) == len(expected)  # exactly one row per job
+    assert all(st == "passed" for _, st in got), got
+
+    report = json.loads((state / "runs" / "n1" / "report.json").read_text())
+    assert {j["job_id"] for j in report["jobs"]} == expected
+    assert report["matrix"][TARGET]["build"]["status"] == "passed"
+    assert report["headline"].startswith("all green")
+    assert "queue_wait" in report["stage_seconds"] and report["stage_seconds"]["build"] > 0
+    html = (state / "runs" / "n1" / "report.html").read_text()
+    assert "test-recovery" in html and "X-Amz-Signature" in html  # presigned log links
+
+    # The artifact is in S3 with a manifest whose sha256 values match the files.
+    cfg = config_mod.load(state / "farm.toml")
+    store = ArtifactStore(cfg.s3)
+    build = next(j for j in report["jobs"] if j["step"] == "build")
+    manifest = json.loads(store.get_bytes(build["artifact_key"].replace("artifact.tar.gz", "manifest.json")))
+    assert manifest["target"] == TARGET and manifest["rev"] == build["rev"]
+    assert "gcc" in manifest["compiler"]
+    store.get_file(build["artifact_key"], state.parent / "a.tar.gz")
+    inner = unpack(state.parent / "a.tar.gz", state.parent / "unpacked", manifest["archive_sha256"])
+    assert set(inner["files"]) >= {"gfe", "gfe-suite", "gfe-bench", "libgfe.a"}
+    assert store.exists(f"runs/n1/{TARGET}/test-unit/junit.xml")
+    assert store.exists("runs/n1/report.html")
+    gearfarm("farm", "stop", "--state-dir", str(state))
+
+
+def test_resubmitting_a_run_adds_nothing_and_same_rev_reuses_the_artifact(farm) -> None:  # type: ignore[no-untyped-def]
+    repo, state = farm
+    before = rows(state, "n1")
+    code, out = nightly(repo, state, "--run-id", "n1")
+    assert code == 0, out
+    assert "already known" in out
+    assert rows(state, "n1") == before
+
+    code, out = nightly(repo, state, "--run-id", "n2", "--suites", "unit")
+    assert code == 0, out
+    report = json.loads((state / "runs" / "n2" / "report.json").read_text())
+    build = next(j for j in report["jobs"] if j["step"] == "build")
+    assert build["reused_artifact"] is True and build["bytes_uploaded"] == 0
+    assert {j["step"] for j in report["jobs"]} == {"build", "test-unit"}
+
+
+def test_a_build_that_does_not_compile_is_failed_with_its_error_and_tests_skipped(farm) -> None:  # type: ignore[no-untyped-def]
+    repo, state = farm
+    src = next((repo / "engine" / "src").glob("*.c"))
+    src.write_text(src.read_text() + "\n#error gearfarm-test-broken-build\n")
+    rev = commit(repo, "break the build")
+    try:
+        code, out = nightly(repo, state, "--run-id", "n3")
+    finally:
+        subprocess_revert(repo)
+    assert code == 1, out
+    got = dict(rows(state, "n3"))
+    assert got.pop(f"n3:{TARGET}:build") == "failed"
+    assert set(got.values()) == {"skipped"} and len(got) == 3
+    report = json.loads((state / "runs" / "n3" / "report.json").read_text())
+    failure = report["failures"][0]
+    assert failure["step"] == "build" and "gearfarm-test-broken-build" in failure["log_tail"]
+    assert report["rev"] == rev
+    assert "gearfarm-test-broken-build" in (state / "runs" / "n3" / "report.html").read_text()
+
+
+def subprocess_revert(repo: Path) -> None:
+    import subprocess
+
+    subprocess.run(["git", "revert", "--no-edit", "HEAD"], cwd=repo, check=True, capture_output=True,
+                   env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"})
+
+
+def test_unknown_target_or_suite_exits_2_listing_the_known_ones(farm) -> None:  # type: ignore[no-untyped-def]
+    repo, state = farm
+    p = gearfarm("nightly", "--repo", str(repo), "--state-dir", str(state), "--targets", "plan9-mips")
+    assert p.returncode == 2 and "known targets: linux-aarch64, linux-i686, linux-x86_64, windows-x86_64" in p.stderr
+    p = gearfarm("nightly", "--repo", str(repo), "--state-dir", str(state), "--suites", "unit,bogus")
+    assert p.returncode == 2 and "unknown suite 'bogus'" in p.stderr and "known suites" in p.stderr
+
+
+def test_unreachable_gearmand_or_minio_exits_2_naming_the_address(tmp_path: Path, farm) -> None:  # type: ignore[no-untyped-def]
+    from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig, S3Config, dump
+    from gearfarm.net import free_port
+
+    repo, _ = farm
+    dead = free_port()
+    with MinioServer(tmp_path / "minio") as minio:
+        cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{dead}"]), s3=minio.s3_config(),
+                     database=DatabaseConfig(url=f"sqlite:///{tmp_path / 'r.db'}"),
+                     farm=FarmConfig(repo=str(repo), state_dir=str(tmp_path), secrets=["k"]))
+        dump(cfg, tmp_path / "lab.toml")
+        p = gearfarm("nightly", "--config", str(tmp_path / "lab.toml"), "--targets", TARGET, timeout=120)
+        assert p.returncode == 2, p.stderr
+        assert f"127.0.0.1:{dead}" in p.stderr and "gearmand is unreachable" in p.stderr
+    cfg.s3 = S3Config(endpoint=f"http://127.0.0.1:{dead}", secret_key="x")
+    dump(cfg, tmp_path / "lab.toml")
+    p = gearfarm("nightly", "--config", str(tmp_path / "lab.toml"), "--targets", TARGET, timeout=180)
+    assert p.returncode == 2, p.stderr
+    assert f"http://127.0.0.1:{dead}" in p.stderr

@@ -166,3 +166,25 @@ def test_unpack_refuses_paths_and_links_outside(tmp_path: Path, name: str, linkn
     with pytest.raises(artifact.ArtifactError, match="cannot be unpacked safely"):
         artifact.unpack(tmp_path / "e.tar.gz", tmp_path / "dest", sha)
     assert not (tmp_path / "escape").exists()
+
+
+def test_the_documented_lab_config_is_valid() -> None:
+    from gearfarm import config
+
+    cfg = config.load(ROOT / "docs" / "farm.example.toml")
+    assert cfg.gearman.addresses() == [("gearman1.lab", 4731), ("gearman2.lab", 4731)]
+    assert cfg.database.url.startswith("postgresql")
+    assert cfg.mail.security == "starttls"
+
+
+def test_config_errors_name_the_file_and_the_problem(tmp_path: Path) -> None:
+    from gearfarm import config
+
+    with pytest.raises(config.ConfigError, match="not found"):
+        config.load(tmp_path / "nope.toml")
+    (tmp_path / "bad.toml").write_text('[gearman]\nservers = ["no-port"]\n')
+    with pytest.raises(config.ConfigError, match="is not 'host:port'"):
+        config.load(tmp_path / "bad.toml")
+    (tmp_path / "typo.toml").write_text('[gearmn]\n')
+    with pytest.raises(config.ConfigError, match="gearmn"):
+        config.load(tmp_path / "typo.toml")

@@ -20,7 +20,7 @@ from gearfarm import config as config_mod
 from gearfarm import nightly, report
 from gearfarm.catalog import CatalogError
 from gearfarm.config import Config, ConfigError
-from gearfarm.gearman import GearmanError, admin
+from gearfarm.gearman import Client, GearmanError, admin
 from gearfarm.result import TERMINAL
 from gearfarm.store import ResultsDB
 from s3.store import ArtifactStore, StoreError
@@ -152,22 +152,30 @@ def _run_nightly(cfg: Config, plan: nightly.Plan) -> int:
             created = nightly.submit(cfg, db, client, plan)
         except GearmanError as e:
             _fail(f"cannot submit to gearmand: {e}")
-    console.print(f"run {plan.run_id} {'submitted' if created else 'already known; resubmitted'}: "
-                  f"rev {plan.rev[:12]}, {len(plan.targets)} targets, {len(plan.expected)} jobs")
-    records = _watch(cfg, db, store, plan)
+        console.print(f"run {plan.run_id} {'submitted' if created else 'already known; resubmitted'}: "
+                      f"rev {plan.rev[:12]}, {len(plan.targets)} targets, {len(plan.expected)} jobs")
+        records = _watch(cfg, db, store, client, plan)
+        from gearfarm import history
+
+        # New failures are re-run once before the report, so it can tell flaky from broken.
+        history.rerun_new_failures(cfg, db, store, client, plan, records,
+                                   progress=lambda m: console.print(m, highlight=False))
     db.finish_run(plan.run_id, "finished")
     run = db.get_run(plan.run_id)
     assert run is not None
-    rep = report.build(run, records, store)
-    out = cfg.path(cfg.farm.state_dir) / "runs" / plan.run_id
-    paths = report.write(rep, records, out, store)
+    rep, paths, delivery = report.publish(cfg, db, store, run, records)
     click.echo(report.render_text(rep))
     click.echo(f"report: {paths['html']}")
+    if delivery.error:
+        console.print(f"[bold red]mail not sent:[/] {delivery.error}; the message is in {delivery.eml}",
+                      highlight=False)
+    else:
+        click.echo(f"mail: {'sent to ' + ', '.join(delivery.recipients) if delivery.sent else delivery.eml}")
     bad = [r for r in records if r.status not in ("passed", "skipped")]
     return EXIT_FAILED if bad or rep["missing"] else EXIT_OK
 
 
-def _watch(cfg: Config, db: ResultsDB, store: ArtifactStore, plan: nightly.Plan) -> list:
+def _watch(cfg: Config, db: ResultsDB, store: ArtifactStore, client: Client, plan: nightly.Plan) -> list:
     def table_of(states: dict[str, str], fns: dict[str, admin.FunctionStatus]) -> Table:
         t = Table(title=f"run {plan.run_id}")
         t.add_column("target")
@@ -185,7 +193,7 @@ def _watch(cfg: Config, db: ResultsDB, store: ArtifactStore, plan: nightly.Plan)
 
     if console.is_terminal:
         with Live(console=console, refresh_per_second=2) as live:
-            return nightly.wait(cfg, db, store, plan, lambda s, f: live.update(table_of(s, f)))
+            return nightly.wait(cfg, db, store, client, plan, lambda s, f: live.update(table_of(s, f)))
     last: dict[str, str] = {}
 
     def lines(states: dict[str, str], _fns: dict[str, admin.FunctionStatus]) -> None:
@@ -194,7 +202,7 @@ def _watch(cfg: Config, db: ResultsDB, store: ArtifactStore, plan: nightly.Plan)
                 console.print(f"  {j[len(plan.run_id) + 1:]:<40} {states[j]}", highlight=False)
         last.update(states)
 
-    return nightly.wait(cfg, db, store, plan, lines)
+    return nightly.wait(cfg, db, store, client, plan, lines)
 
 
 @main.command("worker")
@@ -311,39 +319,58 @@ def farm_stop(state_dir: Path | None) -> None:
 @click.argument("run_id")
 @click.option("--config", "config_path")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
-def report_cmd(run_id: str, config_path: str | None, state_dir: Path | None) -> None:
-    """Re-render a run's report from the results database."""
+@click.option("--send", is_flag=True, help="Mail the report again (SMTP as [mail] says).")
+def report_cmd(run_id: str, config_path: str | None, state_dir: Path | None, send: bool) -> None:
+    """Re-render a run's report from the results database; --send mails it again."""
     cfg = _config_or_embedded(config_path, state_dir)
     db = ResultsDB(cfg.database.url)
     run = db.get_run(run_id)
     if run is None:
         _fail(f"no run {run_id!r} in {cfg.database.url}; known: {', '.join(r.run_id for r in db.runs(10))}")
     assert run is not None
-    records = db.jobs(run_id)
-    rep = report.build(run, records, None)
-    paths = report.write(rep, records, cfg.path(cfg.farm.state_dir) / "runs" / run_id, None)
+    if run.parent_run_id:
+        _fail(f"{run_id} is the re-run of {run.parent_run_id}; its results are in that run's report")
+    # Links need S3; a report re-rendered while S3 is down is still a report, without them.
+    store: ArtifactStore | None = ArtifactStore(cfg.s3, retry_for=5)
+    try:
+        store.check()  # type: ignore[union-attr]
+    except StoreError as e:
+        console.print(f"[yellow]S3 unavailable, the report has no links:[/] {e}", highlight=False)
+        store = None
+    rep, paths, delivery = report.publish(cfg, db, store, run, db.jobs(run_id), send_mail=send)
     click.echo(report.render_text(rep))
     click.echo(f"report: {paths['html']}")
+    if send and not cfg.mail.host:
+        click.echo(f"no [mail] host configured; the message is in {delivery.eml}")
+    elif send and delivery.error:
+        console.print(f"[bold red]mail not sent:[/] {delivery.error}; the message is in {delivery.eml}",
+                      highlight=False)
+        sys.exit(EXIT_FARM)
+    elif send:
+        click.echo(f"mail sent to {', '.join(delivery.recipients)}")
 
 
 @main.command("history")
 @click.argument("test")
 @click.option("--config", "config_path")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
-def history_cmd(test: str, config_path: str | None, state_dir: Path | None) -> None:
-    """A test's results across runs and targets."""
+@click.option("--target", help="Only this target.")
+def history_cmd(test: str, config_path: str | None, state_dir: Path | None, target: str | None) -> None:
+    """A test's results across runs and targets, each with its verdict (new, known, fixed,
+    flaky). TEST is a test case name, or SUITE/NAME."""
+    from gearfarm import history
+
     cfg = _config_or_embedded(config_path, state_dir)
     db = ResultsDB(cfg.database.url)
-    rows = db.cases_of(test)
+    rows = [row for row in history.history_of(db, test) if target is None or row[1] == target]
     if not rows:
         _fail(f"no results for test {test!r}")
     t = Table(title=f"history of {test}")
-    for col in ("run", "rev", "target", "suite", "status"):
+    for col in ("run", "rev", "target", "suite", "status", "verdict"):
         t.add_column(col)
-    for case, run in rows:
-        t.add_row(run.run_id, run.rev[:12], case.target, case.suite, case.status)
-    Console().print(t)
-
+    for run, tgt, suite, status, verdict in rows:
+        t.add_row(run.run_id, run.rev[:12], tgt, suite, status, verdict)
+    Console(width=200).print(t)
 
 if __name__ == "__main__":
     main()

@@ -87,6 +87,14 @@ class FarmConfig(_Section):
     run_deadline: float = 3 * 3600.0
     # A payload older than this is refused as a replay.
     payload_max_age: float = 24 * 3600.0
+    # A running job whose heartbeat (WORK_STATUS) has not moved for this long has lost its
+    # lease (its worker died or was cut off) and is submitted again.
+    lease_timeout: float = 60.0
+    # A job gearmand no longer knows, whose result has not arrived after this long, was
+    # dropped (--job-retries exhausted) and is submitted again.
+    lost_grace: float = 20.0
+    # Resubmissions a run may spend; past it, lost jobs are recorded as infrastructure failures.
+    resubmit_budget: int = 20
 
 
 class Config(_Section):

@@ -10,6 +10,7 @@ import os
 import secrets
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -40,6 +41,10 @@ class EmbeddedFarm:
         self.cfg: Config | None = None
         self.missing: dict[str, dict[str, str]] = {}
         self.functions: set[str] = {"collect"}
+        self.args: dict[str, list[str]] = {}
+        self.restarts: dict[str, int] = {}
+        self._stopping = threading.Event()
+        self._supervisor: threading.Thread | None = None
 
     @property
     def config_path(self) -> Path:
@@ -84,6 +89,7 @@ class EmbeddedFarm:
                 self.functions.add(f"{role}:{t}")
         self._record()
         self.wait_ready(timeout=120)
+        self.supervise()
         return self.cfg
 
     def wait_ready(self, timeout: float) -> None:
@@ -104,9 +110,25 @@ class EmbeddedFarm:
             time.sleep(0.3)
 
     def spawn(self, name: str, args: list[str]) -> None:
+        self.args[name] = args
         argv = [sys.executable, "-m", "gearfarm.cli", *args, "--config", str(self.config_path)]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.procs[name] = process.spawn(argv, self.state / "logs" / f"{name}.log", env=env)
+
+    def supervise(self) -> None:
+        """Restart workers and the collector when they die, as systemd's Restart=always does
+        on a lab host: a killed worker's job goes back to gearmand, and capacity comes back."""
+        def loop() -> None:
+            while not self._stopping.wait(1.0):
+                for name, proc in list(self.procs.items()):
+                    if proc.poll() is not None and not self._stopping.is_set():  # type: ignore[attr-defined]
+                        log.warning("%s exited (%s); restarting it", name, proc.returncode)  # type: ignore[attr-defined]
+                        self.restarts[name] = self.restarts.get(name, 0) + 1
+                        self.spawn(name, self.args[name])
+                        self._record()
+
+        self._supervisor = threading.Thread(target=loop, name="farm-supervisor", daemon=True)
+        self._supervisor.start()
 
     def _record(self) -> None:
         pids = {n: p.pid for n, p in self.procs.items()}  # type: ignore[attr-defined]
@@ -117,6 +139,9 @@ class EmbeddedFarm:
         (self.state / STATE_FILE).write_text(json.dumps({"pids": pids, "config": str(self.config_path)}))
 
     def stop(self) -> None:
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join()
         for p in self.procs.values():
             process.stop(p, timeout=10)  # type: ignore[arg-type]
         self.procs.clear()

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from gearfarm.catalog import Catalog
 from gearfarm.config import Config
-from gearfarm.gearman import Client, admin
-from gearfarm.job import Payload, function_name, job_id, sign, step_name
+from gearfarm.gearman import Client, GearmanError, admin
+from gearfarm.job import Payload, function_name, job_id, sign, step_name, unique_id
 from gearfarm.result import TERMINAL, ResultRecord
 from gearfarm.store import ResultsDB
 from s3 import keys
@@ -100,7 +100,12 @@ def reconcile(db: ResultsDB, store: ArtifactStore, run_id: str) -> int:
     """Load result records from S3 that the database lacks (a collector outage loses none)."""
     have = {r.job_id: r for r in db.jobs(run_id)}
     added = 0
-    for key in store.list(keys.run_prefix(run_id)):
+    try:
+        result_keys = list(store.list(keys.run_prefix(run_id)))
+    except StoreError as e:
+        log.warning("cannot reconcile from S3 now: %s", e)
+        return 0
+    for key in result_keys:
         if not key.endswith("/result.json"):
             continue
         try:
@@ -117,14 +122,88 @@ def reconcile(db: ResultsDB, store: ArtifactStore, run_id: str) -> int:
 Progress = Callable[[dict[str, str], dict[str, admin.FunctionStatus]], None]
 
 
-def wait(cfg: Config, db: ResultsDB, store: ArtifactStore, p: Plan, progress: Progress | None = None,
-         poll: float = 1.0) -> list[ResultRecord]:
+class Watchdog:
+    """Finds jobs that lost their lease (heartbeat stalled: worker dead or cut off) or that
+    gearmand dropped (--job-retries exhausted, which it does silently for background jobs),
+    and submits them again under the next attempt's unique id, within the run's budget."""
+
+    def __init__(self, cfg: Config, db: ResultsDB, store: ArtifactStore, client: Client, p: Plan) -> None:
+        self.cfg, self.db, self.store, self.client, self.plan = cfg, db, store, client, p
+        self.attempts: dict[str, int] = {}
+        self.beats: dict[str, tuple[int, float]] = {}
+        self.unknown_since: dict[str, float] = {}
+        self.spent = 0
+
+    def check(self, pending: list[str], states: dict[str, str], now: float) -> None:
+        for jid in pending:
+            if not _ready(jid, self.plan, states):
+                continue
+            attempt = self.attempts.get(jid, 1)
+            try:
+                st = self.client.get_status_unique(unique_id(jid, attempt))
+            except GearmanError as e:
+                log.warning("cannot ask gearmand about %s: %s", jid, e)
+                return
+            if st.known:
+                self.unknown_since.pop(jid, None)
+                if not st.running:
+                    self.beats.pop(jid, None)
+                    continue
+                last = self.beats.get(jid)
+                if last is None or last[0] != st.numerator:
+                    self.beats[jid] = (st.numerator, now)
+                elif now - last[1] > self.cfg.farm.lease_timeout:
+                    self.resubmit(jid, states, f"lease lost: no heartbeat for {now - last[1]:.0f}s")
+                continue
+            since = self.unknown_since.setdefault(jid, now)
+            if now - since > self.cfg.farm.lost_grace:
+                # Its result may be on the way: S3 has it if the worker reported at all.
+                reconcile(self.db, self.store, self.plan.run_id)
+                if self.db.terminal_ids(self.plan.run_id) & {jid}:
+                    continue
+                self.resubmit(jid, states, "gearmand no longer holds the job and no result arrived")
+
+    def resubmit(self, jid: str, states: dict[str, str], why: str) -> None:
+        self.beats.pop(jid, None)
+        self.unknown_since.pop(jid, None)
+        if self.spent >= self.cfg.farm.resubmit_budget:
+            _expire(self.db, self.plan, [jid], "infra",
+                    f"{why}; the run's resubmission budget ({self.cfg.farm.resubmit_budget}) is spent")
+            return
+        self.spent += 1
+        attempt = self.attempts.get(jid, 1) + 1
+        self.attempts[jid] = attempt
+        payload = self._payload(jid, attempt)
+        if payload is None:
+            _expire(self.db, self.plan, [jid], "infra", f"{why}; cannot resubmit: its build left no artifact")
+            return
+        log.warning("%s: %s; submitting attempt %d", jid, why, attempt)
+        self.client.submit_background(payload.function, sign(payload, self.cfg.farm.secrets), unique=payload.unique)
+
+    def _payload(self, jid: str, attempt: int) -> Payload | None:
+        p = self.plan
+        target, step = jid[len(p.run_id) + 1:].split(":", 1)
+        if step == "build":
+            return Payload(kind="build", run_id=p.run_id, rev=p.rev, target=target, suites=p.suites[target],
+                           benchmarks=p.benchmarks[target], seed=p.seed, attempt=attempt, submitted_at=time.time())
+        build = next((r for r in self.db.jobs(p.run_id) if r.job_id == job_id(p.run_id, target, "build")), None)
+        if build is None or not build.artifact_key or not build.artifact_sha256:
+            return None
+        kind, _, name = step.partition("-")
+        return Payload(kind=kind, run_id=p.run_id, rev=p.rev, target=target, name=name,  # type: ignore[arg-type]
+                       artifact_key=build.artifact_key, artifact_sha256=build.artifact_sha256, seed=p.seed,
+                       attempt=attempt, submitted_at=time.time())
+
+
+def wait(cfg: Config, db: ResultsDB, store: ArtifactStore, client: Client, p: Plan,
+         progress: Progress | None = None, poll: float = 1.0) -> list[ResultRecord]:
     """Block until every expected job is terminal; returns the run's records."""
     run = db.get_run(p.run_id)
     start = run.created_at if run else time.time()
     deadline = start + cfg.farm.run_deadline
     no_worker_since: dict[str, float] = {}
     last_reconcile = time.monotonic()
+    watchdog = Watchdog(cfg, db, store, client, p)
     while True:
         states = {r.job_id: r.status for r in db.jobs(p.run_id)}
         pending = [j for j in p.expected if states.get(j) not in TERMINAL]
@@ -157,6 +236,8 @@ def wait(cfg: Config, db: ResultsDB, store: ArtifactStore, p: Plan, progress: Pr
                             f"no worker registered for {fn} within {cfg.farm.no_worker_wait:.0f}s")
             else:
                 no_worker_since.pop(fn, None)
+        if table:
+            watchdog.check(pending, states, now)
         time.sleep(poll)
     reconcile(db, store, p.run_id)
     return db.jobs(p.run_id)

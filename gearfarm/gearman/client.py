@@ -296,7 +296,19 @@ class Client:
         Handles do not say which server issued them, so an unknown status from one
         server is only believed after all of them were asked.
         """
-        unknown = JobStatus(handle, False, False, 0, 0)
+        return self._status(Command.GET_STATUS, Command.STATUS_RES, handle)
+
+    def get_status_unique(self, unique: str) -> JobStatus:
+        """Status of the job with this unique id (GET_STATUS_UNIQ), from any server.
+
+        The farm knows every job's unique id but not the handles of jobs that workers
+        submitted, so this is how it watches a job's heartbeat (WORK_STATUS numerator).
+        ``handle`` in the answer is the unique id.
+        """
+        return self._status(Command.GET_STATUS_UNIQ, Command.STATUS_RES_UNIQ, unique)
+
+    def _status(self, command: Command, expect: Command, key: str) -> JobStatus:
+        unknown = JobStatus(key, False, False, 0, 0)
         attempts: list[tuple[str, BaseException | str]] = []
         answered = False
         for index, (host, port) in enumerate(self.servers):
@@ -304,7 +316,7 @@ class Client:
             for _retry in range(2):
                 try:
                     conn = self._connection(index)
-                    reply = self._rpc(conn, Command.GET_STATUS, handle, expect=Command.STATUS_RES)
+                    reply = self._rpc(conn, command, key, expect=expect)
                 except _CONNECTION_ERRORS as exc:
                     self._drop(index)
                     attempts.append((address, exc))

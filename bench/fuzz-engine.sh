@@ -35,9 +35,8 @@ for db in "$OUT"/scratch/*.db; do
 done
 
 SRC="$ENGINE/fuzz/fuzz_decode.c $ENGINE/src/node.c"
-if command -v clang >/dev/null 2>&1 && clang -fsanitize=fuzzer -x c /dev/null -o /dev/null 2>/dev/null \
-        || { command -v clang >/dev/null 2>&1 && echo 'int LLVMFuzzerTestOneInput(const unsigned char*d,unsigned long n){(void)d;(void)n;return 0;}' \
-             | clang -fsanitize=fuzzer -x c - -o "$OUT/probe" 2>/dev/null; }; then
+PROBE='int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (void)d; (void)n; return 0; }'
+if command -v clang >/dev/null 2>&1 && echo "$PROBE" | clang -fsanitize=fuzzer -x c - -o "$OUT/probe" 2>/dev/null; then
     echo "fuzz-engine: libFuzzer build (clang), ${SECS}s"
     clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
         -I"$ENGINE/include" -I"$ENGINE/src" $SRC -lz -o "$OUT/fuzz_decode"

@@ -1,29 +1,40 @@
-"""The run report: one document (JSON, HTML, JUnit) with the matrix, every failure with its
-log tail and a reproducer, presigned links, and per-stage timings so the farm's own overhead
-shows. Written beside the run on disk and in S3."""
+"""The run report: one document (JSON, HTML, text, JUnit) with a headline, the matrix, the test
+cases classified against history (new failures with their log tail and a reproducer, fixed,
+flaky, known), presigned links, and per-stage timings so the farm's own overhead shows. Written
+beside the run on disk and in S3; the mail (gearfarm.mail) is built from the same document."""
 
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jinja2 import Environment, FileSystemLoader
 
 from gearfarm import junit
+from gearfarm.config import Config
+from gearfarm.history import Verdict
 from gearfarm.result import PRODUCT_FAILURES, ResultRecord
-from gearfarm.store import Run
+from gearfarm.store import ResultsDB, Run
 from s3 import keys
 from s3.store import ArtifactStore
+
+if TYPE_CHECKING:
+    from gearfarm.mail import Delivery
 
 STAGES = ("queue_wait", "export", "lookup", "build", "upload", "download", "verify", "test")
 OVERHEAD = ("queue_wait", "export", "lookup", "upload", "download", "verify")
 _env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
-                   autoescape=lambda name: bool(name and name.endswith(".html.j2")), trim_blocks=True, lstrip_blocks=True)
+                   autoescape=lambda name: bool(name and name.endswith(".html.j2")),
+                   trim_blocks=True, lstrip_blocks=True)
+_env.filters["utc"] = lambda t: time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
 
 
-def build(run: Run, records: list[ResultRecord], store: ArtifactStore | None) -> dict[str, Any]:
+def build(run: Run, records: list[ResultRecord], store: ArtifactStore | None,
+          verdicts: list[Verdict] | None = None, reruns: list[ResultRecord] | None = None) -> dict[str, Any]:
+    """The report document. ``verdicts`` (gearfarm.history.classify_run) add the classified
+    sections and the classified headline; ``reruns`` are the records of the run's re-run."""
     def link(key: str | None) -> str | None:
         return store.presign(key) if (store and key) else None
 
@@ -71,23 +82,94 @@ def build(run: Run, records: list[ResultRecord], store: ArtifactStore | None) ->
         if missing:
             parts.append(f"{len(missing)} missing")
         headline = ", ".join(parts)
+    classes = _classes(run, records, verdicts, reruns or [], link) if verdicts is not None else None
+    if classes is not None:
+        headline = _headline(classes, infra, missing, len(records), len(by_target))
+    expiry = store.cfg.presign_expiry if store is not None else None
     return {
         "run_id": run.run_id, "rev": run.rev, "created_at": run.created_at, "finished_at": finished,
         "wall_seconds": round(finished - run.created_at, 3), "headline": headline, "counts": counts,
+        "subject": f"[gearfarm] {run.run_id} at {run.rev[:12]}: {headline}",
         "targets": sorted(by_target), "steps": steps, "matrix": matrix, "failures": failures,
+        "infra": [f for f in failures if not f["product"]],
+        "classified": classes is not None,
+        "new": classes["new"] if classes else [], "known": classes["known"] if classes else [],
+        "fixed": classes["fixed"] if classes else [], "flaky": classes["flaky"] if classes else [],
+        "links_expire_at": round(time.time() + expiry) if expiry else None,
         "missing": missing, "stage_seconds": stage_totals,
         "overhead_seconds": round(sum(stage_totals[s] for s in OVERHEAD), 3),
         "work_seconds": round(stage_totals["build"] + stage_totals["test"], 3),
         "jobs": [r.model_dump(mode="json", exclude={"log_tail"}) for r in records],
+        "reruns": [r.model_dump(mode="json", exclude={"log_tail", "cases"}) for r in reruns or []],
     }
 
 
-def reproducer(r: ResultRecord, run: Run) -> str:
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word.replace('failure', 'failures')}"
+
+
+def _headline(classes: dict[str, list[dict[str, Any]]], infra: int, missing: list[str], jobs: int,
+              targets: int) -> str:
+    new, known, flaky, fixed = (len(classes[k]) for k in ("new", "known", "flaky", "fixed"))
+    if not (new or known or flaky or infra or missing):
+        text = f"all green: {jobs} jobs passed or skipped on {targets} targets"
+        return text + (f"; {fixed} fixed" if fixed else "")
+    parts = []
+    if new:
+        parts.append(_plural(new, "new failure"))
+    if known:
+        parts.append(f"{known} still failing")
+    if flaky:
+        parts.append(f"{flaky} flaky")
+    if fixed:
+        parts.append(f"{fixed} fixed")
+    if infra:
+        parts.append(f"{infra} not run by the farm (infrastructure)")
+    if missing:
+        parts.append(f"{len(missing)} missing")
+    return ", ".join(parts)
+
+
+def _classes(run: Run, records: list[ResultRecord], verdicts: list[Verdict], reruns: list[ResultRecord],
+             link: Any) -> dict[str, list[dict[str, Any]]]:
+    by_job = {r.job_id: r for r in records}
+    rerun_of = {(r.target, r.step): r for r in reruns}
+    out: dict[str, list[dict[str, Any]]] = {k: [] for k in ("new", "known", "fixed", "flaky")}
+    for v in verdicts:
+        if v.kind not in out:
+            continue
+        rec = by_job.get(v.job_id)
+        case = next((c for c in rec.cases if c.name == v.name), None) if rec else None
+        job_level = v.name.startswith("[")
+        item = v.as_dict()
+        item.update({
+            "step": rec.step if rec else "", "status": rec.status if rec else "",
+            "message": (case.message if case else (rec.message if rec else ""))[:2000],
+            "worker": rec.worker if rec else "", "log": link(rec.log_key) if rec else None,
+            "artifact": link(rec.artifact_key) if rec else None,
+            "reproducer": reproducer(rec, run, None if job_level else v.name) if rec else "",
+        })
+        if v.kind in ("new", "flaky"):
+            item["log_tail"] = rec.log_tail if rec else ""
+        rr = rerun_of.get((v.target, rec.step)) if rec else None
+        if rr is not None:
+            # The test's own result on the re-run; the suite as a whole may fail for others.
+            item["rerun_record"] = {"status": v.rerun or rr.status, "job_status": rr.status,
+                                    "worker": rr.worker, "log": link(rr.log_key),
+                                    "other_worker": bool(rr.worker) and rr.worker != item["worker"]}
+        out[v.kind].append(item)
+    return out
+
+
+def reproducer(r: ResultRecord, run: Run, test: str | None = None) -> str:
+    """One line that names everything needed to run the failure again."""
     if r.kind == "build":
         return f"gearfarm nightly --rev {run.rev[:12]} --targets {r.target} --suites none"
-    seed = run.notes.get("seed", 1) if isinstance(run.notes, dict) else 1
-    return (f"target={r.target} artifact={r.artifact_key} sha256={r.artifact_sha256} suite={r.name} "
-            f"seed={seed}")
+    seed = run.notes.get("seed") if isinstance(run.notes, dict) else None
+    line = f"target={r.target} artifact={r.artifact_key} sha256={r.artifact_sha256} suite={r.name}"
+    if test:
+        line += f" test={test}"
+    return line + (f" seed={seed}" if seed is not None else "")
 
 
 def render_html(report: dict[str, Any]) -> str:
@@ -112,3 +194,24 @@ def write(report: dict[str, Any], records: list[ResultRecord], out_dir: Path,
                            ("txt", "text/plain; charset=utf-8")):
             store.put_file(keys.report(report["run_id"], ext), paths[ext], ctype)
     return paths
+
+
+def publish(cfg: Config, db: ResultsDB, store: ArtifactStore | None, run: Run, records: list[ResultRecord],
+            send_mail: bool = True) -> tuple[dict[str, Any], dict[str, Path], Delivery]:
+    """Classify the run against history, write the report (JSON, HTML, text, JUnit, .eml)
+    beside the run, and mail it. The mail's fate goes into the run's notes whenever a delivery
+    was attempted, so `gearfarm report` and the database tell whether it was sent."""
+    from gearfarm import history, mail
+
+    reruns: list[ResultRecord] = []
+    for rid in db.reruns_of([run.run_id]).get(run.run_id, []):
+        reruns.extend(db.jobs(rid))
+    verdicts = history.classify_run(db, run, records)
+    rep = build(run, records, store, verdicts, reruns)
+    out = cfg.path(cfg.farm.state_dir) / "runs" / run.run_id
+    paths = write(rep, records, out, store)
+    delivery = mail.deliver(rep, out, cfg.mail, send_mail)
+    paths["eml"] = Path(delivery.eml)
+    if send_mail or not cfg.mail.host:
+        db.update_notes(run.run_id, mail=delivery.as_dict())
+    return rep, paths, delivery

@@ -1,25 +1,32 @@
-"""The results database (SQLAlchemy): runs, jobs (one row per job id), test cases and
-benchmark samples. SQLite by default; PostgreSQL when the configured URL says so."""
+"""The results database (SQLAlchemy): runs, jobs (one row per job id), test cases, benchmark
+samples and hosts. SQLite by default; PostgreSQL when the configured URL says so. The schema is
+owned by the Alembic migrations in gearfarm/migrations, applied when the database is opened."""
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
     JSON,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
     create_engine,
     delete,
     event,
+    inspect,
     select,
+    text,
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
@@ -35,13 +42,16 @@ class Run(Base):
     __tablename__ = "runs"
     run_id: Mapped[str] = mapped_column(String(96), primary_key=True)
     rev: Mapped[str] = mapped_column(String(40))
-    created_at: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float, index=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     # Every job id the run must end with, so a missing one is visible, never silent.
     expected: Mapped[list[str]] = mapped_column(JSON)
     targets: Mapped[list[str]] = mapped_column(JSON)
     state: Mapped[str] = mapped_column(String(16), default="running")
     notes: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # A re-run of a run's new failures is its own run (own job ids, own S3 keys), linked here
+    # so history can use its verdicts without counting it as a run of its own.
+    parent_run_id: Mapped[str | None] = mapped_column(String(96), nullable=True, index=True)
 
 
 class Job(Base):
@@ -57,10 +67,31 @@ class Job(Base):
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     record: Mapped[dict[str, Any]] = mapped_column(JSON)
+    host_id: Mapped[str | None] = mapped_column(ForeignKey("hosts.host_id"), nullable=True)
+
+
+class Host(Base):
+    """A machine as a fingerprint, so results can be traced to the hardware they came from."""
+
+    __tablename__ = "hosts"
+    # sha256 of the fingerprint fields: the same machine in the same shape is one row.
+    host_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(200), default="")
+    host_class: Mapped[str] = mapped_column(String(64), default="", index=True)
+    cpu_model: Mapped[str] = mapped_column(String(200), default="")
+    cores: Mapped[int] = mapped_column(Integer, default=0)
+    memory_gib: Mapped[int] = mapped_column(Integer, default=0)
+    kernel: Mapped[str] = mapped_column(String(200), default="")
+    machine: Mapped[str] = mapped_column(String(64), default="")
+    compiler: Mapped[str] = mapped_column(String(300), default="")
+    first_seen: Mapped[float] = mapped_column(Float)
+    last_seen: Mapped[float] = mapped_column(Float)
 
 
 class Case(Base):
     __tablename__ = "cases"
+    # History reads one test case on one target across runs.
+    __table_args__ = (Index("ix_cases_target_suite_name", "target", "suite", "name"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), index=True)
     run_id: Mapped[str] = mapped_column(String(96), index=True)
@@ -103,7 +134,7 @@ class ResultsDB:
                 cur.close()
 
         self._session = sessionmaker(self.engine, expire_on_commit=False)
-        Base.metadata.create_all(self.engine)
+        upgrade(self.engine)
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -111,22 +142,46 @@ class ResultsDB:
             yield s
 
     def create_run(self, run_id: str, rev: str, targets: list[str], expected: list[str],
-                   notes: dict[str, Any] | None = None) -> bool:
+                   notes: dict[str, Any] | None = None, parent_run_id: str | None = None,
+                   created_at: float | None = None) -> bool:
         """Record a run; False when it exists already (a resubmission adds nothing)."""
         with self.session() as s:
             if s.get(Run, run_id) is not None:
                 return False
-            s.add(Run(run_id=run_id, rev=rev, created_at=time.time(), expected=expected,
-                      targets=targets, state="running", notes=notes or {}))
+            s.add(Run(run_id=run_id, rev=rev, created_at=time.time() if created_at is None else created_at,
+                      expected=expected, targets=targets, state="running", notes=notes or {},
+                      parent_run_id=parent_run_id))
             return True
+
+    def update_notes(self, run_id: str, **notes: Any) -> None:
+        """Merge keys into a run's notes (the JSON column is replaced whole, so a change is seen)."""
+        with self.session() as s:
+            run = s.get(Run, run_id)
+            if run is not None:
+                run.notes = {**(run.notes or {}), **notes}
 
     def get_run(self, run_id: str) -> Run | None:
         with self.session() as s:
             return s.get(Run, run_id)
 
-    def runs(self, limit: int = 50) -> list[Run]:
+    def runs(self, limit: int = 50, reruns: bool = False) -> list[Run]:
+        """The newest runs first; re-runs (children of a run) only when asked for."""
         with self.session() as s:
-            return list(s.scalars(select(Run).order_by(Run.created_at.desc()).limit(limit)))
+            q = select(Run).order_by(Run.created_at.desc()).limit(limit)
+            if not reruns:
+                q = q.where(Run.parent_run_id.is_(None))
+            return list(s.scalars(q))
+
+    def reruns_of(self, run_ids: Iterable[str]) -> dict[str, list[str]]:
+        """Parent run id -> its re-run ids."""
+        ids = list(run_ids)
+        if not ids:
+            return {}
+        with self.session() as s:
+            out: dict[str, list[str]] = {}
+            for rid, parent in s.execute(select(Run.run_id, Run.parent_run_id).where(Run.parent_run_id.in_(ids))):
+                out.setdefault(parent, []).append(rid)
+            return out
 
     def finish_run(self, run_id: str, state: str) -> None:
         with self.session() as s:
@@ -155,6 +210,7 @@ class ResultsDB:
             row.target, row.kind, row.step, row.status = rec.target, rec.kind, rec.step, rec.status
             row.attempt, row.worker = rec.attempt, rec.worker
             row.started_at, row.finished_at, row.record = rec.started_at, rec.finished_at, data
+            row.host_id = _upsert_host(s, rec.host) if rec.host else None
             s.flush()
             s.execute(delete(Case).where(Case.job_id == rec.job_id))
             s.execute(delete(SampleRow).where(SampleRow.job_id == rec.job_id))
@@ -180,11 +236,149 @@ class ResultsDB:
             rows = s.execute(select(Job.job_id, Job.status).where(Job.run_id == run_id))
             return {jid for jid, st in rows if st in TERMINAL}
 
-    def cases_of(self, name: str) -> Iterable[tuple[Case, Run]]:
+    def cases_of(self, name: str, target: str | None = None, suite: str | None = None,
+                 reruns: bool = False) -> list[tuple[Case, Run]]:
+        """Every result of a test case, oldest run first (a name may be "suite/name")."""
+        if suite is None and "/" in name:
+            suite, name = name.split("/", 1)
         with self.session() as s:
             q = (select(Case, Run).join(Run, Run.run_id == Case.run_id)
-                 .where(Case.name == name).order_by(Run.created_at))
+                 .where(Case.name == name).order_by(Run.created_at, Case.id))
+            if target is not None:
+                q = q.where(Case.target == target)
+            if suite is not None:
+                q = q.where(Case.suite == suite)
+            if not reruns:
+                q = q.where(Run.parent_run_id.is_(None))
             return list(s.execute(q).tuples())
+
+    def cases_in(self, run_ids: Iterable[str]) -> list[tuple[str, str, str, str, str]]:
+        """(run_id, target, suite, name, status) of every case in the given runs."""
+        ids = list(run_ids)
+        if not ids:
+            return []
+        with self.session() as s:
+            q = select(Case.run_id, Case.target, Case.suite, Case.name, Case.status).where(Case.run_id.in_(ids))
+            return [tuple(r) for r in s.execute(q)]  # type: ignore[misc]
+
+    def job_statuses_in(self, run_ids: Iterable[str]) -> list[tuple[str, str, str, str, int]]:
+        """(run_id, target, step, status, number of cases) of every job in the given runs."""
+        ids = list(run_ids)
+        if not ids:
+            return []
+        with self.session() as s:
+            q = select(Job.run_id, Job.target, Job.step, Job.status, Job.record).where(Job.run_id.in_(ids))
+            return [(r, t, st, status, len(rec.get("cases") or [])) for r, t, st, status, rec in s.execute(q)]
+
+    def runs_before(self, created_at: float, target: str | None = None, limit: int = 50) -> list[Run]:
+        """Runs (not re-runs) older than ``created_at`` that planned ``target``, newest first."""
+        with self.session() as s:
+            q = (select(Run).where(Run.created_at < created_at, Run.parent_run_id.is_(None))
+                 .order_by(Run.created_at.desc()))
+            if target is None:
+                return list(s.scalars(q.limit(limit)))
+            # targets is a JSON list; filtering it portably in SQL is not worth it for a few
+            # hundred rows, so filter here and read in pages until ``limit`` are found.
+            out: list[Run] = []
+            for run in s.scalars(q.execution_options(yield_per=200)):
+                if target in (run.targets or []):
+                    out.append(run)
+                    if len(out) >= limit:
+                        break
+            return out
+
+    def hosts(self) -> list[Host]:
+        with self.session() as s:
+            return list(s.scalars(select(Host).order_by(Host.first_seen)))
+
+
+def _upsert_host(s: Session, fp: dict[str, str]) -> str:
+    fields = {k: str(fp.get(k, "")) for k in ("hostname", "cpu", "cores", "mem_gib", "kernel", "machine", "compiler")}
+    host_id = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+    now = time.time()
+    row = s.get(Host, host_id)
+    if row is None:
+        s.add(Host(host_id=host_id, hostname=fields["hostname"], host_class=fp.get("class", ""),
+                   cpu_model=fields["cpu"], cores=_int(fields["cores"]), memory_gib=_int(fields["mem_gib"]),
+                   kernel=fields["kernel"], machine=fields["machine"], compiler=fields["compiler"],
+                   first_seen=now, last_seen=now))
+        s.flush()
+    else:
+        row.last_seen = now
+    return host_id
+
+
+def _int(v: str) -> int:
+    try:
+        return int(v)
+    except ValueError:
+        return 0
+
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+# The revision whose schema equals what create_all made before migrations existed: a database
+# from then is stamped with it and upgraded from there.
+BASELINE = "0001"
+
+
+def alembic_config(connection: Any = None) -> Any:
+    """Alembic configured in code: no alembic.ini, the scripts ship inside the package."""
+    from alembic.config import Config as AlembicConfig
+
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.attributes["connection"] = connection
+    return cfg
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    from alembic.migration import MigrationContext
+
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(engine: Engine) -> None:
+    """Bring the schema to the newest revision. The collector, the nightly and the CLI may open
+    the database at the same moment, so the upgrade runs under a lock (a file lock beside a
+    SQLite file, an advisory lock on PostgreSQL) and is skipped at once when already current."""
+    from alembic import command
+
+    head = head_revision()
+    if current_revision(engine) == head:
+        return
+    with _migration_lock(engine):
+        with engine.begin() as conn:
+            if engine.dialect.name == "postgresql":
+                # Held until this transaction ends: PostgreSQL runs the DDL transactionally.
+                conn.execute(text("SELECT pg_advisory_xact_lock(7141590)"))
+            cfg = alembic_config(conn)
+            tables = set(inspect(conn).get_table_names())
+            if "alembic_version" not in tables and "runs" in tables:
+                command.stamp(cfg, BASELINE)
+            command.upgrade(cfg, "head")
+
+
+@contextmanager
+def _migration_lock(engine: Engine) -> Iterator[None]:
+    db = engine.url.database if engine.dialect.name == "sqlite" else None
+    if not db or db == ":memory:":
+        yield
+        return
+    with open(f"{db}.migrate.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def dumps(obj: Any) -> str:

@@ -85,20 +85,26 @@ static void bits_clear(uint64_t *bm, uint64_t b, uint64_t n) { for (uint64_t i =
 static int used(const gfe_db *db, uint64_t b) { return bit(db->bm_now, b) | bit(db->bm_ckpt, b); }
 
 /* Lowest-address first fit, so live data stays packed at the front and a
- * checkpoint can truncate the free tail.  hint is a lower bound of the
- * first free block. */
+ * checkpoint can truncate the free tail.  Per-size hints keep repeated
+ * scans over small holes from making allocation quadratic. */
+static void hints_lower(gfe_db *db, uint64_t b)
+{
+    for (int i = 0; i <= 64; i++)
+        if (db->hint[i] > b) db->hint[i] = b;
+}
+
 static uint64_t alloc_extent(gfe_db *db, uint32_t n)
 {
-    uint64_t b = db->hint < 2 ? 2 : db->hint, first_free = UINT64_MAX;
+    int hi = n > 64 ? 64 : (int)n;
+    uint64_t b = db->hint[hi] < 2 ? 2 : db->hint[hi];
     while (b + n <= db->nblocks) {
         if ((b & 63) == 0 && (db->bm_now[b >> 6] | db->bm_ckpt[b >> 6]) == ~0ull) { b += 64; continue; }
         if (used(db, b)) { b++; continue; }
-        if (first_free == UINT64_MAX) first_free = b;
         uint32_t k = 1;
         while (k < n && !used(db, b + k)) k++;
         if (k == n) {
             bits_set(db->bm_now, b, n);
-            db->hint = first_free < b ? first_free : b + n;
+            if (n <= 64) db->hint[hi] = b + n;
             return b;
         }
         b += k + 1;
@@ -107,7 +113,7 @@ static uint64_t alloc_extent(gfe_db *db, uint32_t n)
     b = db->nblocks;
     db->nblocks += n;
     bits_set(db->bm_now, b, n);
-    db->hint = first_free != UINT64_MAX ? first_free : db->nblocks;
+    if (n <= 64) db->hint[hi] = db->nblocks;
     return b;
 }
 
@@ -147,7 +153,8 @@ static node *decode_extent(gfe_db *db, tree *t, uint64_t blk, uint32_t nblk, uin
     node *n = node_decode(db->iobuf, (size_t)nblk * BLOCK, blk, (uint32_t)t->id, db->nblocks, e, sizeof e, raw,
                           stored);
     if (!n) {
-        db_fail(db, GFE_ECORRUPT, "%s: index '%s': %s", db->path, t->name, e);
+        db_fail(db, GFE_ECORRUPT, "%s: index '%s': %s [node extent: pages %llu-%llu]", db->path, t->name, e,
+                (unsigned long long)blk, (unsigned long long)(blk + nblk - 1));
         return NULL;
     }
     n->t = t;
@@ -211,7 +218,7 @@ int db_write_node(gfe_db *db, node *n)
     if (n->blk) {
         bits_clear(db->bm_now, n->blk, n->nblk);
         if (bit(db->bm_ckpt, n->blk)) db->pending_free += n->nblk;
-        else if (n->blk < db->hint) db->hint = n->blk;
+        else hints_lower(db, n->blk);
     }
     n->blk = blk;
     n->nblk = nblk;
@@ -356,7 +363,7 @@ static int checkpoint_locked(gfe_db *db)
     db->ckpt_seq = h.seq;
     memcpy(db->bm_ckpt, db->bm_now, db->bm_words * 8);
     db->pending_free = 0;
-    db->hint = 2;
+    hints_lower(db, 2);
     if (keep < db->nblocks) {
         db->nblocks = keep;
         if (port_truncate(db->f, keep * BLOCK)) goto ioerr;
@@ -411,6 +418,22 @@ static int check_ops(gfe_db *db, const wal_op *ops, uint32_t nops)
     return GFE_OK;
 }
 
+static int valid_record_after(const unsigned char *buf, size_t from, size_t size)
+{
+    char e[64];
+    for (size_t p = from; p + WAL_REC_HDR <= size; p++) {
+        if (get32(buf + p) != WAL_MAGIC) continue;
+        uint64_t seq;
+        wal_op *ops;
+        uint32_t nops;
+        if (wal_decode(buf + p, size - p, &seq, &ops, &nops, e, sizeof e) > 0) {
+            free(ops);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static int recover_wal(gfe_db *db, int *need_ckpt)
 {
     char e[256];
@@ -443,13 +466,16 @@ static int recover_wal(gfe_db *db, int *need_ckpt)
         wal_op *ops;
         uint32_t nops = 0;
         long len = wal_decode(buf + off, (size_t)size - off, &seq, &ops, &nops, e, sizeof e);
-        if (len == 0) { *need_ckpt = 1; break; } /* torn tail: the batch never committed */
-        if (len < 0) {
-            size_t claimed = (size_t)size - off >= WAL_REC_HDR ? WAL_REC_HDR + get32(buf + off + 4) : 0;
-            if (claimed == 0 || off + claimed >= (size_t)size) { *need_ckpt = 1; break; }
-            rc = db_fail(db, GFE_ECORRUPT, "%s: record at offset %zu: %s (and valid data follows it)", db->walpath,
-                         off, e);
-            goto out;
+        if (len <= 0) {
+            /* A crash can only tear the last record.  If an intact record
+             * follows, this one was damaged later: refuse to drop data. */
+            if (valid_record_after(buf, off + 1, (size_t)size)) {
+                rc = db_fail(db, GFE_ECORRUPT, "%s: record at offset %zu: %s, yet intact records follow it: the log is corrupt",
+                             db->walpath, off, len == 0 ? "length runs past the end of the file" : e);
+                goto out;
+            }
+            *need_ckpt = 1; /* torn tail: that batch never committed */
+            break;
         }
         if (seq > db->ckpt_seq) {
             if (seq != db->seq + 1) {
@@ -572,7 +598,6 @@ int gfe_open(const char *path, const gfe_options *opt, gfe_db **out, char *err, 
     db->gen = H->gen;
     db->seq = db->ckpt_seq = H->seq;
     db->nblocks = H->nblocks;
-    db->hint = 2;
     if (bm_reserve(db, db->nblocks)) { rc = db_fail(db, GFE_ENOMEM, "out of memory"); goto fail; }
     bits_set(db->bm_now, 0, 2);
     for (uint32_t i = 0; i < H->nidx; i++) {

@@ -97,7 +97,8 @@ struct gfe_db {
     tree *trees[GFE_MAX_INDEXES];
     /* allocation: bm_now = used by current trees, bm_ckpt = used by the last
      * durable checkpoint (must not be overwritten until the next one) */
-    uint64_t nblocks, bm_words, hint;
+    uint64_t nblocks, bm_words;
+    uint64_t hint[65]; /* hint[n]: no free run of n blocks starts below it */
     uint64_t pending_free; /* blocks freed since the last checkpoint but still held by it */
     uint64_t *bm_now, *bm_ckpt;
     uint64_t gen, seq, ckpt_seq;

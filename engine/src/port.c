@@ -2,6 +2,7 @@
  * _WIN32 of the engine in this file. */
 #ifndef _WIN32
 #define _POSIX_C_SOURCE 200809L
+#define _FILE_OFFSET_BITS 64 /* 64-bit off_t on linux-i686 */
 #endif
 #include "port.h"
 

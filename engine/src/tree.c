@@ -259,12 +259,15 @@ static int node_merge(node *c, item **m, uint32_t cnt)
     return GFE_OK;
 }
 
+/* Payload budget: a full node plus its header fills node_size exactly. */
+static size_t cap_of(const tree *t) { return t->node_size - NODE_HDR; }
+
 static int needs_split(const node *c)
 {
-    if (c->leaf) return c->n >= 2 && c->bytes > c->t->node_size;
+    if (c->leaf) return c->n >= 2 && c->bytes > cap_of(c->t);
     if (c->nk < 3) return 0;
     if (c->t->kind == GFE_BETREE && c->nk > c->t->fanout) return 1;
-    return c->bytes - c->msgbytes > c->t->node_size;
+    return c->bytes - c->msgbytes > cap_of(c->t);
 }
 
 /* Splits loaded child j of p in two; the right half becomes child j+1. */
@@ -376,7 +379,7 @@ static int grow_root(tree *t)
 static int flush_node(node *n)
 {
     tree *t = n->t;
-    while (n->bytes > t->node_size && n->n > 0) {
+    while (n->bytes > cap_of(t) && n->n > 0) {
         uint32_t best = 0, bs = 0, be = 0, s = 0;
         size_t bestb = 0;
         for (uint32_t i = 0; i < n->nk; i++) {
@@ -402,7 +405,7 @@ static int flush_node(node *n)
         rc = node_merge(c, moved, cnt);
         free(moved);
         if (rc) return rc;
-        if (!c->leaf && c->bytes > t->node_size) {
+        if (!c->leaf && c->bytes > cap_of(t)) {
             rc = flush_node(c);
             if (rc) return rc;
         }
@@ -421,7 +424,7 @@ int tree_apply(tree *t, const void *k, uint32_t kl, const void *v, uint32_t vl, 
     lru_touch(t->db, n);
     if (t->kind == GFE_BETREE && !n->leaf) {
         rc = node_put_item(n, m);
-        if (!rc && n->bytes > t->node_size) rc = flush_node(n);
+        if (!rc && n->bytes > cap_of(t)) rc = flush_node(n);
     } else {
         while (!n->leaf) {
             rc = load_kid(n, child_for(n, k, kl), &n);

@@ -121,11 +121,11 @@ static int iibench(const opts *o)
     long n10 = o->rows - last10;
     printf("{\"type\":\"summary\",\"bench\":\"iibench\",\"params\":{\"rows\":%ld,\"cache_mb\":%d,\"index\":\"%s\","
            "\"compress\":%d,\"seed\":%llu,\"batch\":%ld,\"interval\":%ld,\"durability\":\"%s\",\"node_kb\":%d,"
-           "\"node_reads\":%llu,\"node_writes\":%llu},\"metrics\":{\"insert_rate\":%.1f,\"insert_rate_last10pct\":%.1f,"
+           "\"node_reads\":%llu,\"node_writes\":%llu,\"checkpoints\":%llu},\"metrics\":{\"insert_rate\":%.1f,\"insert_rate_last10pct\":%.1f,"
            "\"seconds\":%.3f,\"file_bytes\":%llu}}\n",
            o->rows, o->cache_mb, kind_s(o->kind), o->compress, (unsigned long long)o->seed, o->batch, interval,
            dur_s(o->dur), o->node_kb, (unsigned long long)st.node_reads, (unsigned long long)st.node_writes,
-           (double)o->rows / (t1 - t0), n10 > 0 ? (double)n10 / (t1 - t10) : 0.0, t1 - t0, (unsigned long long)fb);
+           (unsigned long long)st.checkpoints, (double)o->rows / (t1 - t0), n10 > 0 ? (double)n10 / (t1 - t10) : 0.0, t1 - t0, (unsigned long long)fb);
     remove_db(path);
     return 0;
 }

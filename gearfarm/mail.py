@@ -1,0 +1,137 @@
+"""The run's mail: one aggregated message per run (never one per job), multipart/alternative
+with the plain-text report first and the HTML report second, sent by SMTP as [mail] in the
+config says (none, STARTTLS or implicit TLS; login when a username is set).
+
+The message is always written as report.eml beside the report first, so a mail that cannot be
+sent loses nothing: sending is retried, and a final failure is returned for the caller to put
+on the console and in the run's record. Without [mail] host the .eml is the delivery.
+"""
+
+from __future__ import annotations
+
+import logging
+import smtplib
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from email.message import EmailMessage
+from email.utils import formatdate, make_msgid
+from pathlib import Path
+from typing import Any
+
+from gearfarm import report as report_mod
+from gearfarm.config import MailConfig
+
+log = logging.getLogger("gearfarm.mail")
+SECURITY = ("none", "starttls", "tls")
+
+
+class MailError(RuntimeError):
+    """The message could not be sent (after every retry); ``attempts`` says how many were made."""
+
+    def __init__(self, message: str, attempts: int = 0) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+
+
+@dataclass
+class Delivery:
+    """What happened to a run's mail; stored in the run's notes under "mail"."""
+
+    eml: str
+    sent: bool = False
+    recipients: list[str] = field(default_factory=list)
+    attempts: int = 0
+    error: str | None = None
+    at: float = field(default_factory=time.time)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def compose(report: dict[str, Any], cfg: MailConfig) -> EmailMessage:
+    msg = EmailMessage()
+    msg["Subject"] = report.get("subject") or f"[gearfarm] {report['run_id']}: {report['headline']}"
+    msg["From"] = cfg.sender
+    msg["To"] = ", ".join(cfg.recipients) if cfg.recipients else cfg.sender
+    msg["Date"] = formatdate(localtime=False)
+    msg["Message-ID"] = make_msgid(domain=cfg.sender.rpartition("@")[2] or "gearfarm")
+    msg["X-Gearfarm-Run"] = report["run_id"]
+    msg.set_content(report_mod.render_text(report))
+    msg.add_alternative(report_mod.render_html(report), subtype="html")
+    return msg
+
+
+def _describe(e: BaseException) -> str:
+    # smtplib's errors carry the server's reply, never the password we sent.
+    return f"{type(e).__name__}: {e}"
+
+
+def send(msg: EmailMessage, cfg: MailConfig, *, timeout: float = 30.0, backoff: float = 2.0,
+         sleep: Callable[[float], None] = time.sleep) -> int:
+    """Send, trying 1 + cfg.retries times with growing pauses; returns the attempts it took.
+    Raises MailError naming the server and the last error."""
+    if not cfg.host:
+        raise MailError("no [mail] host configured")
+    if cfg.security not in SECURITY:
+        raise MailError(f"[mail] security must be one of {', '.join(SECURITY)}, not {cfg.security!r}")
+    if not cfg.recipients:
+        raise MailError("[mail] recipients is empty")
+    tries = 1 + max(0, cfg.retries)
+    last: BaseException | None = None
+    for attempt in range(1, tries + 1):
+        try:
+            _send_once(msg, cfg, timeout)
+            log.info("mail %r sent to %s via %s:%d", msg["Subject"], ", ".join(cfg.recipients), cfg.host, cfg.port)
+            return attempt
+        except (smtplib.SMTPException, OSError, ssl.SSLError) as e:
+            last = e
+            log.warning("mail to %s:%d failed (attempt %d of %d): %s", cfg.host, cfg.port, attempt, tries,
+                        _describe(e))
+            # A permanent refusal (bad login, no AUTH, refused recipients) will not change by waiting.
+            if isinstance(e, smtplib.SMTPAuthenticationError | smtplib.SMTPRecipientsRefused
+                          | smtplib.SMTPNotSupportedError):
+                break
+            if attempt < tries:
+                sleep(backoff * 2 ** (attempt - 1))
+    raise MailError(f"mail via {cfg.host}:{cfg.port} ({cfg.security}) failed after {attempt} attempt(s): "
+                    f"{_describe(last) if last else 'unknown error'}", attempts=attempt)
+
+
+def _send_once(msg: EmailMessage, cfg: MailConfig, timeout: float) -> None:
+    assert cfg.host is not None
+    ctx = ssl.create_default_context()
+    smtp: smtplib.SMTP
+    if cfg.security == "tls":
+        smtp = smtplib.SMTP_SSL(cfg.host, cfg.port, timeout=timeout, context=ctx)
+    else:
+        smtp = smtplib.SMTP(cfg.host, cfg.port, timeout=timeout)
+    with smtp:
+        smtp.ehlo()
+        if cfg.security == "starttls":
+            smtp.starttls(context=ctx)
+            smtp.ehlo()
+        if cfg.username:
+            smtp.login(cfg.username, cfg.password or "")
+        smtp.send_message(msg, from_addr=cfg.sender, to_addrs=cfg.recipients)
+
+
+def deliver(report: dict[str, Any], out_dir: Path, cfg: MailConfig, send_mail: bool = True,
+            **send_args: Any) -> Delivery:
+    """Write report.eml beside the report, then send it when [mail] has a host (and
+    ``send_mail``). Never raises for a mail problem: the Delivery says what happened."""
+    msg = compose(report, cfg)
+    eml = out_dir / "report.eml"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    eml.write_bytes(bytes(msg))
+    d = Delivery(eml=str(eml), recipients=list(cfg.recipients))
+    if not cfg.host or not send_mail:
+        return d
+    try:
+        d.attempts = send(msg, cfg, **send_args)
+        d.sent = True
+    except MailError as e:
+        d.error = str(e)
+        d.attempts = e.attempts
+    return d

@@ -1,0 +1,498 @@
+"""TLS for the farm: its own certificate authority, server certificates, and stunnel.
+
+Debian's gearmand accepts ``--ssl`` but is built without an SSL library, so TLS is
+terminated by stunnel in front of a gearmand that listens on loopback only; clients and
+workers verify stunnel's certificate against the farm's CA (``[gearman] tls_ca``).  MinIO
+serves HTTPS itself from a certificate issued by the same CA (``[s3] ca_bundle``).
+
+Certificates are made with the ``cryptography`` package when it is importable, else with
+the ``openssl`` command; both produce the same shapes (ECDSA P-256, SHA-256).
+
+    python -m gearfarm.tls ca DIR                       # DIR/ca.crt + DIR/ca.key, once per farm
+    python -m gearfarm.tls server DIR NAME [NAME ...]   # DIR/server.crt + DIR/server.key
+    python -m gearfarm.tls server DIR --minio NAME ...  # DIR/minio/public.crt + private.key
+
+``Stunnel`` runs stunnel in the foreground on a free loopback port in front of one
+(host, port), for the embedded farm and the tests; see docs/tls.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import ipaddress
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from gearfarm import process
+from gearfarm.net import free_port
+
+CA_CERT = "ca.crt"
+CA_KEY = "ca.key"
+CA_DAYS = 3650
+# 825 days is the longest validity Apple platforms accept for a server certificate; staying
+# under it costs nothing and keeps the certificates usable from any client.
+SERVER_DAYS = 825
+
+
+class TLSError(RuntimeError):
+    """A certificate could not be made, or stunnel is missing or failed to start."""
+
+
+@dataclass(frozen=True)
+class CertFiles:
+    """A PEM certificate and its (unencrypted, mode 0600) PEM private key."""
+
+    cert: Path
+    key: Path
+
+
+# -- certificates ----------------------------------------------------------------------
+
+
+def _have_cryptography() -> bool:
+    try:
+        import cryptography.x509  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _backend(backend: str | None) -> str:
+    if backend is None:
+        backend = "cryptography" if _have_cryptography() else "openssl"
+    if backend not in ("cryptography", "openssl"):
+        raise ValueError(f"backend must be 'cryptography' or 'openssl', not {backend!r}")
+    if backend == "openssl" and shutil.which("openssl") is None:
+        raise TLSError("neither the Python 'cryptography' package nor the 'openssl' command is available; "
+                       "install one (apt-get install openssl)")
+    return backend
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write a key readable by its owner only, without a window where it is world-readable."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(path, 0o600)  # the file may have existed with wider permissions
+
+
+def _write_public(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    os.chmod(path, 0o644)
+
+
+def _split_names(names: Sequence[str]) -> tuple[list[str], list[ipaddress.IPv4Address | ipaddress.IPv6Address]]:
+    dns: list[str] = []
+    ips: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = []
+    for name in names:
+        name = name.strip()
+        if not name:
+            continue
+        try:
+            ips.append(ipaddress.ip_address(name))
+        except ValueError:
+            # Clients check the name they connect to (or tls_server_name) against these.
+            if any(c.isspace() or c in ",/" for c in name):
+                raise ValueError(f"not a host name or IP address: {name!r}") from None
+            dns.append(name.lower())
+    if not dns and not ips:
+        raise ValueError("a server certificate needs at least one host name or IP address")
+    return dns, ips
+
+
+def create_ca(directory: Path, common_name: str = "gearfarm farm CA", days: int = CA_DAYS,
+              overwrite: bool = False, backend: str | None = None) -> CertFiles:
+    """Create the farm's CA as ``directory/ca.crt`` and ``directory/ca.key``.
+
+    Refuses to replace an existing CA key unless ``overwrite``: every certificate issued
+    by the old one (and every host's tls_ca) would silently stop matching.
+    """
+    directory = Path(directory)
+    files = CertFiles(directory / CA_CERT, directory / CA_KEY)
+    if files.key.exists() and not overwrite:
+        raise TLSError(f"{files.key} exists; the farm already has a CA (pass overwrite to replace it)")
+    if _backend(backend) == "cryptography":
+        _ca_cryptography(files, common_name, days)
+    else:
+        _ca_openssl(files, common_name, days)
+    return files
+
+
+def create_server_cert(ca: CertFiles, names: Sequence[str], cert: Path, key: Path,
+                       days: int = SERVER_DAYS, backend: str | None = None) -> CertFiles:
+    """Issue a TLS server certificate for ``names`` (host names and/or IP addresses).
+
+    The first name becomes the subject's common name; all go into subjectAltName, which is
+    what clients check.  Include every name clients use: the lab host name, and 127.0.0.1
+    if anything connects over loopback (the admin helpers verify the address they dial).
+    """
+    dns, ips = _split_names(names)
+    files = CertFiles(Path(cert), Path(key))
+    if _backend(backend) == "cryptography":
+        _server_cryptography(ca, files, dns, ips, days)
+    else:
+        _server_openssl(ca, files, dns, ips, days)
+    return files
+
+
+def client_context(ca_file: str | os.PathLike[str]) -> ssl.SSLContext:
+    """The client side: verify the peer's chain against ``ca_file`` and its host name."""
+    ctx = ssl.create_default_context(cafile=str(ca_file))
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    return ctx
+
+
+def _ca_cryptography(files: CertFiles, common_name: str, days: int) -> None:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = datetime.datetime.now(datetime.UTC)
+    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        # Backdated a little: a host whose clock is a few minutes behind must not reject it.
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
+                                     data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                                     crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(ski, critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    _write_private(files.key, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                serialization.NoEncryption()))
+    _write_public(files.cert, cert.public_bytes(serialization.Encoding.PEM))
+
+
+def _server_cryptography(ca: CertFiles, files: CertFiles, dns: list[str],
+                         ips: list[ipaddress.IPv4Address | ipaddress.IPv6Address], days: int) -> None:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca_cert = x509.load_pem_x509_certificate(ca.cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TLSError(f"{ca.key}: expected the EC key written by create_ca")
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    alt: list[x509.GeneralName] = [x509.DNSName(n) for n in dns] + [x509.IPAddress(i) for i in ips]
+    cn = dns[0] if dns else str(ips[0])
+    ca_ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
+                                     data_encipherment=False, key_agreement=False, key_cert_sign=False,
+                                     crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(alt), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        # Python 3.13+ verifies with VERIFY_X509_STRICT, which requires the AKI.
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_private(files.key, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                serialization.NoEncryption()))
+    _write_public(files.cert, cert.public_bytes(serialization.Encoding.PEM))
+
+
+def _openssl(*args: str) -> None:
+    proc = subprocess.run(["openssl", *args], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise TLSError(f"openssl {args[0]} failed ({proc.returncode}): {proc.stderr.strip()}")
+
+
+def _ca_openssl(files: CertFiles, common_name: str, days: int) -> None:
+    files.cert.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        key = Path(tmp) / "ca.key"
+        crt = Path(tmp) / "ca.crt"
+        _openssl("req", "-x509", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                 "-sha256", "-days", str(days), "-subj", "/CN=" + common_name.replace("/", r"\/"),
+                 "-keyout", str(key), "-out", str(crt),
+                 "-addext", "basicConstraints=critical,CA:TRUE,pathlen:0",
+                 "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+                 "-addext", "subjectKeyIdentifier=hash",
+                 "-addext", "authorityKeyIdentifier=keyid:always")
+        _write_private(files.key, key.read_bytes())
+        _write_public(files.cert, crt.read_bytes())
+
+
+def _server_openssl(ca: CertFiles, files: CertFiles, dns: list[str],
+                    ips: list[ipaddress.IPv4Address | ipaddress.IPv6Address], days: int) -> None:
+    alt = ",".join([f"DNS:{n}" for n in dns] + [f"IP:{i}" for i in ips])
+    cn = dns[0] if dns else str(ips[0])
+    with tempfile.TemporaryDirectory() as tmp:
+        key, csr, crt, ext = (Path(tmp) / n for n in ("server.key", "server.csr", "server.crt", "ext.cnf"))
+        ext.write_text(
+            "basicConstraints=critical,CA:FALSE\n"
+            "keyUsage=critical,digitalSignature\n"
+            "extendedKeyUsage=serverAuth\n"
+            f"subjectAltName={alt}\n"
+            "subjectKeyIdentifier=hash\n"
+            "authorityKeyIdentifier=keyid:always\n"
+        )
+        _openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                 "-subj", f"/CN={cn}", "-keyout", str(key), "-out", str(csr))
+        # A random serial per certificate (no serial file next to the CA to keep in sync).
+        _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca.cert), "-CAkey", str(ca.key),
+                 "-set_serial", "0x" + os.urandom(16).hex(), "-sha256", "-days", str(days),
+                 "-extfile", str(ext), "-out", str(crt))
+        _write_private(files.key, key.read_bytes())
+        _write_public(files.cert, crt.read_bytes())
+
+
+# -- which process listens where -------------------------------------------------------
+
+
+def listening_sockets(pid: int) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket in LISTEN state held by process ``pid`` (Linux).
+
+    Read from /proc, so it answers "what did *this* process bind" rather than "does
+    something answer on that port" -- used to tell our stunnel from a port thief, and by
+    the tests to prove gearmand is bound to loopback only.
+    """
+    inodes = set()
+    fd_dir = Path(f"/proc/{pid}/fd")
+    for fd in fd_dir.iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue  # closed while we looked
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = set()
+    for table, family in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 6)):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            # fields: sl local_address rem_address st ... uid timeout inode
+            if len(fields) < 10 or fields[3] != "0A" or fields[9] not in inodes:
+                continue
+            hex_addr, hex_port = fields[1].split(":")
+            found.add((_proc_address(hex_addr, family), int(hex_port, 16)))
+    return found
+
+
+def _proc_address(hex_addr: str, family: int) -> str:
+    raw = bytes.fromhex(hex_addr)
+    # The kernel prints each 32-bit word in host (little-endian on x86/arm) order.
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)) if sys.byteorder == "little" else raw
+    return str(ipaddress.ip_address(words)) if family == 4 else str(ipaddress.IPv6Address(words))
+
+
+# -- stunnel ---------------------------------------------------------------------------
+
+
+def find_stunnel() -> str:
+    """Path of stunnel: Debian's stunnel4 package installs ``stunnel4`` (and a ``stunnel`` link)."""
+    for name in ("stunnel4", "stunnel"):
+        found = shutil.which(name)
+        if found:
+            return found
+    for path in ("/usr/bin/stunnel4", "/usr/bin/stunnel", "/usr/sbin/stunnel"):
+        if os.access(path, os.X_OK):
+            return path
+    raise TLSError("stunnel not found (looked for stunnel4 and stunnel); install it with 'apt-get install stunnel4'")
+
+
+def stunnel_config(accept: tuple[str, int], connect: tuple[str, int], cert: Path, key: Path,
+                   service: str = "gearmand") -> str:
+    """An stunnel configuration terminating TLS on ``accept`` and forwarding to ``connect``.
+
+    No client certificates are asked for (verifyChain off, stunnel's default): clients
+    prove nothing at the TLS level, the server proves its identity to them.  Job payloads
+    are HMAC-signed, which is what authenticates the submitter.
+    """
+    for value in (str(cert), str(key), service, accept[0], connect[0]):
+        if "\n" in value or "\r" in value:
+            raise ValueError(f"newline in stunnel setting {value!r}")
+    return "\n".join([
+        "; written by gearfarm.tls",
+        # Foreground: the process we started is stunnel itself and logs to our log file.
+        "foreground = yes",
+        # No pid file: stop() signals the child, and /run may not be writable.
+        "pid =",
+        "debug = notice",
+        f"[{service}]",
+        f"accept = {_hostport(accept)}",
+        f"connect = {_hostport(connect)}",
+        f"cert = {cert}",
+        f"key = {key}",
+        "sslVersionMin = TLSv1.2",
+        "",
+    ])
+
+
+def _hostport(address: tuple[str, int]) -> str:
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class Stunnel:
+    """An stunnel child process terminating TLS in front of ``target`` (host, port).
+
+    Listens on ``host`` (loopback by default) on ``port`` or a free one.  Use as a context
+    manager or call start()/stop(), like ``Gearmand`` and ``MinioServer``.
+    """
+
+    def __init__(self, state_dir: Path, target: tuple[str, int], cert: Path, key: Path,
+                 host: str = "127.0.0.1", port: int | None = None, start_timeout: float = 15.0) -> None:
+        self.state_dir = Path(state_dir)
+        self.target = (str(target[0]), int(target[1]))
+        self.cert = Path(cert).resolve()
+        self.key = Path(key).resolve()
+        self.host = host
+        self.port = port
+        self.start_timeout = start_timeout
+        self.config_path = self.state_dir / "stunnel.conf"
+        self.log_path = self.state_dir / "stunnel.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._port_is_ours = port is None
+
+    def __repr__(self) -> str:
+        return f"<Stunnel {self.host}:{self.port} -> {_hostport(self.target)} pid={self.pid}>"
+
+    @property
+    def address(self) -> tuple[str, int]:
+        if self.port is None:
+            raise TLSError("stunnel has no port yet; call start() first")
+        return (self.host, self.port)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> Stunnel:
+        if self.running:
+            return self
+        binary = find_stunnel()
+        for path in (self.cert, self.key):
+            if not path.is_file():
+                raise TLSError(f"stunnel: {path} does not exist")
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        failures: list[str] = []
+        for _ in range(5 if self._port_is_ours else 1):
+            if self.port is None or (self._port_is_ours and failures):
+                self.port = free_port(self.host)
+            self.config_path.write_text(stunnel_config((self.host, self.port), self.target, self.cert, self.key))
+            self.proc = process.spawn([binary, str(self.config_path)], self.log_path)
+            outcome = self._wait_ready()
+            if outcome == "ok":
+                self._port_is_ours = False  # restarts must come back on the same port
+                return self
+            process.stop(self.proc)
+            self.proc = None
+            failures.append(f"port {self.port}: {outcome}")
+            if "exited" not in outcome:
+                break  # a timeout would just repeat
+        raise TLSError(f"stunnel failed to start on {self.host}: {'; '.join(failures)}\n"
+                       f"log {self.log_path}:\n{process.log_tail(self.log_path)}")
+
+    def _wait_ready(self) -> str:
+        """"ok" once *our* process listens on the port (a lost bind race makes stunnel exit)."""
+        assert self.proc is not None and self.port is not None
+        want = (self.host, self.port)
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return f"exited with code {self.proc.returncode}"
+            try:
+                if want in listening_sockets(self.proc.pid):
+                    return "ok"
+            except OSError:
+                pass  # the process is going away; poll() tells on the next round
+            time.sleep(0.05)
+        return f"did not listen within {self.start_timeout}s"
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            process.stop(proc, timeout=5.0)
+
+    def __enter__(self) -> Stunnel:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+# -- command line ----------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gearfarm.tls", description="Make the farm's TLS certificates.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_ca = sub.add_parser("ca", help="create the farm CA: DIR/ca.crt and DIR/ca.key")
+    p_ca.add_argument("dir", type=Path)
+    p_ca.add_argument("--name", default="gearfarm farm CA", help="the CA's common name")
+    p_ca.add_argument("--days", type=int, default=CA_DAYS)
+    p_ca.add_argument("--force", action="store_true", help="replace an existing CA (invalidates its certificates)")
+    p_srv = sub.add_parser("server", help="issue a server certificate signed by DIR/ca.key")
+    p_srv.add_argument("dir", type=Path, help="the directory holding ca.crt and ca.key")
+    p_srv.add_argument("names", nargs="+", help="host names and IP addresses clients connect to")
+    p_srv.add_argument("--out", type=Path, help="output directory (default: DIR, or DIR/minio with --minio)")
+    p_srv.add_argument("--minio", action="store_true",
+                       help="name the files public.crt / private.key, as MinIO's --certs-dir wants")
+    p_srv.add_argument("--days", type=int, default=SERVER_DAYS)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "ca":
+            files = create_ca(args.dir, args.name, args.days, overwrite=args.force)
+        else:
+            ca = CertFiles(args.dir / CA_CERT, args.dir / CA_KEY)
+            if not ca.key.exists():
+                raise TLSError(f"{ca.key} not found; create the CA first: python -m gearfarm.tls ca {args.dir}")
+            if args.minio:
+                out = args.out or args.dir / "minio"
+                files = create_server_cert(ca, args.names, out / "public.crt", out / "private.key", args.days)
+            else:
+                out = args.out or args.dir
+                files = create_server_cert(ca, args.names, out / "server.crt", out / "server.key", args.days)
+    except (TLSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {files.cert} and {files.key}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -733,7 +733,7 @@ static const char *model_run(const char *name, int kinds[3], int comps[3], uint6
         if (what < 450) {
             rand_key(&r, k, &kl, space);
             rand_val(&r, v, &vl, (uint64_t)op);
-            CHECK(gfe_put(db, ix, k, kl, v, vl, (int)rng_below(&r, 3) == 2 ? GFE_DUR_SYNC * 0 : GFE_DUR_NONE) == 0,
+            CHECK(gfe_put(db, ix, k, kl, v, vl, rng_below(&r, 50) == 0 ? GFE_DUR_SYNC : GFE_DUR_NONE) == 0,
                   "put: %s", gfe_errmsg(db));
             model_put(&m[ix], k, kl, v, vl);
         } else if (what < 650) {

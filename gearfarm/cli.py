@@ -75,7 +75,7 @@ def main(verbose: bool) -> None:
 @click.option("--rev", default="HEAD", show_default=True, help="Engine revision to build.")
 @click.option("--targets", help="Comma-separated targets (default: all in the catalog).")
 @click.option("--suites", help="Comma-separated suites (default: each target's list; 'none' for build only).")
-@click.option("--benchmarks", default="", help="Comma-separated benchmarks for perf targets.")
+@click.option("--benchmarks", help="Comma-separated benchmarks for perf targets (default: all; 'none').")
 @click.option("--run-id", help="Run id (default: time and revision). Resubmitting an id adds nothing.")
 @click.option("--seed", default=1, show_default=True, type=int)
 @click.option("--repo", type=click.Path(file_okay=False, path_type=Path), help="Engine repository.")
@@ -84,7 +84,7 @@ def main(verbose: bool) -> None:
 @click.option("--keep", is_flag=True, help="Leave the embedded farm running (stop: gearfarm farm stop).")
 @click.option("--no-worker-wait", type=float, help="Seconds before a job with no worker is recorded so.")
 @click.option("--deadline", type=float, help="Seconds by which the run must end.")
-def nightly_cmd(config_path: str | None, rev: str, targets: str | None, suites: str | None, benchmarks: str,
+def nightly_cmd(config_path: str | None, rev: str, targets: str | None, suites: str | None, benchmarks: str | None,
                 run_id: str | None, seed: int, repo: Path | None, state_dir: Path | None, keep: bool,
                 no_worker_wait: float | None, deadline: float | None) -> None:
     """Run a whole nightly: build every target, test, collect, report."""
@@ -271,12 +271,14 @@ def _config_or_embedded(config_path: str | None, state_dir: Path | None) -> Conf
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
 def status_cmd(config_path: str | None, state_dir: Path | None) -> None:
     """gearmand's queues and workers per function, and the runs in progress."""
+    from workers.base import ssl_context
+
     cfg = _config_or_embedded(config_path, state_dir)
     out = Console()
     for host, port in cfg.gearman.addresses():
         try:
-            fns = admin.status(host, port)
-            workers = admin.workers(host, port)
+            fns = admin.status(host, port, ssl_context=ssl_context(cfg))
+            workers = admin.workers(host, port, ssl_context=ssl_context(cfg))
         except (OSError, GearmanError) as e:
             out.print(f"[red]gearmand {host}:{port} unreachable: {e}[/]")
             continue
@@ -371,6 +373,84 @@ def history_cmd(test: str, config_path: str | None, state_dir: Path | None, targ
     for run, tgt, suite, status, verdict in rows:
         t.add_row(run.run_id, run.rev[:12], tgt, suite, status, verdict)
     Console(width=200).print(t)
+
+@main.group("perf")
+def perf_group() -> None:
+    """Performance history: change points and annotations."""
+
+
+@perf_group.command("changes")
+@click.option("--values", help="A plain comma-separated series (oldest first) instead of the database.")
+@click.option("--lower-is-better", is_flag=True, help="With --values: the metric is a latency or a size.")
+@click.option("--target", default="linux-x86_64", show_default=True)
+@click.option("--benchmark", help="Benchmark name (default: every series of the newest run).")
+@click.option("--metric", help="Metric name (default: all of the benchmark's).")
+@click.option("--config", "config_path")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
+def perf_changes(values: str | None, lower_is_better: bool, target: str, benchmark: str | None, metric: str | None,
+                 config_path: str | None, state_dir: Path | None) -> None:
+    """Change points of performance series, with their size, interval and revisions."""
+    from gearfarm import changepoint, perf
+
+    if values is not None:
+        try:
+            nums = [float(v) for v in values.split(",") if v.strip()]
+        except ValueError:
+            _fail("--values takes numbers separated by commas, e.g. --values 100,101,99,80,81")
+        try:
+            cps = changepoint.detect(nums, higher_is_better=not lower_is_better)
+        except ValueError as e:
+            _fail(str(e))
+        for c in cps:
+            click.echo(f"index {c.index}: {c.direction} {c.change:+.1%} [{c.ci_low:+.1%}, {c.ci_high:+.1%}] "
+                       f"p={c.p_value:.2g}")
+        if not cps:
+            click.echo("no change")
+        return
+    cfg = _config_or_embedded(config_path, state_dir)
+    db = ResultsDB(cfg.database.url)
+    runs = [r for r in db.runs(limit=1) if r.parent_run_id is None]
+    if not runs:
+        _fail(f"no runs in {cfg.database.url}")
+    run = runs[0]
+    higher = perf.directions(cfg.path(cfg.farm.repo), run.rev)
+    expected = db.expected_changes()
+    shown = 0
+    for t, host_class, b, m in db.perf_keys(run.run_id):
+        if t != target or (benchmark and b != benchmark) or (metric and m != metric):
+            continue
+        series, changes, _ = perf.series_changes(db, run, t, host_class, b, m, higher.get((b, m), True),
+                                                 expected.get((b, m, t), set()))
+        shown += 1
+        click.echo(f"{b} {m} on {t} (host class {host_class}, {len(series)} nights): "
+                   + ("no change" if not changes else ""))
+        for c in changes:
+            click.echo(f"  {c.direction} {c.change:+.1%} [{c.ci_low:+.1%}, {c.ci_high:+.1%}] p={c.p_value:.2g} "
+                       f"first bad {c.first_bad_rev[:12]} last good {(c.last_good_rev or '?')[:12]}")
+    if not shown:
+        _fail(f"no performance series for {target} {benchmark or ''} {metric or ''} in run {run.run_id}")
+
+
+@perf_group.command("expect")
+@click.option("--benchmark", required=True)
+@click.option("--metric", required=True)
+@click.option("--target", required=True)
+@click.option("--rev", required=True, help="The change's first bad revision (as reported).")
+@click.option("--note", default="", help="Why the change is expected.")
+@click.option("--config", "config_path")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
+def perf_expect(benchmark: str, metric: str, target: str, rev: str, note: str, config_path: str | None,
+                state_dir: Path | None) -> None:
+    """Mark a performance change as expected: it stops being reported."""
+    cfg = _config_or_embedded(config_path, state_dir)
+    try:
+        full = nightly.resolve_rev(cfg.path(cfg.farm.repo), rev)
+    except nightly.RunError as e:
+        _fail(str(e))
+    added = ResultsDB(cfg.database.url).annotate(benchmark, metric, target, full, note)
+    click.echo(f"{'marked' if added else 'already marked'} as expected: {benchmark} {metric} on {target} at "
+               f"{full[:12]}")
+
 
 if __name__ == "__main__":
     main()

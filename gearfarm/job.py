@@ -60,6 +60,11 @@ class Payload(BaseModel):
     name: str | None = Field(default=None, pattern=_NAME)
     artifact_key: str | None = Field(default=None, max_length=512)
     artifact_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    # perf (and the build that fans it out): the last good build of the same target, run
+    # alternately with tonight's (A B A B ...) so drift and noise between nights cancel.
+    baseline_rev: str | None = Field(default=None, pattern=_HEX40)
+    baseline_key: str | None = Field(default=None, max_length=512)
+    baseline_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     seed: int = Field(default=1, ge=0, lt=2**31)
     attempt: int = Field(default=1, ge=1, le=100)
     submitted_at: float

@@ -9,6 +9,7 @@ on the console and in the run's record. Without [mail] host the .eml is the deli
 
 from __future__ import annotations
 
+import base64
 import logging
 import smtplib
 import ssl
@@ -59,7 +60,11 @@ def compose(report: dict[str, Any], cfg: MailConfig) -> EmailMessage:
     msg["Message-ID"] = make_msgid(domain=cfg.sender.rpartition("@")[2] or "gearfarm")
     msg["X-Gearfarm-Run"] = report["run_id"]
     msg.set_content(report_mod.render_text(report))
-    msg.add_alternative(report_mod.render_html(report), subtype="html")
+    msg.add_alternative(report_mod.render_html(report, mail=True), subtype="html")
+    html = msg.get_payload()[1]  # type: ignore[index]
+    for i, entry in enumerate(report.get("performance", [])):
+        html.add_related(base64.b64decode(entry["png_b64"]), "image", "png", cid=f"<perf{i}>",
+                         filename=f"perf{i}.png")
     return msg
 
 

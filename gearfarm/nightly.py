@@ -36,6 +36,15 @@ class Plan:
     benchmarks: dict[str, list[str]]
     seed: int = 1
     expected: list[str] = field(default_factory=list)
+    # target -> the baseline build's (rev, artifact key, sha256), for paired perf runs.
+    baselines: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+
+    def build_payload(self, target: str, attempt: int = 1) -> Payload:
+        base = self.baselines.get(target)
+        extra = {"baseline_rev": base[0], "baseline_key": base[1], "baseline_sha256": base[2]} if base else {}
+        return Payload(kind="build", run_id=self.run_id, rev=self.rev, target=target, suites=self.suites[target],
+                       benchmarks=self.benchmarks[target], seed=self.seed, attempt=attempt,
+                       submitted_at=time.time(), **extra)
 
     def steps(self, target: str) -> list[str]:
         return ([step_name("build")] + [step_name("test", s) for s in self.suites[target]]
@@ -56,11 +65,12 @@ def plan(cat: Catalog, run_id: str, rev: str, targets: list[str] | None, suites:
     names = targets if targets else sorted(cat.targets)
     for t in names:
         cat.target(t)
-    for b in benchmarks or []:
+    benches = sorted(cat.benchmarks) if benchmarks is None else benchmarks
+    for b in benches:
         cat.benchmark(b)
     p = Plan(run_id=run_id, rev=rev, targets=names,
              suites={t: cat.suites_for(t, suites) for t in names},
-             benchmarks={t: list(benchmarks or []) if cat.target(t).perf else [] for t in names}, seed=seed)
+             benchmarks={t: list(benches) if cat.target(t).perf else [] for t in names}, seed=seed)
     p.expected = [job_id(run_id, t, s) for t in names for s in p.steps(t)]
     return p
 
@@ -68,11 +78,13 @@ def plan(cat: Catalog, run_id: str, rev: str, targets: list[str] | None, suites:
 def preflight(cfg: Config) -> dict[str, admin.FunctionStatus]:
     """gearmand's function table, from the first server that answers; RunError naming every
     address tried when none does."""
+    from workers.base import ssl_context
+
     errors = []
     for host, port in cfg.gearman.addresses():
         try:
-            return admin.status(host, port)
-        except OSError as e:
+            return admin.status(host, port, ssl_context=ssl_context(cfg))
+        except (OSError, GearmanError) as e:
             errors.append(f"{host}:{port} ({e})")
     raise RunError(f"gearmand is unreachable: tried {', '.join(errors)}; start it or fix [gearman] servers")
 
@@ -83,8 +95,11 @@ def submit(cfg: Config, db: ResultsDB, client: Client, p: Plan) -> bool:
     created = db.create_run(p.run_id, p.rev, p.targets, p.expected,
                             notes={"suites": p.suites, "benchmarks": p.benchmarks, "seed": p.seed})
     for t in p.targets:
-        payload = Payload(kind="build", run_id=p.run_id, rev=p.rev, target=t, suites=p.suites[t],
-                          benchmarks=p.benchmarks[t], seed=p.seed, submitted_at=time.time())
+        if p.benchmarks[t]:
+            base = db.last_good_build(t, p.rev)
+            if base is not None and base.artifact_key and base.artifact_sha256:
+                p.baselines[t] = (base.rev, base.artifact_key, base.artifact_sha256)
+        payload = p.build_payload(t)
         if not created and job_id(p.run_id, t, "build") in db.terminal_ids(p.run_id):
             continue
         client.submit_background(payload.function, sign(payload, cfg.farm.secrets), unique=payload.unique)
@@ -184,8 +199,7 @@ class Watchdog:
         p = self.plan
         target, step = jid[len(p.run_id) + 1:].split(":", 1)
         if step == "build":
-            return Payload(kind="build", run_id=p.run_id, rev=p.rev, target=target, suites=p.suites[target],
-                           benchmarks=p.benchmarks[target], seed=p.seed, attempt=attempt, submitted_at=time.time())
+            return p.build_payload(target, attempt)
         build = next((r for r in self.db.jobs(p.run_id) if r.job_id == job_id(p.run_id, target, "build")), None)
         if build is None or not build.artifact_key or not build.artifact_sha256:
             return None

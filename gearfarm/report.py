@@ -24,7 +24,9 @@ if TYPE_CHECKING:
     from gearfarm.mail import Delivery
 
 STAGES = ("queue_wait", "export", "lookup", "build", "upload", "download", "verify", "test")
-OVERHEAD = ("queue_wait", "export", "lookup", "upload", "download", "verify")
+# The farm's own cost per job: moving and checking bytes. Queue wait is shown apart: it is
+# mostly jobs waiting for a busy worker, i.e. capacity, not overhead.
+OVERHEAD = ("export", "lookup", "upload", "download", "verify")
 _env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
                    autoescape=lambda name: bool(name and name.endswith(".html.j2")),
                    trim_blocks=True, lstrip_blocks=True)
@@ -98,6 +100,7 @@ def build(run: Run, records: list[ResultRecord], store: ArtifactStore | None,
         "links_expire_at": round(time.time() + expiry) if expiry else None,
         "missing": missing, "stage_seconds": stage_totals,
         "overhead_seconds": round(sum(stage_totals[s] for s in OVERHEAD), 3),
+        "queue_wait_seconds": stage_totals["queue_wait"],
         "work_seconds": round(stage_totals["build"] + stage_totals["test"], 3),
         "jobs": [r.model_dump(mode="json", exclude={"log_tail"}) for r in records],
         "reruns": [r.model_dump(mode="json", exclude={"log_tail", "cases"}) for r in reruns or []],
@@ -172,8 +175,20 @@ def reproducer(r: ResultRecord, run: Run, test: str | None = None) -> str:
     return line + (f" seed={seed}" if seed is not None else "")
 
 
-def render_html(report: dict[str, Any]) -> str:
-    return _env.get_template("report.html.j2").render(r=report)
+def add_performance(rep: dict[str, Any], entries: list[dict[str, Any]]) -> None:
+    """Put the performance section in the report; regressions also go into the headline."""
+    rep["performance"] = entries
+    regressions = sum(1 for e in entries if e["direction"] == "regression")
+    if regressions:
+        word = "regression" if regressions == 1 else "regressions"
+        rep["headline"] = f"{regressions} performance {word}, " + rep["headline"].removeprefix("all green: ")
+        rep["subject"] = f"[gearfarm] {rep['run_id']} at {rep['rev'][:12]}: {rep['headline']}"
+
+
+def render_html(report: dict[str, Any], mail: bool = False) -> str:
+    """The HTML report; ``mail`` refers to plots as inline PNG parts (cid:perfN), since mail
+    clients do not show inline SVG, while the file embeds the SVG itself."""
+    return _env.get_template("report.html.j2").render(r=report, mail=mail)
 
 
 def render_text(report: dict[str, Any]) -> str:
@@ -185,7 +200,9 @@ def write(report: dict[str, Any], records: list[ResultRecord], out_dir: Path,
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "report.json", "html": out_dir / "report.html", "txt": out_dir / "report.txt",
              "junit": out_dir / "junit.xml"}
-    paths["json"].write_text(json.dumps(report, indent=2, sort_keys=True, default=str))
+    plain = dict(report, performance=[{k: v for k, v in e.items() if k not in ("svg", "png_b64")}
+                                      for e in report.get("performance", [])])
+    paths["json"].write_text(json.dumps(plain, indent=2, sort_keys=True, default=str))
     paths["html"].write_text(render_html(report))
     paths["txt"].write_text(render_text(report))
     junit.write_run(records, paths["junit"])
@@ -201,13 +218,14 @@ def publish(cfg: Config, db: ResultsDB, store: ArtifactStore | None, run: Run, r
     """Classify the run against history, write the report (JSON, HTML, text, JUnit, .eml)
     beside the run, and mail it. The mail's fate goes into the run's notes whenever a delivery
     was attempted, so `gearfarm report` and the database tell whether it was sent."""
-    from gearfarm import history, mail
+    from gearfarm import history, mail, perf
 
     reruns: list[ResultRecord] = []
     for rid in db.reruns_of([run.run_id]).get(run.run_id, []):
         reruns.extend(db.jobs(rid))
     verdicts = history.classify_run(db, run, records)
     rep = build(run, records, store, verdicts, reruns)
+    add_performance(rep, perf.analyze(db, run, cfg.path(cfg.farm.repo)))
     out = cfg.path(cfg.farm.state_dir) / "runs" / run.run_id
     paths = write(rep, records, out, store)
     delivery = mail.deliver(rep, out, cfg.mail, send_mail)

@@ -31,7 +31,8 @@ class Sample(BaseModel):
     metric: str
     value: float
     repetition: int = 0
-    variant: Literal["new", "baseline"] = "new"
+    # "ratio" is new/baseline of one A/B pair: the paired measure of tonight's change.
+    variant: Literal["new", "baseline", "ratio"] = "new"
 
 
 class ResultRecord(BaseModel):

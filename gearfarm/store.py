@@ -21,6 +21,7 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    UniqueConstraint,
     create_engine,
     delete,
     event,
@@ -106,6 +107,7 @@ class Case(Base):
 
 class SampleRow(Base):
     __tablename__ = "samples"
+    __table_args__ = (Index("ix_samples_series", "target", "benchmark", "metric"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), index=True)
     run_id: Mapped[str] = mapped_column(String(96), index=True)
@@ -117,6 +119,20 @@ class SampleRow(Base):
     variant: Mapped[str] = mapped_column(String(16))
     repetition: Mapped[int] = mapped_column(Integer)
     value: Mapped[float] = mapped_column(Float)
+
+
+class Annotation(Base):
+    """A performance change a user marked as expected (by its first bad revision)."""
+
+    __tablename__ = "perf_annotations"
+    __table_args__ = (UniqueConstraint("benchmark", "metric", "target", "rev", name="uq_perf_annotation"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    benchmark: Mapped[str] = mapped_column(String(64))
+    metric: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(64))
+    rev: Mapped[str] = mapped_column(String(40))
+    note: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[float] = mapped_column(Float)
 
 
 class ResultsDB:
@@ -286,6 +302,63 @@ class ResultsDB:
                     if len(out) >= limit:
                         break
             return out
+
+    def last_good_build(self, target: str, exclude_rev: str) -> ResultRecord | None:
+        """The newest passed build of ``target`` at another revision whose tests all passed:
+        the baseline a perf job runs against tonight's build."""
+        for run in self.runs_before(time.time(), target, limit=60):
+            if run.rev == exclude_rev:
+                continue
+            recs = [r for r in self.jobs(run.run_id) if r.target == target]
+            build = next((r for r in recs if r.step == "build"), None)
+            if (build is not None and build.status == "passed" and build.artifact_key and build.artifact_sha256
+                    and all(r.status == "passed" for r in recs if r.kind == "test")):
+                return build
+        return None
+
+    def annotate(self, benchmark: str, metric: str, target: str, rev: str, note: str) -> bool:
+        """Mark a change as expected; False when it was marked already."""
+        with self.session() as s:
+            q = select(Annotation).where(Annotation.benchmark == benchmark, Annotation.metric == metric,
+                                         Annotation.target == target, Annotation.rev == rev)
+            if s.scalars(q).first() is not None:
+                return False
+            s.add(Annotation(benchmark=benchmark, metric=metric, target=target, rev=rev, note=note,
+                             created_at=time.time()))
+            return True
+
+    def expected_changes(self) -> dict[tuple[str, str, str], set[str]]:
+        """(benchmark, metric, target) -> revisions whose changes are expected."""
+        out: dict[tuple[str, str, str], set[str]] = {}
+        with self.session() as s:
+            for a in s.scalars(select(Annotation)):
+                out.setdefault((a.benchmark, a.metric, a.target), set()).add(a.rev)
+        return out
+
+    def perf_series(self, target: str, host_class: str, benchmark: str, metric: str, upto: float,
+                    window: int) -> list[tuple[str, str, dict[str, list[float]]]]:
+        """[(run id, rev, {variant: values})] oldest first for the last ``window`` runs up to
+        ``upto`` that measured this metric on this host class (re-runs excluded). Variants:
+        new (tonight's build), baseline (the last good build), ratio (new/baseline per pair)."""
+        with self.session() as s:
+            q = (select(Run.run_id, Run.rev, SampleRow.variant, SampleRow.value)
+                 .join(Run, Run.run_id == SampleRow.run_id)
+                 .where(SampleRow.target == target, SampleRow.host_class == host_class,
+                        SampleRow.benchmark == benchmark, SampleRow.metric == metric,
+                        Run.created_at <= upto, Run.parent_run_id.is_(None))
+                 .order_by(Run.created_at, SampleRow.repetition))
+            by_run: dict[str, tuple[str, dict[str, list[float]]]] = {}
+            for run_id, rev, variant, value in s.execute(q):
+                by_run.setdefault(run_id, (rev, {}))[1].setdefault(variant, []).append(value)
+        rows = [(rid, rev, values) for rid, (rev, values) in by_run.items()]
+        return rows[-window:]
+
+    def perf_keys(self, run_id: str) -> list[tuple[str, str, str, str]]:
+        """The (target, host class, benchmark, metric) series a run has samples in."""
+        with self.session() as s:
+            q = (select(SampleRow.target, SampleRow.host_class, SampleRow.benchmark, SampleRow.metric)
+                 .where(SampleRow.run_id == run_id, SampleRow.variant == "new").distinct())
+            return sorted(tuple(r) for r in s.execute(q))  # type: ignore[misc]
 
     def hosts(self) -> list[Host]:
         with self.session() as s:

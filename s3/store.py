@@ -15,7 +15,7 @@ from typing import TypeVar
 
 import boto3
 from botocore.config import Config as BotoConfig
-from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError
+from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, SSLError
 
 from gearfarm.config import S3Config
 
@@ -72,6 +72,10 @@ class ArtifactStore:
                             "SignatureDoesNotMatch"):
                     raise
                 err: Exception = e
+            except SSLError as e:
+                # A certificate problem does not heal by waiting: say so now, not in 5 minutes.
+                raise StoreError(f"S3 at {self.cfg.endpoint}: TLS verification failed ({e}); check [s3] "
+                                 "ca_bundle") from e
             except (BotoCoreError, EndpointConnectionError) as e:
                 err = e
             if time.monotonic() + delay > deadline:

@@ -67,7 +67,8 @@ def farm(chaos_repo: Path, tmp_path: Path) -> Iterator[EmbeddedFarm]:
 
 def start_nightly(farm: EmbeddedFarm, run_id: str, suites: str = SUITES) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "gearfarm.cli", "nightly", "--config", str(farm.config_path),
-                             "--targets", TARGET, "--suites", suites, "--run-id", run_id, "--deadline", "600"],
+                             "--targets", TARGET, "--suites", suites, "--benchmarks", "none", "--run-id", run_id,
+                             "--deadline", "600"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
 
 
@@ -257,7 +258,7 @@ def test_a_worker_host_cut_off_mid_job_and_the_job_completes_on_another_host(
                 assert time.monotonic() < deadline and remote.poll() is None, (tmp_path / "remote-test.log").read_text()
                 time.sleep(0.3)
             nightly = subprocess.Popen(cli + ["nightly", "--config", str(cfg_path), "--targets", TARGET,
-                                              "--suites", "model", "--run-id", "cut"],
+                                              "--suites", "model", "--benchmarks", "none", "--run-id", "cut"],
                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
             deadline = time.monotonic() + 120
             while not admin.status(addr, gm.address[1]).get(f"test:{TARGET}", admin.FunctionStatus(0, 0, 0)).running:

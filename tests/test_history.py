@@ -98,7 +98,7 @@ def test_migrations_create_the_models_schema_and_upgrade_a_database_made_before_
     engine.dispose()
 
     db = ResultsDB(db_url)
-    assert current_revision(db.engine) == head_revision() == "0002"
+    assert current_revision(db.engine) == head_revision() == "0003"
     old = db.get_run("old")
     assert old is not None and old.targets == [T] and old.parent_run_id is None
     with db.engine.connect() as conn:
@@ -350,7 +350,8 @@ def lab(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[LabFar
 def _nightly(farm: LabFarm, run_id: str) -> tuple[int, str, dict]:  # type: ignore[type-arg]
     from tests.farmkit import gearfarm
 
-    p = gearfarm("nightly", "--config", str(farm.config), "--targets", T, "--suites", "unit", "--run-id", run_id,
+    p = gearfarm("nightly", "--config", str(farm.config), "--targets", T, "--suites", "unit",
+                 "--benchmarks", "none", "--run-id", run_id,
                  timeout=600)
     rep_path = farm.base / "state" / "runs" / run_id / "report.json"
     rep = json.loads(rep_path.read_text()) if rep_path.exists() else {}

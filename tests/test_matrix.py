@@ -43,6 +43,7 @@ def matrix_run(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unt
     repo = make_repo(base / "repo")
     state = base / "state"
     p = gearfarm("nightly", "--repo", str(repo), "--state-dir", str(state), "--run-id", "m1", "--suites", "unit",
+                 "--benchmarks", "none",
                  "--keep", timeout=1500)
     yield repo, state, p
     gearfarm("farm", "stop", "--state-dir", str(state))
@@ -93,7 +94,7 @@ def test_a_worker_serves_only_its_target_and_an_unserved_target_ends_as_no_worke
         registered = {f for w in admin.workers(host, port) for f in w.functions}
         assert registered == {"collect", "build:linux-aarch64", "test:linux-aarch64"}
         p = gearfarm("nightly", "--config", str(farm.config_path), "--targets", "linux-aarch64,linux-x86_64",
-                     "--suites", "unit", "--run-id", "r1", "--no-worker-wait", "3", timeout=600)
+                     "--suites", "unit", "--benchmarks", "none", "--run-id", "r1", "--no-worker-wait", "3", timeout=600)
         assert p.returncode == 1, p.stdout + p.stderr
         assert "no worker registered for build:linux-x86_64" in p.stderr
         with sqlite3.connect(tmp_path / "state" / "results.db") as db:

@@ -33,7 +33,8 @@ def rows(state: Path, run_id: str) -> list[tuple[str, str]]:
 
 
 def nightly(repo: Path, state: Path, *args: str) -> tuple[int, str]:
-    p = gearfarm("nightly", "--repo", str(repo), "--state-dir", str(state), "--targets", TARGET, *args)
+    p = gearfarm("nightly", "--repo", str(repo), "--state-dir", str(state), "--targets", TARGET,
+                 "--benchmarks", "none", *args)
     return p.returncode, p.stdout + p.stderr
 
 

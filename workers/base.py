@@ -21,6 +21,7 @@ from gearfarm.config import Config
 from gearfarm.gearman import Client, GearmanError, Job, Worker
 from gearfarm.job import COLLECT_FUNCTION, Payload, PayloadError, unique_id, verify
 from gearfarm.result import ResultRecord
+from gearfarm.tls import client_context
 from s3 import keys
 from s3.store import ArtifactStore, StoreError
 
@@ -29,10 +30,10 @@ HEARTBEAT_SECONDS = 5.0
 
 
 def ssl_context(cfg: Config) -> ssl.SSLContext | None:
+    """TLS to the job servers (stunnel in front of gearmand) when the config names a CA."""
     if not cfg.gearman.tls_ca:
         return None
-    ctx = ssl.create_default_context(cafile=str(cfg.path(cfg.gearman.tls_ca)))
-    return ctx
+    return client_context(cfg.path(cfg.gearman.tls_ca))
 
 
 def gearman_client(cfg: Config) -> Client:

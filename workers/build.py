@@ -147,8 +147,10 @@ def fan_out(ctx: Context, p: Payload, suites: list[str], target: Target, build: 
     """Submit the target's test (and perf) jobs; they carry the artifact's key and sha256."""
     jobs = [("test", s) for s in suites] + ([("perf", b) for b in p.benchmarks] if target.perf else [])
     for kind, name in jobs:
+        baseline = ({"baseline_rev": p.baseline_rev, "baseline_key": p.baseline_key,
+                     "baseline_sha256": p.baseline_sha256} if kind == "perf" else {})
         q = Payload(kind=kind, run_id=p.run_id, rev=p.rev, target=p.target, name=name,  # type: ignore[arg-type]
                     artifact_key=build.artifact_key, artifact_sha256=build.artifact_sha256, seed=p.seed,
-                    submitted_at=time.time())
+                    submitted_at=time.time(), **baseline)
         ctx.client.submit_background(q.function, sign(q, ctx.cfg.farm.secrets), unique=q.unique)
         log.info("submitted %s %s", q.function, q.step)

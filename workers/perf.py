@@ -1,5 +1,7 @@
-"""The perf worker: run one catalog benchmark on the target's artifact R times, parse the JSON
-lines it prints, and report every figure as a sample with this host's fingerprint."""
+"""The perf worker: run one catalog benchmark on tonight's artifact and, when the nightly names
+one, on the last good build of the same target, alternately (A B A B ...) on this host. Every
+figure is reported as a sample with this host's fingerprint, and each A/B pair also as a
+paired ratio, which cancels the host's drift and noise between nights."""
 
 from __future__ import annotations
 
@@ -11,12 +13,19 @@ from pathlib import Path
 
 from gearfarm import catalog as catalog_mod
 from gearfarm import process
+from gearfarm.catalog import Benchmark, Target
 from gearfarm.gearman import Job
 from gearfarm.job import Payload
 from gearfarm.result import ResultRecord, Sample
 from s3 import keys
 from workers.base import Context
 from workers.test import fetch_artifact
+
+
+class BenchmarkFailed(RuntimeError):
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def parse_summary(output: str, bench: str) -> dict[str, float]:
@@ -33,8 +42,26 @@ def parse_summary(output: str, bench: str) -> dict[str, float]:
         if isinstance(obj, dict) and obj.get("type") == "summary":
             metrics = {k: float(v) for k, v in obj.get("metrics", {}).items() if isinstance(v, int | float)}
     if not metrics:
-        raise ValueError(f"benchmark {bench} printed no summary line with metrics")
+        raise BenchmarkFailed("failed", f"benchmark {bench} printed no summary line with metrics")
     return metrics
+
+
+def run_once(target: Target, bench: Benchmark, name: str, bindir: Path, work: Path, tag: str, seed: int,
+             log_path: Path) -> dict[str, float]:
+    scratch = work / f"scratch-{tag}"
+    scratch.mkdir()
+    out_path = work / f"out-{tag}.jsonl"
+    values = {"bin": str(bindir), "exe": target.exe, "scratch": str(scratch), "seed": str(seed)}
+    argv = target.runner + catalog_mod.expand(bench.argv, values)
+    rc, timed_out = process.run_logged(argv, out_path, bench.timeout, cwd=scratch,
+                                       env=dict(os.environ, **target.runner_env))
+    text = out_path.read_text(errors="replace")
+    with log_path.open("a") as f:
+        f.write(f"--- {tag} ---\n{text}")
+    if timed_out or rc != 0:
+        raise BenchmarkFailed("timed_out" if timed_out else "failed",
+                              f"benchmark {name} ({tag}) " + ("timed out" if timed_out else f"exited {rc}"))
+    return {m: v for m, v in parse_summary(text, name).items() if m in bench.metrics}
 
 
 def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
@@ -51,30 +78,38 @@ def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
         tmpd = Path(tmp)
         log_path = tmpd / "perf.log"
         log_path.write_text(f"gearfarm {p.step} for {p.target} at {p.rev} on {ctx.name}\n")
-        bindir = fetch_artifact(ctx, p, tmpd, timings)
-        t0 = time.monotonic()
-        for rep in range(bench.repetitions):
-            scratch = tmpd / f"scratch{rep}"
-            scratch.mkdir()
-            out_path = tmpd / f"out{rep}.jsonl"
-            values = {"bin": str(bindir), "exe": target.exe, "scratch": str(scratch), "seed": str(p.seed + rep)}
-            argv = target.runner + catalog_mod.expand(bench.argv, values)
-            rc, timed_out = process.run_logged(argv, out_path, bench.timeout, cwd=scratch,
-                                               env=dict(os.environ, **target.runner_env))
-            text = out_path.read_text(errors="replace")
+        (tmpd / "new").mkdir()
+        bindir = fetch_artifact(ctx, p, tmpd / "new", timings)
+        basedir = None
+        if p.baseline_key and p.baseline_sha256 and p.baseline_rev:
+            (tmpd / "base").mkdir()
+            base = p.model_copy(update={"rev": p.baseline_rev, "artifact_key": p.baseline_key,
+                                        "artifact_sha256": p.baseline_sha256})
+            basedir = fetch_artifact(ctx, base, tmpd / "base", {})
             with log_path.open("a") as f:
-                f.write(text)
-            if timed_out or rc != 0:
-                status = "timed_out" if timed_out else "failed"
-                message = f"benchmark {p.name} repetition {rep} " + ("timed out" if timed_out else f"exited {rc}")
-                break
-            try:
-                metrics = parse_summary(text, p.name)
-            except ValueError as e:
-                status, message = "failed", str(e)
-                break
-            samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep)
-                        for m, v in metrics.items() if m in bench.metrics]
+                f.write(f"paired with the last good build {p.baseline_rev}\n")
+        t0 = time.monotonic()
+        try:
+            for rep in range(bench.repetitions):
+                # Same seed for both sides of a pair: the pair differs only in the build.
+                seed = p.seed + rep
+                if basedir is None:
+                    new = run_once(target, bench, p.name, bindir, tmpd, f"new{rep}", seed, log_path)
+                    samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep) for m, v in new.items()]
+                    continue
+                # A B, B A, A B ...: whichever side runs first in a pair (colder caches, a
+                # freshly unpacked binary) is not always the same one.
+                order = ("new", "base") if rep % 2 == 0 else ("base", "new")
+                got = {side: run_once(target, bench, p.name, bindir if side == "new" else basedir, tmpd,
+                                      f"{side}{rep}", seed, log_path) for side in order}
+                new, old = got["new"], got["base"]
+                samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep) for m, v in new.items()]
+                samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep, variant="baseline")
+                            for m, v in old.items()]
+                samples += [Sample(benchmark=p.name, metric=m, value=new[m] / old[m], repetition=rep,
+                                   variant="ratio") for m in new if old.get(m)]
+        except BenchmarkFailed as e:
+            status, message = e.status, str(e)
         timings["test"] = time.monotonic() - t0
         ctx.store.put_bytes(log_key, log_path.read_bytes(), "text/plain; charset=utf-8")
         return ctx.record(p, status, started_at=started, finished_at=time.time(), timings=timings,

@@ -1,0 +1,124 @@
+"""Behaviour of the performance change-point detector (gearfarm/changepoint.py) and its plots
+(gearfarm/perfplot.py), issue #6. Seeded series, so every assertion is deterministic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gearfarm.changepoint import detect, find_changes
+from gearfarm.perfplot import plot
+
+
+def noisy(n: int = 60, noise: float = 0.01, seed: int = 1, level: float = 1000.0) -> np.ndarray:
+    return level * (1 + noise * np.random.default_rng(seed).standard_normal(n))
+
+
+def test_20pct_drop_in_a_rate_is_found_at_its_night_as_a_regression():
+    v = noisy()
+    v[30:] *= 0.8
+    [cp] = detect(v.tolist(), higher_is_better=True)
+    assert cp.index == 30
+    assert cp.direction == "regression"
+    assert cp.ci_low <= -0.20 <= cp.ci_high
+    assert cp.ci_low <= cp.change <= cp.ci_high and cp.p_value <= 0.01
+
+
+def test_rise_in_a_rate_is_an_improvement():
+    v = noisy(seed=2)
+    v[40:] *= 1.08
+    [cp] = detect(v.tolist(), higher_is_better=True)
+    assert (cp.index, cp.direction) == (40, "improvement")
+    assert cp.ci_low <= 0.08 <= cp.ci_high
+
+
+def test_latency_direction_flips_the_classification():
+    v = noisy(seed=3)
+    v[25:] *= 1.10  # latency up: worse
+    [cp] = detect(v.tolist(), higher_is_better=False)
+    assert (cp.index, cp.direction) == (25, "regression")
+    [cp] = detect(v[::-1].tolist(), higher_is_better=False)  # latency down: better
+    assert cp.direction == "improvement"
+
+
+@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("noise", [0.01, 0.03])
+def test_pure_noise_yields_no_change(seed, noise):
+    assert detect(noisy(noise=noise, seed=100 + seed).tolist()) == []
+
+
+@pytest.mark.parametrize("where", [5, 30, 58])
+def test_a_single_outlier_yields_no_change(where):
+    v = noisy(seed=7)
+    v[where] *= 0.7
+    assert detect(v.tolist()) == []
+
+
+def test_newest_night_spike_waits_for_a_second_night():
+    v = noisy(n=41, seed=8)
+    v[40] *= 0.8
+    assert detect(v.tolist()) == []  # one night: could be a spike
+    v = np.append(v, noisy(n=1, seed=9) * 0.8)
+    assert [c.index for c in detect(v.tolist())] == [40]  # two nights: a new regime
+
+
+def test_paired_ratio_confirms_on_the_first_night_and_vetoes_a_contradiction():
+    v = noisy(n=41, seed=8)
+    v[40] *= 0.8
+    ratios = [1.0] * 40 + [0.8]
+    assert [c.index for c in detect(v.tolist(), paired_ratios=ratios)] == [40]
+    v = noisy(seed=10)
+    v[30:] *= 0.9
+    assert [c.index for c in detect(v.tolist(), paired_ratios=[1.0] * 60)] == []
+    assert [c.index for c in detect(v.tolist(), paired_ratios=[None] * 60)] == [30]
+
+
+def test_small_changes_below_min_change_are_not_reported():
+    v = noisy(noise=0.001, seed=11)
+    v[30:] *= 0.99
+    assert detect(v.tolist()) == []
+    assert [c.index for c in detect(v.tolist(), min_change=0.005)] == [30]
+
+
+def test_two_changes_and_missing_nights():
+    v = noisy(seed=12).tolist()
+    v = [x * (0.85 if 20 <= i < 45 else 1.0) for i, x in enumerate(v)]
+    v[10] = None
+    cps = detect(v)
+    assert [(c.index, c.direction) for c in cps] == [(20, "regression"), (45, "improvement")]
+
+
+def test_find_changes_names_revisions_and_honours_expected():
+    v = noisy(seed=13)
+    v[30:] *= 0.8
+    series = [(f"r{i:03d}", float(x)) for i, x in enumerate(v)]
+    [ch] = find_changes(series, higher_is_better=True)
+    assert (ch.first_bad_rev, ch.last_good_rev, ch.direction) == ("r030", "r029", "regression")
+    assert find_changes(series, higher_is_better=True, expected={"r030"}) == []
+
+
+def test_replayed_nightly_no_alarm_before_the_bad_commit():
+    # The lead's iiBench scenario in miniature: 20 % slower from night 35; replay night by night.
+    v = noisy(n=45, noise=0.02, seed=14)
+    v[35:] *= 0.8
+    first = None
+    for t in range(5, 45):
+        cps = detect(v[: t + 1].tolist())
+        if t < 35:
+            assert cps == []
+        elif cps and first is None:
+            first = (t, [c.index for c in cps])
+    assert first == (36, [35])
+
+
+def test_plot_returns_png_and_svg():
+    v = noisy(n=80, seed=15)
+    v[60:] *= 0.8
+    series = [(f"rev{i:03d}", float(x)) for i, x in enumerate(v)]
+    changes = find_changes(series, higher_is_better=True)
+    png = plot(series, changes, "iiBench inserts/s, gcc-x86_64, host class A", "png")
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1000
+    svg = plot(series, changes, "iiBench inserts/s", "svg")
+    assert b"<svg" in svg[:2000] and svg.rstrip().endswith(b"</svg>")
+    with pytest.raises(ValueError):
+        plot(series, changes, "x", "gif")  # type: ignore[arg-type]

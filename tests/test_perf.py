@@ -1,0 +1,100 @@
+"""Performance every night: paired A/B perf jobs, change points over the nightly series, and
+the report's performance section. A scripted sequence of nightlies over a temporary engine
+repository in which one commit makes iiBench 20 % slower must name exactly that commit."""
+
+from __future__ import annotations
+
+import email
+import json
+from email import policy
+from pathlib import Path
+
+import pytest
+
+from gearfarm import catalog as catalog_mod
+from gearfarm.farm import EmbeddedFarm
+from tests.farmkit import commit, gearfarm, make_repo
+
+TARGET = "linux-x86_64"
+BENCH = """
+[benchmarks.iibench-quick]
+argv = ["{bin}/gfe-bench{exe}", "iibench", "--rows", "200000", "--cache-mb", "64", "--index", "betree",
+        "--seed", "{seed}", "--dir", "{scratch}"]
+timeout = 120
+repetitions = 5
+metrics = { insert_rate_cpu = "higher" }
+"""
+# After each commit, wait a quarter of the time the batch took: 1.25x the time, 0.8x the rate.
+SLOWDOWN = """            gfe_batch_clear(b);
+            { static double tl = 0; double tn = now_sec(); if (tl == 0) tl = t0;
+              double until = tn + 0.25 * (tn - tl); while (now_sec() < until) { } tl = now_sec(); }"""
+
+
+def report_of(state: Path, run_id: str) -> dict:  # type: ignore[type-arg]
+    return json.loads((state / "runs" / run_id / "report.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def perf_farm(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    base = tmp_path_factory.mktemp("perf")
+    repo = make_repo(base / "repo")
+    cat = repo / "jobs" / "catalog.toml"
+    cat.write_text(cat.read_text() + BENCH)
+    commit(repo, "a quick iibench for the nightly perf job")
+    farm = EmbeddedFarm(base / "state", repo)
+    farm.start(catalog_mod.load_at_rev(repo, "HEAD"), [TARGET], roles=("build",), perf=True)
+    yield repo, farm
+    farm.stop()
+
+
+def nightly(farm: EmbeddedFarm, run_id: str) -> None:
+    p = gearfarm("nightly", "--config", str(farm.config_path), "--targets", TARGET, "--suites", "none",
+                 "--benchmarks", "iibench-quick", "--run-id", run_id, timeout=600)
+    assert p.returncode in (0, 1), p.stdout + p.stderr
+    assert report_of(farm.state, run_id)["matrix"][TARGET]["perf-iibench-quick"]["status"] == "passed", p.stdout
+
+
+def test_a_20_percent_slower_commit_is_named_as_the_first_bad_revision(perf_farm) -> None:  # type: ignore[no-untyped-def]
+    repo, farm = perf_farm
+    revs = {}
+    for night in range(1, 7):
+        revs[night] = commit(repo, f"night {night}: no performance change")
+        nightly(farm, f"p{night}")
+    bench_c = repo / "engine" / "tools" / "bench.c"
+    text = bench_c.read_text()
+    head, sep, body = text.partition("static int iibench(")
+    assert sep and "            gfe_batch_clear(b);" in body
+    bench_c.write_text(head + sep + body.replace("            gfe_batch_clear(b);", SLOWDOWN, 1))
+    revs[7] = commit(repo, "night 7: iibench 20% slower")
+    nightly(farm, "p7")
+    for night in (8, 9):
+        revs[night] = commit(repo, f"night {night}: no further change")
+        nightly(farm, f"p{night}")
+
+    # No night before the slow commit carries an alarm.
+    for night in range(1, 7):
+        assert report_of(farm.state, f"p{night}")["performance"] == [], night
+    alarms = [e for night in (7, 8, 9) for e in report_of(farm.state, f"p{night}")["performance"]]
+    assert alarms, "the 20% regression was never reported"
+    for e in alarms:
+        assert (e["direction"], e["benchmark"], e["metric"]) == ("regression", "iibench-quick", "insert_rate_cpu")
+        assert e["first_bad_rev"] == revs[7] and e["last_good_rev"] == revs[6]
+        assert -0.30 < e["change"] < -0.10 and e["ci_low"] <= e["change"] <= e["ci_high"]
+    last = report_of(farm.state, "p9")
+    assert last["headline"].startswith("1 performance regression")
+    # Paired A/B: the perf job ran tonight's build against the last good one.
+    job = next(j for j in last["jobs"] if j["step"] == "perf-iibench-quick")
+    variants = {s["variant"] for s in job["samples"]}
+    assert variants == {"new", "baseline", "ratio"}
+    html = (farm.state / "runs" / "p9" / "report.html").read_text()
+    assert 'id="performance"' in html and "<svg" in html
+    msg = email.message_from_bytes((farm.state / "runs" / "p9" / "report.eml").read_bytes(), policy=policy.default)
+    assert any(part.get_content_type() == "image/png" for part in msg.walk())
+
+    # Marking the change as expected silences it.
+    p = gearfarm("perf", "expect", "--config", str(farm.config_path), "--benchmark", "iibench-quick",
+                 "--metric", "insert_rate_cpu", "--target", TARGET, "--rev", revs[7], "--note", "intended")
+    assert p.returncode == 0, p.stderr
+    p = gearfarm("report", "p9", "--config", str(farm.config_path))
+    assert p.returncode == 0, p.stderr
+    assert report_of(farm.state, "p9")["performance"] == []

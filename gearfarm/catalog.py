@@ -81,6 +81,9 @@ class Benchmark(_Strict):
     argv: list[str]
     timeout: float = 600
     repetitions: int = Field(default=1, ge=1, le=50)
+    # "instructions": also run the benchmark under callgrind and report the instructions it
+    # executed, a figure that does not move with the host's load (time on a shared VM does).
+    counter: Literal["instructions"] | None = None
     metrics: dict[str, Literal["higher", "lower"]]
 
     _argv = field_validator("argv")(_check_argv)

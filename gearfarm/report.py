@@ -98,13 +98,24 @@ def build(run: Run, records: list[ResultRecord], store: ArtifactStore | None,
         "new": classes["new"] if classes else [], "known": classes["known"] if classes else [],
         "fixed": classes["fixed"] if classes else [], "flaky": classes["flaky"] if classes else [],
         "links_expire_at": round(time.time() + expiry) if expiry else None,
-        "missing": missing, "stage_seconds": stage_totals,
+        "missing": missing, "stage_seconds": stage_totals, "target_seconds": _target_spans(records),
         "overhead_seconds": round(sum(stage_totals[s] for s in OVERHEAD), 3),
         "queue_wait_seconds": stage_totals["queue_wait"],
         "work_seconds": round(stage_totals["build"] + stage_totals["test"], 3),
         "jobs": [r.model_dump(mode="json", exclude={"log_tail"}) for r in records],
         "reruns": [r.model_dump(mode="json", exclude={"log_tail", "cases"}) for r in reruns or []],
     }
+
+
+def _target_spans(records: list[ResultRecord]) -> dict[str, float]:
+    """Per target, from its build's submission to its last job's end: its wall time."""
+    spans: dict[str, float] = {}
+    for t in {r.target for r in records}:
+        rs = [r for r in records if r.target == t and r.finished_at is not None]
+        starts = [r.submitted_at or r.started_at for r in rs if (r.submitted_at or r.started_at)]
+        if rs and starts:
+            spans[t] = round(max(r.finished_at for r in rs if r.finished_at) - min(starts), 3)  # type: ignore[type-var]
+    return spans
 
 
 def _plural(n: int, word: str) -> str:

@@ -53,6 +53,9 @@ def run_once(target: Target, bench: Benchmark, name: str, bindir: Path, work: Pa
     out_path = work / f"out-{tag}.jsonl"
     values = {"bin": str(bindir), "exe": target.exe, "scratch": str(scratch), "seed": str(seed)}
     argv = target.runner + catalog_mod.expand(bench.argv, values)
+    counted = work / f"callgrind-{tag}.out"
+    if bench.counter == "instructions":
+        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={counted}", *argv]
     rc, timed_out = process.run_logged(argv, out_path, bench.timeout, cwd=scratch,
                                        env=dict(os.environ, **target.runner_env))
     text = out_path.read_text(errors="replace")
@@ -61,7 +64,22 @@ def run_once(target: Target, bench: Benchmark, name: str, bindir: Path, work: Pa
     if timed_out or rc != 0:
         raise BenchmarkFailed("timed_out" if timed_out else "failed",
                               f"benchmark {name} ({tag}) " + ("timed out" if timed_out else f"exited {rc}"))
-    return {m: v for m, v in parse_summary(text, name).items() if m in bench.metrics}
+    metrics = parse_summary(text, name)
+    if bench.counter == "instructions":
+        metrics["instructions"] = instructions(counted, name)
+    return {m: v for m, v in metrics.items() if m in bench.metrics}
+
+
+def instructions(callgrind_out: Path, bench: str) -> float:
+    """Total instructions executed, from callgrind's "summary:" line."""
+    try:
+        for line in callgrind_out.read_text().splitlines():
+            if line.startswith("summary:"):
+                return float(line.split()[1])
+    except (OSError, IndexError, ValueError):
+        pass
+    raise BenchmarkFailed("failed", f"benchmark {bench}: callgrind wrote no instruction count "
+                                    "(is valgrind installed? apt-get install valgrind)")
 
 
 def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:

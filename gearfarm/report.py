@@ -73,20 +73,14 @@ def build(run: Run, records: list[ResultRecord], store: ArtifactStore | None,
         counts[r.status] = counts.get(r.status, 0) + 1
     product_failed = sum(1 for f in failures if f["product"])
     infra = len(failures) - product_failed
-    if not failures and not missing:
-        headline = f"all green: {len(records)} jobs passed or skipped on {len(by_target)} targets"
-    else:
-        parts = []
-        if product_failed:
-            parts.append(f"{product_failed} failed")
-        if infra:
-            parts.append(f"{infra} not run by the farm (infrastructure)")
-        if missing:
-            parts.append(f"{len(missing)} missing")
-        headline = ", ".join(parts)
     classes = _classes(run, records, verdicts, reruns or [], link) if verdicts is not None else None
     if classes is not None:
-        headline = _headline(classes, infra, missing, len(records), len(by_target))
+        new, known, flaky, fixed = (len(classes[k]) for k in ("new", "known", "flaky", "fixed"))
+        lead = [_plural(new, "new failure") if new else "", f"{known} still failing" if known else "",
+                f"{flaky} flaky" if flaky else ""]
+    else:
+        lead, fixed = [f"{product_failed} failed" if product_failed else ""], 0
+    headline = _headline(lead, fixed, infra, missing, len(records), len(by_target))
     expiry = store.cfg.presign_expiry if store is not None else None
     return {
         "run_id": run.run_id, "rev": run.rev, "created_at": run.created_at, "finished_at": finished,
@@ -122,25 +116,16 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word.replace('failure', 'failures')}"
 
 
-def _headline(classes: dict[str, list[dict[str, Any]]], infra: int, missing: list[str], jobs: int,
-              targets: int) -> str:
-    new, known, flaky, fixed = (len(classes[k]) for k in ("new", "known", "flaky", "fixed"))
-    if not (new or known or flaky or infra or missing):
+def _headline(lead: list[str], fixed: int, infra: int, missing: list[str], jobs: int, targets: int) -> str:
+    """Headline first: what is broken (``lead``: new, still failing, flaky — or failed when
+    the run is not classified), then fixed, then what the farm could not run."""
+    bad = [p for p in lead if p]
+    if not (bad or infra or missing):
         text = f"all green: {jobs} jobs passed or skipped on {targets} targets"
         return text + (f"; {fixed} fixed" if fixed else "")
-    parts = []
-    if new:
-        parts.append(_plural(new, "new failure"))
-    if known:
-        parts.append(f"{known} still failing")
-    if flaky:
-        parts.append(f"{flaky} flaky")
-    if fixed:
-        parts.append(f"{fixed} fixed")
-    if infra:
-        parts.append(f"{infra} not run by the farm (infrastructure)")
-    if missing:
-        parts.append(f"{len(missing)} missing")
+    parts = bad + ([f"{fixed} fixed"] if fixed else [])
+    parts += [f"{infra} not run by the farm (infrastructure)"] if infra else []
+    parts += [f"{len(missing)} missing"] if missing else []
     return ", ".join(parts)
 
 

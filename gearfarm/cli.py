@@ -274,7 +274,9 @@ def status_cmd(config_path: str | None, state_dir: Path | None) -> None:
     from workers.base import ssl_context
 
     cfg = _config_or_embedded(config_path, state_dir)
-    out = Console()
+    # Piped output (cron mail, CI logs) gets a wide table rather than wrapped names.
+    out = Console() if sys.stdout.isatty() else Console(width=200)
+    answered = []
     for host, port in cfg.gearman.addresses():
         try:
             fns = admin.status(host, port, ssl_context=ssl_context(cfg))
@@ -282,6 +284,7 @@ def status_cmd(config_path: str | None, state_dir: Path | None) -> None:
         except (OSError, GearmanError) as e:
             out.print(f"[red]gearmand {host}:{port} unreachable: {e}[/]")
             continue
+        answered.append(f"{host}:{port}")
         t = Table(title=f"gearmand {host}:{port}")
         for col in ("function", "queued", "running", "workers", "worker ids"):
             t.add_column(col)
@@ -299,6 +302,8 @@ def status_cmd(config_path: str | None, state_dir: Path | None) -> None:
         failed = sum(1 for r in recs if r.status not in ("passed", "skipped"))
         t.add_row(run.run_id, run.rev[:12], run.state, str(done), str(len(run.expected)), str(failed))
     out.print(t)
+    if not answered:
+        _fail(f"no gearmand answered (tried {', '.join(cfg.gearman.servers)}); is the farm running?")
 
 
 @main.group("farm")

@@ -67,7 +67,15 @@ def test_host_nightly_builds_stores_tests_and_reports(farm) -> None:  # type: ig
     assert set(inner["files"]) >= {"gfe", "gfe-suite", "gfe-bench", "libgfe.a"}
     assert store.exists(f"runs/n1/{TARGET}/test-unit/junit.xml")
     assert store.exists("runs/n1/report.html")
-    gearfarm("farm", "stop", "--state-dir", str(state))
+
+    # The farm was kept: status shows gearmand's functions with their workers, and the run.
+    p = gearfarm("status", "--state-dir", str(state))
+    assert p.returncode == 0, p.stderr
+    assert "build:linux-x86_64" in p.stdout and "test:linux-x86_64" in p.stdout and "collect" in p.stdout
+    assert "n1" in p.stdout and "finished" in p.stdout
+    p = gearfarm("farm", "stop", "--state-dir", str(state))
+    assert "gearmand" in p.stdout and "minio" in p.stdout
+    assert gearfarm("status", "--state-dir", str(state)).returncode == 2  # nothing left to ask
 
 
 def test_resubmitting_a_run_adds_nothing_and_same_rev_reuses_the_artifact(farm) -> None:  # type: ignore[no-untyped-def]

@@ -121,7 +121,7 @@ def _headline(lead: list[str], fixed: int, infra: int, missing: list[str], jobs:
     the run is not classified), then fixed, then what the farm could not run."""
     bad = [p for p in lead if p]
     if not (bad or infra or missing):
-        text = f"all green: {jobs} jobs passed or skipped on {targets} targets"
+        text = f"all green: {jobs} jobs passed or skipped on {targets} target{'' if targets == 1 else 's'}"
         return text + (f"; {fixed} fixed" if fixed else "")
     parts = bad + ([f"{fixed} fixed"] if fixed else [])
     parts += [f"{infra} not run by the farm (infrastructure)"] if infra else []

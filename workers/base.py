@@ -50,7 +50,9 @@ class Context:
         self.name = f"{socket.gethostname()}-{role}-{os.getpid()}"
         self.repo = cfg.path(cfg.farm.repo)
         self.state = cfg.path(cfg.farm.state_dir)
-        self.spool = self.state / "spool" / self.name
+        # Per host and role, not per process: a restarted worker delivers what its
+        # predecessor spooled.
+        self.spool = self.state / "spool" / f"{socket.gethostname()}-{role}"
         self.store = ArtifactStore(cfg.s3)
         self.client = gearman_client(cfg)
         self.host = host.fingerprint()
@@ -60,17 +62,18 @@ class Context:
         """Report a result; never loses it: on failure it waits in the local spool."""
         body = rec.model_dump_json().encode()
         try:
-            self.store.put_bytes(keys.result(rec.run_id, rec.target, rec.step), body, "application/json")
-            self._send(rec, body)
+            self._publish(rec, body)
         except Exception as e:  # whatever went wrong, the record must survive: spool it
             self.spool.mkdir(parents=True, exist_ok=True)
             path = self.spool / f"{hashlib.sha256(rec.job_id.encode()).hexdigest()[:16]}-{rec.attempt}.json"
             path.write_bytes(body)
             log.warning("result of %s spooled to %s (%s); will deliver when possible", rec.job_id, path, e)
 
-    def _send(self, rec: ResultRecord, body: bytes) -> None:
-        # The body's digest is in the unique id: a changed record is a new delivery, the very
-        # same record sent twice (a spool replay) is deduplicated by gearmand while queued.
+    def _publish(self, rec: ResultRecord, body: bytes) -> None:
+        """S3 first (the durable copy the nightly reconciles from), then the collector. The
+        body's digest is in the unique id: a changed record is a new delivery, the very same
+        record sent twice (a spool replay) is deduplicated by gearmand while queued."""
+        self.store.put_bytes(keys.result(rec.run_id, rec.target, rec.step), body, "application/json")
         salt = hashlib.sha256(body).hexdigest()
         self.client.submit_background(COLLECT_FUNCTION, body, unique=unique_id(rec.job_id, rec.attempt, salt))
 
@@ -79,15 +82,15 @@ class Context:
             if not self.spool.is_dir():
                 return
             for path in sorted(self.spool.glob("*.json")):
-                rec = ResultRecord.model_validate_json(path.read_bytes())
                 try:
-                    self.store.put_bytes(keys.result(rec.run_id, rec.target, rec.step), path.read_bytes(),
-                                         "application/json")
-                    self._send(rec, path.read_bytes())
+                    body = path.read_bytes()
+                    self._publish(ResultRecord.model_validate_json(body), body)
+                except FileNotFoundError:
+                    continue  # a sibling worker of this host and role delivered it
                 except (StoreError, GearmanError, OSError):
                     return
-                path.unlink()
-                log.info("delivered spooled result of %s", rec.job_id)
+                path.unlink(missing_ok=True)
+                log.info("delivered spooled result %s", path.name)
 
     def record(self, p: Payload, status: str, **fields: object) -> ResultRecord:
         return ResultRecord(job_id=p.job_id, run_id=p.run_id, target=p.target, kind=p.kind, step=p.step,

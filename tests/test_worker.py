@@ -1,0 +1,43 @@
+"""The worker runtime: a result that cannot be reported (job server down) waits in the local
+spool and is delivered when the server is back, also by a restarted worker."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from gearfarm.config import Config, FarmConfig, GearmanConfig
+from gearfarm.gearman import admin
+from gearfarm.gearmand import Gearmand
+from gearfarm.result import ResultRecord
+from s3.minio import MinioServer
+from workers.base import Context
+
+
+def test_undeliverable_results_are_spooled_and_delivered_later(tmp_path: Path) -> None:
+    with Gearmand(tmp_path / "gm") as gm, MinioServer(tmp_path / "minio") as minio:
+        cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]), s3=minio.s3_config(),
+                     farm=FarmConfig(repo=str(tmp_path), state_dir=str(tmp_path / "state"), secrets=["k"]))
+        rec = ResultRecord(job_id="r1:linux-x86_64:test-unit", run_id="r1", target="linux-x86_64", kind="test",
+                           step="test-unit", name="unit", rev="a" * 40, status="passed")
+        ctx = Context(cfg, "test")
+        gm.stop()
+        ctx.deliver(rec)  # gearmand is down: must not raise, must not lose it
+        spooled = list(ctx.spool.glob("*.json"))
+        assert len(spooled) == 1 and json.loads(spooled[0].read_text())["job_id"] == rec.job_id
+        # S3 got the durable copy before the collector submission failed.
+        assert ctx.store.exists("runs/r1/linux-x86_64/test-unit/result.json")
+
+        gm.start()  # same port
+        later = Context(cfg, "test")  # a restarted worker of the same host and role
+        assert later.spool == ctx.spool
+        later.flush_spool()
+        assert list(ctx.spool.glob("*.json")) == []
+        deadline = time.monotonic() + 10
+        while admin.status(*gm.address).get("collect") is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert admin.status(*gm.address)["collect"].queued == 1
+        ctx.client.close()
+        later.client.close()

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import click
 from rich.console import Console
@@ -29,7 +30,7 @@ console = Console(stderr=True, soft_wrap=True)
 EXIT_OK, EXIT_FAILED, EXIT_FARM = 0, 1, 2
 
 
-def _fail(msg: str) -> None:
+def _fail(msg: str) -> NoReturn:
     console.print(f"[bold red]error:[/] {msg}", highlight=False)
     sys.exit(EXIT_FARM)
 
@@ -49,7 +50,6 @@ def _load_config(path: str | None) -> Config | None:
         return config_mod.load(path)
     except ConfigError as e:
         _fail(str(e))
-    raise AssertionError
 
 
 def _csv(value: str | None) -> list[str] | None:
@@ -136,10 +136,9 @@ def _run_nightly(cfg: Config, plan: nightly.Plan) -> int:
     store = ArtifactStore(cfg.s3, retry_for=60)
     try:
         store.check()
-        nightly.preflight(cfg)
+        table = nightly.preflight(cfg)
     except (StoreError, nightly.RunError) as e:
         _fail(str(e))
-    table = nightly.preflight(cfg)
     for t in plan.targets:
         fn = f"build:{t}"
         if table.get(fn) is None or table[fn].workers == 0:
@@ -214,7 +213,6 @@ def worker_cmd(role: str, targets: str | None, config_path: str | None) -> None:
     cfg = _load_config(config_path)
     if cfg is None:
         _fail(f"a worker needs a farm config: pass --config or set ${config_mod.ENV_VAR}")
-    assert cfg is not None
     if role == "collector":
         from workers import collector
 
@@ -250,7 +248,6 @@ def collector_cmd(config_path: str | None) -> None:
         _fail(f"the collector needs a farm config: pass --config or set ${config_mod.ENV_VAR}")
     from workers import collector
 
-    assert cfg is not None
     collector.serve(cfg)
 
 

@@ -243,10 +243,6 @@ class ResultsDB:
             rows = s.scalars(select(Job).where(Job.run_id == run_id).order_by(Job.job_id))
             return [ResultRecord.model_validate(r.record) for r in rows]
 
-    def job_count(self, run_id: str) -> int:
-        with self.session() as s:
-            return len(list(s.scalars(select(Job.job_id).where(Job.run_id == run_id))))
-
     def terminal_ids(self, run_id: str) -> set[str]:
         with self.session() as s:
             rows = s.execute(select(Job.job_id, Job.status).where(Job.run_id == run_id))
@@ -452,7 +448,3 @@ def _migration_lock(engine: Engine) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True, default=str)

@@ -5,7 +5,6 @@ the durable copy, then to the collector through Gearman, spooling locally when t
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import signal
@@ -14,7 +13,6 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from gearfarm import host
 from gearfarm.config import Config
@@ -164,7 +162,3 @@ def _flush_loop(ctx: Context, stop: threading.Event) -> None:
             ctx.flush_spool()
         except Exception:  # keep flushing later; a bad spool file must not stop the worker
             log.exception("spool flush failed")
-
-
-def write_json(path: Path, obj: object) -> None:
-    path.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))

@@ -53,11 +53,14 @@ setup: .setup/debian.stamp .setup/cross-zlib.stamp .setup/minio.stamp .setup/ven
 	@GEARFARM_CACHE=$(CACHE) bash s3/install-minio.bash
 	@touch $@
 
+# An interrupted install can leave a virtualenv pip cannot repair: then start it afresh once.
+PIP_INSTALL = $(PY) -m pip install -q --disable-pip-version-check -r requirements.txt && \
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 .setup/venv.stamp: requirements.txt pyproject.toml
 	@mkdir -p .setup
 	@test -x $(PY) || python3 -m venv $(VENV)
-	@$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
-	@$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@$(PIP_INSTALL) || { echo "setup: the virtualenv is broken; recreating $(VENV)" >&2; \
+	  rm -rf $(VENV) && python3 -m venv $(VENV) && $(PIP_INSTALL); }
 	@touch $@
 
 # The whole suite: engine suites natively, lint, then every Python test (integration included).

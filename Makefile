@@ -17,6 +17,7 @@ FOREIGN_ARCHS := i386 arm64
 setup: .setup/debian.stamp .setup/cross-zlib.stamp .setup/minio.stamp .setup/venv.stamp
 
 # Checks first and calls apt only for what is missing, so a ready machine downloads nothing.
+# Recommended packages are kept: wine and qemu were tested with them.
 .setup/debian.stamp: Makefile
 	@mkdir -p .setup
 	@missing=""; \
@@ -27,7 +28,7 @@ setup: .setup/debian.stamp .setup/cross-zlib.stamp .setup/minio.stamp .setup/ven
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  for a in $(FOREIGN_ARCHS); do $$SUDO dpkg --add-architecture $$a; done; \
 	  $$SUDO apt-get update -q || echo "setup: warning: apt-get update reported errors; trying the install anyway" >&2; \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $(DEB_PACKAGES) \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $(DEB_PACKAGES) \
 	    || { echo "error: apt-get install failed; run 'make setup' again as root or with sudo" >&2; exit 2; }; \
 	fi
 	@touch $@

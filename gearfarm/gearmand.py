@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
 from types import TracebackType
 
+from gearfarm import process
 from gearfarm.gearman import admin
 from gearfarm.gearman.errors import GearmanError
 from gearfarm.net import free_port, wait_port
@@ -160,17 +160,9 @@ class Gearmand:
 
     def _try_start(self, binary: str, port: int, deadline: float) -> str:
         """One launch attempt: "ok", _PORT_TAKEN, or a description of the failure."""
-        with open(self.stderr_file, "ab") as err:
-            self._proc = subprocess.Popen(
-                self._command(binary, port),
-                stdin=subprocess.DEVNULL,
-                stdout=err,
-                stderr=err,
-                # Own session: a Ctrl-C on the test run must not hit gearmand first, and
-                # stop() decides how it dies.
-                start_new_session=True,
-            )
-        proc = self._proc
+        # Own session (process.spawn): a Ctrl-C on the test run must not hit gearmand first,
+        # and stop() decides how it dies.
+        self._proc = proc = process.spawn(self._command(binary, port), self.stderr_file)
         outcome = f"did not answer within {self.start_timeout}s"
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -191,37 +183,23 @@ class Gearmand:
                 outcome = _PORT_TAKEN
                 break
             time.sleep(0.1)  # fixed port still held by someone (an old instance?): wait
-        self._kill(proc, signal.SIGKILL)
+        process.kill_group(proc.pid)
+        proc.wait()
         self._proc = None
         return outcome
-
-    @staticmethod
-    def _kill(proc: subprocess.Popen[bytes], sig: int, wait: float = 5.0) -> bool:
-        if proc.poll() is not None:
-            return True
-        try:
-            proc.send_signal(sig)
-        except ProcessLookupError:
-            return True
-        try:
-            proc.wait(wait)
-            return True
-        except subprocess.TimeoutExpired:
-            return False
 
     def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM, then SIGKILL if it does not exit within ``timeout`` seconds."""
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if not self._kill(proc, signal.SIGTERM, timeout):
-            self._kill(proc, signal.SIGKILL)
+        if proc is not None:
+            process.stop(proc, timeout)
 
     def kill9(self) -> None:
         """Crash the server (SIGKILL) -- for testing persistence and reconnects."""
         proc, self._proc = self._proc, None
         if proc is not None:
-            self._kill(proc, signal.SIGKILL)
+            process.kill_group(proc.pid)
+            proc.wait()
 
     def restart(self) -> Gearmand:
         """Stop and start again on the same port (the queue survives if persistent)."""

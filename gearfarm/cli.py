@@ -23,8 +23,8 @@ from gearfarm.catalog import CatalogError
 from gearfarm.config import Config, ConfigError
 from gearfarm.gearman import Client, GearmanError, admin
 from gearfarm.result import TERMINAL
+from gearfarm.s3.store import ArtifactStore, StoreError
 from gearfarm.store import ResultsDB
-from s3.store import ArtifactStore, StoreError
 
 console = Console(stderr=True, soft_wrap=True)
 EXIT_OK, EXIT_FAILED, EXIT_FARM = 0, 1, 2
@@ -103,7 +103,7 @@ def nightly_cmd(config_path: str | None, rev: str, targets: str | None, suites: 
     if cfg is None:
         from gearfarm.farm import EmbeddedFarm, FarmError
         from gearfarm.gearmand import GearmandError
-        from s3.minio import MinioError
+        from gearfarm.s3.minio import MinioError
 
         state = (state_dir or Path(os.environ.get("GEARFARM_STATE", repo / "state"))).resolve()
         farm = EmbeddedFarm(state, repo)
@@ -144,7 +144,7 @@ def _run_nightly(cfg: Config, plan: nightly.Plan) -> int:
         if table.get(fn) is None or table[fn].workers == 0:
             console.print(f"[yellow]preflight: no worker registered for {fn}; its jobs are recorded as "
                           f"'no worker' after {cfg.farm.no_worker_wait:.0f}s[/]")
-    from workers.base import gearman_client
+    from gearfarm.workers.base import gearman_client
 
     with gearman_client(cfg) as client:
         try:
@@ -214,13 +214,13 @@ def worker_cmd(role: str, targets: str | None, config_path: str | None) -> None:
     if cfg is None:
         _fail(f"a worker needs a farm config: pass --config or set ${config_mod.ENV_VAR}")
     if role == "collector":
-        from workers import collector
+        from gearfarm.workers import collector
 
         collector.serve(cfg)
         return
     from gearfarm import probe
     from gearfarm.job import function_name
-    from workers import base, build, perf, test
+    from gearfarm.workers import base, build, perf, test
 
     repo = cfg.path(cfg.farm.repo)
     try:
@@ -246,7 +246,7 @@ def collector_cmd(config_path: str | None) -> None:
     cfg = _load_config(config_path)
     if cfg is None:
         _fail(f"the collector needs a farm config: pass --config or set ${config_mod.ENV_VAR}")
-    from workers import collector
+    from gearfarm.workers import collector
 
     collector.serve(cfg)
 
@@ -268,7 +268,7 @@ def _config_or_embedded(config_path: str | None, state_dir: Path | None) -> Conf
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
 def status_cmd(config_path: str | None, state_dir: Path | None) -> None:
     """gearmand's queues and workers per function, and the runs in progress."""
-    from workers.base import ssl_context
+    from gearfarm.workers.base import ssl_context
 
     cfg = _config_or_embedded(config_path, state_dir)
     # Piped output (cron mail, CI logs) gets a wide table rather than wrapped names.

@@ -20,7 +20,7 @@ from gearfarm.catalog import Catalog
 from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig
 from gearfarm.gearman import admin
 from gearfarm.gearmand import Gearmand
-from s3.minio import MinioServer
+from gearfarm.s3.minio import MinioServer
 
 log = logging.getLogger("gearfarm.farm")
 STATE_FILE = "farm.json"

@@ -31,8 +31,8 @@ from gearfarm.config import Config
 from gearfarm.gearman import Client, GearmanError
 from gearfarm.job import Payload, job_id, sign
 from gearfarm.result import PRODUCT_FAILURES, TERMINAL, ResultRecord
+from gearfarm.s3.store import ArtifactStore
 from gearfarm.store import ResultsDB, Run
-from s3.store import ArtifactStore
 
 log = logging.getLogger("gearfarm.history")
 

@@ -16,9 +16,9 @@ from gearfarm.config import Config
 from gearfarm.gearman import Client, GearmanError, admin
 from gearfarm.job import Payload, function_name, job_id, sign, step_name, unique_id
 from gearfarm.result import TERMINAL, ResultRecord
+from gearfarm.s3 import keys
+from gearfarm.s3.store import ArtifactStore, StoreError
 from gearfarm.store import ResultsDB
-from s3 import keys
-from s3.store import ArtifactStore, StoreError
 
 log = logging.getLogger("gearfarm.nightly")
 
@@ -78,7 +78,7 @@ def plan(cat: Catalog, run_id: str, rev: str, targets: list[str] | None, suites:
 def preflight(cfg: Config) -> dict[str, admin.FunctionStatus]:
     """gearmand's function table, from the first server that answers; RunError naming every
     address tried when none does."""
-    from workers.base import ssl_context
+    from gearfarm.workers.base import ssl_context
 
     errors = []
     for host, port in cfg.gearman.addresses():

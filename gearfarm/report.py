@@ -16,9 +16,9 @@ from gearfarm import junit
 from gearfarm.config import Config
 from gearfarm.history import Verdict
 from gearfarm.result import PRODUCT_FAILURES, ResultRecord
+from gearfarm.s3 import keys
+from gearfarm.s3.store import ArtifactStore
 from gearfarm.store import ResultsDB, Run
-from s3 import keys
-from s3.store import ArtifactStore
 
 if TYPE_CHECKING:
     from gearfarm.mail import Delivery

@@ -14,7 +14,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from s3.store import sha256_file
+from gearfarm.s3.store import sha256_file
 
 MANIFEST = "manifest.json"
 

@@ -112,7 +112,7 @@ class MinioServer:
         return False
 
     def _make_bucket(self) -> None:
-        from s3.store import ArtifactStore
+        from gearfarm.s3.store import ArtifactStore
 
         ArtifactStore(self.s3_config(), retry_for=30).ensure_bucket()
 

@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
+from gearfarm.s3 import artifact, keys
 
 from gearfarm import catalog
 from gearfarm.job import Payload, PayloadError, function_name, job_id, sign, unique_id, verify
-from s3 import artifact, keys
 
 ROOT = Path(__file__).resolve().parents[1]
 REV = "a" * 40
@@ -146,7 +146,7 @@ def test_artifact_pack_unpack_verifies_every_file(tmp_path: Path) -> None:
 def _evil_tar(path: Path, member: tarfile.TarInfo, data: bytes = b"x") -> str:
     with tarfile.open(path, "w:gz") as tar:
         tar.addfile(member, io.BytesIO(data) if member.isfile() else None)
-    from s3.store import sha256_file
+    from gearfarm.s3.store import sha256_file
 
     return sha256_file(path)
 

@@ -226,10 +226,11 @@ def lab_netns() -> Iterator[tuple[str, str, str]]:
 
 def test_a_worker_host_cut_off_mid_job_and_the_job_completes_on_another_host(
         chaos_repo: Path, tmp_path: Path, lab_netns: tuple[str, str, str]) -> None:
+    from gearfarm.s3.minio import MinioServer
+
     from gearfarm import process
     from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig
     from gearfarm.gearmand import Gearmand
-    from s3.minio import MinioServer
 
     ns, addr, host_if = lab_netns
     procs: list[subprocess.Popen[bytes]] = []

@@ -23,15 +23,15 @@ from pathlib import Path
 
 import pytest
 from botocore.exceptions import SSLError as BotoSSLError
+from gearfarm.s3.minio import MinioServer
+from gearfarm.s3.store import ArtifactStore, StoreError
+from gearfarm.workers.base import ssl_context
 
 from gearfarm import tls
 from gearfarm.config import Config, GearmanConfig
 from gearfarm.gearman import Client, Command, Job, ServerUnavailable, Worker, admin
 from gearfarm.gearman.protocol import REQ, RES, encode
 from gearfarm.gearmand import Gearmand
-from s3.minio import MinioServer
-from s3.store import ArtifactStore, StoreError
-from workers.base import ssl_context
 
 # The name clients ask for (tls_server_name); deliberately not resolvable, because the
 # clients dial 127.0.0.1 and only the certificate check uses the name.

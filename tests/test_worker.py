@@ -7,12 +7,13 @@ import json
 import time
 from pathlib import Path
 
+from gearfarm.s3.minio import MinioServer
+from gearfarm.workers.base import Context
+
 from gearfarm.config import Config, FarmConfig, GearmanConfig
 from gearfarm.gearman import admin
 from gearfarm.gearmand import Gearmand
 from gearfarm.result import ResultRecord
-from s3.minio import MinioServer
-from workers.base import Context
 
 
 def test_undeliverable_results_are_spooled_and_delivered_later(tmp_path: Path) -> None:

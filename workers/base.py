@@ -14,14 +14,15 @@ import threading
 import time
 from collections.abc import Callable
 
+from gearfarm.s3 import keys
+from gearfarm.s3.store import ArtifactStore, StoreError
+
 from gearfarm import host
 from gearfarm.config import Config
 from gearfarm.gearman import Client, GearmanError, Job, Worker
 from gearfarm.job import COLLECT_FUNCTION, Payload, PayloadError, unique_id, verify
 from gearfarm.result import ResultRecord
 from gearfarm.tls import client_context
-from s3 import keys
-from s3.store import ArtifactStore, StoreError
 
 log = logging.getLogger("gearfarm.worker")
 HEARTBEAT_SECONDS = 5.0

@@ -14,14 +14,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from gearfarm.s3 import artifact, keys
+from gearfarm.workers.base import Context
+
 from gearfarm import catalog as catalog_mod
 from gearfarm import process
 from gearfarm.catalog import Catalog, Target
 from gearfarm.gearman import Job
 from gearfarm.job import Payload, sign
 from gearfarm.result import ResultRecord
-from s3 import artifact, keys
-from workers.base import Context
 
 log = logging.getLogger("gearfarm.worker.build")
 LOG_TAIL_LINES = 40

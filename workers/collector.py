@@ -7,6 +7,7 @@ import logging
 import signal
 import threading
 
+from gearfarm.workers.base import ssl_context
 from pydantic import ValidationError
 
 from gearfarm.config import Config
@@ -14,7 +15,6 @@ from gearfarm.gearman import Job, Worker
 from gearfarm.job import COLLECT_FUNCTION
 from gearfarm.result import ResultRecord
 from gearfarm.store import ResultsDB
-from workers.base import ssl_context
 
 log = logging.getLogger("gearfarm.collector")
 

@@ -15,16 +15,19 @@ import click
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from sqlalchemy.exc import SQLAlchemyError
 
 from gearfarm import catalog as catalog_mod
 from gearfarm import config as config_mod
-from gearfarm import nightly, report
+from gearfarm import nightly, publisher, report
 from gearfarm.catalog import CatalogError
 from gearfarm.config import Config, ConfigError
+from gearfarm.connection import gearman_client, ssl_context
 from gearfarm.gearman import Client, GearmanError, admin
+from gearfarm.ledger import Ledger
 from gearfarm.result import TERMINAL
 from gearfarm.s3.store import ArtifactStore, StoreError
-from gearfarm.store import ResultsDB
+from gearfarm.store import ResultsDB, Run
 
 console = Console(stderr=True, soft_wrap=True)
 EXIT_OK, EXIT_FAILED, EXIT_FARM = 0, 1, 2
@@ -133,6 +136,7 @@ def nightly_cmd(config_path: str | None, rev: str, targets: str | None, suites: 
 
 def _run_nightly(cfg: Config, plan: nightly.Plan) -> int:
     db = ResultsDB(cfg.database.url)
+    ledger = Ledger(db)
     store = ArtifactStore(cfg.s3, retry_for=60)
     try:
         store.check()
@@ -144,8 +148,6 @@ def _run_nightly(cfg: Config, plan: nightly.Plan) -> int:
         if table.get(fn) is None or table[fn].workers == 0:
             console.print(f"[yellow]preflight: no worker registered for {fn}; its jobs are recorded as "
                           f"'no worker' after {cfg.farm.no_worker_wait:.0f}s[/]")
-    from gearfarm.workers.base import gearman_client
-
     with gearman_client(cfg) as client:
         try:
             created = nightly.submit(cfg, db, client, plan)
@@ -153,36 +155,52 @@ def _run_nightly(cfg: Config, plan: nightly.Plan) -> int:
             _fail(f"cannot submit to gearmand: {e}")
         console.print(f"run {plan.run_id} {'submitted' if created else 'already known; resubmitted'}: "
                       f"rev {plan.rev[:12]}, {len(plan.targets)} targets, {len(plan.expected)} jobs")
-        records = _watch(cfg, db, store, client, plan)
-        from gearfarm import history
-
-        # New failures are re-run once before the report, so it can tell flaky from broken.
-        history.rerun_new_failures(cfg, db, store, client, plan, records,
-                                   progress=lambda m: console.print(m, highlight=False))
-    db.finish_run(plan.run_id, "finished")
-    run = db.get_run(plan.run_id)
-    assert run is not None
-    rep, paths, delivery = report.publish(cfg, db, store, run, records)
-    click.echo(report.render_text(rep))
-    click.echo(f"report: {paths['html']}")
-    if delivery.error:
-        console.print(f"[bold red]mail not sent:[/] {delivery.error}; the message is in {delivery.eml}",
-                      highlight=False)
-    else:
-        click.echo(f"mail: {'sent to ' + ', '.join(delivery.recipients) if delivery.sent else delivery.eml}")
+        try:
+            records = _watch(cfg, db, ledger, store, client, plan)
+            # New failures are re-run once before the report, so it can tell flaky from broken.
+            nightly.rerun_new_failures(cfg, db, ledger, store, client, plan, records,
+                                       say=lambda m: console.print(m, highlight=False))
+        except nightly.RunError as e:
+            _fail(str(e))
+    problems: list[str] = []
+    try:
+        # Closed first, then read: the report holds everything applied before the close, and
+        # anything after it is recorded as late.
+        nightly.close(ledger, store, plan.run_id)
+        db.finish_run(plan.run_id, "finished")
+        records = db.jobs(plan.run_id)
+        run = db.get_run(plan.run_id)
+        assert run is not None
+    except SQLAlchemyError as e:
+        problems.append(f"results database unavailable at the end of the run ({str(e).splitlines()[0]}): the run "
+                        "is not closed; the report is made from the results seen while waiting")
+        run = Run(run_id=plan.run_id, rev=plan.rev, created_at=plan.deadline - cfg.farm.run_deadline,
+                  finished_at=time.time(), expected=[str(j) for j in plan.expected], targets=plan.targets,
+                  state="finished", notes={"seed": plan.seed}, parent_run_id=None)
+    pub = publisher.publish(cfg, db, store, run, records)
+    problems = problems + pub.problems
+    click.echo(report.render_text(pub.report))
+    click.echo(f"report: {pub.paths['html']}")
+    if pub.delivery is not None and not pub.delivery.error:
+        d = pub.delivery
+        click.echo(f"mail: {'sent to ' + ', '.join(d.recipients) if d.sent else d.eml}")
+    for p in problems:
+        console.print(f"[bold red]farm problem:[/] {p}", highlight=False)
     bad = [r for r in records if r.status not in ("passed", "skipped")]
-    return EXIT_FAILED if bad or rep["missing"] else EXIT_OK
+    if problems:
+        return EXIT_FARM
+    return EXIT_FAILED if bad or pub.report["missing"] else EXIT_OK
 
 
-def _watch(cfg: Config, db: ResultsDB, store: ArtifactStore, client: Client, plan: nightly.Plan) -> list:
+def _watch(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, client: Client,
+           plan: nightly.Plan) -> list:
     def table_of(states: dict[str, str], fns: dict[str, admin.FunctionStatus]) -> Table:
         t = Table(title=f"run {plan.run_id}")
         t.add_column("target")
         for col in ("queued", "running", "passed", "failed", "other"):
             t.add_column(col)
         for target in plan.targets:
-            ids = [j for j in plan.expected if j.split(":")[-2] == target]
-            st = [states.get(j, "") for j in ids]
+            st = [states.get(str(j), "") for j in plan.expected if j.target == target]
             running = sum(fns[f].running for f in fns if f.endswith(":" + target))
             queued = sum(1 for s in st if s not in TERMINAL) - running
             t.add_row(target, str(max(queued, 0)), str(running), str(st.count("passed")),
@@ -192,16 +210,16 @@ def _watch(cfg: Config, db: ResultsDB, store: ArtifactStore, client: Client, pla
 
     if console.is_terminal:
         with Live(console=console, refresh_per_second=2) as live:
-            return nightly.wait(cfg, db, store, client, plan, lambda s, f: live.update(table_of(s, f)))
+            return nightly.wait(cfg, db, ledger, store, client, plan, lambda s, f: live.update(table_of(s, f)))
     last: dict[str, str] = {}
 
     def lines(states: dict[str, str], _fns: dict[str, admin.FunctionStatus]) -> None:
-        for j in plan.expected:
+        for j in map(str, plan.expected):
             if states.get(j) and states.get(j) != last.get(j):
                 console.print(f"  {j[len(plan.run_id) + 1:]:<40} {states[j]}", highlight=False)
         last.update(states)
 
-    return nightly.wait(cfg, db, store, client, plan, lines)
+    return nightly.wait(cfg, db, ledger, store, client, plan, lines)
 
 
 @main.command("worker")
@@ -267,9 +285,8 @@ def _config_or_embedded(config_path: str | None, state_dir: Path | None) -> Conf
 @click.option("--config", "config_path")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
 def status_cmd(config_path: str | None, state_dir: Path | None) -> None:
-    """gearmand's queues and workers per function, and the runs in progress."""
-    from gearfarm.workers.base import ssl_context
-
+    """gearmand's queues and workers per function, the runs in progress, and the result
+    records the ledger rejected (forged, unknown job, malformed)."""
     cfg = _config_or_embedded(config_path, state_dir)
     # Piped output (cron mail, CI logs) gets a wide table rather than wrapped names.
     out = Console() if sys.stdout.isatty() else Console(width=200)
@@ -299,6 +316,12 @@ def status_cmd(config_path: str | None, state_dir: Path | None) -> None:
         failed = sum(1 for r in recs if r.status not in ("passed", "skipped"))
         t.add_row(run.run_id, run.rev[:12], run.state, str(done), str(len(run.expected)), str(failed))
     out.print(t)
+    day = db.delivery_counts(since=time.time() - 86400)
+    ever = db.delivery_counts()
+    out.print(f"result records rejected: {day.get('rejected', 0)} in the last 24 h, {ever.get('rejected', 0)} in all "
+              f"(forged, unsigned, malformed or for a job no run expects; the collector's log names each); "
+              f"late: {ever.get('late', 0)}; superseded by a newer attempt: {ever.get('superseded', 0)}",
+              highlight=False)
     if not answered:
         _fail(f"no gearmand answered (tried {', '.join(cfg.gearman.servers)}); is the farm running?")
 
@@ -341,17 +364,18 @@ def report_cmd(run_id: str, config_path: str | None, state_dir: Path | None, sen
     except StoreError as e:
         console.print(f"[yellow]S3 unavailable, the report has no links:[/] {e}", highlight=False)
         store = None
-    rep, paths, delivery = report.publish(cfg, db, store, run, db.jobs(run_id), send_mail=send)
-    click.echo(report.render_text(rep))
-    click.echo(f"report: {paths['html']}")
+    # The message that went out stays as it was unless it is sent again.
+    pub = publisher.publish(cfg, db, store, run, db.jobs(run_id), send_mail=send, write_mail=send)
+    click.echo(report.render_text(pub.report))
+    click.echo(f"report: {pub.paths['html']}")
     if send and not cfg.mail.host:
-        click.echo(f"no [mail] host configured; the message is in {delivery.eml}")
-    elif send and delivery.error:
-        console.print(f"[bold red]mail not sent:[/] {delivery.error}; the message is in {delivery.eml}",
+        click.echo(f"no [mail] host configured; the message is in {pub.delivery.eml if pub.delivery else '-'}")
+    elif send and pub.delivery is not None and pub.delivery.error:
+        console.print(f"[bold red]mail not sent:[/] {pub.delivery.error}; the message is in {pub.delivery.eml}",
                       highlight=False)
         sys.exit(EXIT_FARM)
     elif send:
-        click.echo(f"mail sent to {', '.join(delivery.recipients)}")
+        click.echo(f"mail sent to {', '.join(pub.delivery.recipients if pub.delivery else [])}")
 
 
 @main.command("history")

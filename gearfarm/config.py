@@ -122,9 +122,21 @@ def load(path: str | os.PathLike[str]) -> Config:
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(f"config file {p} is invalid: {e}") from e
+        raise ConfigError(f"config file {p} is invalid: {describe(e)}") from None
     cfg.source = str(p.resolve())
     return cfg
+
+
+def describe(e: ValidationError) -> str:
+    """Each problem as 'section.key: what is wrong', never with the offending value: a value in
+    this file may be a password or a signing key, and the message goes to logs and cron mail."""
+    parts = []
+    for err in e.errors(include_input=False, include_url=False):
+        where = ".".join(str(x) for x in err["loc"])
+        hint = " (unknown key: remove it or check its spelling)" if err["type"] == "extra_forbidden" else ""
+        parts.append(f"[{where}] {err['msg']}{hint}")
+    return "; ".join(parts)
+
 
 
 def dump(cfg: Config, path: Path) -> None:

@@ -1,5 +1,4 @@
-"""Classifying a run's results against history, per test case and target, and the automatic
-re-run of new failures.
+"""Classifying a run's results against history, per test case and target.
 
 Verdicts for a test case on a target (failing means failed or error in its JUnit):
   new     failing now, passing in that target's previous run (or never seen before)
@@ -14,24 +13,18 @@ compile, a suite that timed out or crashed) is judged the same way as a pseudo c
 "[step]", so it is new, known or fixed like any test. Farm failures (infra, no worker) are the
 farm's, not the engine's, and are never classified.
 
-The re-run of a run R is a run of its own, R.rerun, linked by parent_run_id: its jobs get their
-own ids, rows and S3 keys, so the first attempt's log and result are never overwritten.
+The re-run of a run R (gearfarm.nightly.rerun_new_failures) is a run of its own, R.rerun, linked
+by parent_run_id: history reads its verdicts as a second opinion, never as a run of its own.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gearfarm import catalog as catalog_mod
-from gearfarm.config import Config
-from gearfarm.gearman import Client, GearmanError
-from gearfarm.job import Payload, job_id, sign
-from gearfarm.result import PRODUCT_FAILURES, TERMINAL, ResultRecord
-from gearfarm.s3.store import ArtifactStore
+from gearfarm.result import PRODUCT_FAILURES, ResultRecord
 from gearfarm.store import ResultsDB, Run
 
 log = logging.getLogger("gearfarm.history")
@@ -251,122 +244,3 @@ def history_of(db: ResultsDB, test: str, window: int = WINDOW) -> list[tuple[Run
         out.append((run, case.target, case.suite, case.status, label))
         hist.append(cur)
     return out
-
-
-# ---------------------------------------------------------------------------------- re-run
-
-def rerun_id(run_id: str) -> str:
-    return run_id + RERUN_SUFFIX
-
-
-Progress = Callable[[str], None]
-
-
-def rerun_new_failures(cfg: Config, db: ResultsDB, store: ArtifactStore, client: Client, plan: Any,
-                       records: list[ResultRecord], progress: Progress | None = None,
-                       poll: float = 1.0) -> list[ResultRecord]:
-    """Re-run, once, every test job of the run that has a new failure, and wait for the results
-    (the report is written after). The re-runs go to the same Gearman function: gearmand, not
-    the farm, picks the worker, so with several workers registered it is often another one; the
-    record says which ran it and the run's notes say whether it differed. Returns the re-run
-    records (empty when nothing was new)."""
-    say = progress or (lambda _msg: None)
-    run = db.get_run(plan.run_id)
-    if run is None or run.parent_run_id is not None:
-        return []
-    verdicts = classify_run(db, run, records)
-    by_id = {r.job_id: r for r in records}
-    todo: dict[str, ResultRecord] = {}
-    for v in verdicts:
-        rec = by_id.get(v.job_id)
-        if v.kind == "new" and rec is not None and rec.kind == "test" and rec.artifact_key and rec.artifact_sha256:
-            todo[rec.job_id] = rec
-    if not todo:
-        return []
-    rid = rerun_id(plan.run_id)
-    if len(rid) > 96:
-        log.warning("run id %s too long for a re-run id; new failures stay unconfirmed", plan.run_id)
-        return []
-    expected = {job_id(rid, r.target, r.step): r for r in todo.values()}
-    db.create_run(rid, plan.rev, sorted({r.target for r in todo.values()}), sorted(expected),
-                  notes={"rerun_of": plan.run_id, "seed": plan.seed}, parent_run_id=plan.run_id)
-    functions = _functions(cfg)
-    done = db.terminal_ids(rid)
-    for jid, orig in sorted(expected.items()):
-        if jid in done:
-            continue  # a resubmitted run: its re-run happened already
-        p = Payload(kind="test", run_id=rid, rev=plan.rev, target=orig.target, name=orig.name,
-                    artifact_key=orig.artifact_key, artifact_sha256=orig.artifact_sha256, seed=plan.seed,
-                    attempt=orig.attempt + 1, submitted_at=time.time())
-        try:
-            client.submit_background(p.function, sign(p, cfg.farm.secrets), unique=p.unique)
-        except GearmanError as e:
-            _record(db, p, "infra", f"re-run could not be submitted: {e}")
-            continue
-        n = functions.get(p.function, 0)
-        say(f"re-running {orig.target}/{orig.step} (new failure; {n} worker(s) registered for {p.function})")
-    recs = _wait(cfg, db, store, rid, expected, poll)
-    db.update_notes(rid, workers={
-        r.job_id: {"first": expected[r.job_id].worker, "rerun": r.worker,
-                   "other_worker": bool(r.worker) and r.worker != expected[r.job_id].worker}
-        for r in recs if r.job_id in expected})
-    db.finish_run(rid, "finished")
-    return recs
-
-
-def _functions(cfg: Config) -> dict[str, int]:
-    from gearfarm import nightly
-
-    try:
-        return {fn: st.workers for fn, st in nightly.preflight(cfg).items()}
-    except nightly.RunError:
-        return {}
-
-
-def _record(db: ResultsDB, p: Payload, status: str, message: str) -> None:
-    now = time.time()
-    db.upsert(ResultRecord(job_id=p.job_id, run_id=p.run_id, target=p.target, kind=p.kind, step=p.step,
-                           name=p.name, rev=p.rev, status=status, attempt=p.attempt,  # type: ignore[arg-type]
-                           worker="nightly", started_at=now, finished_at=now, message=message,
-                           artifact_key=p.artifact_key, artifact_sha256=p.artifact_sha256))
-
-
-def _wait(cfg: Config, db: ResultsDB, store: ArtifactStore, rid: str, expected: dict[str, ResultRecord],
-          poll: float) -> list[ResultRecord]:
-    from gearfarm import nightly
-
-    timeout = 300.0
-    try:
-        cat = catalog_mod.load_at_rev(cfg.path(cfg.farm.repo), next(iter(expected.values())).rev)
-        timeout = max(cat.suite(r.name or "").timeout for r in expected.values())
-    except Exception as e:  # the catalog is only for the timeout; a default does
-        log.warning("cannot read suite timeouts for the re-run: %s", e)
-    deadline = time.time() + timeout + 60
-    no_worker_since: dict[str, float] = {}
-    last_reconcile = time.monotonic()
-    while True:
-        states = {r.job_id: r.status for r in db.jobs(rid)}
-        pending = [j for j in expected if states.get(j) not in TERMINAL]
-        if not pending:
-            break
-        now = time.time()
-        if time.monotonic() - last_reconcile > 10:
-            nightly.reconcile(db, store, rid)  # the collector may be down; S3 has the result
-            last_reconcile = time.monotonic()
-            continue
-        functions = _functions(cfg)
-        for jid in pending:
-            orig = expected[jid]
-            fn = f"test:{orig.target}"
-            p = Payload(kind="test", run_id=rid, rev=orig.rev, target=orig.target, name=orig.name,
-                        artifact_key=orig.artifact_key, artifact_sha256=orig.artifact_sha256,
-                        attempt=orig.attempt + 1, submitted_at=now)
-            if functions and functions.get(fn, 0) == 0:
-                if now - no_worker_since.setdefault(fn, now) >= cfg.farm.no_worker_wait:
-                    _record(db, p, "no_worker", f"no worker registered for {fn} to re-run on")
-            else:
-                no_worker_since.pop(fn, None)
-            if now > deadline:
-                _record(db, p, "infra", f"re-run not finished within {timeout + 60:.0f}s")
-        time.sleep(poll)
-    return db.jobs(rid)

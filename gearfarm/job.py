@@ -1,24 +1,30 @@
-"""The one definition of the farm's Gearman wire format: function names, unique ids, and the
-signed, versioned JSON payload. Payloads name catalog entries; they never carry a command.
+"""The one definition of the farm's Gearman wire format: function names, job ids, unique ids,
+and the signed, versioned JSON payload, made by one factory. Payloads name catalog entries;
+they never carry a command.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
-import json
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-SCHEMA_VERSION = 1
+from gearfarm.seal import SealError, seal, unseal
+
+SCHEMA_VERSION = 2
 Kind = Literal["build", "test", "perf"]
+KINDS: tuple[str, ...] = ("build", "test", "perf")
 COLLECT_FUNCTION = "collect"
 
 _HEX40 = r"^[0-9a-f]{40}$"
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 _RUN_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$"
+_TARGET = r"^[a-z0-9]+-[a-z0-9_]+$"
+MAX_PAYLOAD = 64 * 1024
 
 
 class PayloadError(ValueError):
@@ -29,13 +35,46 @@ def function_name(kind: Kind, target: str) -> str:
     return f"{kind}:{target}"
 
 
-def job_id(run_id: str, target: str, step: str) -> str:
-    """The job's identity across retries: one result row per job id."""
-    return f"{run_id}:{target}:{step}"
-
-
 def step_name(kind: Kind, name: str | None = None) -> str:
     return kind if kind == "build" else f"{kind}-{name}"
+
+
+@dataclass(frozen=True, order=True)
+class JobId:
+    """A job's identity across retries: one result row per job id. Written "run:target:step";
+    run ids and targets never contain a colon, so the text parses back unambiguously."""
+
+    run_id: str
+    target: str
+    step: str
+
+    def __str__(self) -> str:
+        return f"{self.run_id}:{self.target}:{self.step}"
+
+    @classmethod
+    def parse(cls, text: str) -> JobId:
+        parts = text.split(":")
+        if len(parts) != 3 or not all(parts):
+            raise ValueError(f"job id {text!r} is not 'run:target:step'")
+        jid = cls(*parts)
+        if jid.kind not in KINDS or (jid.kind != "build" and not jid.name):
+            raise ValueError(f"job id {text!r} has an unknown step {jid.step!r} (build, test-NAME or perf-NAME)")
+        return jid
+
+    @property
+    def kind(self) -> Kind:
+        return self.step.split("-", 1)[0]  # type: ignore[return-value]
+
+    @property
+    def name(self) -> str | None:
+        return self.step.split("-", 1)[1] if "-" in self.step else None
+
+    @property
+    def function(self) -> str:
+        return function_name(self.kind, self.target)
+
+    def unique(self, attempt: int) -> str:
+        return unique_id(str(self), attempt)
 
 
 def unique_id(job: str, attempt: int, salt: str = "") -> str:
@@ -45,14 +84,23 @@ def unique_id(job: str, attempt: int, salt: str = "") -> str:
     return hashlib.sha256(f"{job}#{attempt}#{salt}".encode()).hexdigest()[:48] + f"#{attempt}"
 
 
+@dataclass(frozen=True)
+class Artifact:
+    """A stored build: its archive key and sha256 (and, for a baseline, its revision)."""
+
+    key: str
+    sha256: str
+    rev: str | None = None
+
+
 class Payload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[2] = SCHEMA_VERSION
     kind: Kind
     run_id: str = Field(pattern=_RUN_ID)
     rev: str = Field(pattern=_HEX40)
-    target: str = Field(pattern=r"^[a-z0-9]+-[a-z0-9_]+$")
+    target: str = Field(pattern=_TARGET)
     # build: the suites (and benchmarks) to fan out to after a good build.
     suites: list[str] = Field(default_factory=list, max_length=64)
     benchmarks: list[str] = Field(default_factory=list, max_length=64)
@@ -68,6 +116,13 @@ class Payload(BaseModel):
     seed: int = Field(default=1, ge=0, lt=2**31)
     attempt: int = Field(default=1, ge=1, le=100)
     submitted_at: float
+    # The run's deadline (epoch seconds): a worker drops a job found in a queue after it, so a
+    # job left in gearmand's persistent queue never runs on a later start of the farm.
+    deadline: float
+
+    @property
+    def job(self) -> JobId:
+        return JobId(self.run_id, self.target, self.step)
 
     @property
     def step(self) -> str:
@@ -75,7 +130,7 @@ class Payload(BaseModel):
 
     @property
     def job_id(self) -> str:
-        return job_id(self.run_id, self.target, self.step)
+        return str(self.job)
 
     @property
     def function(self) -> str:
@@ -83,48 +138,68 @@ class Payload(BaseModel):
 
     @property
     def unique(self) -> str:
-        return unique_id(self.job_id, self.attempt)
+        """The Gearman unique id this payload must arrive under. It is derived from signed
+        fields, so the signature binds it: a worker drops a payload found under another."""
+        return self.job.unique(self.attempt)
+
+    @property
+    def artifact(self) -> Artifact | None:
+        return Artifact(self.artifact_key, self.artifact_sha256) if self.artifact_key and self.artifact_sha256 \
+            else None
+
+    @property
+    def baseline(self) -> Artifact | None:
+        if self.baseline_key and self.baseline_sha256 and self.baseline_rev:
+            return Artifact(self.baseline_key, self.baseline_sha256, self.baseline_rev)
+        return None
 
 
-def _canonical(obj: dict[str, object]) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+def make_payload(job: JobId, *, rev: str, deadline: float, attempt: int = 1, seed: int = 1,
+                 suites: Sequence[str] = (), benchmarks: Sequence[str] = (), artifact: Artifact | None = None,
+                 baseline: Artifact | None = None) -> Payload:
+    """Every payload the farm sends (build, test, perf; first attempts, resubmissions, re-runs)
+    is made here, so no path can drop a field another path sets. A build carries what its
+    dependents need (suites, benchmarks, baseline); a test or perf job carries its artifact;
+    only perf jobs carry the baseline they are paired with."""
+    kind = job.kind
+    if kind == "build" and artifact is not None:
+        raise ValueError("a build payload names no artifact")
+    if kind != "build" and artifact is None:
+        raise ValueError(f"a {kind} payload needs the artifact it runs on")
+    base = baseline if kind in ("build", "perf") else None
+    return Payload(
+        kind=kind, run_id=job.run_id, rev=rev, target=job.target, name=job.name,
+        suites=list(suites) if kind == "build" else [], benchmarks=list(benchmarks) if kind == "build" else [],
+        artifact_key=artifact.key if artifact else None, artifact_sha256=artifact.sha256 if artifact else None,
+        baseline_rev=base.rev if base else None, baseline_key=base.key if base else None,
+        baseline_sha256=base.sha256 if base else None,
+        seed=seed, attempt=attempt, submitted_at=time.time(), deadline=deadline)
 
 
-def _mac(key: str, body: bytes) -> str:
-    return hmac.new(key.encode(), body, hashlib.sha256).hexdigest()
-
-
-def key_id(key: str) -> str:
-    """A short, non-secret name for a key, so logs can say which key signed."""
-    return hashlib.sha256(b"gearfarm-kid:" + key.encode()).hexdigest()[:8]
+def dependent(build: Payload, step: str, artifact: Artifact, attempt: int = 1) -> Payload:
+    """The payload of a test or perf job of ``build``'s run and target."""
+    return make_payload(JobId(build.run_id, build.target, step), rev=build.rev, deadline=build.deadline,
+                        attempt=attempt, seed=build.seed, artifact=artifact, baseline=build.baseline)
 
 
 def sign(payload: Payload, keys: list[str]) -> bytes:
     """Encode a payload as a signed envelope, signed with the first key."""
-    if not keys:
-        raise PayloadError("no signing key configured ([farm] secrets)")
-    body = payload.model_dump(mode="json")
-    return _canonical({"payload": body, "kid": key_id(keys[0]), "sig": _mac(keys[0], _canonical(body))})
+    try:
+        return seal("payload", payload.model_dump(mode="json"), keys)
+    except SealError as e:
+        raise PayloadError(str(e)) from e
 
 
 def verify(data: bytes, keys: list[str], max_age: float, now: float | None = None) -> Payload:
-    """Decode and check an envelope; raise PayloadError saying exactly what is wrong."""
-    if len(data) > 64 * 1024:
-        raise PayloadError(f"payload too large ({len(data)} bytes)")
+    """Decode and check an envelope; raise PayloadError saying exactly what is wrong. A
+    genuine payload past its run's deadline is not an error here: the worker drops it."""
     try:
-        env = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PayloadError(f"payload is not JSON: {e}") from e
-    if not isinstance(env, dict) or set(env) != {"payload", "kid", "sig"}:
-        raise PayloadError("payload is not a signed envelope {payload, kid, sig}")
-    body, sig = env["payload"], env["sig"]
-    if not isinstance(body, dict) or not isinstance(sig, str):
-        raise PayloadError("payload envelope has the wrong shape")
-    mac_body = _canonical(body)
-    if not any(hmac.compare_digest(_mac(k, mac_body), sig) for k in keys):
-        raise PayloadError(f"bad signature (kid {str(env['kid'])[:16]!r}): forged, or signed with an unknown key")
+        body = unseal(data, "payload", keys, MAX_PAYLOAD)
+    except SealError as e:
+        raise PayloadError(str(e)) from e
     if body.get("schema_version") != SCHEMA_VERSION:
-        raise PayloadError(f"unsupported payload schema {body.get('schema_version')!r}; this worker speaks 1")
+        raise PayloadError(f"unsupported payload schema {body.get('schema_version')!r}; this worker speaks "
+                           f"{SCHEMA_VERSION}")
     try:
         p = Payload.model_validate(body)
     except ValidationError as e:

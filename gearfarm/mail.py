@@ -21,7 +21,6 @@ from email.utils import formatdate, make_msgid
 from pathlib import Path
 from typing import Any
 
-from gearfarm import report as report_mod
 from gearfarm.config import MailConfig
 
 log = logging.getLogger("gearfarm.mail")
@@ -51,7 +50,9 @@ class Delivery:
         return asdict(self)
 
 
-def compose(report: dict[str, Any], cfg: MailConfig) -> EmailMessage:
+def compose(report: dict[str, Any], text: str, html_body: str, cfg: MailConfig) -> EmailMessage:
+    """The message for a report document already rendered as text and HTML (by the caller:
+    this module knows mail, not reports)."""
     msg = EmailMessage()
     msg["Subject"] = report.get("subject") or f"[gearfarm] {report['run_id']}: {report['headline']}"
     msg["From"] = cfg.sender
@@ -59,8 +60,8 @@ def compose(report: dict[str, Any], cfg: MailConfig) -> EmailMessage:
     msg["Date"] = formatdate(localtime=False)
     msg["Message-ID"] = make_msgid(domain=cfg.sender.rpartition("@")[2] or "gearfarm")
     msg["X-Gearfarm-Run"] = report["run_id"]
-    msg.set_content(report_mod.render_text(report))
-    msg.add_alternative(report_mod.render_html(report, mail=True), subtype="html")
+    msg.set_content(text)
+    msg.add_alternative(html_body, subtype="html")
     html = msg.get_payload()[1]  # type: ignore[index]
     for i, entry in enumerate(report.get("performance", [])):
         html.add_related(base64.b64decode(entry["png_b64"]), "image", "png", cid=f"<perf{i}>",
@@ -122,11 +123,11 @@ def _send_once(msg: EmailMessage, cfg: MailConfig, timeout: float) -> None:
         smtp.send_message(msg, from_addr=cfg.sender, to_addrs=cfg.recipients)
 
 
-def deliver(report: dict[str, Any], out_dir: Path, cfg: MailConfig, send_mail: bool = True,
-            **send_args: Any) -> Delivery:
+def deliver(report: dict[str, Any], text: str, html_body: str, out_dir: Path, cfg: MailConfig,
+            send_mail: bool = True, **send_args: Any) -> Delivery:
     """Write report.eml beside the report, then send it when [mail] has a host (and
     ``send_mail``). Never raises for a mail problem: the Delivery says what happened."""
-    msg = compose(report, cfg)
+    msg = compose(report, text, html_body, cfg)
     eml = out_dir / "report.eml"
     out_dir.mkdir(parents=True, exist_ok=True)
     eml.write_bytes(bytes(msg))

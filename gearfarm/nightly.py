@@ -1,9 +1,13 @@
-"""Submitting a nightly run and seeing it to its end: plan the expected jobs from the catalog,
-submit one signed background build job per target, then watch until every job is terminal,
-recording "no worker" and deadline expiries instead of hanging."""
+"""Submitting a run and seeing it to its end: plan the expected jobs from the catalog, submit
+one signed background build job per target (or, for a re-run, the test jobs themselves), then
+watch until every job is terminal — resubmitting jobs that lost their lease, recording "no
+worker" and deadline expiries through the ledger instead of hanging — and close the run.
+
+This is the one wait loop: the nightly and the re-run of new failures both use it."""
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import time
@@ -11,16 +15,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sqlalchemy.exc import SQLAlchemyError
+
+from gearfarm import catalog as catalog_mod
+from gearfarm import history
 from gearfarm.catalog import Catalog
 from gearfarm.config import Config
+from gearfarm.connection import ssl_context
 from gearfarm.gearman import Client, GearmanError, admin
-from gearfarm.job import Payload, function_name, job_id, sign, step_name, unique_id
+from gearfarm.job import Artifact, JobId, Payload, make_payload, sign, step_name
+from gearfarm.ledger import Ledger, farm_record
 from gearfarm.result import TERMINAL, ResultRecord
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError
 from gearfarm.store import ResultsDB
 
 log = logging.getLogger("gearfarm.nightly")
+RERUN_SUFFIX = ".rerun"
+# How long the nightly keeps waiting for an unreachable results database past the deadline.
+DB_OUTAGE_LIMIT = 600.0
 
 
 class RunError(RuntimeError):
@@ -35,20 +48,42 @@ class Plan:
     suites: dict[str, list[str]]
     benchmarks: dict[str, list[str]]
     seed: int = 1
-    expected: list[str] = field(default_factory=list)
-    # target -> the baseline build's (rev, artifact key, sha256), for paired perf runs.
-    baselines: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+    # Epoch seconds by which the run ends; fixed when the run is first recorded.
+    deadline: float = 0.0
+    # target -> the baseline build (last good), for paired perf runs.
+    baselines: dict[str, Artifact] = field(default_factory=dict)
+    # A re-run has no build step: target -> the build its test jobs run on.
+    artifacts: dict[str, Artifact] = field(default_factory=dict)
+    parent: str | None = None
 
-    def build_payload(self, target: str, attempt: int = 1) -> Payload:
-        base = self.baselines.get(target)
-        extra = {"baseline_rev": base[0], "baseline_key": base[1], "baseline_sha256": base[2]} if base else {}
-        return Payload(kind="build", run_id=self.run_id, rev=self.rev, target=target, suites=self.suites[target],
-                       benchmarks=self.benchmarks[target], seed=self.seed, attempt=attempt,
-                       submitted_at=time.time(), **extra)
+    @property
+    def rerun(self) -> bool:
+        return self.parent is not None
 
     def steps(self, target: str) -> list[str]:
-        return ([step_name("build")] + [step_name("test", s) for s in self.suites[target]]
+        return (([] if self.rerun else [step_name("build")]) + [step_name("test", s) for s in self.suites[target]]
                 + [step_name("perf", b) for b in self.benchmarks[target]])
+
+    @property
+    def expected(self) -> list[JobId]:
+        return [JobId(self.run_id, t, s) for t in self.targets for s in self.steps(t)]
+
+    def first_jobs(self) -> list[JobId]:
+        """What the nightly submits itself; the build workers submit the rest."""
+        return [j for j in self.expected if self.rerun or j.kind == "build"]
+
+    def ready(self, jid: JobId, states: dict[str, str]) -> bool:
+        """A test or perf job exists only after its build passed; before that it waits on the
+        build, not on a worker."""
+        return self.rerun or jid.kind == "build" or states.get(str(JobId(self.run_id, jid.target, "build"))) == "passed"
+
+    def payload(self, jid: JobId, attempt: int = 1, artifact: Artifact | None = None) -> Payload:
+        t = jid.target
+        if jid.kind == "build":
+            return make_payload(jid, rev=self.rev, deadline=self.deadline, attempt=attempt, seed=self.seed,
+                                suites=self.suites[t], benchmarks=self.benchmarks[t], baseline=self.baselines.get(t))
+        return make_payload(jid, rev=self.rev, deadline=self.deadline, attempt=attempt, seed=self.seed,
+                            artifact=artifact or self.artifacts.get(t), baseline=self.baselines.get(t))
 
 
 def resolve_rev(repo: Path, rev: str) -> str:
@@ -68,18 +103,13 @@ def plan(cat: Catalog, run_id: str, rev: str, targets: list[str] | None, suites:
     benches = sorted(cat.benchmarks) if benchmarks is None else benchmarks
     for b in benches:
         cat.benchmark(b)
-    p = Plan(run_id=run_id, rev=rev, targets=names,
-             suites={t: cat.suites_for(t, suites) for t in names},
-             benchmarks={t: list(benches) if cat.target(t).perf else [] for t in names}, seed=seed)
-    p.expected = [job_id(run_id, t, s) for t in names for s in p.steps(t)]
-    return p
+    return Plan(run_id=run_id, rev=rev, targets=names, suites={t: cat.suites_for(t, suites) for t in names},
+                benchmarks={t: list(benches) if cat.target(t).perf else [] for t in names}, seed=seed)
 
 
 def preflight(cfg: Config) -> dict[str, admin.FunctionStatus]:
     """gearmand's function table, from the first server that answers; RunError naming every
     address tried when none does."""
-    from gearfarm.workers.base import ssl_context
-
     errors = []
     for host, port in cfg.gearman.addresses():
         try:
@@ -90,48 +120,50 @@ def preflight(cfg: Config) -> dict[str, admin.FunctionStatus]:
 
 
 def submit(cfg: Config, db: ResultsDB, client: Client, p: Plan) -> bool:
-    """Record the run and submit its build jobs. False when the run existed already: a
-    resubmission then only re-sends jobs (gearmand dedupes them by unique id)."""
-    created = db.create_run(p.run_id, p.rev, p.targets, p.expected,
-                            notes={"suites": p.suites, "benchmarks": p.benchmarks, "seed": p.seed})
-    for t in p.targets:
-        if p.benchmarks[t]:
-            base = db.last_good_build(t, p.rev)
-            if base is not None and base.artifact_key and base.artifact_sha256:
-                p.baselines[t] = (base.rev, base.artifact_key, base.artifact_sha256)
-        payload = p.build_payload(t)
-        if not created and job_id(p.run_id, t, "build") in db.terminal_ids(p.run_id):
+    """Record the run and submit its first jobs. False when the run existed already: a
+    resubmission then only re-sends jobs that are not terminal (gearmand dedupes queued ones
+    by unique id), under the deadline the run was first given."""
+    if not p.rerun:
+        for t in p.targets:
+            if p.benchmarks[t]:
+                base = db.last_good_build(t, p.rev)
+                if base is not None and base.artifact_key and base.artifact_sha256:
+                    p.baselines[t] = Artifact(base.artifact_key, base.artifact_sha256, base.rev)
+    created = db.create_run(p.run_id, p.rev, p.targets, [str(j) for j in p.expected],
+                            notes={"suites": p.suites, "benchmarks": p.benchmarks, "seed": p.seed},
+                            parent_run_id=p.parent, deadline=p.deadline or time.time() + cfg.farm.run_deadline)
+    run = db.get_run(p.run_id)
+    assert run is not None
+    p.deadline = run.deadline or run.created_at + cfg.farm.run_deadline
+    done = db.terminal_ids(p.run_id)
+    for jid in p.first_jobs():
+        if str(jid) in done:
             continue
+        payload = p.payload(jid)
         client.submit_background(payload.function, sign(payload, cfg.farm.secrets), unique=payload.unique)
     return created
 
 
-def _function_of(step: str, target: str) -> str:
-    kind = step.split("-", 1)[0]
-    return function_name(kind, target)  # type: ignore[arg-type]
-
-
-def reconcile(db: ResultsDB, store: ArtifactStore, run_id: str) -> int:
-    """Load result records from S3 that the database lacks (a collector outage loses none)."""
-    have = {r.job_id: r for r in db.jobs(run_id)}
-    added = 0
+def reconcile(ledger: Ledger, store: ArtifactStore, keyring: list[str], run_id: str, seen: set[str]) -> int:
+    """Offer the ledger every sealed record in S3 it has not been offered by this loop (a
+    collector outage loses nothing). Each key holds one immutable record, so ``seen`` keys are
+    skipped; the ledger's rules make the order irrelevant."""
     try:
-        result_keys = list(store.list(keys.run_prefix(run_id)))
+        found = [k for k in store.list(keys.run_prefix(run_id)) if keys.is_result(k) and k not in seen]
     except StoreError as e:
         log.warning("cannot reconcile from S3 now: %s", e)
         return 0
-    for key in result_keys:
-        if not key.endswith("/result.json"):
-            continue
+    applied = 0
+    for key in found:
         try:
-            rec = ResultRecord.model_validate_json(store.get_bytes(key))
-        except (StoreError, ValueError) as e:
+            data = store.get_bytes(key)
+        except StoreError as e:
             log.warning("cannot read %s: %s", key, e)
             continue
-        if rec.job_id not in have or have[rec.job_id].status not in TERMINAL:
-            db.upsert(rec, host_class=rec.host.get("class", ""))
-            added += 1
-    return added
+        outcome, _ = ledger.accept(data, keyring, "reconcile")
+        seen.add(key)
+        applied += outcome == "applied"
+    return applied
 
 
 Progress = Callable[[dict[str, str], dict[str, admin.FunctionStatus]], None]
@@ -142,21 +174,26 @@ class Watchdog:
     gearmand dropped (--job-retries exhausted, which it does silently for background jobs),
     and submits them again under the next attempt's unique id, within the run's budget."""
 
-    def __init__(self, cfg: Config, db: ResultsDB, store: ArtifactStore, client: Client, p: Plan) -> None:
-        self.cfg, self.db, self.store, self.client, self.plan = cfg, db, store, client, p
-        self.attempts: dict[str, int] = {}
-        self.beats: dict[str, tuple[int, float]] = {}
-        self.unknown_since: dict[str, float] = {}
+    def __init__(self, cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, client: Client, p: Plan,
+                 seen: set[str]) -> None:
+        self.cfg, self.db, self.ledger, self.store, self.client, self.plan = cfg, db, ledger, store, client, p
+        self.seen = seen
+        self.attempts: dict[JobId, int] = {}
+        self.beats: dict[JobId, tuple[int, float]] = {}
+        self.unknown_since: dict[JobId, float] = {}
         self.spent = 0
 
-    def check(self, pending: list[str], states: dict[str, str], now: float) -> None:
+    def attempt(self, jid: JobId) -> int:
+        return self.attempts.get(jid, 1)
+
+    def check(self, pending: list[JobId], states: dict[str, str], now: float) -> None:
         for jid in pending:
-            if not _ready(jid, self.plan, states):
+            if not self.plan.ready(jid, states):
                 continue
-            attempt = self.attempts.get(jid, 1)
             try:
-                st = self.client.get_status_unique(unique_id(jid, attempt))
+                st = self.client.get_status_unique(jid.unique(self.attempt(jid)))
             except GearmanError as e:
+                # Includes "a server did not answer": the job may be there, so no verdict now.
                 log.warning("cannot ask gearmand about %s: %s", jid, e)
                 return
             if st.known:
@@ -168,116 +205,182 @@ class Watchdog:
                 if last is None or last[0] != st.numerator:
                     self.beats[jid] = (st.numerator, now)
                 elif now - last[1] > self.cfg.farm.lease_timeout:
-                    self.resubmit(jid, states, f"lease lost: no heartbeat for {now - last[1]:.0f}s")
+                    self.resubmit(jid, f"lease lost: no heartbeat for {now - last[1]:.0f}s")
                 continue
             since = self.unknown_since.setdefault(jid, now)
             if now - since > self.cfg.farm.lost_grace:
                 # Its result may be on the way: S3 has it if the worker reported at all.
-                reconcile(self.db, self.store, self.plan.run_id)
-                if self.db.terminal_ids(self.plan.run_id) & {jid}:
+                reconcile(self.ledger, self.store, self.cfg.farm.secrets, self.plan.run_id, self.seen)
+                if str(jid) in self.db.terminal_ids(self.plan.run_id):
                     continue
-                self.resubmit(jid, states, "gearmand no longer holds the job and no result arrived")
+                self.resubmit(jid, "gearmand no longer holds the job and no result arrived")
 
-    def resubmit(self, jid: str, states: dict[str, str], why: str) -> None:
+    def resubmit(self, jid: JobId, why: str) -> None:
         self.beats.pop(jid, None)
         self.unknown_since.pop(jid, None)
+        attempt = self.attempt(jid)
         if self.spent >= self.cfg.farm.resubmit_budget:
-            _expire(self.db, self.plan, [jid], "infra",
-                    f"{why}; the run's resubmission budget ({self.cfg.farm.resubmit_budget}) is spent")
+            expire(self.ledger, self.plan, [jid], "infra",
+                   f"{why}; the run's resubmission budget ({self.cfg.farm.resubmit_budget}) is spent", attempt)
             return
+        artifact = None
+        if jid.kind != "build" and not self.plan.rerun:
+            build = next((r for r in self.db.jobs(self.plan.run_id) if r.step == "build" and r.target == jid.target),
+                         None)
+            if build is None or not build.artifact_key or not build.artifact_sha256:
+                expire(self.ledger, self.plan, [jid], "infra", f"{why}; cannot resubmit: its build left no artifact",
+                       attempt)
+                return
+            artifact = Artifact(build.artifact_key, build.artifact_sha256)
         self.spent += 1
-        attempt = self.attempts.get(jid, 1) + 1
-        self.attempts[jid] = attempt
-        payload = self._payload(jid, attempt)
-        if payload is None:
-            _expire(self.db, self.plan, [jid], "infra", f"{why}; cannot resubmit: its build left no artifact")
-            return
-        log.warning("%s: %s; submitting attempt %d", jid, why, attempt)
+        self.attempts[jid] = attempt + 1
+        payload = self.plan.payload(jid, attempt + 1, artifact)
+        log.warning("%s: %s; submitting attempt %d", jid, why, attempt + 1)
         self.client.submit_background(payload.function, sign(payload, self.cfg.farm.secrets), unique=payload.unique)
 
-    def _payload(self, jid: str, attempt: int) -> Payload | None:
-        p = self.plan
-        target, step = jid[len(p.run_id) + 1:].split(":", 1)
-        if step == "build":
-            return p.build_payload(target, attempt)
-        build = next((r for r in self.db.jobs(p.run_id) if r.job_id == job_id(p.run_id, target, "build")), None)
-        if build is None or not build.artifact_key or not build.artifact_sha256:
-            return None
-        kind, _, name = step.partition("-")
-        return Payload(kind=kind, run_id=p.run_id, rev=p.rev, target=target, name=name,  # type: ignore[arg-type]
-                       artifact_key=build.artifact_key, artifact_sha256=build.artifact_sha256, seed=p.seed,
-                       attempt=attempt, submitted_at=time.time())
 
-
-def wait(cfg: Config, db: ResultsDB, store: ArtifactStore, client: Client, p: Plan,
+def wait(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, client: Client, p: Plan,
          progress: Progress | None = None, poll: float = 1.0) -> list[ResultRecord]:
-    """Block until every expected job is terminal; returns the run's records."""
-    run = db.get_run(p.run_id)
-    start = run.created_at if run else time.time()
-    deadline = start + cfg.farm.run_deadline
+    """Block until every expected job is terminal; returns the run's records. The results
+    database may be away for a while (a restart): the loop waits for it rather than fail."""
     no_worker_since: dict[str, float] = {}
+    seen: set[str] = set()
     last_reconcile = time.monotonic()
-    watchdog = Watchdog(cfg, db, store, client, p)
+    watchdog = Watchdog(cfg, db, ledger, store, client, p, seen)
+    db_down_since: float | None = None
     while True:
-        states = {r.job_id: r.status for r in db.jobs(p.run_id)}
-        pending = [j for j in p.expected if states.get(j) not in TERMINAL]
         try:
-            table = preflight(cfg)
-        except RunError as e:
-            log.warning("%s", e)
-            table = {}
-        if progress:
-            progress(states, table)
-        if not pending:
-            break
-        now = time.time()
-        if now > deadline:
-            reconcile(db, store, p.run_id)
-            _expire(db, p, pending, "infra", f"not finished by the run deadline ({cfg.farm.run_deadline:.0f}s)")
-            continue
-        if time.monotonic() - last_reconcile > 30:
-            # The collector may be down; S3 holds every result the workers reported.
-            reconcile(db, store, p.run_id)
-            last_reconcile = time.monotonic()
-        for jid in pending:
-            target, step = jid[len(p.run_id) + 1:].split(":", 1)
-            fn = _function_of(step, target)
-            st = table.get(fn)
-            if table and (st is None or st.workers == 0):
-                since = no_worker_since.setdefault(fn, now)
-                if now - since >= cfg.farm.no_worker_wait and _ready(jid, p, states):
-                    _expire(db, p, [jid], "no_worker",
-                            f"no worker registered for {fn} within {cfg.farm.no_worker_wait:.0f}s")
-            else:
-                no_worker_since.pop(fn, None)
-        if table:
-            watchdog.check(pending, states, now)
+            states = {r.job_id: r.status for r in db.jobs(p.run_id)}
+            pending = [j for j in p.expected if states.get(str(j)) not in TERMINAL]
+            try:
+                table = preflight(cfg)
+            except RunError as e:
+                log.warning("%s", e)
+                table = {}
+            if progress:
+                progress(states, table)
+            if not pending:
+                break
+            now = time.time()
+            if now > p.deadline:
+                reconcile(ledger, store, cfg.farm.secrets, p.run_id, seen)
+                states = {r.job_id: r.status for r in db.jobs(p.run_id)}
+                # Builds first: ending a build ends its dependents (skipped, with the reason).
+                for jid in sorted(pending, key=lambda j: j.kind != "build"):
+                    if str(jid) not in db.terminal_ids(p.run_id):
+                        expire(ledger, p, [jid], "infra", f"not finished by the run deadline "
+                               f"({time.strftime('%H:%M:%S', time.localtime(p.deadline))})", watchdog.attempt(jid))
+                continue
+            if time.monotonic() - last_reconcile > 30:
+                # The collector may be down; S3 holds every result the workers reported.
+                reconcile(ledger, store, cfg.farm.secrets, p.run_id, seen)
+                last_reconcile = time.monotonic()
+            for jid in pending:
+                fn = jid.function
+                st = table.get(fn)
+                if table and (st is None or st.workers == 0):
+                    since = no_worker_since.setdefault(fn, now)
+                    if now - since >= cfg.farm.no_worker_wait and p.ready(jid, states):
+                        expire(ledger, p, [jid], "no_worker",
+                               f"no worker registered for {fn} within {cfg.farm.no_worker_wait:.0f}s",
+                               watchdog.attempt(jid))
+                else:
+                    no_worker_since.pop(fn, None)
+            if table:
+                watchdog.check(pending, states, now)
+            db_down_since = None
+        except SQLAlchemyError as e:
+            db_down_since = db_down_since or time.time()
+            log.warning("results database unavailable (%s); waiting for it", str(e).splitlines()[0])
+            if time.time() > max(p.deadline, db_down_since) + DB_OUTAGE_LIMIT:
+                raise RunError(f"the results database has been unreachable since "
+                               f"{time.strftime('%H:%M:%S', time.localtime(db_down_since))}: {e}") from e
         time.sleep(poll)
-    reconcile(db, store, p.run_id)
+    reconcile(ledger, store, cfg.farm.secrets, p.run_id, seen)
     return db.jobs(p.run_id)
 
 
-def _ready(jid: str, p: Plan, states: dict[str, str]) -> bool:
-    """A test or perf job exists only after its build passed; before that it waits on the
-    build, not on a worker."""
-    target, step = jid[len(p.run_id) + 1:].split(":", 1)
-    return step == "build" or states.get(job_id(p.run_id, target, "build")) == "passed"
-
-
-def _expire(db: ResultsDB, p: Plan, jids: list[str], status: str, message: str) -> None:
-    now = time.time()
+def expire(ledger: Ledger, p: Plan, jids: list[JobId], status: str, message: str, attempt: int = 1) -> None:
+    """Record what the farm decided for jobs that did not run; the ledger's rules keep any
+    product result that got there first and end a build's dependents with it."""
     for jid in jids:
-        target, step = jid[len(p.run_id) + 1:].split(":", 1)
-        kind, _, name = step.partition("-")
-        rec = ResultRecord(job_id=jid, run_id=p.run_id, target=target, kind=kind, step=step,  # type: ignore[arg-type]
-                           name=name or None, rev=p.rev, status=status, worker="nightly",  # type: ignore[arg-type]
-                           started_at=now, finished_at=now, message=message)
-        db.upsert(rec)
-        if step == "build":
-            for s in p.steps(target)[1:]:
-                dep = job_id(p.run_id, target, s)
-                k, _, n = s.partition("-")
-                db.upsert(rec.model_copy(update={"job_id": dep, "step": s, "kind": k, "name": n,
-                                                 "status": "skipped",
-                                                 "message": f"skipped: the build was recorded as {status}"}))
+        ledger.apply(farm_record(jid, p.rev, status, message, attempt), "nightly")
+
+
+def close(ledger: Ledger, store: ArtifactStore | None, run_id: str) -> float:
+    """The run is being reported: later results are late, and its jobs still in a queue are
+    dropped by any worker that finds them (the marker in S3; the payload's deadline too)."""
+    at = ledger.close(run_id)
+    if store is not None:
+        try:
+            store.put_bytes(keys.run_closed(run_id), json.dumps({"run_id": run_id, "closed_at": at}).encode(),
+                            "application/json")
+        except StoreError as e:
+            log.warning("cannot mark run %s closed in S3 (%s); its payloads' deadline still stops its jobs", run_id, e)
+    return at
+
+
+# ---------------------------------------------------------------------------------- re-run
+
+def rerun_id(run_id: str) -> str:
+    return run_id + RERUN_SUFFIX
+
+
+def rerun_new_failures(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, client: Client, p: Plan,
+                       records: list[ResultRecord], say: Callable[[str], None] | None = None,
+                       poll: float = 1.0) -> list[ResultRecord]:
+    """Re-run, once, every test job of the run that has a new failure, and wait for the results
+    (the report is written after). The re-run is a run of its own (R.rerun, linked to R), so the
+    first attempt's log and result are never overwritten; it goes through the same submit and
+    wait as any run. gearmand, not the farm, picks the worker: with several registered it is
+    often another one; the record says which ran it and the run's notes whether it differed."""
+    say = say or (lambda _msg: None)
+    run = db.get_run(p.run_id)
+    if run is None or run.parent_run_id is not None:
+        return []
+    by_id = {r.job_id: r for r in records}
+    todo: dict[JobId, ResultRecord] = {}
+    for v in history.classify_run(db, run, records):
+        rec = by_id.get(v.job_id)
+        if v.kind == "new" and rec is not None and rec.kind == "test" and rec.artifact_key and rec.artifact_sha256:
+            todo[JobId(rerun_id(p.run_id), rec.target, rec.step)] = rec
+    if not todo:
+        return []
+    if len(rerun_id(p.run_id)) > 96:
+        log.warning("run id %s too long for a re-run id; new failures stay unconfirmed", p.run_id)
+        return []
+    targets = sorted({j.target for j in todo})
+    timeout = 300.0
+    try:
+        cat = catalog_mod.load_at_rev(cfg.path(cfg.farm.repo), p.rev)
+        timeout = max(cat.suite(r.name or "").timeout for r in todo.values())
+    except Exception as e:  # the catalog is only for the re-run's deadline; a default does
+        log.warning("cannot read suite timeouts for the re-run: %s", e)
+    rp = Plan(run_id=rerun_id(p.run_id), rev=p.rev, targets=targets,
+              suites={t: sorted(r.name or "" for j, r in todo.items() if j.target == t) for t in targets},
+              benchmarks={t: [] for t in targets}, seed=p.seed, parent=p.run_id,
+              deadline=min(p.deadline, time.time() + timeout + 120) if p.deadline else time.time() + timeout + 120,
+              artifacts={r.target: Artifact(r.artifact_key, r.artifact_sha256)  # type: ignore[arg-type]
+                         for r in todo.values()})
+    functions = {fn: st.workers for fn, st in _functions(cfg).items()}
+    submit(cfg, db, client, rp)
+    for jid in todo:
+        say(f"re-running {jid.target}/{jid.step} (new failure; {functions.get(jid.function, 0)} worker(s) "
+            f"registered for {jid.function})")
+    recs = wait(cfg, db, ledger, store, client, rp, poll=poll)
+    first = {str(j): r for j, r in todo.items()}
+    db.update_notes(rp.run_id, workers={
+        r.job_id: {"first": first[r.job_id].worker, "rerun": r.worker,
+                   "other_worker": bool(r.worker) and r.worker != first[r.job_id].worker}
+        for r in recs if r.job_id in first})
+    close(ledger, store, rp.run_id)
+    db.finish_run(rp.run_id, "finished")
+    return recs
+
+
+def _functions(cfg: Config) -> dict[str, admin.FunctionStatus]:
+    try:
+        return preflight(cfg)
+    except RunError:
+        return {}
 

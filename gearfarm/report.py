@@ -8,20 +8,16 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jinja2 import Environment, FileSystemLoader
 
 from gearfarm import junit
-from gearfarm.config import Config
 from gearfarm.history import Verdict
 from gearfarm.result import PRODUCT_FAILURES, ResultRecord
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore
-from gearfarm.store import ResultsDB, Run
-
-if TYPE_CHECKING:
-    from gearfarm.mail import Delivery
+from gearfarm.store import Run
 
 STAGES = ("queue_wait", "export", "lookup", "build", "upload", "download", "verify", "test")
 # The farm's own cost per job: moving and checking bytes. Queue wait is shown apart: it is
@@ -191,8 +187,15 @@ def render_text(report: dict[str, Any]) -> str:
     return _env.get_template("report.txt.j2").render(r=report)
 
 
-def write(report: dict[str, Any], records: list[ResultRecord], out_dir: Path,
-          store: ArtifactStore | None) -> dict[str, Path]:
+def add_late(rep: dict[str, Any], late: list[tuple[float, ResultRecord]]) -> None:
+    """Results that arrived after the report was made: shown apart and marked, never mixed into
+    the matrix the report and the mail were made from."""
+    rep["late"] = [{"job_id": r.job_id, "target": r.target, "step": r.step, "status": r.status, "attempt": r.attempt,
+                    "worker": r.worker, "arrived_at": at, "message": r.message} for at, r in late]
+
+
+def write(report: dict[str, Any], records: list[ResultRecord], out_dir: Path) -> dict[str, Path]:
+    """The report files on disk; they never depend on S3 or the database being up."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "report.json", "html": out_dir / "report.html", "txt": out_dir / "report.txt",
              "junit": out_dir / "junit.xml"}
@@ -202,30 +205,10 @@ def write(report: dict[str, Any], records: list[ResultRecord], out_dir: Path,
     paths["html"].write_text(render_html(report))
     paths["txt"].write_text(render_text(report))
     junit.write_run(records, paths["junit"])
-    if store is not None:
-        for ext, ctype in (("json", "application/json"), ("html", "text/html; charset=utf-8"),
-                           ("txt", "text/plain; charset=utf-8")):
-            store.put_file(keys.report(report["run_id"], ext), paths[ext], ctype)
     return paths
 
 
-def publish(cfg: Config, db: ResultsDB, store: ArtifactStore | None, run: Run, records: list[ResultRecord],
-            send_mail: bool = True) -> tuple[dict[str, Any], dict[str, Path], Delivery]:
-    """Classify the run against history, write the report (JSON, HTML, text, JUnit, .eml)
-    beside the run, and mail it. The mail's fate goes into the run's notes whenever a delivery
-    was attempted, so `gearfarm report` and the database tell whether it was sent."""
-    from gearfarm import history, mail, perf
-
-    reruns: list[ResultRecord] = []
-    for rid in db.reruns_of([run.run_id]).get(run.run_id, []):
-        reruns.extend(db.jobs(rid))
-    verdicts = history.classify_run(db, run, records)
-    rep = build(run, records, store, verdicts, reruns)
-    add_performance(rep, perf.analyze(db, run, cfg.path(cfg.farm.repo)))
-    out = cfg.path(cfg.farm.state_dir) / "runs" / run.run_id
-    paths = write(rep, records, out, store)
-    delivery = mail.deliver(rep, out, cfg.mail, send_mail)
-    paths["eml"] = Path(delivery.eml)
-    if send_mail or not cfg.mail.host:
-        db.update_notes(run.run_id, mail=delivery.as_dict())
-    return rep, paths, delivery
+def upload(report: dict[str, Any], paths: dict[str, Path], store: ArtifactStore) -> None:
+    for ext, ctype in (("json", "application/json"), ("html", "text/html; charset=utf-8"),
+                       ("txt", "text/plain; charset=utf-8")):
+        store.put_file(keys.report(report["run_id"], ext), paths[ext], ctype)

@@ -1,17 +1,28 @@
-"""The result record: what every job reports, once. Written to S3 beside the job's logs (the
-durable copy) and sent to the collector, which keeps exactly one row per job id.
+"""The result record: what every job reports. Workers seal it with the farm key and write it to
+S3 beside the job's logs (the durable copy) and send it to the collector; the run ledger
+(gearfarm.ledger) decides what each record changes.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gearfarm.seal import SealError, canonical, seal, unseal
 
 Status = Literal["passed", "failed", "skipped", "timed_out", "no_worker", "infra"]
 TERMINAL: frozenset[str] = frozenset({"passed", "failed", "skipped", "timed_out", "no_worker", "infra"})
+# What the product did (the job ran to an answer) as opposed to what the farm decided.
+PRODUCT: frozenset[str] = frozenset({"passed", "failed", "timed_out"})
+FARM_MADE: frozenset[str] = frozenset({"skipped", "no_worker", "infra"})
 # Statuses that mean the product is broken, as opposed to the farm.
 PRODUCT_FAILURES: frozenset[str] = frozenset({"failed", "timed_out"})
+
+
+class RecordError(ValueError):
+    """A result record was malformed, unsigned or forged."""
 
 
 class CaseResult(BaseModel):
@@ -71,3 +82,24 @@ class ResultRecord(BaseModel):
         if self.started_at is None or self.finished_at is None:
             return None
         return self.finished_at - self.started_at
+
+    @property
+    def digest(self) -> str:
+        """The record's identity: the same record delivered twice has the same digest."""
+        return hashlib.sha256(canonical(self.model_dump(mode="json"))).hexdigest()
+
+
+def seal_record(rec: ResultRecord, keys: list[str]) -> bytes:
+    return seal("result", rec.model_dump(mode="json"), keys)
+
+
+def open_record(data: bytes, keys: list[str]) -> ResultRecord:
+    """A genuine record; RecordError naming the problem (never the key) otherwise."""
+    try:
+        body = unseal(data, "result", keys)
+    except SealError as e:
+        raise RecordError(str(e)) from e
+    try:
+        return ResultRecord.model_validate(body)
+    except ValidationError as e:
+        raise RecordError(f"invalid result record: {e.errors()[0]['loc']} {e.errors()[0]['msg']}") from e

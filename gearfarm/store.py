@@ -1,6 +1,8 @@
 """The results database (SQLAlchemy): runs, jobs (one row per job id), test cases, benchmark
-samples and hosts. SQLite by default; PostgreSQL when the configured URL says so. The schema is
-owned by the Alembic migrations in gearfarm/migrations, applied when the database is opened."""
+samples, hosts, late results and the delivery log. SQLite by default; PostgreSQL when the
+configured URL says so. The schema is owned by the Alembic migrations in gearfarm/migrations,
+applied when the database is opened. This module reads; every change of a job's state is made
+by gearfarm.ledger, the one owner of the transition rules."""
 
 from __future__ import annotations
 
@@ -23,13 +25,15 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     create_engine,
-    delete,
     event,
+    func,
     inspect,
     select,
     text,
 )
-from sqlalchemy.engine import Engine
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from gearfarm.result import TERMINAL, ResultRecord
@@ -53,6 +57,9 @@ class Run(Base):
     # A re-run of a run's new failures is its own run (own job ids, own S3 keys), linked here
     # so history can use its verdicts without counting it as a run of its own.
     parent_run_id: Mapped[str | None] = mapped_column(String(96), nullable=True, index=True)
+    # Set when the report is made: a result arriving after it is recorded as late.
+    reported_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    deadline: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class Job(Base):
@@ -69,6 +76,44 @@ class Job(Base):
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     record: Mapped[dict[str, Any]] = mapped_column(JSON)
     host_id: Mapped[str | None] = mapped_column(ForeignKey("hosts.host_id"), nullable=True)
+    # The record's precedence (gearfarm.ledger.rank): product results over farm-made ones,
+    # then the newer attempt, then the later finish, then the digest (a total order).
+    prio: Mapped[int] = mapped_column(Integer, default=0)
+    digest: Mapped[str] = mapped_column(String(64), default="")
+
+
+class LateResult(Base):
+    """A result that arrived after its run's report: kept and shown, never changing the row
+    the report was made from."""
+
+    __tablename__ = "late_results"
+    __table_args__ = (UniqueConstraint("job_id", "digest", name="uq_late_result"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(200), index=True)
+    run_id: Mapped[str] = mapped_column(String(96), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))
+    digest: Mapped[str] = mapped_column(String(64))
+    record: Mapped[dict[str, Any]] = mapped_column(JSON)
+    arrived_at: Mapped[float] = mapped_column(Float)
+
+
+class Delivery(Base):
+    """Every record offered to the ledger and what it did: applied, duplicate, superseded,
+    late, or rejected (forged, unknown job, malformed). Chaos tests count from it; status
+    shows the rejections."""
+
+    __tablename__ = "deliveries"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[float] = mapped_column(Float, index=True)
+    source: Mapped[str] = mapped_column(String(32))
+    outcome: Mapped[str] = mapped_column(String(16), index=True)
+    job_id: Mapped[str | None] = mapped_column(String(200), nullable=True, index=True)
+    run_id: Mapped[str | None] = mapped_column(String(96), nullable=True, index=True)
+    attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    status: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
 
 
 class Host(Base):
@@ -138,40 +183,65 @@ class Annotation(Base):
 class ResultsDB:
     def __init__(self, url: str) -> None:
         self.url = url
-        self.engine: Engine = create_engine(url, future=True)
+        # pre_ping: a PostgreSQL restart leaves dead pooled connections; test before use.
+        self.engine: Engine = create_engine(url, future=True, pool_pre_ping=not url.startswith("sqlite"))
         if url.startswith("sqlite"):
             # The collector writes while the nightly and CLI read: WAL lets them overlap,
             # and a busy timeout turns lock contention into waiting instead of errors.
             @event.listens_for(self.engine, "connect")
             def _pragmas(conn: Any, _rec: Any) -> None:
+                # pysqlite's own implicit BEGIN is turned off so _begin below decides.
+                conn.isolation_level = None
                 cur = conn.cursor()
                 cur.execute("PRAGMA journal_mode=WAL")
                 cur.execute("PRAGMA busy_timeout=30000")
                 cur.close()
 
+            @event.listens_for(self.engine, "begin")
+            def _begin(conn: Any) -> None:
+                # A write transaction that starts as a reader can get SQLITE_BUSY at once when
+                # it upgrades (no busy wait); writers take the write lock up front instead.
+                immediate = conn.get_execution_options().get("write", False)
+                conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
         self._session = sessionmaker(self.engine, expire_on_commit=False)
+        self._write_session = sessionmaker(self.engine.execution_options(write=True), expire_on_commit=False)
         upgrade(self.engine)
 
     @contextmanager
-    def session(self) -> Iterator[Session]:
-        with self._session() as s, s.begin():
+    def session(self, write: bool = False) -> Iterator[Session]:
+        with (self._write_session if write else self._session)() as s, s.begin():
             yield s
+
+    @contextmanager
+    def writing(self) -> Iterator[Connection]:
+        """One write transaction (on SQLite holding the write lock from its start)."""
+        with self.engine.connect().execution_options(write=True) as conn, conn.begin():
+            yield conn
+
+    def insert(self, table: Any) -> Any:
+        """The dialect's INSERT, which has ON CONFLICT (both PostgreSQL and SQLite do): every
+        upsert is the database's own, never read-then-insert, so concurrent writers can
+        neither lose nor duplicate a row."""
+        if self.engine.dialect.name == "postgresql":
+            return pg_insert(table)
+        return sqlite_insert(table)
 
     def create_run(self, run_id: str, rev: str, targets: list[str], expected: list[str],
                    notes: dict[str, Any] | None = None, parent_run_id: str | None = None,
-                   created_at: float | None = None) -> bool:
+                   created_at: float | None = None, deadline: float | None = None) -> bool:
         """Record a run; False when it exists already (a resubmission adds nothing)."""
-        with self.session() as s:
-            if s.get(Run, run_id) is not None:
-                return False
-            s.add(Run(run_id=run_id, rev=rev, created_at=time.time() if created_at is None else created_at,
-                      expected=expected, targets=targets, state="running", notes=notes or {},
-                      parent_run_id=parent_run_id))
-            return True
+        with self.writing() as conn:
+            stmt = self.insert(Run).values(
+                run_id=run_id, rev=rev, created_at=time.time() if created_at is None else created_at,
+                expected=expected, targets=targets, state="running", notes=notes or {},
+                parent_run_id=parent_run_id, deadline=deadline)
+            return conn.execute(stmt.on_conflict_do_nothing(index_elements=["run_id"])
+                                .returning(Run.run_id)).first() is not None
 
     def update_notes(self, run_id: str, **notes: Any) -> None:
         """Merge keys into a run's notes (the JSON column is replaced whole, so a change is seen)."""
-        with self.session() as s:
+        with self.session(write=True) as s:
             run = s.get(Run, run_id)
             if run is not None:
                 run.notes = {**(run.notes or {}), **notes}
@@ -200,43 +270,11 @@ class ResultsDB:
             return out
 
     def finish_run(self, run_id: str, state: str) -> None:
-        with self.session() as s:
+        with self.session(write=True) as s:
             run = s.get(Run, run_id)
             if run is not None:
                 run.state = state
                 run.finished_at = time.time()
-
-    def upsert(self, rec: ResultRecord, host_class: str = "") -> bool:
-        """Store a result; exactly one row per job id. Returns False when the stored row is
-        already terminal and this record would not change it (a duplicate delivery)."""
-        data = rec.model_dump(mode="json")
-        with self.session() as s:
-            if s.get(Run, rec.run_id) is None:
-                # A result can outrun its run's row only in a lab where the run was submitted
-                # against another database; keep the result rather than drop it.
-                s.add(Run(run_id=rec.run_id, rev=rec.rev, created_at=time.time(), expected=[],
-                          targets=[rec.target], state="running", notes={"implicit": True}))
-                s.flush()
-            row = s.get(Job, rec.job_id)
-            if row is not None and row.record == data:
-                return False
-            if row is None:
-                row = Job(job_id=rec.job_id, run_id=rec.run_id)
-                s.add(row)
-            row.target, row.kind, row.step, row.status = rec.target, rec.kind, rec.step, rec.status
-            row.attempt, row.worker = rec.attempt, rec.worker
-            row.started_at, row.finished_at, row.record = rec.started_at, rec.finished_at, data
-            row.host_id = _upsert_host(s, rec.host) if rec.host else None
-            s.flush()
-            s.execute(delete(Case).where(Case.job_id == rec.job_id))
-            s.execute(delete(SampleRow).where(SampleRow.job_id == rec.job_id))
-            s.add_all(Case(job_id=rec.job_id, run_id=rec.run_id, target=rec.target, suite=rec.name or rec.step,
-                           classname=c.classname, name=c.name, status=c.status, time=c.time,
-                           message=c.message[:4000]) for c in rec.cases)
-            s.add_all(SampleRow(job_id=rec.job_id, run_id=rec.run_id, rev=rec.rev, target=rec.target,
-                                host_class=host_class, benchmark=x.benchmark, metric=x.metric, variant=x.variant,
-                                repetition=x.repetition, value=x.value) for x in rec.samples)
-            return True
 
     def jobs(self, run_id: str) -> list[ResultRecord]:
         with self.session() as s:
@@ -314,7 +352,7 @@ class ResultsDB:
 
     def annotate(self, benchmark: str, metric: str, target: str, rev: str, note: str) -> bool:
         """Mark a change as expected; False when it was marked already."""
-        with self.session() as s:
+        with self.session(write=True) as s:
             q = select(Annotation).where(Annotation.benchmark == benchmark, Annotation.metric == metric,
                                          Annotation.target == target, Annotation.rev == rev)
             if s.scalars(q).first() is not None:
@@ -360,21 +398,34 @@ class ResultsDB:
         with self.session() as s:
             return list(s.scalars(select(Host).order_by(Host.first_seen)))
 
+    def late_results(self, run_id: str) -> list[tuple[float, ResultRecord]]:
+        """Results that arrived after the run's report, oldest first."""
+        with self.session() as s:
+            q = select(LateResult).where(LateResult.run_id == run_id).order_by(LateResult.arrived_at)
+            return [(r.arrived_at, ResultRecord.model_validate(r.record)) for r in s.scalars(q)]
 
-def _upsert_host(s: Session, fp: dict[str, str]) -> str:
-    fields = {k: str(fp.get(k, "")) for k in ("hostname", "cpu", "cores", "mem_gib", "kernel", "machine", "compiler")}
-    host_id = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
-    now = time.time()
-    row = s.get(Host, host_id)
-    if row is None:
-        s.add(Host(host_id=host_id, hostname=fields["hostname"], host_class=fp.get("class", ""),
-                   cpu_model=fields["cpu"], cores=_int(fields["cores"]), memory_gib=_int(fields["mem_gib"]),
-                   kernel=fields["kernel"], machine=fields["machine"], compiler=fields["compiler"],
-                   first_seen=now, last_seen=now))
-        s.flush()
-    else:
-        row.last_seen = now
-    return host_id
+    def delivery_counts(self, since: float = 0.0) -> dict[str, int]:
+        """Outcome -> number of records offered to the ledger since ``since``."""
+        with self.session() as s:
+            q = select(Delivery.outcome, func.count()).where(Delivery.at >= since).group_by(Delivery.outcome)
+            return {outcome: n for outcome, n in s.execute(q)}
+
+    def deliveries(self, run_id: str) -> list[Delivery]:
+        with self.session() as s:
+            return list(s.scalars(select(Delivery).where(Delivery.run_id == run_id).order_by(Delivery.id)))
+
+    def upsert_host(self, conn: Connection, fp: dict[str, str]) -> str:
+        """The host's id; its row made or refreshed in the caller's transaction."""
+        fields = {k: str(fp.get(k, "")) for k in ("hostname", "cpu", "cores", "mem_gib", "kernel", "machine",
+                                                  "compiler")}
+        host_id = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+        now = time.time()
+        stmt = self.insert(Host).values(
+            host_id=host_id, hostname=fields["hostname"], host_class=fp.get("class", ""), cpu_model=fields["cpu"],
+            cores=_int(fields["cores"]), memory_gib=_int(fields["mem_gib"]), kernel=fields["kernel"],
+            machine=fields["machine"], compiler=fields["compiler"], first_seen=now, last_seen=now)
+        conn.execute(stmt.on_conflict_do_update(index_elements=["host_id"], set_={"last_seen": now}))
+        return host_id
 
 
 def _int(v: str) -> int:

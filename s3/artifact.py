@@ -1,49 +1,174 @@
-"""Packing build outputs into an artifact with a manifest, and unpacking one safely.
+"""Packing build outputs into a reproducible artifact with a manifest, publishing it to the store
+without races, and unpacking one safely.
 
 The manifest lists the sha256 of every file; unpack() checks the archive's own sha256 and then
 every file before a caller may run anything from it, and refuses absolute paths, `..` and
 links that point outside (tarfile's "data" filter, which does exactly this).
+
+pack() is byte-reproducible: the same file contents and meta give the same archive on any host,
+at any time, under any user or umask (given the same deflate implementation; see publish() for
+why correctness does not depend on it).
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
+import os
+import stat
 import tarfile
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from gearfarm.s3.store import sha256_file
+from botocore.exceptions import ClientError
+from gearfarm.s3.store import ArtifactStore, StoreError, sha256_file
 
 MANIFEST = "manifest.json"
+# Any constant would do: an archive must not record when it was packed.
+FIXED_MTIME = 0
 
 
 class ArtifactError(RuntimeError):
     """An artifact is incomplete, tampered with, or unsafe to unpack."""
 
 
+def canonical_json(obj: Any) -> bytes:
+    """The one serialisation of a manifest, so equal manifests are equal bytes."""
+    return (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=True) + "\n").encode()
+
+
+def _member(name: str, size: int, mode: int) -> tarfile.TarInfo:
+    # Built from scratch rather than gettarinfo(): nothing of the packing host (owner, times,
+    # umask-dependent group/other bits, device numbers) may reach the archive.
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mode = mode
+    info.mtime = FIXED_MTIME
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
 def pack(out_dir: Path, files: list[str], meta: dict[str, Any], dest: Path) -> dict[str, Any]:
     """Write ``dest`` (tar.gz) with ``files`` from ``out_dir`` plus manifest.json; return the
-    manifest (with the archive's sha256 added, for the separate manifest object)."""
+    manifest (with the archive's sha256 added, for the separate manifest object).
+
+    Byte-reproducible: members in sorted order with manifest.json last, mtime 0, owner 0:0 with
+    empty names, mode 0o755 when the file's owner-execute bit is set else 0o644, plain ustar
+    headers (no pax records), and a gzip header with mtime 0 and no file name. Anything that
+    varies between builds (a timestamp, the builder's name) in ``meta`` varies the archive too.
+    """
+    names = sorted(set(files))
+    if MANIFEST in names:
+        raise ArtifactError(f"build output {MANIFEST} would collide with the artifact's own manifest")
     manifest = dict(meta)
     manifest["files"] = {}
-    for name in files:
+    modes: dict[str, int] = {}
+    for name in names:
         p = out_dir / name
         if not p.is_file():
             raise ArtifactError(f"build output {name} is missing from {out_dir}")
-        manifest["files"][name] = {"sha256": sha256_file(p), "size": p.stat().st_size}
-    body = json.dumps(manifest, indent=2, sort_keys=True).encode()
-    with tarfile.open(dest, "w:gz") as tar:
-        for name in files:
-            tar.add(out_dir / name, arcname=name, recursive=False)
-        info = tarfile.TarInfo(MANIFEST)
-        info.size = len(body)
-        info.mode = 0o644
-        tar.addfile(info, io.BytesIO(body))
+        st = p.stat()
+        modes[name] = 0o755 if st.st_mode & stat.S_IXUSR else 0o644
+        manifest["files"][name] = {"sha256": sha256_file(p), "size": st.st_size}
+    body = canonical_json(manifest)
+    try:
+        with dest.open("wb") as raw, \
+                gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz, \
+                tarfile.open(fileobj=gz, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+            for name in names:
+                with (out_dir / name).open("rb") as f:
+                    tar.addfile(_member(name, manifest["files"][name]["size"], modes[name]), f)
+            tar.addfile(_member(MANIFEST, len(body), 0o644), io.BytesIO(body))
+    except (ValueError, OSError, tarfile.TarError) as e:
+        raise ArtifactError(f"cannot pack {dest} from {out_dir}: {e}") from e
     manifest["archive_sha256"] = sha256_file(dest)
     manifest["archive_size"] = dest.stat().st_size
     return manifest
+
+
+def read_manifest(archive: Path) -> dict[str, Any]:
+    """The manifest.json inside ``archive``, read without extracting anything."""
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            f = tar.extractfile(MANIFEST)
+            if f is None:
+                raise ArtifactError(f"{MANIFEST} in {archive} is not a regular file")
+            manifest = json.loads(f.read())
+    except (tarfile.TarError, OSError, KeyError, ValueError) as e:
+        raise ArtifactError(f"artifact {archive} has no readable {MANIFEST}: {e}") from e
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise ArtifactError(f"artifact {archive} has no valid {MANIFEST}")
+    return manifest
+
+
+def publish(store: ArtifactStore, archive_key: str, manifest_key: str, archive_path: Path,
+            manifest: dict[str, Any]) -> dict[str, Any]:
+    """Upload a packed artifact so that concurrent builds of the same key agree, and return the
+    manifest that describes what is now stored.
+
+    The archive is written only if ``archive_key`` is absent. If another build got there first,
+    the stored archive wins even when it is not byte-identical to ours (another host's deflate,
+    another ``meta``): it is downloaded, and the returned manifest is the manifest.json inside
+    it with ``archive_sha256``/``archive_size`` of the stored object, so the sha256 handed to
+    test jobs always verifies against what they will download. The manifest object is then
+    written if absent; one that already exists must name the same archive sha256, or this
+    raises ArtifactError (an existing object is never overwritten).
+
+    ``manifest`` is what pack() returned for ``archive_path``. The returned dict is the
+    manifest plus two keys that are not part of it (strip them before storing it anywhere):
+    ``uploaded_bytes`` (archive and manifest bytes this call wrote, 0 when both existed) and
+    ``raced`` (True when the archive key already existed, i.e. the stored archive is used).
+    """
+    local_sha = sha256_file(archive_path)
+    if manifest.get("archive_sha256") != local_sha:
+        raise ArtifactError(f"manifest for {archive_path} names archive sha256 {manifest.get('archive_sha256')}, "
+                            f"but the file has {local_sha}: pass the manifest pack() returned for it")
+    uploaded = 0
+    raced = not store.put_file_if_absent(archive_key, archive_path, "application/gzip")
+    if raced:
+        final = _stored_manifest(store, archive_key, archive_path.parent)
+    else:
+        uploaded += archive_path.stat().st_size
+        final = dict(manifest)
+
+    body = canonical_json(final)
+    if store.put_bytes_if_absent(manifest_key, body, "application/json"):
+        uploaded += len(body)
+    else:
+        try:
+            existing = json.loads(store.get_bytes(manifest_key))
+            existing_sha = existing["archive_sha256"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ArtifactError(f"manifest object {manifest_key} exists but is not a valid manifest ({e}); "
+                                "it is never overwritten: delete it by hand if it is garbage") from e
+        if existing_sha != final["archive_sha256"]:
+            raise ArtifactError(
+                f"manifest object {manifest_key} names archive sha256 {existing_sha}, but the stored archive "
+                f"{archive_key} has sha256 {final['archive_sha256']}: the manifest was tampered with or "
+                "written for another archive; refusing to overwrite it")
+    return {**final, "uploaded_bytes": uploaded, "raced": raced}
+
+
+def _stored_manifest(store: ArtifactStore, archive_key: str, tmp_dir: Path) -> dict[str, Any]:
+    """The manifest of the archive already at ``archive_key``, with that object's sha256/size."""
+    fd, name = tempfile.mkstemp(prefix=".stored-", suffix=".tar.gz", dir=tmp_dir)
+    os.close(fd)
+    stored = Path(name)
+    try:
+        try:
+            size = store.get_file(archive_key, stored)
+        except (ClientError, StoreError) as e:
+            raise ArtifactError(f"archive {archive_key} exists in the store but cannot be downloaded: {e}") from e
+        manifest = read_manifest(stored)
+        manifest["archive_sha256"] = sha256_file(stored)
+        manifest["archive_size"] = size
+        return manifest
+    finally:
+        stored.unlink(missing_ok=True)
 
 
 def unpack(archive: Path, dest: Path, expected_sha256: str) -> dict[str, Any]:

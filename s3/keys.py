@@ -2,7 +2,9 @@
 
 artifacts/<rev>/<target>/<toolchain>/artifact.tar.gz   the packed build outputs + manifest
 artifacts/<rev>/<target>/<toolchain>/manifest.json     the manifest alone (read before download)
-runs/<run>/<target>/<step>/log.txt | junit.xml | result.json
+runs/<run>/<target>/<step>/log.txt | junit.xml
+runs/<run>/<target>/<step>/results/<attempt>-<digest>.json   one sealed result record each
+runs/<run>/closed.json                                       the run was reported: drop its jobs
 runs/<run>/report.json | report.html
 """
 
@@ -41,8 +43,18 @@ def job_file(run_id: str, target: str, step: str, name: str) -> str:
     return f"runs/{_part(run_id)}/{_part(target)}/{_part(step)}/{_part(name)}"
 
 
-def result(run_id: str, target: str, step: str) -> str:
-    return job_file(run_id, target, step, "result.json")
+def result(run_id: str, target: str, step: str, attempt: int, digest: str) -> str:
+    """One key per record, never overwritten: every attempt's record stays for reconcile,
+    and the ledger, not the last write, decides which one counts."""
+    return f"runs/{_part(run_id)}/{_part(target)}/{_part(step)}/results/{attempt}-{_part(digest[:16])}.json"
+
+
+def is_result(key: str) -> bool:
+    return "/results/" in key and key.endswith(".json")
+
+
+def run_closed(run_id: str) -> str:
+    return f"runs/{_part(run_id)}/closed.json"
 
 
 def run_prefix(run_id: str) -> str:

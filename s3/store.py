@@ -1,7 +1,8 @@
 """The artifact store on S3-compatible storage (MinIO) through boto3.
 
 Every call retries with backoff (botocore's standard mode plus our own outer loop), because an
-outage of minutes must delay a job, never fail or lose it.
+outage of minutes must delay a job, never fail or lose it. The put-if-absent calls let concurrent
+writers of one key agree on a single object: the first PUT wins and later ones learn it exists.
 """
 
 from __future__ import annotations
@@ -21,6 +22,14 @@ from gearfarm.config import S3Config
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+# S3's limit for one PUT; put-if-absent cannot be multipart (the condition applies to a single
+# request), and our artifacts are far below it.
+MAX_SINGLE_PUT = 5 * 1024**3
+# What S3 (and MinIO) answer a conditional PUT with: the key exists / a concurrent conditional
+# write of the key is in flight.
+_EXISTS = ("PreconditionFailed", 412)
+_CONFLICT = ("ConditionalRequestConflict", 409)
 
 
 class StoreError(RuntimeError):
@@ -68,8 +77,9 @@ class ArtifactStore:
                 return fn()
             except ClientError as e:
                 code = e.response.get("Error", {}).get("Code", "")
+                # A failed precondition is an answer, not an outage: retrying cannot change it.
                 if code in ("NoSuchKey", "404", "NoSuchBucket", "AccessDenied", "InvalidAccessKeyId",
-                            "SignatureDoesNotMatch"):
+                            "SignatureDoesNotMatch", "PreconditionFailed", "412"):
                     raise
                 err: Exception = e
             except SSLError as e:
@@ -127,6 +137,57 @@ class ArtifactStore:
             str(path), self.bucket, key, ExtraArgs={"ContentType": content_type}))
         return path.stat().st_size
 
+    def put_bytes_if_absent(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> bool:
+        """Write ``data`` at ``key`` unless the key exists; True when this call wrote it.
+
+        False also when an earlier attempt of this very call landed but its response was lost
+        (the retry then finds the key taken): the caller must read what is stored, not assume.
+        """
+        return self._put_if_absent(key, data, content_type)
+
+    def put_file_if_absent(self, key: str, path: Path, content_type: str = "application/octet-stream") -> bool:
+        """put_bytes_if_absent() for a file, streamed from disk in one PUT (not multipart)."""
+        size = path.stat().st_size
+        if size > MAX_SINGLE_PUT:
+            raise StoreError(f"{path} is {size} bytes, over the {MAX_SINGLE_PUT}-byte single-PUT limit of "
+                             f"a conditional write to {key}")
+        return self._put_if_absent(key, path, content_type)
+
+    def _put_if_absent(self, key: str, body: bytes | Path, content_type: str) -> bool:
+        def put_once() -> None:
+            if isinstance(body, Path):
+                # Reopened per attempt: a retry after a partial send must start from byte 0.
+                with body.open("rb") as f:
+                    self.s3.put_object(Bucket=self.bucket, Key=key, Body=f, ContentType=content_type,
+                                       IfNoneMatch="*")
+            else:
+                self.s3.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType=content_type,
+                                   IfNoneMatch="*")
+
+        def put() -> bool:
+            try:
+                put_once()
+                return True
+            except ClientError as e:
+                if _error(e) == _EXISTS:
+                    return False
+                if _error(e) != _CONFLICT:
+                    raise
+            # 409: another conditional write of the key was in flight. It usually completes, so
+            # one retry after it normally gets the 412; if it still conflicts, someone is
+            # writing the key and it is theirs.
+            log.info("S3 put-if-absent %s: concurrent conditional write (409); retrying once", key)
+            time.sleep(0.2)
+            try:
+                put_once()
+                return True
+            except ClientError as e:
+                if _error(e) in (_EXISTS, _CONFLICT):
+                    return False
+                raise
+
+        return self._retry(f"put-if-absent {key}", put)
+
     def get_bytes(self, key: str) -> bytes:
         return self._retry(f"get {key}", lambda: self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read())
 
@@ -146,3 +207,14 @@ class ArtifactStore:
     def presign(self, key: str) -> str:
         return str(self.s3.generate_presigned_url(
             "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=self.cfg.presign_expiry))
+
+
+def _error(e: ClientError) -> tuple[str, int]:
+    """Map a ClientError onto the (code, HTTP status) pair it stands for, either way it is reported
+    (a HEAD-style error may carry only the status; some servers send only the code)."""
+    code = str(e.response.get("Error", {}).get("Code", ""))
+    status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    for known in (_EXISTS, _CONFLICT):
+        if code == known[0] or status == known[1] or code == str(known[1]):
+            return known
+    return code, status

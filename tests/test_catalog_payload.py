@@ -13,7 +13,18 @@ import pytest
 from gearfarm.s3 import artifact, keys
 
 from gearfarm import catalog
-from gearfarm.job import Payload, PayloadError, function_name, job_id, sign, unique_id, verify
+from gearfarm.job import (
+    Artifact,
+    JobId,
+    Payload,
+    PayloadError,
+    dependent,
+    function_name,
+    make_payload,
+    sign,
+    unique_id,
+    verify,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 REV = "a" * 40
@@ -72,7 +83,8 @@ def test_expand_substitutes_whole_arguments_only() -> None:
 
 def _payload(**kw: object) -> Payload:
     base: dict[str, object] = dict(kind="test", run_id="r1", rev=REV, target="linux-x86_64", name="unit",
-                                   artifact_key="artifacts/x", artifact_sha256="b" * 64, submitted_at=time.time())
+                                   artifact_key="artifacts/x", artifact_sha256="b" * 64, submitted_at=time.time(),
+                                   deadline=time.time() + 3600)
     base.update(kw)
     return Payload(**base)  # type: ignore[arg-type]
 
@@ -80,9 +92,27 @@ def _payload(**kw: object) -> Payload:
 def test_names_and_unique_ids() -> None:
     p = _payload()
     assert p.function == function_name("test", "linux-x86_64") == "test:linux-x86_64"
-    assert p.job_id == job_id("r1", "linux-x86_64", "test-unit") == "r1:linux-x86_64:test-unit"
+    assert p.job == JobId("r1", "linux-x86_64", "test-unit") == JobId.parse("r1:linux-x86_64:test-unit")
+    assert p.job_id == str(p.job) == "r1:linux-x86_64:test-unit"
+    for bad in ("r1:linux-x86_64", "r1:x:y:z", "r1:linux-x86_64:deploy", "r1:linux-x86_64:test-", ""):
+        with pytest.raises(ValueError, match="job id"):
+            JobId.parse(bad)
     assert p.unique == unique_id(p.job_id, 1) != unique_id(p.job_id, 2)
     assert len(unique_id("r" * 300, 99)) <= 64  # gearmand's limit
+
+
+def test_one_factory_makes_every_payload() -> None:
+    build = make_payload(JobId("r1", "linux-x86_64", "build"), rev=REV, deadline=123.0, seed=5, suites=["unit"],
+                         benchmarks=["oltp"], baseline=Artifact("artifacts/old", "c" * 64, "d" * 40))
+    art = Artifact("artifacts/new", "e" * 64)
+    perf = dependent(build, "perf-oltp", art)
+    test = dependent(build, "test-unit", art, attempt=3)
+    # The dependents inherit the run's deadline and seed; only perf carries the baseline.
+    assert (perf.deadline, perf.seed, perf.baseline) == (123.0, 5, build.baseline)
+    assert test.baseline is None and test.attempt == 3 and test.artifact == art
+    assert test.unique == JobId.parse(test.job_id).unique(3)
+    with pytest.raises(ValueError, match="needs the artifact"):
+        make_payload(JobId("r1", "linux-x86_64", "test-unit"), rev=REV, deadline=1.0)
 
 
 def test_signed_payload_roundtrip_and_rotation() -> None:
@@ -96,6 +126,7 @@ def test_signed_payload_roundtrip_and_rotation() -> None:
     (lambda b: b.replace(b'"unit"', b'"model"'), "bad signature"),
     (lambda b: b"not json", "not JSON"),
     (lambda b: json.dumps({"payload": {}}).encode(), "not a signed envelope"),
+    (lambda b: b.replace(b'"purpose":"payload"', b'"purpose":"result"'), "not a payload"),
     (lambda b: b"x" * 70000, "too large"),
 ])
 def test_tampered_payloads_are_refused(mutate, message) -> None:  # type: ignore[no-untyped-def]
@@ -110,10 +141,10 @@ def test_unknown_key_replay_and_commands_are_refused() -> None:
         verify(sign(_payload(submitted_at=time.time() - 7200), KEYS), KEYS, 3600)
     # A payload cannot smuggle a command: unknown fields fail validation even when signed.
     env = json.loads(sign(_payload(), KEYS))
-    env["payload"]["command"] = "rm -rf /"
-    from gearfarm.job import _canonical, _mac
+    env["body"]["command"] = "rm -rf /"
+    from gearfarm.seal import _mac
 
-    env["sig"] = _mac("k-new", _canonical(env["payload"]))
+    env["sig"] = _mac("k-new", "payload", env["body"])
     with pytest.raises(PayloadError, match="invalid payload"):
         verify(json.dumps(env).encode(), KEYS, 3600)
     with pytest.raises(PayloadError, match="needs name, artifact_key"):
@@ -122,7 +153,8 @@ def test_unknown_key_replay_and_commands_are_refused() -> None:
 
 def test_s3_key_layout_refuses_unsafe_components() -> None:
     assert keys.artifact(REV, "linux-x86_64", "abc") == f"artifacts/{REV}/linux-x86_64/abc/artifact.tar.gz"
-    assert keys.result("r1", "linux-x86_64", "test-unit") == "runs/r1/linux-x86_64/test-unit/result.json"
+    assert keys.result("r1", "linux-x86_64", "test-unit", 2, "f" * 64) == \
+        f"runs/r1/linux-x86_64/test-unit/results/2-{'f' * 16}.json"
     for bad in ("../x", "a/b", "", "..", "/abs"):
         with pytest.raises(ValueError, match="unsafe"):
             keys.job_file("r1", bad, "s", "log.txt")

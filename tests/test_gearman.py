@@ -26,14 +26,18 @@ from gearfarm.gearman import (
     Client,
     Command,
     Connection,
+    GearmanError,
     Job,
     JobFailed,
     ProtocolError,
+    ServerError,
     ServerUnavailable,
     Worker,
     admin,
 )
-from gearfarm.gearman.protocol import REQ, RES, decode, encode
+from gearfarm.gearman.client import _PIPELINE_CHUNK
+from gearfarm.gearman.errors import StatusUnknown
+from gearfarm.gearman.protocol import REQ, RES, decode, encode, format_address
 from gearfarm.gearmand import Gearmand, GearmandError
 from gearfarm.net import free_port
 
@@ -60,6 +64,32 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.02)
+
+
+@pytest.fixture
+def second_gearmand(tmp_path: Path) -> Iterator[Gearmand]:
+    """Another real gearmand, for failover and multi-server status tests; always stopped."""
+    server = Gearmand(tmp_path / "second-gearmand")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def cap_queue(server: Gearmand, function: str, limit: int) -> None:
+    """Cap ``function``'s queue with the admin command ``maxqueue``.
+
+    Past the cap gearmand 1.1.20 answers a submission with ERROR ``QUEUE_ERROR`` /
+    ``Job queue is full`` (measured).  The cap only applies to a function gearmand
+    already knows (``maxqueue`` on an unknown one says OK and does nothing), so a job
+    is queued first; it counts towards the cap.
+    """
+    with Client([server.address]) as client:
+        client.submit_background(function, b"", f"{function}-seed")
+    with socket.create_connection(server.address, timeout=5) as sock:
+        sock.sendall(f"maxqueue {function} {limit}\n".encode())
+        assert sock.makefile("rb").readline().strip() == b"OK"
 
 
 @contextmanager
@@ -651,3 +681,134 @@ def test_pipelined_background_submission(gearmand: Gearmand) -> None:
     with running(worker_a), running(worker_b):
         wait_for(lambda: len(done) == count, 20, "all pipelined jobs to run")
     assert done == {j.unique for j in jobs}
+
+
+# -- ERROR packets and partial outages ---------------------------------------------------
+
+
+def test_pipelined_submit_error_raises_at_once_and_drops_connection(
+    gearmand: Gearmand, second_gearmand: Gearmand
+) -> None:
+    cap_queue(gearmand, "capped", 2)  # the seed plus one more
+    head = [
+        BackgroundJob("capped", b"", "b-0"),
+        BackgroundJob("capped", b"", "b-1"),  # refused: queue full
+        BackgroundJob("free", b"", "b-2"),
+        BackgroundJob("capped", b"", "b-3"),
+    ]
+    later = [BackgroundJob("free", b"", f"later-{n}") for n in range(_PIPELINE_CHUNK)]
+    address = format_address(*gearmand.address)
+    with (
+        Client([gearmand.address, second_gearmand.address], io_timeout=10) as client,
+        Client([gearmand.address]) as fresh,
+    ):
+        started = time.monotonic()
+        with pytest.raises(ServerError) as info:
+            client.submit_background_many(head + later)
+        assert time.monotonic() - started < 3, "the ERROR must end the batch at once"
+        error = info.value
+        assert (error.address, error.code, error.text, error.index) == (address, "QUEUE_ERROR", "Job queue is full", 1)
+        message = str(error)
+        for part in (address, "QUEUE_ERROR", "Job queue is full", "submission 2 of 260", "'b-1'"):
+            assert part in message, message
+
+        # The job before the failing one stays queued, under the handle reported.
+        assert len(error.submitted) == 1 and fresh.get_status(error.submitted[0]).known
+        assert fresh.get_status_unique("b-0").known and not fresh.get_status_unique("b-1").known
+        # Not retried on the other server, and the next chunk was never sent.
+        assert admin.status(*second_gearmand.address) == {}
+        assert not any(fresh.get_status_unique(job.unique).known for job in later[_PIPELINE_CHUNK - len(head) :])
+
+        # Same thread, same client: the replies still in flight for the rest of the
+        # chunk (b-2, b-3, ...) must not be taken as the answers to the next requests.
+        assert client.submit_background("free", b"", "after") == fresh.submit_background("free", b"", "after")
+        assert client.echo(b"in sync") == b"in sync"
+
+
+def test_foreground_submit_refused_with_error_raises_at_once(gearmand: Gearmand, second_gearmand: Gearmand) -> None:
+    """A foreground submission answered by ERROR raises ServerError, not retried elsewhere.
+
+    gearmand 1.1.20 sends ERROR only in answer to a request on the same connection
+    (every call of _server_error_packet in libgearman-server/server.cc), never on its
+    own to a client that waits for a result, so here the ERROR answers the SUBMIT_JOB
+    itself.  timeout=None: a client that missed the ERROR, or failed over to the other
+    server (no worker there), would wait forever; the thread shows that.
+    """
+    cap_queue(gearmand, "capped", 1)
+    outcome: list[BaseException] = []
+    with Client([gearmand.address, second_gearmand.address]) as client:
+        thread = threading.Thread(
+            target=_capture, args=(outcome, client.submit, "capped", b"", "fg-refused", None), daemon=True
+        )
+        thread.start()
+        thread.join(10)
+        assert not thread.is_alive(), "submit() still waiting after gearmand refused the job"
+    assert len(outcome) == 1 and isinstance(outcome[0], ServerError), outcome
+    assert (outcome[0].code, outcome[0].text) == ("QUEUE_ERROR", "Job queue is full")
+    assert outcome[0].address == format_address(*gearmand.address)
+    assert admin.status(*second_gearmand.address) == {}
+
+
+def test_error_while_waiting_for_foreground_result_raises_at_once(gearmand: Gearmand) -> None:
+    """An ERROR arriving while submit() waits for the result raises ServerError at once.
+
+    gearmand sends ERROR only in answer to a request on the same connection, so the
+    on_status callback (which runs in the waiting thread) sends a submission that the
+    full queue refuses on the waiting thread's own connection, as a re-entrant caller
+    would.  Reaching that connection needs the private _conns().
+    """
+    cap_queue(gearmand, "capped", 1)
+    release = threading.Event()
+
+    def handler(job: Job) -> bytes:
+        job.status(1, 2)
+        release.wait(10)
+        return b"late"
+
+    def overflow(numerator: int, denominator: int) -> None:
+        client._conns()[0].send(Command.SUBMIT_JOB_BG, "capped", "overflow", b"")
+
+    worker = Worker([gearmand.address], "waiting", **FAST)
+    worker.register("hold", handler)
+    with Client([gearmand.address]) as client, running(worker):
+        started = time.monotonic()
+        try:
+            with pytest.raises(ServerError) as info:
+                client.submit("hold", b"", "fg-waiting", timeout=5, on_status=overflow)
+        finally:
+            release.set()
+        assert time.monotonic() - started < 3, "ServerError must not wait for the timeout"
+        assert (info.value.code, info.value.text) == ("QUEUE_ERROR", "Job queue is full")
+        assert "while waiting for job H:" in str(info.value)
+        # The connection with unknown replies in flight was dropped; a new one works.
+        assert client.echo(b"fresh") == b"fresh"
+
+
+def test_status_with_a_server_down_is_not_reported_unknown(gearmand: Gearmand, second_gearmand: Gearmand) -> None:
+    live, dead = gearmand.address, second_gearmand.address
+    with Client([live, dead]) as client:
+        # Both up and neither holds the job: that, and only that, is "unknown".
+        assert client.get_status_unique("on-neither").known is False
+        assert client.get_status("H:nowhere:1").known is False
+        handle = client.submit_background("no-worker", b"", "held")
+    second_gearmand.stop()
+
+    for order in ([live, dead], [dead, live]):
+        with Client(order, connect_timeout=1) as client:
+            with pytest.raises(StatusUnknown) as info:
+                client.get_status_unique("on-neither")
+            assert isinstance(info.value, GearmanError)  # what nightly.Watchdog catches
+            assert info.value.addresses == [format_address(*dead)]
+            assert info.value.answered == [format_address(*live)]
+            assert format_address(*dead) in str(info.value)
+            with pytest.raises(StatusUnknown):
+                client.get_status("H:nowhere:1")
+
+            # A job the live server holds is still reported, whatever the order.
+            held = client.get_status_unique("held")
+            assert (held.known, held.running) == (True, False)
+            assert client.get_status(handle).known is True
+
+    gearmand.stop()
+    with Client([live, dead], connect_timeout=1) as client, pytest.raises(ServerUnavailable):
+        client.get_status_unique("held")

@@ -24,6 +24,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, text
 
 from gearfarm import history, report
+from gearfarm.ledger import Ledger
 from gearfarm.result import CaseResult, ResultRecord
 from gearfarm.store import Base, ResultsDB, alembic_config, current_revision, head_revision
 from tests.pg import pg_server, pg_url  # noqa: F401 - fixtures
@@ -48,7 +49,6 @@ def add_run(db: ResultsDB, run_id: str, at: float, results: dict[str, dict[str, 
     """A run with the unit suite on each target in ``results`` ({target: {case: status}}), and
     a re-run run of the same shape when ``reruns`` is given."""
     targets = sorted(set(results) | set(build or {}))
-    db.create_run(run_id, rev_of(run_id), targets, [], notes={"seed": 7}, created_at=at)
     recs = []
     for t in targets:
         bstatus = (build or {}).get(t, "passed")
@@ -58,13 +58,17 @@ def add_run(db: ResultsDB, run_id: str, at: float, results: dict[str, dict[str, 
                                  host={"hostname": "h1", "cpu": "cpu", "cores": "4", "mem_gib": "8", "class": "c"}))
         if t in results:
             recs.append(_suite(run_id, run_id, t, results[t], "w1"))
+    ledger = Ledger(db)
+    db.create_run(run_id, rev_of(run_id), targets, [r.job_id for r in recs], notes={"seed": 7}, created_at=at)
     if reruns:
         rid = run_id + ".rerun"
-        db.create_run(rid, rev_of(run_id), sorted(reruns), [], parent_run_id=run_id, created_at=at + 1)
-        for t, cases in reruns.items():
-            db.upsert(_suite(rid, run_id, t, cases, "w2"))
+        again = [_suite(rid, run_id, t, cases, "w2") for t, cases in reruns.items()]
+        db.create_run(rid, rev_of(run_id), sorted(reruns), [r.job_id for r in again], parent_run_id=run_id,
+                      created_at=at + 1)
+        for r in again:
+            assert ledger.apply(r, "collect") == "applied"
     for r in recs:
-        db.upsert(r, host_class="c")
+        assert ledger.apply(r, "collect") == "applied"
     return recs
 
 
@@ -98,7 +102,7 @@ def test_migrations_create_the_models_schema_and_upgrade_a_database_made_before_
     engine.dispose()
 
     db = ResultsDB(db_url)
-    assert current_revision(db.engine) == head_revision() == "0003"
+    assert current_revision(db.engine) == head_revision() == "0004"
     old = db.get_run("old")
     assert old is not None and old.targets == [T] and old.parent_run_id is None
     with db.engine.connect() as conn:

@@ -64,7 +64,7 @@ def check_message(msg: email.message.EmailMessage, rep: dict) -> None:  # type: 
 def test_the_report_mail_reaches_a_real_smtp_server_as_one_multipart_message(tmp_path: Path, sink: SMTPSink) -> None:
     _db, rep = make_report(tmp_path)
     cfg = MailConfig(host="127.0.0.1", port=sink.port, sender="farm@example.org", recipients=["a@example.org"])
-    d = mail.deliver(rep, tmp_path / "out", cfg)
+    d = deliver(rep, tmp_path / "out", cfg)
     assert d.sent and d.error is None and d.attempts == 1
     assert len(sink.messages) == 1 and sink.envelopes == [("farm@example.org", ["a@example.org"])]
     check_message(sink.messages[0], rep)
@@ -114,12 +114,12 @@ def test_starttls_and_tls_with_login_never_show_the_password(tmp_path: Path, sec
         cfg = MailConfig(host="127.0.0.1", port=sink.port, security=security, username="farm", password=PASSWORD,
                          recipients=["a@example.org"])
         caplog.set_level(logging.DEBUG)
-        d = mail.deliver(rep, tmp_path / "out", cfg)
+        d = deliver(rep, tmp_path / "out", cfg)
         assert d.sent, d.error
         assert logins == [(b"farm", PASSWORD.encode())] and len(sink.messages) == 1
         check_message(sink.messages[0], rep)
         wrong = cfg.model_copy(update={"password": "wrong-" + PASSWORD})
-        d = mail.deliver(rep, tmp_path / "out2", wrong, sleep=lambda _s: None, timeout=10)
+        d = deliver(rep, tmp_path / "out2", wrong, sleep=lambda _s: None, timeout=10)
         assert not d.sent and "Authentication" in (d.error or "")
         assert d.attempts == 1  # a refused login is not retried: waiting will not fix it
     finally:
@@ -133,7 +133,7 @@ def test_an_unreachable_server_is_retried_and_the_report_is_kept(tmp_path: Path)
     dead = free_port()
     pauses: list[float] = []
     cfg = MailConfig(host="127.0.0.1", port=dead, recipients=["a@example.org"], retries=2)
-    d = mail.deliver(rep, tmp_path / "out", cfg, sleep=pauses.append, backoff=0.5)
+    d = deliver(rep, tmp_path / "out", cfg, sleep=pauses.append, backoff=0.5)
     assert not d.sent and d.attempts == 3 and pauses == [0.5, 1.0]
     assert f"127.0.0.1:{dead}" in (d.error or "") and "after 3 attempt(s)" in (d.error or "")
     assert (tmp_path / "out" / "report.eml").stat().st_size > 0
@@ -141,7 +141,7 @@ def test_an_unreachable_server_is_retried_and_the_report_is_kept(tmp_path: Path)
 
 def test_without_mail_settings_the_message_is_an_eml_beside_the_report(tmp_path: Path) -> None:
     _db, rep = make_report(tmp_path)
-    d = mail.deliver(rep, tmp_path / "out", MailConfig())
+    d = deliver(rep, tmp_path / "out", MailConfig())
     assert not d.sent and d.error is None and d.attempts == 0
     check_message(email.message_from_bytes(Path(d.eml).read_bytes(), policy=policy.default), rep)  # type: ignore[arg-type]
 
@@ -183,3 +183,7 @@ def json_ok(path: Path) -> bool:
     import json
 
     return json.loads(path.read_text())["run_id"] == "r2"
+
+
+def deliver(rep: dict, out: Path, cfg: MailConfig, **kw: object) -> mail.Delivery:  # type: ignore[type-arg]
+    return mail.deliver(rep, report.render_text(rep), report.render_html(rep, mail=True), out, cfg, **kw)  # type: ignore[arg-type]

@@ -1,19 +1,20 @@
 """The worker runtime: a result that cannot be reported (job server down) waits in the local
-spool and is delivered when the server is back, also by a restarted worker."""
+spool, sealed, and is delivered when the server is back, also by a restarted worker; a spool
+file that cannot be read is set aside and never blocks the others."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
+from gearfarm.s3 import keys
 from gearfarm.s3.minio import MinioServer
 from gearfarm.workers.base import Context
 
 from gearfarm.config import Config, FarmConfig, GearmanConfig
 from gearfarm.gearman import admin
 from gearfarm.gearmand import Gearmand
-from gearfarm.result import ResultRecord
+from gearfarm.result import ResultRecord, open_record, seal_record
 
 
 def test_undeliverable_results_are_spooled_and_delivered_later(tmp_path: Path) -> None:
@@ -26,15 +27,21 @@ def test_undeliverable_results_are_spooled_and_delivered_later(tmp_path: Path) -
         gm.stop()
         ctx.deliver(rec)  # gearmand is down: must not raise, must not lose it
         spooled = list(ctx.spool.glob("*.json"))
-        assert len(spooled) == 1 and json.loads(spooled[0].read_text())["job_id"] == rec.job_id
-        # S3 got the durable copy before the collector submission failed.
-        assert ctx.store.exists("runs/r1/linux-x86_64/test-unit/result.json")
+        assert len(spooled) == 1 and open_record(spooled[0].read_bytes(), ["k"]) == rec
+        assert list(ctx.spool.glob(".tmp-*")) == []  # written atomically: no temp file left
+        # S3 got the durable, sealed copy before the collector submission failed.
+        stored = [k for k in ctx.store.list("runs/r1/") if k.endswith(".json")]
+        assert stored == [keys.result("r1", "linux-x86_64", "test-unit", 1, rec.digest)]
+        # A torn or foreign file in the spool must not jam it.
+        (ctx.spool / "0-torn.json").write_bytes(b'{"purpose": "result", "bo')
+        (ctx.spool / "1-forged.json").write_bytes(seal_record(rec, ["not-the-farm-key"]))
 
         gm.start()  # same port
         later = Context(cfg, "test")  # a restarted worker of the same host and role
         assert later.spool == ctx.spool
         later.flush_spool()
         assert list(ctx.spool.glob("*.json")) == []
+        assert sorted(p.name for p in (ctx.spool / "unreadable").iterdir()) == ["0-torn.json", "1-forged.json"]
         deadline = time.monotonic() + 10
         while admin.status(*gm.address).get("collect") is None:
             assert time.monotonic() < deadline

@@ -1,43 +1,32 @@
 """What every worker role shares: connecting to gearmand and S3, checking payloads before
-anything runs, a heartbeat while a job runs, and delivering the result record (to S3 first,
-the durable copy, then to the collector through Gearman, spooling locally when that fails)."""
+anything runs (signature, unique id, deadline, the run not closed), a heartbeat for the whole
+job including delivery, and delivering the sealed result record (to S3 first, the durable
+copy, then to the collector through Gearman, spooling locally when that fails)."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import signal
 import socket
-import ssl
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError
 
 from gearfarm import host
 from gearfarm.config import Config
-from gearfarm.gearman import Client, GearmanError, Job, Worker
+from gearfarm.connection import gearman_client, gearman_worker
+from gearfarm.gearman import GearmanError, Job
 from gearfarm.job import COLLECT_FUNCTION, Payload, PayloadError, unique_id, verify
-from gearfarm.result import ResultRecord
-from gearfarm.tls import client_context
+from gearfarm.result import RecordError, ResultRecord, open_record, seal_record
 
 log = logging.getLogger("gearfarm.worker")
 HEARTBEAT_SECONDS = 5.0
-
-
-def ssl_context(cfg: Config) -> ssl.SSLContext | None:
-    """TLS to the job servers (stunnel in front of gearmand) when the config names a CA."""
-    if not cfg.gearman.tls_ca:
-        return None
-    return client_context(cfg.path(cfg.gearman.tls_ca))
-
-
-def gearman_client(cfg: Config) -> Client:
-    return Client(cfg.gearman.addresses(), ssl_context=ssl_context(cfg),
-                  server_hostname=cfg.gearman.tls_server_name)
 
 
 class Context:
@@ -59,22 +48,33 @@ class Context:
 
     def deliver(self, rec: ResultRecord) -> None:
         """Report a result; never loses it: on failure it waits in the local spool."""
-        body = rec.model_dump_json().encode()
+        body = seal_record(rec, self.cfg.farm.secrets)
         try:
             self._publish(rec, body)
         except Exception as e:  # whatever went wrong, the record must survive: spool it
-            self.spool.mkdir(parents=True, exist_ok=True)
-            path = self.spool / f"{hashlib.sha256(rec.job_id.encode()).hexdigest()[:16]}-{rec.attempt}.json"
-            path.write_bytes(body)
+            path = self._spool_write(rec, body)
             log.warning("result of %s spooled to %s (%s); will deliver when possible", rec.job_id, path, e)
 
+    def _spool_write(self, rec: ResultRecord, body: bytes) -> Path:
+        """Atomically: a crash mid-write leaves a temp file, never a torn record."""
+        self.spool.mkdir(parents=True, exist_ok=True)
+        path = self.spool / f"{rec.digest[:24]}.json"
+        fd, tmp = tempfile.mkstemp(dir=self.spool, prefix=".tmp-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return path
+
     def _publish(self, rec: ResultRecord, body: bytes) -> None:
-        """S3 first (the durable copy the nightly reconciles from), then the collector. The
-        body's digest is in the unique id: a changed record is a new delivery, the very same
-        record sent twice (a spool replay) is deduplicated by gearmand while queued."""
-        self.store.put_bytes(keys.result(rec.run_id, rec.target, rec.step), body, "application/json")
-        salt = hashlib.sha256(body).hexdigest()
-        self.client.submit_background(COLLECT_FUNCTION, body, unique=unique_id(rec.job_id, rec.attempt, salt))
+        """S3 first (the durable copy the nightly reconciles from; one key per record), then the
+        collector. The record's digest is in the unique id: a changed record is a new delivery,
+        the very same record sent twice (a spool replay) is deduplicated by gearmand."""
+        digest = rec.digest
+        self.store.put_bytes(keys.result(rec.run_id, rec.target, rec.step, rec.attempt, digest), body,
+                             "application/json")
+        self.client.submit_background(COLLECT_FUNCTION, body, unique=unique_id(rec.job_id, rec.attempt, digest[:16]))
 
     def flush_spool(self) -> None:
         with self._spool_lock:
@@ -83,11 +83,21 @@ class Context:
             for path in sorted(self.spool.glob("*.json")):
                 try:
                     body = path.read_bytes()
-                    self._publish(ResultRecord.model_validate_json(body), body)
                 except FileNotFoundError:
                     continue  # a sibling worker of this host and role delivered it
+                try:
+                    rec = open_record(body, self.cfg.farm.secrets)
+                except RecordError as e:
+                    # A file that cannot be read never blocks the others: set aside, said once.
+                    bad = self.spool / "unreadable"
+                    bad.mkdir(exist_ok=True)
+                    os.replace(path, bad / path.name)
+                    log.error("spool file %s cannot be delivered (%s); moved to %s", path.name, e, bad)
+                    continue
+                try:
+                    self._publish(rec, body)
                 except (StoreError, GearmanError, OSError):
-                    return
+                    return  # still away; try again on the next round
                 path.unlink(missing_ok=True)
                 log.info("delivered spooled result %s", path.name)
 
@@ -95,6 +105,23 @@ class Context:
         return ResultRecord(job_id=p.job_id, run_id=p.run_id, target=p.target, kind=p.kind, step=p.step,
                             name=p.name, rev=p.rev, status=status, attempt=p.attempt, worker=self.name,
                             host=self.host, submitted_at=p.submitted_at, **fields)  # type: ignore[arg-type]
+
+    def started(self, p: Payload) -> None:
+        """One line per start of a job's command: what the chaos suite counts."""
+        log.info("COMMAND START job=%s attempt=%d worker=%s", p.job_id, p.attempt, self.name)
+
+    def stale(self, p: Payload, job: Job) -> str:
+        """Why this genuine payload must not run now ("" when it may)."""
+        if job.unique != p.unique:
+            return f"it arrived under unique id {job.unique!r}, its payload says {p.unique!r}"
+        if time.time() > p.deadline:
+            return f"its run's deadline passed at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(p.deadline))}"
+        try:
+            if self.store.exists(keys.run_closed(p.run_id)):
+                return f"run {p.run_id} was reported and closed"
+        except StoreError as e:
+            log.warning("cannot check whether run %s is closed (%s); running the job", p.run_id, e)
+        return ""
 
 
 RoleHandler = Callable[[Context, Payload, Job], ResultRecord]
@@ -110,11 +137,11 @@ def _handler(ctx: Context, role_handler: RoleHandler) -> Callable[[Job], bytes]:
             # Refused, never executed; the line names the job so an operator can find it.
             log.error("REJECTED job %s on %s: %s", job.handle, job.function, e)
             raise
-        log.info("job %s: %s %s at %s", job.handle, p.function, p.step, p.rev[:12])
         stop = threading.Event()
 
         def beat() -> None:
-            # The lease: gearmand sees WORK_STATUS, the farm sees a live job.
+            # The lease: gearmand sees WORK_STATUS, the farm sees a live job — until the
+            # result is delivered, so a slow S3 during delivery is not a dead worker.
             n = 0
             while not stop.wait(HEARTBEAT_SECONDS):
                 n += 1
@@ -123,15 +150,22 @@ def _handler(ctx: Context, role_handler: RoleHandler) -> Callable[[Job], bytes]:
         hb = threading.Thread(target=beat, daemon=True)
         hb.start()
         try:
-            rec = role_handler(ctx, p, job)
-        except Exception as e:  # the farm failed, not the product: say so, never lose the job
-            log.exception("job %s failed inside the worker", job.handle)
-            rec = ctx.record(p, "infra", message=f"worker error: {type(e).__name__}: {e}",
-                             started_at=time.time(), finished_at=time.time())
+            why = ctx.stale(p, job)
+            if why:
+                # Completed, so it leaves the queue; no record: the run has its answer already.
+                log.warning("DROPPED job %s (%s): %s", job.handle, p.job_id, why)
+                return f"dropped: {why}".encode()
+            log.info("job %s: %s %s at %s, attempt %d", job.handle, p.function, p.step, p.rev[:12], p.attempt)
+            try:
+                rec = role_handler(ctx, p, job)
+            except Exception as e:  # the farm failed, not the product: say so, never lose the job
+                log.exception("job %s failed inside the worker", job.handle)
+                rec = ctx.record(p, "infra", message=f"worker error: {type(e).__name__}: {e}",
+                                 started_at=time.time(), finished_at=time.time())
+            ctx.deliver(rec)
+            return f"{rec.job_id} {rec.status}".encode()
         finally:
             stop.set()
-        ctx.deliver(rec)
-        return rec.model_dump_json().encode()
 
     return handle
 
@@ -143,8 +177,7 @@ def serve(cfg: Config, role: str, functions: dict[str, RoleHandler], stop: threa
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-    worker = Worker(cfg.gearman.addresses(), client_id=ctx.name, ssl_context=ssl_context(cfg),
-                    server_hostname=cfg.gearman.tls_server_name)
+    worker = gearman_worker(cfg, ctx.name)
     for fn, h in functions.items():
         worker.register(fn, _handler(ctx, h))
     log.info("worker %s serving %s", ctx.name, ", ".join(sorted(functions)))

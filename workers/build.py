@@ -1,6 +1,7 @@
 """The build worker: export the engine at the run's revision, build it with the target's
 toolchain as the catalog says, pack and upload the artifact (or reuse it), then fan out the
-target's test and perf jobs."""
+target's test and perf jobs. A build that does not pass ends its dependents through the
+ledger's rule, not here."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from gearfarm.workers.base import Context
 from gearfarm import catalog as catalog_mod
 from gearfarm import process
 from gearfarm.catalog import Catalog, Target
-from gearfarm.gearman import Job
-from gearfarm.job import Payload, sign
+from gearfarm.gearman import GearmanError, Job
+from gearfarm.job import Artifact, Payload, dependent, sign, step_name
 from gearfarm.result import ResultRecord
 
 log = logging.getLogger("gearfarm.worker.build")
@@ -58,31 +59,21 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 
 def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
+    """Whatever goes wrong here (catalog unreadable, revision missing, export or upload error)
+    becomes the build's record; the ledger then ends the target's test and perf jobs with it,
+    so no run waits for a job that cannot start."""
     started = time.time()
-    cat = catalog_mod.load_at_rev(ctx.repo, p.rev)
-    target = cat.target(p.target)
-    suites = [s for s in p.suites if s in target.suites]
     try:
+        cat = catalog_mod.load_at_rev(ctx.repo, p.rev)
+        target = cat.target(p.target)
         rec = build(ctx, p, cat, target, started)
-    except Exception as e:  # the farm failed (S3, disk, git), not the engine: say so
+    except Exception as e:  # the farm failed (S3, disk, git, catalog), not the engine: say so
         log.exception("build %s failed inside the worker", p.job_id)
-        rec = ctx.record(p, "infra", message=f"build worker error: {type(e).__name__}: {e}",
-                         started_at=started, finished_at=time.time())
+        return ctx.record(p, "infra", message=f"build worker error: {type(e).__name__}: {e}",
+                          started_at=started, finished_at=time.time())
     if rec.status == "passed":
-        fan_out(ctx, p, suites, target, rec)
-    else:
-        skip_dependents(ctx, p, suites if not target.perf else suites + p.benchmarks, rec.status)
+        fan_out(ctx, p, [s for s in p.suites if s in target.suites], target, rec)
     return rec
-
-
-def skip_dependents(ctx: Context, p: Payload, names: list[str], why: str) -> None:
-    """A failed build still accounts for every job it would have started: as skipped."""
-    now = time.time()
-    for name in names:
-        kind = "test" if name in p.suites else "perf"
-        q = p.model_copy(update={"kind": kind, "name": name, "suites": [], "benchmarks": []})
-        ctx.deliver(ctx.record(q, "skipped", message=f"skipped: the {p.target} build {why}",
-                               started_at=now, finished_at=now))
 
 
 def build(ctx: Context, p: Payload, cat: Catalog, target: Target, started: float) -> ResultRecord:
@@ -118,6 +109,7 @@ def build(ctx: Context, p: Payload, cat: Catalog, target: Target, started: float
                       "static": str(target.static)}
             argv = catalog_mod.expand(cat.build.argv, values)
             t0 = time.monotonic()
+            ctx.started(p)
             rc, timed_out = process.run_logged(argv, log_path, cat.build.timeout, cwd=src, env=dict(os.environ))
             timings["build"] = time.monotonic() - t0
             manifest = {}
@@ -127,12 +119,20 @@ def build(ctx: Context, p: Payload, cat: Catalog, target: Target, started: float
                            else f"build failed (exit {rc})")
             else:
                 outputs = [o.format(exe=target.exe) for o in cat.build.outputs]
+                # Nothing about who or when: two builds of the same inputs pack byte-identical
+                # archives (the record says who built it and when).
                 meta = {"rev": p.rev, "target": p.target, "toolchain": tc_id, "compiler": cc_version,
-                        "flags": flags, "built_by": ctx.name, "built_at": time.time()}
+                        "flags": flags}
                 t0 = time.monotonic()
-                manifest = artifact.pack(out, outputs, meta, tmpd / "artifact.tar.gz")
-                bytes_up += ctx.store.put_file(art_key, tmpd / "artifact.tar.gz", "application/gzip")
-                bytes_up += ctx.store.put_bytes(man_key, json.dumps(manifest, indent=2).encode(), "application/json")
+                packed = artifact.pack(out, outputs, meta, tmpd / "artifact.tar.gz")
+                # Put-if-absent: a concurrent build of the same (rev, target, toolchain) cannot
+                # replace the archive under a sha256 another build's tests were given.
+                manifest = artifact.publish(ctx.store, art_key, man_key, tmpd / "artifact.tar.gz", packed)
+                bytes_up += manifest["uploaded_bytes"]
+                if manifest["raced"]:
+                    with log_path.open("a") as f:
+                        f.write(f"another build stored {art_key} first (sha256 {manifest['archive_sha256']}); "
+                                "using that one\n")
                 timings["upload"] = time.monotonic() - t0
         log_tail = tail(log_path)
         ctx.store.put_bytes(log_key, log_path.read_bytes(), "text/plain; charset=utf-8")
@@ -145,13 +145,18 @@ def build(ctx: Context, p: Payload, cat: Catalog, target: Target, started: float
 
 
 def fan_out(ctx: Context, p: Payload, suites: list[str], target: Target, build: ResultRecord) -> None:
-    """Submit the target's test (and perf) jobs; they carry the artifact's key and sha256."""
-    jobs = [("test", s) for s in suites] + ([("perf", b) for b in p.benchmarks] if target.perf else [])
-    for kind, name in jobs:
-        baseline = ({"baseline_rev": p.baseline_rev, "baseline_key": p.baseline_key,
-                     "baseline_sha256": p.baseline_sha256} if kind == "perf" else {})
-        q = Payload(kind=kind, run_id=p.run_id, rev=p.rev, target=p.target, name=name,  # type: ignore[arg-type]
-                    artifact_key=build.artifact_key, artifact_sha256=build.artifact_sha256, seed=p.seed,
-                    submitted_at=time.time(), **baseline)
-        ctx.client.submit_background(q.function, sign(q, ctx.cfg.farm.secrets), unique=q.unique)
+    """Submit the target's test (and perf) jobs; they carry the artifact's key and sha256. If
+    gearmand stays away past the retries, the nightly's watchdog finds the jobs missing and
+    submits them itself (same payload factory), so a passed build is still reported passed."""
+    assert build.artifact_key and build.artifact_sha256
+    artifact = Artifact(build.artifact_key, build.artifact_sha256)
+    steps = [step_name("test", s) for s in suites] + ([step_name("perf", b) for b in p.benchmarks] if target.perf
+                                                      else [])
+    for step in steps:
+        q = dependent(p, step, artifact)
+        try:
+            ctx.client.submit_background(q.function, sign(q, ctx.cfg.farm.secrets), unique=q.unique)
+        except GearmanError as e:
+            log.error("cannot submit %s (%s); the nightly will resubmit it", q.job_id, e)
+            continue
         log.info("submitted %s %s", q.function, q.step)

@@ -1,34 +1,44 @@
-"""The collector: the one writer of the results database. It takes result records from the
-`collect` Gearman function and upserts them, one row per job id."""
+"""The collector: takes sealed result records from the `collect` Gearman function and offers
+them to the run ledger, which verifies the seal and the job, applies its rules and logs every
+outcome (rejections included, counted on `gearfarm status`). While the results database is
+away (a PostgreSQL restart) it holds the job and retries, so no record is dropped: if the
+collector dies meanwhile, gearmand hands the job to the next one."""
 
 from __future__ import annotations
 
 import logging
 import signal
 import threading
+import time
 
-from gearfarm.workers.base import ssl_context
-from pydantic import ValidationError
+from sqlalchemy.exc import SQLAlchemyError
 
 from gearfarm.config import Config
-from gearfarm.gearman import Job, Worker
+from gearfarm.connection import gearman_worker
+from gearfarm.gearman import Job
 from gearfarm.job import COLLECT_FUNCTION
-from gearfarm.result import ResultRecord
+from gearfarm.ledger import Ledger
 from gearfarm.store import ResultsDB
 
 log = logging.getLogger("gearfarm.collector")
 
 
-def make_handler(db: ResultsDB):  # noqa: ANN201 - returns the gearman handler
+def make_handler(ledger: Ledger, keyring: list[str]):  # noqa: ANN201 - returns the gearman handler
     def handle(job: Job) -> bytes:
-        try:
-            rec = ResultRecord.model_validate_json(job.data)
-        except ValidationError as e:
-            log.error("REJECTED result record %s: %s", job.handle, e.errors()[0])
-            raise
-        changed = db.upsert(rec, host_class=rec.host.get("class", ""))
-        log.info("%s %s: %s", "stored" if changed else "duplicate", rec.job_id, rec.status)
-        return b"ok"
+        delay = 0.5
+        while True:
+            try:
+                outcome, rec = ledger.accept(job.data, keyring, "collect")
+                break
+            except SQLAlchemyError as e:
+                # Never WORK_FAIL a record (gearmand would drop it): hold it until the database
+                # answers; if this process is stopped meanwhile, gearmand requeues the job.
+                log.warning("results database unavailable (%s); retrying in %.1fs", str(e).splitlines()[0], delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        if rec is not None:
+            log.info("%s %s: %s (attempt %d)", outcome, rec.job_id, rec.status, rec.attempt)
+        return outcome.encode()
 
     return handle
 
@@ -39,9 +49,8 @@ def serve(cfg: Config, stop: threading.Event | None = None) -> None:
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-    worker = Worker(cfg.gearman.addresses(), client_id="collector", ssl_context=ssl_context(cfg),
-                    server_hostname=cfg.gearman.tls_server_name)
-    worker.register(COLLECT_FUNCTION, make_handler(db))
+    worker = gearman_worker(cfg, "collector")
+    worker.register(COLLECT_FUNCTION, make_handler(Ledger(db), cfg.farm.secrets))
     log.info("collector storing into %s", db.engine.url.render_as_string(hide_password=True))
     try:
         worker.work(stop)

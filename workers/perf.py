@@ -108,6 +108,7 @@ def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
             with log_path.open("a") as f:
                 f.write(f"paired with the last good build {p.baseline_rev}\n")
         t0 = time.monotonic()
+        ctx.started(p)
         try:
             for rep in range(bench.repetitions):
                 # Same seed for both sides of a pair: the pair differs only in the build.

@@ -66,6 +66,7 @@ def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
         argv = target.runner + catalog_mod.expand(suite.argv, values)
         env = dict(os.environ, **target.runner_env)
         t0 = time.monotonic()
+        ctx.started(p)
         rc, timed_out = process.run_logged(argv, log_path, suite.timeout, cwd=scratch, env=env)
         timings["test"] = time.monotonic() - t0
         cases = []

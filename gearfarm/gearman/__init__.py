@@ -17,6 +17,7 @@ from .errors import (
     ProtocolError,
     ServerError,
     ServerUnavailable,
+    StatusUnknown,
 )
 from .protocol import Command, Connection, Packet
 from .worker import Handler, Job, Worker
@@ -38,6 +39,7 @@ __all__ = [
     "ProtocolError",
     "ServerError",
     "ServerUnavailable",
+    "StatusUnknown",
     "Worker",
     "WorkerInfo",
     "admin",

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from .errors import GearmanError, JobFailed, JobLost, ProtocolError, ServerError, ServerUnavailable
+from .errors import GearmanError, JobFailed, JobLost, ProtocolError, ServerError, ServerUnavailable, StatusUnknown
 from .protocol import (
     MAX_FUNCTION_SIZE,
     MAX_UNIQUE_SIZE,
@@ -220,18 +220,47 @@ class Client:
         Much faster than one-by-one submission (no round trip per job).  If a server
         dies mid-batch the whole remaining chunk is resubmitted elsewhere; unique ids
         make the already-queued ones coalesce instead of duplicating.
+
+        If the server answers a submission with an ERROR packet (e.g. ``QUEUE_ERROR``
+        when a ``maxqueue`` limit is reached) this raises :class:`ServerError` at once,
+        naming the server, the error and the submission (``index``), without trying
+        another server: the server is up and said no.  The jobs before the failing one
+        stay queued (their handles are in the exception's ``submitted``).  The rest of
+        its chunk (up to 256 jobs) was already sent and may or may not have been
+        queued, since their replies are discarded with the connection; later chunks are
+        not sent.  Resubmitting the whole batch is safe: the unique ids coalesce.
         """
+        batch = list(jobs)
         command = _command(_BG_COMMANDS, priority)
-        encoded = [_submit_packet(command, j.function, j.data, j.unique) for j in jobs]
+        encoded = [_submit_packet(command, j.function, j.data, j.unique) for j in batch]
         handles: list[str] = []
         for start in range(0, len(encoded), _PIPELINE_CHUNK):
             chunk = encoded[start : start + _PIPELINE_CHUNK]
 
-            def operation(conn: Connection, chunk: list[bytes] = chunk) -> list[str]:
+            def operation(conn: Connection, chunk: list[bytes] = chunk, start: int = start) -> list[str]:
                 conn.send_raw(b"".join(chunk))
                 # gearmand answers requests on one connection in order, so the n-th
-                # JOB_CREATED belongs to the n-th submission.
-                return [self._await_created(conn) for _ in chunk]
+                # JOB_CREATED (or ERROR) belongs to the n-th submission.
+                created: list[str] = []
+                for offset in range(len(chunk)):
+                    reply = self._await(conn, Command.JOB_CREATED, raise_error=False)
+                    if reply.command is Command.ERROR:
+                        # The replies to the rest of the chunk are still in flight; left
+                        # unread they would answer this thread's next requests.
+                        self._drop_connection(conn)
+                        index = start + offset
+                        job = batch[index]
+                        raise ServerError(
+                            conn.address,
+                            reply.text(0),
+                            reply.text(1),
+                            request=f"answering submission {index + 1} of {len(batch)} in the batch: "
+                            f"function {job.function!r}, unique {job.unique!r}",
+                            index=index,
+                            submitted=handles + created,
+                        )
+                    created.append(reply.text(0))
+                return created
 
             handles.extend(self._with_failover(operation))
         return handles
@@ -251,7 +280,10 @@ class Client:
         Raises ``JobFailed`` on WORK_FAIL/WORK_EXCEPTION, ``TimeoutError`` if no result
         arrives within ``timeout`` seconds (the job keeps running on the farm; a late
         result is discarded), ``JobLost`` if the server connection dies after the job
-        was accepted.  WORK_STATUS / WORK_DATA go to the optional callbacks.
+        was accepted, ``ServerError`` at once if the server answers with an ERROR
+        packet, whether it refuses the submission (e.g. ``QUEUE_ERROR``, not retried on
+        another server) or while the result is awaited.  WORK_STATUS / WORK_DATA go to
+        the optional callbacks.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         command = _command(_FG_COMMANDS, priority)
@@ -275,6 +307,18 @@ class Client:
             except (OSError, ProtocolError) as exc:
                 self._drop_connection(conn)
                 raise JobLost(f"lost gearmand {conn.address} while waiting for job {handle}: {exc}") from exc
+            if reply.command is Command.ERROR:
+                # Its first argument is an error code, not a handle, so the handle check
+                # below would skip it and leave us waiting.  gearmand 1.1.20 only sends
+                # ERROR in answer to a request on this connection, so something else was
+                # sent on it: we cannot tell what is still in flight, hence the drop.
+                self._drop_connection(conn)
+                raise ServerError(
+                    conn.address,
+                    reply.text(0),
+                    reply.text(1),
+                    request=f"while waiting for job {handle} ({function}, unique {unique!r})",
+                )
             if reply.text(0) != handle:
                 # Late result of an earlier job on this connection that timed out.
                 continue
@@ -293,8 +337,11 @@ class Client:
     def get_status(self, handle: str) -> JobStatus:
         """Ask the servers (in order) about ``handle``; the first that knows it answers.
 
-        Handles do not say which server issued them, so an unknown status from one
-        server is only believed after all of them were asked.
+        Handles do not say which server issued them, so "unknown" (``known=False``) is
+        only returned when every server answered and none knows the job.  If some say
+        "unknown" and others cannot be reached, the job may be on an unreachable one:
+        that raises :class:`StatusUnknown` naming them ("cannot tell now"), and
+        ``ServerUnavailable`` if no server answered at all.
         """
         return self._status(Command.GET_STATUS, Command.STATUS_RES, handle)
 
@@ -303,38 +350,51 @@ class Client:
 
         The farm knows every job's unique id but not the handles of jobs that workers
         submitted, so this is how it watches a job's heartbeat (WORK_STATUS numerator).
-        ``handle`` in the answer is the unique id.
+        ``handle`` in the answer is the unique id.  Unreachable servers are handled as
+        in :meth:`get_status` (``StatusUnknown`` / ``ServerUnavailable``).
         """
         return self._status(Command.GET_STATUS_UNIQ, Command.STATUS_RES_UNIQ, unique)
 
     def _status(self, command: Command, expect: Command, key: str) -> JobStatus:
-        unknown = JobStatus(key, False, False, 0, 0)
-        attempts: list[tuple[str, BaseException | str]] = []
-        answered = False
+        unanswered: list[tuple[str, BaseException | str]] = []
+        answered: list[str] = []
         for index, (host, port) in enumerate(self.servers):
             address = format_address(host, port)
+            failures: list[tuple[str, BaseException | str]] = []
+            reply: Packet | None = None
+            # Same retry rule as _with_failover: a stale connection gets one fresh try.
             for _retry in range(2):
                 try:
                     conn = self._connection(index)
+                except _CONNECTION_ERRORS as exc:
+                    failures.append((address, exc))
+                    break  # cannot even connect: do not wait for a second refusal
+                try:
                     reply = self._rpc(conn, command, key, expect=expect)
+                    break
                 except _CONNECTION_ERRORS as exc:
                     self._drop(index)
-                    attempts.append((address, exc))
-                    continue
-                answered = True
-                status = JobStatus(
-                    handle=reply.text(0),
-                    known=reply.arg(1) == b"1",
-                    running=reply.arg(2) == b"1",
-                    numerator=_int(reply.arg(3)),
-                    denominator=_int(reply.arg(4)),
-                )
-                if status.known:
-                    return status
-                break
+                    failures.append((address, exc))
+            if reply is None:
+                unanswered.extend(failures)
+                continue
+            answered.append(address)
+            status = JobStatus(
+                handle=reply.text(0),
+                known=reply.arg(1) == b"1",
+                running=reply.arg(2) == b"1",
+                numerator=_int(reply.arg(3)),
+                denominator=_int(reply.arg(4)),
+            )
+            if status.known:
+                return status
         if not answered:
-            raise ServerUnavailable(attempts)
-        return unknown
+            raise ServerUnavailable(unanswered)
+        if unanswered:
+            # The job may be on a server we could not ask: "unknown" would make callers
+            # resubmit (or give up on) a job that is alive.
+            raise StatusUnknown(key, unanswered, answered)
+        return JobStatus(key, False, False, 0, 0)
 
     def echo(self, data: bytes = b"ping") -> bytes:
         """Round-trip ``data`` through the first reachable server (a liveness check)."""
@@ -357,14 +417,20 @@ class Client:
         conn.send(command, *args)
         return self._await(conn, expect)
 
-    def _await(self, conn: Connection, expect: Command) -> Packet:
-        """Read until the reply ``expect`` arrives, skipping stray job updates."""
+    def _await(self, conn: Connection, expect: Command, raise_error: bool = True) -> Packet:
+        """Read until the reply ``expect`` arrives, skipping stray job updates.
+
+        An ERROR packet raises ``ServerError``, or is returned if ``raise_error`` is
+        False (for callers that must add context or clean up first).
+        """
         io_deadline = time.monotonic() + self._io_timeout
         while True:
             reply = conn.recv(max(0.0, io_deadline - time.monotonic()))
             if reply.command is expect:
                 return reply
             if reply.command is Command.ERROR:
+                if not raise_error:
+                    return reply
                 _raise_error_packet(conn, reply)
             # WORK_* for an earlier, timed-out foreground job on this connection: skip.
 

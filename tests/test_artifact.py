@@ -1,0 +1,287 @@
+"""Reproducible artifacts and race-free publishing (s3/artifact.py, put-if-absent in s3/store.py).
+
+pack() must give byte-identical archives for the same contents and meta whoever packs them and
+whenever; publish() must leave one archive per key and hand every concurrent builder the sha256
+of that stored archive. The store tests run against a real MinIO on a free loopback port.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import struct
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gearfarm.s3 import artifact
+from gearfarm.s3.minio import MinioServer
+from gearfarm.s3.store import ArtifactStore
+
+REV = "0123456789abcdef0123456789abcdef01234567"
+EXE = b"\x7fELF pretend engine binary\n" * 50
+LIB = b"!<arch>\npretend static library\n" * 50
+
+
+def _outputs(out: Path, umask: int, exe: bytes = EXE, owner: int | None = None) -> Path:
+    """Build outputs as a compiler would leave them under ``umask`` (and ``owner``, if root)."""
+    out.mkdir(parents=True)
+    old = os.umask(umask)
+    try:
+        # Created through open() so the umask, not an explicit chmod, decides the group/other bits.
+        for name, data, mode in (("gfe", exe, 0o777), ("libgfe.a", LIB, 0o666)):
+            fd = os.open(out / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+    finally:
+        os.umask(old)
+    if owner is not None and os.geteuid() == 0:
+        for name in ("gfe", "libgfe.a"):
+            os.chown(out / name, owner, owner)
+    return out
+
+
+def _touch(out: Path, when: float) -> None:
+    for p in out.iterdir():
+        os.utime(p, (when, when))
+
+
+def _meta(**extra: Any) -> dict[str, Any]:
+    return {"rev": REV, "target": "linux-x86_64", "toolchain": "tc", "flags": {"z": 1, "a": [1, 2]}, **extra}
+
+
+def test_pack_is_byte_identical_across_time_umask_owner_and_directory(tmp_path: Path) -> None:
+    a = _outputs(tmp_path / "host-a" / "out", umask=0o022)
+    _touch(a, 1_000_000_000)
+    man_a = artifact.pack(a, ["libgfe.a", "gfe"], _meta(), tmp_path / "a.tar.gz")
+
+    # Another builder: other directory, umask 077 (gfe is 0700, libgfe.a 0600), another owner,
+    # outputs listed in another order, meta keys inserted in another order, files touched later.
+    b = _outputs(tmp_path / "elsewhere" / "host-b" / "out", umask=0o077, owner=4242)
+    _touch(b, time.time() + 3600)
+    assert (b / "gfe").stat().st_mode & 0o777 == 0o700 and (b / "libgfe.a").stat().st_mode & 0o777 == 0o600
+    meta_b = dict(reversed(list(_meta().items())))
+    man_b = artifact.pack(b, ["gfe", "libgfe.a"], meta_b, tmp_path / "b.tar.gz")
+
+    # The first builder again, later, after its outputs were touched.
+    _touch(a, time.time() + 7200)
+    man_c = artifact.pack(a, ["gfe", "libgfe.a"], _meta(), tmp_path / "c.tar.gz")
+
+    first = (tmp_path / "a.tar.gz").read_bytes()
+    assert (tmp_path / "b.tar.gz").read_bytes() == first
+    assert (tmp_path / "c.tar.gz").read_bytes() == first
+    assert man_a == man_b == man_c and man_a["archive_sha256"] == hashlib.sha256(first).hexdigest()
+
+    # Control: the comparison above can tell archives apart when contents differ.
+    d = _outputs(tmp_path / "host-d" / "out", umask=0o022, exe=EXE + b"!")
+    artifact.pack(d, ["gfe", "libgfe.a"], _meta(), tmp_path / "d.tar.gz")
+    assert (tmp_path / "d.tar.gz").read_bytes() != first
+
+
+def test_packed_members_carry_nothing_of_the_packing_host(tmp_path: Path) -> None:
+    out = _outputs(tmp_path / "out", umask=0o077, owner=4242)
+    artifact.pack(out, ["libgfe.a", "gfe"], _meta(built_by="w1"), tmp_path / "a.tar.gz")
+    with tarfile.open(tmp_path / "a.tar.gz", "r:gz") as tar:
+        members = tar.getmembers()
+        assert not tar.pax_headers
+        body = tar.extractfile(artifact.MANIFEST).read()  # type: ignore[union-attr]
+    assert [m.name for m in members] == ["gfe", "libgfe.a", artifact.MANIFEST]
+    assert [m.mode for m in members] == [0o755, 0o644, 0o644]
+    for m in members:
+        assert (m.mtime, m.uid, m.gid, m.uname, m.gname) == (0, 0, 0, "", ""), m.name
+        assert m.isfile() and not m.pax_headers, m.name
+    # Canonical JSON: exactly the sorted-keys serialisation of its own content.
+    assert body == artifact.canonical_json(json.loads(body))
+    assert list(json.loads(body)) == sorted(json.loads(body))
+
+
+def test_archive_gzip_header_has_mtime_0_and_no_file_name(tmp_path: Path) -> None:
+    out = _outputs(tmp_path / "out", umask=0o022)
+    dest = tmp_path / "artifact-with-a-name.tar.gz"
+    artifact.pack(out, ["gfe", "libgfe.a"], _meta(), dest)
+    raw = dest.read_bytes()
+    assert raw[:3] == b"\x1f\x8b\x08"
+    flags, mtime = raw[3], struct.unpack("<I", raw[4:8])[0]
+    assert mtime == 0
+    assert not flags & 0x08, "gzip header carries a file name (FNAME)"
+    assert b"artifact-with-a-name" not in raw
+    assert gzip.decompress(raw)  # and it is still a valid gzip stream
+
+
+@pytest.fixture(scope="module")
+def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
+    """A real MinIO on a free loopback port, data in a tmp dir; always stopped."""
+    server = MinioServer(tmp_path_factory.mktemp("minio"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def store(minio: MinioServer) -> ArtifactStore:
+    # A short retry window: a wrongly retried 412 then fails the test in seconds, not minutes.
+    return ArtifactStore(minio.s3_config(), retry_for=5)
+
+
+def _count_requests(store: ArtifactStore, operation: str) -> list[str]:
+    """Every request for ``operation`` the client actually sends (retries included)."""
+    sent: list[str] = []
+    store.s3.meta.events.register(f"before-send.s3.{operation}", lambda **kw: sent.append(operation))
+    return sent
+
+
+def test_put_bytes_if_absent_writes_once_and_keeps_the_first_object(store: ArtifactStore) -> None:
+    key = "t/put-bytes/object"
+    assert store.put_bytes_if_absent(key, b"first", "text/plain") is True
+    puts = _count_requests(store, "PutObject")
+    t0 = time.monotonic()
+    assert store.put_bytes_if_absent(key, b"second", "text/plain") is False
+    assert len(puts) == 1, "the 412 was retried"
+    assert time.monotonic() - t0 < 2
+    assert store.get_bytes(key) == b"first"
+
+
+def test_put_file_if_absent_streams_one_put_and_keeps_the_first_object(store: ArtifactStore, tmp_path: Path) -> None:
+    key = "t/put-file/object"
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(9 << 20))  # over boto3's 8 MiB multipart threshold
+    other = tmp_path / "other.bin"
+    other.write_bytes(b"other")
+    puts = _count_requests(store, "PutObject")
+    multipart = _count_requests(store, "CreateMultipartUpload")
+    assert store.put_file_if_absent(key, big, "application/gzip") is True
+    assert store.put_file_if_absent(key, other, "application/gzip") is False
+    assert (len(puts), multipart) == (2, [])
+    assert store.get_bytes(key) == big.read_bytes()
+
+
+def _pack(tmp_path: Path, who: str, exe: bytes = EXE) -> tuple[Path, dict[str, Any]]:
+    out = _outputs(tmp_path / who / "out", umask=0o022, exe=exe)
+    dest = tmp_path / who / "artifact.tar.gz"
+    return dest, artifact.pack(out, ["gfe", "libgfe.a"], _meta(built_by=who), dest)
+
+
+def _manifest_without_extras(result: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in result.items() if k not in ("uploaded_bytes", "raced")}
+
+
+def _publish_concurrently(stores: list[ArtifactStore], art_key: str, man_key: str,
+                          packs: list[tuple[Path, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """publish() from one thread per pack, all released at once; re-raise the first failure."""
+    barrier = threading.Barrier(len(packs))
+    results: list[dict[str, Any] | BaseException] = [RuntimeError("publisher did not finish")] * len(packs)
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait()
+            results[i] = artifact.publish(stores[i], art_key, man_key, packs[i][0], packs[i][1])
+        except BaseException as e:
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(packs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return [r for r in results if isinstance(r, dict)]
+
+
+@pytest.mark.parametrize("round_", range(5))
+def test_concurrent_publishers_of_different_archives_agree_on_the_stored_one(
+        minio: MinioServer, tmp_path: Path, round_: int) -> None:
+    art_key, man_key = f"t/race{round_}/artifact.tar.gz", f"t/race{round_}/manifest.json"
+    # Not byte-identical (another builder name in meta), as from two hosts racing.
+    packs = [_pack(tmp_path, who) for who in ("w1", "w2")]
+    assert packs[0][1]["archive_sha256"] != packs[1][1]["archive_sha256"]
+    stores = [ArtifactStore(minio.s3_config(), retry_for=5) for _ in packs]
+    got = _publish_concurrently(stores, art_key, man_key, packs)
+
+    stored = stores[0].get_bytes(art_key)
+    stored_sha = hashlib.sha256(stored).hexdigest()
+    assert [r["archive_sha256"] for r in got] == [stored_sha, stored_sha]
+    assert [r["archive_size"] for r in got] == [len(stored), len(stored)]
+    assert sorted(r["raced"] for r in got) == [False, True]
+    winner = next(i for i, r in enumerate(got) if not r["raced"])
+    manifest_bytes = len(artifact.canonical_json(_manifest_without_extras(got[winner])))
+    assert got[winner]["uploaded_bytes"] in (len(stored), len(stored) + manifest_bytes)
+    assert got[1 - winner]["uploaded_bytes"] in (0, manifest_bytes)
+    assert got[0]["uploaded_bytes"] + got[1]["uploaded_bytes"] == len(stored) + manifest_bytes
+    assert stored == packs[winner][0].read_bytes()
+    # Everyone hands out the winner's manifest, and the stored manifest object agrees.
+    assert got[0]["built_by"] == got[1]["built_by"] == f"w{winner + 1}"
+    assert json.loads(stores[0].get_bytes(man_key))["archive_sha256"] == stored_sha
+
+    (tmp_path / "dl.tar.gz").write_bytes(stored)
+    unpacked = artifact.unpack(tmp_path / "dl.tar.gz", tmp_path / "x", got[1 - winner]["archive_sha256"])
+    assert (tmp_path / "x" / "gfe").read_bytes() == EXE
+    assert unpacked["files"] == got[0]["files"]
+
+
+def test_publish_after_losing_the_race_returns_the_stored_archive(store: ArtifactStore, tmp_path: Path) -> None:
+    art_key, man_key = "t/lost/artifact.tar.gz", "t/lost/manifest.json"
+    first_path, first = _pack(tmp_path, "w1")
+    second_path, second = _pack(tmp_path, "w2", exe=EXE + b"rebuilt differently")
+    won = artifact.publish(store, art_key, man_key, first_path, first)
+    assert won["raced"] is False and won["uploaded_bytes"] == first["archive_size"] + len(
+        artifact.canonical_json(first))
+    assert _manifest_without_extras(won) == first
+    assert store.get_bytes(man_key) == artifact.canonical_json(first)
+
+    lost = artifact.publish(store, art_key, man_key, second_path, second)
+    assert (lost["raced"], lost["uploaded_bytes"]) == (True, 0)
+    assert _manifest_without_extras(lost) == first  # the stored archive's, not ours
+    assert store.get_bytes(art_key) == first_path.read_bytes()
+    assert not list(second_path.parent.glob(".stored-*")), "downloaded copy left behind"
+
+
+def test_publish_completes_an_archive_whose_manifest_object_is_missing(store: ArtifactStore, tmp_path: Path) -> None:
+    # A builder that died between the two PUTs leaves the archive alone; the next one finishes.
+    art_key, man_key = "t/half/artifact.tar.gz", "t/half/manifest.json"
+    first_path, first = _pack(tmp_path, "w1")
+    assert store.put_file_if_absent(art_key, first_path, "application/gzip")
+    second_path, second = _pack(tmp_path, "w2", exe=EXE + b"x")
+    got = artifact.publish(store, art_key, man_key, second_path, second)
+    body = artifact.canonical_json(first)
+    assert (got["raced"], got["uploaded_bytes"]) == (True, len(body))
+    assert store.get_bytes(man_key) == body
+
+
+def test_publish_refuses_a_manifest_object_that_disagrees_with_the_stored_archive(
+        store: ArtifactStore, tmp_path: Path) -> None:
+    art_key, man_key = "t/tampered/artifact.tar.gz", "t/tampered/manifest.json"
+    path, man = _pack(tmp_path, "w1")
+    artifact.publish(store, art_key, man_key, path, man)
+    tampered = artifact.canonical_json({**man, "archive_sha256": "0" * 64})
+    store.put_bytes(man_key, tampered, "application/json")
+
+    with pytest.raises(artifact.ArtifactError) as e:
+        artifact.publish(store, art_key, man_key, path, man)
+    msg = str(e.value)
+    assert "0" * 64 in msg and man["archive_sha256"] in msg and man_key in msg
+    assert store.get_bytes(man_key) == tampered  # never overwritten
+
+    # Same when the manifest object was there before any archive was.
+    art2, man2 = "t/tampered2/artifact.tar.gz", "t/tampered2/manifest.json"
+    store.put_bytes(man2, tampered, "application/json")
+    with pytest.raises(artifact.ArtifactError, match="refusing to overwrite"):
+        artifact.publish(store, art2, man2, path, man)
+    assert store.get_bytes(man2) == tampered
+
+
+def test_publish_refuses_a_manifest_that_is_not_for_the_archive(store: ArtifactStore, tmp_path: Path) -> None:
+    path, man = _pack(tmp_path, "w1")
+    with pytest.raises(artifact.ArtifactError, match="pass the manifest pack"):
+        artifact.publish(store, "t/wrong/artifact.tar.gz", "t/wrong/manifest.json", path,
+                         {**man, "archive_sha256": "f" * 64})
+    assert not store.exists("t/wrong/artifact.tar.gz")

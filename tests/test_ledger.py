@@ -1,0 +1,170 @@
+"""The run ledger's rules (gearfarm.ledger), on SQLite and on a real PostgreSQL: the final state
+does not depend on the order records arrive in, a product result is never replaced by a
+farm-made status, an older attempt never wins, a re-delivery changes nothing, results after
+the report are late, unknown jobs and forged records are rejected, a failed build ends its
+dependents, and concurrent writers on PostgreSQL neither lose nor duplicate a row."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gearfarm.job import JobId
+from gearfarm.ledger import Ledger, farm_record
+from gearfarm.result import CaseResult, ResultRecord, seal_record
+from gearfarm.store import ResultsDB
+from tests.pg import pg_server, pg_url  # noqa: F401 - fixtures
+
+REV = "a" * 40
+T = "linux-x86_64"
+KEYS = ["farm-key"]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'results.db'}"
+    return request.getfixturevalue("pg_url")
+
+
+def rec(jid: JobId, status: str, attempt: int = 1, finished: float = 1000.0, case: str = "c1") -> ResultRecord:
+    return ResultRecord(job_id=str(jid), run_id=jid.run_id, target=jid.target, kind=jid.kind, step=jid.step,
+                        name=jid.name, rev=REV, status=status, attempt=attempt, worker=f"w{attempt}",  # type: ignore[arg-type]
+                        started_at=finished - 1, finished_at=finished,
+                        host={"hostname": "h", "cpu": "c", "cores": "2", "mem_gib": "8", "class": "x"},
+                        cases=[CaseResult(name=case, status="passed" if status == "passed" else "failed")])
+
+
+def new_run(db: ResultsDB, run_id: str, steps: list[str]) -> list[JobId]:
+    jids = [JobId(run_id, T, s) for s in steps]
+    assert db.create_run(run_id, REV, [T], [str(j) for j in jids])
+    return jids
+
+
+def row(db: ResultsDB, jid: JobId) -> ResultRecord:
+    return next(r for r in db.jobs(jid.run_id) if r.job_id == str(jid))
+
+
+def test_every_arrival_order_gives_the_same_final_state(db_url: str) -> None:
+    db = ResultsDB(db_url)
+    ledger = Ledger(db)
+    jid_of = {}
+    records = {
+        "a1 passed": ("test-unit", "passed", 1, 1000.0),
+        "a2 failed": ("test-unit", "failed", 2, 900.0),  # newer attempt, earlier clock: attempt wins
+        "deadline infra": ("test-unit", "infra", 3, 2000.0),  # farm-made, even of a later attempt: loses
+        "no worker": ("test-unit", "no_worker", 1, 500.0),
+    }
+    finals = set()
+    for n, order in enumerate(itertools.permutations(records)):
+        (jid,) = new_run(db, f"p{n}", ["test-unit"])
+        jid_of[n] = jid
+        for name in order:
+            step, status, attempt, fin = records[name]
+            r = rec(jid, status, attempt, fin) if status in ("passed", "failed") else \
+                farm_record(jid, REV, status, name, attempt)
+            ledger.apply(r, "collect")
+        got = row(db, jid)
+        finals.add((got.status, got.attempt))
+    assert finals == {("failed", 2)}
+
+
+def test_rules_outcomes_and_what_they_leave(db_url: str) -> None:
+    db = ResultsDB(db_url)
+    ledger = Ledger(db)
+    build, unit, perf = new_run(db, "r1", ["build", "test-unit", "perf-oltp"])
+    a2 = rec(unit, "passed", 2, case="second")
+    assert ledger.apply(a2, "collect") == "applied"
+    assert ledger.apply(a2, "reconcile") == "duplicate"  # the very same record again
+    assert ledger.apply(rec(unit, "failed", 1, 5000.0, case="first"), "reconcile") == "superseded"
+    assert ledger.apply(farm_record(unit, REV, "infra", "deadline", 2), "nightly") == "superseded"
+    got = row(db, unit)
+    assert (got.status, got.attempt, [c.name for c in got.cases]) == ("passed", 2, ["second"])
+    assert [c[3] for c in db.cases_in(["r1"])] == ["second"]  # the cases follow the row
+    # A build that fails ends its dependents, but a product result already there stays.
+    assert ledger.apply(rec(build, "infra"), "collect") == "applied"
+    assert row(db, perf).status == "skipped" and "build ended infra" in row(db, perf).message
+    assert row(db, unit).status == "passed"
+    # A job the run does not expect, and a record whose fields contradict its id.
+    other = JobId("r1", T, "test-recovery")
+    assert ledger.apply(rec(other, "passed"), "collect") == "rejected"
+    lying = rec(unit, "passed", 3).model_copy(update={"target": "linux-i686"})
+    assert ledger.apply(lying, "collect") == "rejected"
+    assert ledger.apply(rec(JobId("nope", T, "build"), "passed"), "collect") == "rejected"
+    # After the report: late, never changing the row; the same late record twice is one.
+    ledger.close("r1")
+    late = rec(unit, "failed", 7)
+    assert ledger.apply(late, "collect") == "late"
+    assert ledger.apply(late, "reconcile") == "duplicate"
+    assert row(db, unit).status == "passed"
+    assert [(r.status, r.attempt) for _, r in db.late_results("r1")] == [("failed", 7)]
+    counts = db.delivery_counts()
+    assert counts["rejected"] == 3 and counts["late"] == 1 and counts["superseded"] >= 2
+
+
+def test_sealed_records_only(tmp_path: Path) -> None:
+    db = ResultsDB(f"sqlite:///{tmp_path / 'r.db'}")
+    ledger = Ledger(db)
+    (unit,) = new_run(db, "r1", ["test-unit"])
+    good = rec(unit, "passed")
+    assert ledger.accept(seal_record(good, KEYS), KEYS, "collect")[0] == "applied"
+    forged = seal_record(rec(unit, "failed", 2), ["attacker"])
+    edited = seal_record(good, KEYS).replace(b'"passed"', b'"failed"')
+    plain = good.model_copy(update={"attempt": 3, "status": "failed"}).model_dump_json().encode()
+    for data in (forged, edited, plain, b"\x00garbage"):
+        assert ledger.accept(data, KEYS, "collect") == ("rejected", None)
+    assert row(db, unit).status == "passed"
+    assert db.delivery_counts()["rejected"] == 4
+    # Rotation: a record sealed with the previous key still verifies.
+    assert ledger.accept(seal_record(rec(unit, "passed", 2), ["old-key"]), ["farm-key", "old-key"],
+                         "collect")[0] == "applied"
+
+
+def test_concurrent_writers_on_postgresql_lose_and_duplicate_nothing(pg_url: str) -> None:  # noqa: F811
+    """Eight writers (each its own connection pool, like collectors and nightlies) offer
+    the same shuffled records at once: every job ends with its newest attempt, once."""
+    setup = ResultsDB(pg_url)
+    jobs = new_run(setup, "conc", [f"test-s{i}" for i in range(12)])
+    offered = [rec(j, random.Random(a).choice(["passed", "failed"]), a, 1000.0 + a) for j in jobs for a in (1, 2, 3)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def writer(seed: int) -> None:
+        try:
+            ledger = Ledger(ResultsDB(pg_url))
+            mine = offered[:]
+            random.Random(seed).shuffle(mine)
+            start.wait()
+            for r in mine:
+                ledger.apply(r, "collect")
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    rows = setup.jobs("conc")
+    assert len(rows) == len({r.job_id for r in rows}) == len(jobs)
+    assert all(r.attempt == 3 for r in rows)
+    with setup.session() as s:
+        from sqlalchemy import func, select
+
+        from gearfarm.store import Case, Delivery
+
+        n_deliveries = s.scalar(select(func.count()).select_from(Delivery).where(Delivery.run_id == "conc"))
+        applied_per_job = dict(s.execute(select(Delivery.job_id, func.count()).where(
+            Delivery.run_id == "conc", Delivery.outcome == "applied").group_by(Delivery.job_id)).all())
+        n_cases = s.scalar(select(func.count()).select_from(Case).where(Case.run_id == "conc"))
+    assert n_deliveries == 8 * len(offered)  # every offer is accounted for
+    assert all(1 <= n <= 3 for n in applied_per_job.values()) and len(applied_per_job) == len(jobs)
+    assert n_cases == len(jobs)  # one case per job: replaced, never doubled
+    print(f"\n8 writers x {len(offered)} records on PostgreSQL in {time.monotonic() - t0:.1f}s")

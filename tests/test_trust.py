@@ -1,0 +1,218 @@
+"""What a new user tried against the embedded farm, now refused or handled (issue: one owner of
+a run's state), on real gearmand, MinIO and SMTP, with libgearman's own `gearman` CLI as the
+outsider: a forged result record changes nothing and is counted; a genuine result arriving
+after the report is recorded as late and leaves the mail as it was; a job expired in gearmand's
+persistent queue does not run on the next start of the farm; a build worker that cannot read
+the revision ends its target's dependents within seconds; `kill -9` of a worker mid-suite
+leaves no process of that suite alive."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from gearfarm.s3.store import ArtifactStore
+
+from gearfarm import catalog as catalog_mod
+from gearfarm import config as config_mod
+from gearfarm.config import MailConfig
+from gearfarm.farm import EmbeddedFarm
+from gearfarm.gearman import Client, admin
+from gearfarm.job import JobId
+from gearfarm.result import ResultRecord, open_record, seal_record
+from gearfarm.store import ResultsDB
+from tests.farmkit import ROOT, commit, make_repo
+from tests.test_mail import SMTPSink, sink  # noqa: F401 - fixture
+
+T = "linux-x86_64"
+
+
+def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gearfarm.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def nightly(farm: EmbeddedFarm, run_id: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return cli("nightly", "--config", str(farm.config_path), "--targets", T, "--benchmarks", "none",
+               "--run-id", run_id, *args)
+
+
+def wait_for(what: str, check, timeout: float = 30.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def worker_logs(farm: EmbeddedFarm) -> str:
+    return "".join(p.read_text(errors="replace") for p in sorted((farm.state / "logs").glob("*.log")))
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_repo(tmp_path_factory.mktemp("trust") / "repo")
+
+
+@pytest.fixture
+def farm(repo: Path, tmp_path: Path) -> Iterator[EmbeddedFarm]:
+    f = EmbeddedFarm(tmp_path / "state", repo)
+    f.start(catalog_mod.load_at_rev(repo, "HEAD"), [T])
+    try:
+        yield f
+    finally:
+        f.stop()
+
+
+def test_forged_records_are_rejected_and_late_results_leave_the_mail_as_sent(
+        farm: EmbeddedFarm, sink: SMTPSink) -> None:  # noqa: F811
+    cfg = config_mod.load(farm.config_path)
+    cfg.mail = MailConfig(host="127.0.0.1", port=sink.port, sender="farm@example.org", recipients=["a@example.org"])
+    config_mod.dump(cfg, farm.config_path)
+    p = nightly(farm, "t1", "--suites", "unit")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert len(sink.messages) == 1
+    eml = (farm.state / "runs" / "t1" / "report.eml").read_bytes()
+    db = ResultsDB(cfg.database.url)
+    unit = JobId("t1", T, "test-unit")
+
+    def unit_row() -> ResultRecord:
+        return next(r for r in db.jobs("t1") if r.job_id == str(unit))
+
+    assert unit_row().status == "passed"
+
+    # An outsider who can reach gearmand: an edited copy of the stored record, and an unsigned one.
+    store = ArtifactStore(cfg.s3)
+    (key,) = [k for k in store.list(f"runs/t1/{T}/test-unit/") if "/results/" in k]
+    sealed = store.get_bytes(key)
+    edited = sealed.replace(b'"status":"passed"', b'"status":"failed"')
+    assert edited != sealed
+    unsigned = open_record(sealed, cfg.farm.secrets).model_copy(update={"status": "failed", "attempt": 9})
+    host, port = cfg.gearman.addresses()[0]
+    for i, data in enumerate((edited, unsigned.model_dump_json().encode())):
+        out = subprocess.run(["gearman", "-h", host, "-p", str(port), "-b", "-f", "collect", "-u", f"forged-{i}"],
+                             input=data, capture_output=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+    wait_for("the collector to reject both", lambda: db.delivery_counts().get("rejected", 0) == 2)
+    assert unit_row().status == "passed"
+    status = cli("status", "--config", str(farm.config_path))
+    assert "result records rejected: 2 in the last 24 h" in status.stdout, status.stdout
+    log = worker_logs(farm)
+    assert log.count("REJECTED result record") == 2 and "bad signature" in log
+    assert not any(k in log for k in cfg.farm.secrets)  # the key never reaches a log
+
+    # A genuine record that arrives after the report: late, shown so, the mail untouched.
+    late = unit_row().model_copy(update={"status": "failed", "attempt": 2, "worker": "slow-host",
+                                         "finished_at": time.time()})
+    with Client(cfg.gearman.addresses()) as c:
+        c.submit_background("collect", seal_record(late, cfg.farm.secrets), unique="late-1")
+    wait_for("the late result", lambda: db.late_results("t1"))
+    assert unit_row().status == "passed"
+    shown = cli("report", "t1", "--config", str(farm.config_path))
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(r"\* LATE linux-x86_64 / test-unit: failed \(attempt 2, arrived .*slow-host\)", shown.stdout)
+    assert (farm.state / "runs" / "t1" / "report.eml").read_bytes() == eml
+    assert len(sink.messages) == 1  # nothing was mailed again
+
+
+def test_an_expired_job_in_the_queue_does_not_run_on_the_next_start(repo: Path, tmp_path: Path) -> None:
+    cat = catalog_mod.load_at_rev(repo, "HEAD")
+    first = EmbeddedFarm(tmp_path / "state", repo)
+    first.start(cat, [T], roles=("build",))  # no test worker: the test job stays queued
+    try:
+        p = nightly(first, "x1", "--suites", "unit", "--deadline", "25", "--no-worker-wait", "600")
+    finally:
+        first.stop()
+    assert p.returncode == 1, p.stdout + p.stderr
+    db = ResultsDB(f"sqlite:///{tmp_path / 'state' / 'results.db'}")
+    unit = f"x1:{T}:test-unit"
+    before = {r.job_id: (r.status, r.message) for r in db.jobs("x1")}
+    assert before[unit][0] == "infra" and "deadline" in before[unit][1]
+
+    restarted = time.time()
+    again = EmbeddedFarm(tmp_path / "state", repo)  # same state: same persistent queue
+    again.start(cat, [T])
+    try:
+        assert again.gearmand is not None
+        dropped = wait_for("the stale job to be dropped", lambda: "DROPPED" in worker_logs(again), timeout=60)
+        assert dropped
+        wait_for("the queue to empty", lambda: admin.status(*again.gearmand.address)[f"test:{T}"].queued == 0)
+        time.sleep(2)
+        log = worker_logs(again)
+    finally:
+        again.stop()
+    assert re.search(rf"DROPPED job .* \({re.escape(unit)}\): its run's deadline passed", log), log[-3000:]
+    assert f"COMMAND START job={unit}" not in log
+    assert {r.job_id: (r.status, r.message) for r in db.jobs("x1")} == before
+    assert not [d for d in db.deliveries("x1") if d.at >= restarted]  # nothing was even offered
+
+
+def test_a_build_worker_that_cannot_read_the_revision_ends_its_dependents_at_once(
+        repo: Path, tmp_path: Path) -> None:
+    lab = tmp_path / "worker-clone"
+    subprocess.run(["git", "clone", "-q", str(repo), str(lab)], check=True)
+    newer = tmp_path / "newer"
+    shutil.copytree(repo, newer)
+    (newer / "engine" / "NEWS").write_text("a commit the workers' clone does not have\n")
+    rev = commit(newer, "tonight's commit")
+    f = EmbeddedFarm(tmp_path / "state", lab)
+    f.start(catalog_mod.load_at_rev(lab, "HEAD"), [T])
+    try:
+        t0 = time.monotonic()
+        p = cli("nightly", "--config", str(f.config_path), "--repo", str(newer), "--rev", rev, "--targets", T,
+                "--suites", "unit,model,recovery", "--benchmarks", "none", "--run-id", "norev")
+        wall = time.monotonic() - t0
+    finally:
+        f.stop()
+    assert p.returncode == 1, p.stdout + p.stderr
+    db = ResultsDB(f"sqlite:///{tmp_path / 'state' / 'results.db'}")
+    recs = {r.step: r for r in db.jobs("norev")}
+    assert recs["build"].status == "infra" and rev in recs["build"].message
+    deps = [recs[s] for s in ("test-unit", "test-model", "test-recovery")]
+    assert all(d.status == "skipped" and "build ended infra" in d.message for d in deps)
+    assert max(d.finished_at or 0 for d in deps) - (recs["build"].finished_at or 0) <= 10
+    assert wall < 60, f"the run took {wall:.0f}s"
+
+
+def _suite_pids(marker: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def test_kill_9_of_a_worker_mid_suite_leaves_no_process_of_that_suite(repo: Path, tmp_path: Path) -> None:
+    slow = tmp_path / "slow"
+    shutil.copytree(repo, slow)
+    cat = slow / "jobs" / "catalog.toml"
+    text = cat.read_text().replace('"--ops", "20000"', '"--ops", "4000017"')
+    assert text != cat.read_text()
+    cat.write_text(text)
+    commit(slow, "a model suite that runs for a while")
+    f = EmbeddedFarm(tmp_path / "state", slow)
+    f.start(catalog_mod.load_at_rev(slow, "HEAD"), [T])
+    marker = "gfe-suite.*4000017"
+    try:
+        run = subprocess.Popen([sys.executable, "-m", "gearfarm.cli", "nightly", "--config", str(f.config_path),
+                                "--targets", T, "--suites", "model", "--benchmarks", "none", "--run-id", "k9",
+                                "--deadline", "40"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               cwd=ROOT)
+        wait_for("the suite to start", lambda: _suite_pids(marker), timeout=120)
+        worker = f.procs[f"test-{T}"]
+        os.kill(worker.pid, signal.SIGKILL)  # the worker only: its job must follow it
+        wait_for("the suite to die with its worker", lambda: not _suite_pids(marker), timeout=10)
+        run.kill()
+        run.wait()
+    finally:
+        f.stop()
+        for pid in _suite_pids(marker):
+            os.kill(pid, signal.SIGKILL)
+

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from gearfarm import config as config_mod
 from gearfarm import probe, process
@@ -131,12 +132,17 @@ class EmbeddedFarm:
         self._supervisor.start()
 
     def _record(self) -> None:
+        """Write farm.json: every pid, and what proves later that it is still the process we
+        started (start time, command line, boot, process group), so that a stop from the
+        state file never kills a process that merely got a recorded pid."""
         pids = {n: p.pid for n, p in self.procs.items()}  # type: ignore[attr-defined]
         if self.minio and self.minio.proc:
             pids["minio"] = self.minio.proc.pid
         if self.gearmand and self.gearmand.pid:
             pids["gearmand"] = self.gearmand.pid
-        (self.state / STATE_FILE).write_text(json.dumps({"pids": pids, "config": str(self.config_path)}))
+        procs = {n: ident for n, pid in pids.items() if (ident := process.identity(pid)) is not None}
+        (self.state / STATE_FILE).write_text(json.dumps({"pids": pids, "procs": procs,
+                                                         "config": str(self.config_path)}))
 
     def stop(self) -> None:
         self._stopping.set()
@@ -152,45 +158,63 @@ class EmbeddedFarm:
         (self.state / STATE_FILE).unlink(missing_ok=True)
 
 
-def stop_from_state(state_dir: Path) -> list[str]:
-    """Stop a farm left running (by --keep or a crash): every pid in its state file."""
+class Stopped(list[str]):
+    """The names stop_from_state() stopped; ``skipped`` names entries whose pid is alive but
+    not provably the process the farm started, which were left alone."""
+
+    def __init__(self, stopped: list[str], skipped: list[str]) -> None:
+        super().__init__(stopped)
+        self.skipped = skipped
+
+
+def stop_from_state(state_dir: Path, timeout: float = 10.0) -> Stopped:
+    """Stop a farm left running (by --keep or a crash): every process in its state file that
+    is provably the one the farm started -- same pid, start time, boot and command line as
+    recorded. SIGTERM to all of them at once, SIGKILL to what is left after ``timeout``."""
     path = state_dir / STATE_FILE
     if not path.exists():
-        return []
-    stopped = []
-    pids: dict[str, int] = json.loads(path.read_text()).get("pids", {})
+        return Stopped([], [])
+    state = json.loads(path.read_text())
+    pids: dict[str, int] = state.get("pids", {})
+    records: dict[str, dict[str, Any]] = state.get("procs", {})
+    ours: dict[str, dict[str, Any]] = {}
+    skipped = []
     for name, pid in pids.items():
-        if _alive(pid):
-            process.kill_group(pid, signal.SIGTERM)
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            stopped.append(name)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_alive(p) for p in pids.values()):
-        time.sleep(0.1)
-    for pid in pids.values():
-        if _alive(pid):
-            process.kill_group(pid)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        rec = records.get(name)
+        if rec is not None and rec.get("pid") == pid and process.is_same(rec):
+            ours[name] = rec
+        elif process.start_time(pid) is not None:
+            # A recycled pid (or a state file from before identities were recorded): some
+            # other process now, or at least nothing proves otherwise.
+            skipped.append(name)
+            log.warning("not stopping %s: pid %d is alive but not provably the process the farm started "
+                        "(no record of it in %s, or its start time or command line differ)", name, pid, path)
+    # SIGKILL is only waited for briefly: it cannot be refused, and what still lingers then
+    # (uninterruptible sleep) would not go sooner for our waiting.
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 2.0)):
+        for rec in ours.values():
+            if process.is_same(rec):
+                _signal_process(rec, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and any(_alive(rec) for rec in ours.values()):
+            time.sleep(0.05)
     path.unlink(missing_ok=True)
-    return stopped
+    return Stopped(list(ours), skipped)
 
 
-def _alive(pid: int) -> bool:
+def _signal_process(rec: dict[str, Any], sig: int) -> None:
+    pid = int(rec["pid"])
+    st = process.proc_stat(pid)
+    # The whole group only while the pid still leads the group it led when recorded: every farm
+    # process starts its own session, and its children (MinIO's, a worker's) are in it.
+    if st is not None and rec.get("pgid") == pid and st.pgid == pid:
+        process.kill_group(pid, sig)
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours still answers kill(0); reap it if it is ours.
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        return done == 0
-    except ChildProcessError:
-        return True
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _alive(rec: dict[str, Any]) -> bool:
+    """Whether the recorded process still runs (a zombie does not: it is dead, unreaped)."""
+    return process.start_time(int(rec["pid"])) == rec["start"]

@@ -1,13 +1,26 @@
 """Starting and stopping the farm's local daemons (MinIO, workers, the collector) so that
-nothing outlives the farm: each runs in its own process group, which stop() kills whole."""
+nothing outlives the farm: each runs in its own process group, which stop() kills whole.
+Also running a job's catalog command so that nothing of it outlives the job or its worker
+(run_logged, through gearfarm/reaper.py), the per-job temporary directories that a restarted
+worker sweeps (job_dir, sweep_work_dirs), and telling whether a pid is still the very process
+that was recorded (identity, is_same), so that a stale pid is never killed."""
 
 from __future__ import annotations
 
+import marshal
 import os
+import re
+import select
+import shutil
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any, NamedTuple
 
 
 def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None,
@@ -49,30 +62,237 @@ def log_tail(path: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
+REAPER = Path(__file__).resolve().with_name("reaper.py")
+# -I -S: no site, no PYTHON* variables of the job's environment, no job cwd on sys.path (a
+# scratch dir's ctypes.py must not shadow the stdlib), a few milliseconds less per job.
+# Imported, not run as a script, so that its .pyc is used instead of compiling it each time;
+# appended to sys.path, so nothing in gearfarm/ shadows the standard library.
+REAPER_COMMAND = [sys.executable, "-I", "-S", "-c", f"import sys; sys.path.append({str(REAPER.parent)!r}); "
+                  "import reaper; sys.exit(reaper.main(sys.argv[1:]))"]
+# The reaper enforces the timeout itself; the worker waits this much longer before deciding
+# the reaper is wedged (it needs at most its startup, TERM_GRACE and KILL_PATIENCE past the timeout).
+REAPER_GRACE = 60.0
+
+
 def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | None = None,
                env: Mapping[str, str] | None = None) -> tuple[int | None, bool]:
     """Run a catalog command with its output appended to ``log_path``.
 
-    Returns (exit code, timed_out). On timeout the whole process group is killed, because
-    suites spawn children (the recovery suite's writers, wine's server) that would otherwise
-    outlive the job and hold the worker's files.
+    Returns (exit code, timed_out); the exit code is Popen's returncode (negative: killed by
+    that signal). Whatever happens -- the command exits, the timeout passes, or the worker
+    is killed, even by kill -9 -- every process the command started is killed, grandchildren
+    that left the process group or daemonised included, because suites spawn children (the
+    recovery suite's writers, wine's server) that would otherwise outlive the job and hold
+    the worker's files. The command runs under gearfarm/reaper.py, see there how.
+
+    Any thread may call this. The reaper hears of its parent's death through
+    PR_SET_PDEATHSIG, which the kernel also fires when only the calling thread exits; the
+    reaper then checks getppid() and goes on while the worker process lives.
     """
     with log_path.open("ab") as log:
         log.write(("$ " + " ".join(argv) + "\n").encode())
         log.flush()
+        # argv and env go through a pipe, not the reaper's own argv and environment: Python
+        # would add LC_CTYPE=C.UTF-8 to a C-locale environment at startup (PEP 538), and the
+        # command must get exactly the environment it was given.
+        job = marshal.dumps((list(argv), dict(env) if env is not None else dict(os.environ)))
+        status_r, status_w = os.pipe()
         try:
-            proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    cwd=cwd, env=dict(env) if env is not None else None, start_new_session=True)
-        except OSError as e:
-            log.write(f"cannot start {argv[0]}: {e}\n".encode())
+            try:
+                reaper = subprocess.Popen(
+                    [*REAPER_COMMAND, str(os.getpid()), str(status_w), repr(float(timeout))],
+                    stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
+                    start_new_session=True, pass_fds=(status_w,))
+            except OSError as e:
+                log.write(f"cannot start {argv[0]}: {e}\n".encode())
+                return 127, False
+            finally:
+                os.close(status_w)
+            report, wedged = _supervise(reaper, job, timeout, status_r)
+            reason, _, detail = report.decode(errors="replace").partition(" ")
+        finally:
+            os.close(status_r)
+        if reason == "error":
+            log.write(f"cannot start {argv[0]}: {detail}\n".encode())
             return 127, False
-        try:
-            rc = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            kill_group(proc.pid)
-            proc.wait()
+        if reason == "timeout" or wedged:
             log.write(f"\n*** killed after the catalog timeout of {timeout:.0f}s ***\n".encode())
             return None, True
-        # Children left behind by a suite that exited are killed too.
-        kill_group(proc.pid)
-        return rc, False
+        if reason in ("exit", "terminated") and detail.isdigit():
+            return os.waitstatus_to_exitcode(int(detail)), False
+        log.write(f"\n*** the job's supervisor {REAPER.name} ended ({reaper.returncode}) with "
+                  f"{reason or 'no'} result {detail} ***\n".encode())
+        return None, False
+
+
+def _supervise(reaper: subprocess.Popen[bytes], job: bytes, timeout: float, status_r: int) -> tuple[bytes, bool]:
+    """Hand the job to the reaper, wait for its report; (report, True if it had to be stopped
+    as wedged). Waits on the report pipe, not with Popen.wait(timeout), which polls with
+    sleeps of up to 50 ms and would add them to every job."""
+    assert reaper.stdin is not None
+    wedged = False
+    try:
+        try:
+            reaper.stdin.write(job)
+            reaper.stdin.close()
+        except BrokenPipeError:
+            pass  # it died at once; its missing report says so
+        deadline = time.monotonic() + timeout + REAPER_GRACE
+        poller = select.poll()
+        poller.register(status_r, select.POLLIN)
+        chunks = []
+        while True:
+            left = deadline - time.monotonic()
+            if left > 0 and not poller.poll(min(left, 3600.0) * 1000):
+                continue
+            if left <= 0:
+                wedged = True
+                reaper.terminate()  # SIGTERM: the reaper kills the job's tree, then exits
+                try:
+                    reaper.wait(REAPER_GRACE)
+                except subprocess.TimeoutExpired:
+                    reaper.kill()
+                break
+            chunk = os.read(status_r, 4096)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        reaper.wait()
+        return b"".join(chunks), wedged
+    except BaseException:
+        # Interrupted (KeyboardInterrupt in an interactive worker): the job must not outlive us.
+        reaper.terminate()
+        reaper.wait()
+        raise
+
+
+# -- knowing a process again ----------------------------------------------------------------
+
+class ProcStat(NamedTuple):
+    state: str
+    ppid: int
+    pgid: int
+    start: int  # clock ticks after boot: with the pid, names one process for the boot's life
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """Fields of /proc/<pid>/stat; None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ")".
+    fields = stat[stat.rindex(b")") + 2:].split()
+    return ProcStat(fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[19]))
+
+
+def start_time(pid: int) -> int | None:
+    """The start time (field 22 of /proc/<pid>/stat) of a live process; None if it is gone or
+    a zombie (dead, waiting to be reaped)."""
+    st = proc_stat(pid)
+    return st.start if st is not None and st.state not in ("Z", "X") else None
+
+
+def boot_id() -> str:
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        return f.read().strip().replace("-", "")
+
+
+def cmdline(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return [os.fsdecode(a) for a in raw.split(b"\0")[:-1]]
+
+
+def identity(pid: int) -> dict[str, Any] | None:
+    """What proves later that ``pid`` is still this process (JSON-ready); None if it is gone.
+    The start time tells a recycled pid apart, the boot id a pid of an earlier boot, the
+    command line guards against both failing at once."""
+    st = proc_stat(pid)
+    args = cmdline(pid)
+    if st is None or st.state in ("Z", "X") or args is None:
+        return None
+    return {"pid": pid, "start": st.start, "boot": boot_id(), "pgid": st.pgid, "cmdline": args}
+
+
+def is_same(record: Mapping[str, Any]) -> bool:
+    """True if the process ``record`` (from identity()) describes is alive and is still it."""
+    try:
+        pid = int(record["pid"])
+        if record["boot"] != boot_id() or start_time(pid) != record["start"]:
+            return False
+        now = identity(pid)
+    except (KeyError, TypeError, ValueError):
+        return False  # a record we did not write: nothing proves the process is ours
+    return now is not None and now["start"] == record["start"] and now["cmdline"] == record["cmdline"]
+
+
+# -- per-job temporary directories ----------------------------------------------------------
+
+_OWNER = re.compile(r"(\d+)-(\d+)-([0-9a-f]+)")
+_owner_cache: tuple[int, str] | None = None
+
+
+def _owner() -> str:
+    """This process's owner directory name: pid, start time and boot, so that no other
+    process -- a later one with the recycled pid, or one of another boot -- is taken for it."""
+    global _owner_cache
+    pid = os.getpid()
+    if _owner_cache is None or _owner_cache[0] != pid:  # recomputed in a forked child
+        _owner_cache = (pid, f"{pid}-{start_time(pid)}-{boot_id()[:12]}")
+    return _owner_cache[1]
+
+
+@contextmanager
+def job_dir(root: Path, prefix: str) -> Iterator[Path]:
+    """A fresh directory for one job under ``root/<owner>/``, removed on exit. What a worker
+    killed in the middle of a job leaves behind, sweep_work_dirs() removes."""
+    owner = root / _owner()
+    owner.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=owner))
+    try:
+        yield path
+    finally:
+        _rmtree(path)
+
+
+def sweep_work_dirs(root: Path) -> list[Path]:
+    """Remove the owner directories under ``root`` of processes that are gone (a dead pid,
+    the pid now another process, or an earlier boot); returns what was removed. Directories
+    of live owners, and names that are not owner directories, are left alone."""
+    removed: list[Path] = []
+    if not root.is_dir():
+        return removed
+    boot = boot_id()[:12]
+    for d in sorted(root.iterdir()):
+        m = _OWNER.fullmatch(d.name)
+        if m is None or d.is_symlink() or not d.is_dir():
+            continue
+        if m.group(3) == boot and start_time(int(m.group(1))) == int(m.group(2)):
+            continue
+        _rmtree(d)
+        if not d.exists():
+            removed.append(d)
+    return removed
+
+
+def _rmtree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    if not path.exists():
+        return
+    # Jobs leave read-only and unreadable directories (suites testing error paths): a worker
+    # that is not root must open them up to empty them. Symlinks are not followed: chmod on
+    # one would change its target, which may be anything.
+    with suppress(OSError):
+        os.chmod(path, 0o700)
+    for d, dirs, _ in os.walk(path):
+        for sub in dirs:
+            p = os.path.join(d, sub)
+            if not os.path.islink(p):
+                with suppress(OSError):
+                    os.chmod(p, 0o700)
+    shutil.rmtree(path, ignore_errors=True)

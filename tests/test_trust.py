@@ -207,8 +207,13 @@ def test_kill_9_of_a_worker_mid_suite_leaves_no_process_of_that_suite(repo: Path
                                cwd=ROOT)
         wait_for("the suite to start", lambda: _suite_pids(marker), timeout=120)
         worker = f.procs[f"test-{T}"]
+        work = f.state / "work"
+        mine = [d for d in work.iterdir() if d.name.startswith(f"{worker.pid}-")]
+        assert mine and any(mine[0].iterdir()), "the job's directory should exist while it runs"
         os.kill(worker.pid, signal.SIGKILL)  # the worker only: its job must follow it
         wait_for("the suite to die with its worker", lambda: not _suite_pids(marker), timeout=10)
+        # The supervisor restarts the worker, whose first act is to sweep the dead one's dirs.
+        wait_for("the dead worker's job dir to be swept", lambda: not mine[0].exists(), timeout=60)
         run.kill()
         run.wait()
     finally:

@@ -18,7 +18,7 @@ from pathlib import Path
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError
 
-from gearfarm import host
+from gearfarm import host, process
 from gearfarm.config import Config
 from gearfarm.connection import gearman_client, gearman_worker
 from gearfarm.gearman import GearmanError, Job
@@ -41,6 +41,8 @@ class Context:
         # Per host and role, not per process: a restarted worker delivers what its
         # predecessor spooled.
         self.spool = self.state / "spool" / f"{socket.gethostname()}-{role}"
+        # Job directories, one owner directory per worker process (gearfarm.process.job_dir).
+        self.work = self.state / "work"
         self.store = ArtifactStore(cfg.s3)
         self.client = gearman_client(cfg)
         self.host = host.fingerprint()
@@ -173,6 +175,8 @@ def _handler(ctx: Context, role_handler: RoleHandler) -> Callable[[Job], bytes]:
 def serve(cfg: Config, role: str, functions: dict[str, RoleHandler], stop: threading.Event | None = None) -> None:
     """Run a worker until SIGTERM/SIGINT (or ``stop``)."""
     ctx = Context(cfg, role)
+    for gone in process.sweep_work_dirs(ctx.work):
+        log.info("removed %s, left by a worker that died mid-job", gone)
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -11,7 +11,6 @@ import logging
 import os
 import subprocess
 import tarfile
-import tempfile
 import time
 from pathlib import Path
 
@@ -83,8 +82,8 @@ def build(ctx: Context, p: Payload, cat: Catalog, target: Target, started: float
     man_key = keys.manifest(p.rev, p.target, tc_id)
     log_key = keys.job_file(p.run_id, p.target, p.step, "log.txt")
 
-    with tempfile.TemporaryDirectory(prefix="gearfarm-build-") as tmp:
-        tmpd = Path(tmp)
+    # Under the worker's own work dir, so a worker killed mid-job has it swept on restart.
+    with process.job_dir(ctx.work, "build") as tmpd:
         log_path = tmpd / "build.log"
         log_path.write_text(f"gearfarm build {p.target} at {p.rev} on {ctx.name}\ncompiler: {cc_version}\n")
         reused = False

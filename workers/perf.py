@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -93,8 +92,8 @@ def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
     log_key = keys.job_file(p.run_id, p.target, p.step, "log.txt")
     samples: list[Sample] = []
     status, message = "passed", ""
-    with tempfile.TemporaryDirectory(prefix="gearfarm-perf-") as tmp:
-        tmpd = Path(tmp)
+    # Under the worker's own work dir, so a worker killed mid-job has it swept on restart.
+    with process.job_dir(ctx.work, "perf") as tmpd:
         log_path = tmpd / "perf.log"
         log_path.write_text(f"gearfarm {p.step} for {p.target} at {p.rev} on {ctx.name}\n")
         (tmpd / "new").mkdir()

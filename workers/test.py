@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -48,8 +47,8 @@ def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
     suite = cat.suite(p.name)
     log_key = keys.job_file(p.run_id, p.target, p.step, "log.txt")
     junit_key = keys.job_file(p.run_id, p.target, p.step, "junit.xml")
-    with tempfile.TemporaryDirectory(prefix="gearfarm-test-") as tmp:
-        tmpd = Path(tmp)
+    # Under the worker's own work dir, so a worker killed mid-job has it swept on restart.
+    with process.job_dir(ctx.work, "test") as tmpd:
         log_path = tmpd / "test.log"
         log_path.write_text(f"gearfarm {p.step} for {p.target} at {p.rev} on {ctx.name}\n")
         try:

@@ -1,0 +1,304 @@
+"""Tests of gearfarm.process and gearfarm.reaper with real processes, no mocks: a job's whole
+process tree dies with the job and with its worker (even on kill -9 of the worker), exit codes
+and timeouts come back exactly, a dead worker's job directories are swept, and stopping a farm
+from its state file kills only the processes it can prove it started."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gearfarm import process, reaper
+from gearfarm.farm import STATE_FILE, EmbeddedFarm, stop_from_state
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def new_marker() -> str:
+    """A sleep duration no other process on the host has in its argv: it names one test's tree."""
+    return f"300.{random.randrange(10**9):09d}"
+
+
+def with_marker(marker: str) -> list[int]:
+    """Live (non-zombie) processes with ``marker`` as an argument."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            args = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker.encode() in args and process.start_time(int(name)) is not None:
+            found.append(int(name))
+    return found
+
+
+def wait_until(cond: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+@pytest.fixture
+def marker() -> Iterator[str]:
+    m = new_marker()
+    yield m
+    # A failing test must not leave its sleeps behind: kill them by pid (the marker is ours).
+    for pid in with_marker(m):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# Commands whose trees have grandchildren, and how many sleeps each runs: children in the
+# command's process group, one that left it (setsid), one daemonised (double fork + setsid).
+TREES = {
+    "children and a setsid child": ("sleep {m} & sleep {m} & setsid sleep {m} & wait", 3),
+    "a daemonised grandchild": ('(setsid sh -c "sleep {m} & sleep {m} &" &); sleep {m}', 3),
+}
+
+WORKER = """
+import sys
+from pathlib import Path
+from gearfarm.process import run_logged
+print(run_logged(sys.argv[2:], Path(sys.argv[1]), 600), flush=True)
+"""
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_kill_9_of_the_worker_kills_the_jobs_whole_tree(tree: str, marker: str, tmp_path: Path) -> None:
+    script, count = TREES[tree]
+    worker = subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path / "job.log"), "sh", "-c",
+                               script.format(m=marker)], cwd=ROOT)
+    try:
+        assert wait_until(lambda: len(with_marker(marker)) == count, 10), \
+            f"the job did not start its {count} sleeps: {with_marker(marker)}"
+    finally:
+        worker.kill()
+        worker.wait()
+    assert wait_until(lambda: not with_marker(marker), 5), \
+        f"processes of the job outlived its kill -9'd worker: {with_marker(marker)}"
+
+
+def test_timeout_kills_the_whole_tree(marker: str, tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    script = f'sleep {marker} & setsid sleep {marker} & (setsid sh -c "sleep {marker} &" &); sleep {marker}'
+    t0 = time.monotonic()
+    assert process.run_logged(["sh", "-c", script], log, 1) == (None, True)
+    assert time.monotonic() - t0 < 6
+    # The reaper reports only once the tree is dead and reaped: nothing may be left now.
+    assert with_marker(marker) == []
+    assert log.read_text().endswith("\n*** killed after the catalog timeout of 1s ***\n")
+
+
+def test_leftovers_of_a_command_that_exited_are_killed(marker: str, tmp_path: Path) -> None:
+    # The pause lets setsid leave the group before the shell exits (else killpg alone finds it).
+    script = f"sleep {marker} & setsid sleep {marker} & sleep 0.3"
+    assert process.run_logged(["sh", "-c", script], tmp_path / "job.log", 60) == (0, False)
+    assert with_marker(marker) == []
+
+
+def test_daemons_get_sigterm_before_sigkill(marker: str, tmp_path: Path) -> None:
+    """Processes that left the command's group (wineserver: it saves the wine registry on
+    SIGTERM) are asked to stop first; those that ignore it are killed after the grace."""
+    flag = tmp_path / "flushed"
+    polite = f"setsid sh -c 'trap \"echo yes > {flag}; exit 0\" TERM; sleep {marker} & wait' &"
+    deaf = f"setsid sh -c 'trap \"\" TERM; sleep {marker} & wait' &"
+    t0 = time.monotonic()
+    assert process.run_logged(["sh", "-c", f"{polite} {deaf} sleep 0.3"], tmp_path / "job.log", 60) == (0, False)
+    took = time.monotonic() - t0
+    assert flag.read_text() == "yes\n"
+    assert with_marker(marker) == []
+    assert reaper.TERM_GRACE <= took < reaper.TERM_GRACE + 4, \
+        f"the SIGTERM-deaf daemon was killed after {took:.1f}s, not after the grace"
+
+
+@pytest.mark.parametrize(("argv", "code"), [
+    (["true"], 0),
+    (["sh", "-c", "exit 3"], 3),
+    (["sh", "-c", "kill -TERM $$"], -signal.SIGTERM),
+    (["sh", "-c", "kill -KILL $$"], -signal.SIGKILL),
+    (["no-such-command-gearfarm"], 127),
+])
+def test_exit_codes_come_back_exactly(argv: list[str], code: int, tmp_path: Path) -> None:
+    assert process.run_logged(argv, tmp_path / "job.log", 60) == (code, False)
+
+
+def test_command_gets_its_output_log_env_cwd_and_no_stdin(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("header\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    # A C locale on purpose: the reaper is Python, which would add LC_CTYPE=C.UTF-8 (PEP 538)
+    # to its own environment; the command must get exactly the one given.
+    env = {"PATH": os.environ["PATH"], "LANG": "C", "GEARFARM_TEST": "a b"}
+    argv = ["sh", "-c", "cat; echo out; echo err >&2; pwd; env"]
+    assert process.run_logged(argv, log, 60, cwd=work, env=env) == (0, False)
+    lines = log.read_text().splitlines()
+    assert lines[:5] == ["header", "$ " + " ".join(argv), "out", "err", str(work)]
+    assert set(lines[5:]) - {f"PWD={work}"} == {f"{k}={v}" for k, v in env.items()}
+    assert process.run_logged(["no-such-command-gearfarm"], log, 60) == (127, False)
+    assert log.read_text().endswith("cannot start no-such-command-gearfarm: [Errno 2] No such file or "
+                                    "directory: 'no-such-command-gearfarm'\n")
+
+
+THREAD_STARTS_JOB = """
+import marshal, os, subprocess, threading, time
+from gearfarm.process import REAPER_COMMAND
+status_r, status_w = os.pipe()
+def start():
+    # The thread that forks the reaper is its PDEATHSIG parent; it exits while the job runs.
+    reaper = subprocess.Popen([*REAPER_COMMAND, str(os.getpid()), str(status_w), "60"],
+                              stdin=subprocess.PIPE, pass_fds=(status_w,), start_new_session=True)
+    reaper.stdin.write(marshal.dumps((["sleep", os.environ["MARKER"]], dict(os.environ))))
+    reaper.stdin.close()
+    time.sleep(1)  # long enough for the reaper to have armed PDEATHSIG
+threading.Thread(target=start).start()
+time.sleep(300)
+"""
+
+
+def test_the_job_survives_the_exit_of_the_thread_that_started_it(marker: str) -> None:
+    """The kernel sends PDEATHSIG when the *thread* that forked the reaper exits; the reaper
+    must then see that the worker process lives on, and keep the job running."""
+    worker = subprocess.Popen([sys.executable, "-c", THREAD_STARTS_JOB], cwd=ROOT, env=dict(os.environ, MARKER=marker))
+    try:
+        assert wait_until(lambda: len(with_marker(marker)) == 1, 10)
+        time.sleep(2)  # the thread has exited by now
+        assert len(with_marker(marker)) == 1, "the job died with the thread that started it"
+    finally:
+        worker.kill()
+        worker.wait()
+    assert wait_until(lambda: not with_marker(marker), 5), "the job outlived its worker"
+
+
+JOB_DIR_OWNER = """
+import sys, time
+from pathlib import Path
+from gearfarm.process import job_dir
+with job_dir(Path(sys.argv[1]), "test-") as d:
+    (d / "scratch").write_text("left behind")
+    print(d, flush=True)
+    time.sleep(300)
+"""
+
+
+def test_sweep_removes_the_job_dirs_of_dead_workers_only(tmp_path: Path) -> None:
+    root = tmp_path / "work"
+    dead = subprocess.Popen([sys.executable, "-c", JOB_DIR_OWNER, str(root)], cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True)
+    assert dead.stdout is not None
+    left = Path(dead.stdout.readline().strip())
+    dead.kill()
+    dead.wait()
+    assert (left / "scratch").exists()
+    assert left.parent.parent == root and left.parent.name.startswith(f"{dead.pid}-")
+    # A pid that is alive but is another process now (here: ours, with another start time).
+    start, boot = process.start_time(os.getpid()), process.boot_id()[:12]
+    assert start is not None
+    me = f"{os.getpid()}-{start}-{boot}"
+    recycled = root / f"{os.getpid()}-{start - 1}-{boot}"
+    recycled.mkdir()
+    (root / "not-an-owner").mkdir()
+    with process.job_dir(root, "live-") as live:
+        assert live.parent == root / me and live.name.startswith("live-")
+        (live / "f").write_text("in use")
+        removed = process.sweep_work_dirs(root)
+        assert sorted(removed) == sorted([left.parent, recycled])
+        assert not left.parent.exists() and not recycled.exists()
+        assert (live / "f").exists() and (root / "not-an-owner").exists()
+    assert not live.exists()
+    assert process.sweep_work_dirs(root) == []
+    assert process.sweep_work_dirs(tmp_path / "absent") == []
+
+
+def test_stop_from_state_kills_only_the_processes_it_started(marker: str, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    farm = EmbeddedFarm(state, tmp_path)
+    # Ours: a group leader with a child in its group (as a worker or MinIO), and one process
+    # that leads no group (its group is this test's: killing that would kill us).
+    leader = process.spawn(["sh", "-c", f"sleep {marker} & wait"], tmp_path / "leader.log")
+    follower = subprocess.Popen(["sleep", marker])
+    # Not ours: processes that now hold pids the state file names.
+    other = new_marker()
+    strangers = [subprocess.Popen(["sleep", other], start_new_session=True) for _ in range(3)]
+    try:
+        farm.procs = {"worker": leader, "collector": follower}
+        assert wait_until(lambda: len(with_marker(marker)) == 2, 10)
+        farm._record()
+        data = json.loads((state / STATE_FILE).read_text())
+        assert data["procs"]["worker"]["pgid"] == leader.pid
+        late_start = dict(process.identity(strangers[0].pid) or {}, start=1)
+        other_cmd = dict(process.identity(strangers[1].pid) or {}, cmdline=["gearmand", "--port", "4730"])
+        data["pids"].update({"recycled": strangers[0].pid, "other-command": strangers[1].pid,
+                             "old-state-file": strangers[2].pid, "gone": 2**22 + 1})
+        data["procs"].update({"recycled": late_start, "other-command": other_cmd,
+                              "gone": {"pid": 2**22 + 1, "start": 1, "boot": process.boot_id(), "cmdline": []}})
+        (state / STATE_FILE).write_text(json.dumps(data))
+        t0 = time.monotonic()
+        stopped = stop_from_state(state)
+        assert time.monotonic() - t0 < 5, "SIGTERM must go to all at once, not one wait per process"
+        assert sorted(stopped) == ["collector", "worker"]
+        assert sorted(stopped.skipped) == ["old-state-file", "other-command", "recycled"]
+        assert wait_until(lambda: not with_marker(marker), 2), "the leader's group was not stopped"
+        assert all(s.poll() is None for s in strangers), "a process the farm did not start was killed"
+        assert not (state / STATE_FILE).exists()
+    finally:
+        for p in (leader, follower, *strangers):
+            p.kill()
+            p.wait()
+
+
+def test_stop_from_state_kills_what_ignores_sigterm(marker: str, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    farm = EmbeddedFarm(state, tmp_path)
+    # SIG_IGN is inherited: both the shell and its sleep ignore SIGTERM.
+    stubborn = process.spawn(["sh", "-c", f"trap '' TERM; sleep {marker} & wait"], tmp_path / "stubborn.log")
+    try:
+        farm.procs = {"worker": stubborn}
+        assert wait_until(lambda: len(with_marker(marker)) == 1, 10)
+        farm._record()
+        t0 = time.monotonic()
+        assert stop_from_state(state, timeout=1.0) == ["worker"]
+        assert time.monotonic() - t0 < 4
+        assert stubborn.wait(2) == -signal.SIGKILL
+        assert wait_until(lambda: not with_marker(marker), 2)
+    finally:
+        stubborn.kill()
+        stubborn.wait()
+
+
+def test_reaper_overhead_per_job(tmp_path: Path) -> None:
+    """Not a limit, a measurement (-s shows it): what the reaper adds to a job."""
+    log = tmp_path / "job.log"
+    times = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        process.run_logged(["true"], log, 60)
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    bare = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        subprocess.run(["true"], stdin=subprocess.DEVNULL)
+        bare.append(time.perf_counter() - t0)
+    bare.sort()
+    print(f"\nrun_logged(['true']) median {times[10] * 1000:.1f} ms; a bare Popen of true {bare[10] * 1000:.1f} ms")
+    assert times[10] < 1.0
+

@@ -30,6 +30,7 @@ from gearfarm.job import JobId
 from gearfarm.result import ResultRecord, open_record, seal_record
 from gearfarm.store import ResultsDB
 from tests.farmkit import ROOT, commit, make_repo
+from tests.pg import pg_server, pg_url  # noqa: F401 - fixtures
 from tests.test_mail import SMTPSink, sink  # noqa: F401 - fixture
 
 T = "linux-x86_64"
@@ -221,3 +222,72 @@ def test_kill_9_of_a_worker_mid_suite_leaves_no_process_of_that_suite(repo: Path
         for pid in _suite_pids(marker):
             os.kill(pid, signal.SIGKILL)
 
+
+
+def test_an_older_attempt_delivered_after_a_newer_one_changes_nothing(tmp_path: Path) -> None:
+    """Through real gearmand and a real collector process: attempt 2's record, then attempt
+    1's (a cut-off host reporting late); the row keeps attempt 2 whatever the order."""
+    from gearfarm import process
+    from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig
+    from gearfarm.gearmand import Gearmand
+
+    with Gearmand(tmp_path / "gm") as gm:
+        cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]),
+                     database=DatabaseConfig(url=f"sqlite:///{tmp_path / 'r.db'}"),
+                     farm=FarmConfig(repo=str(ROOT), state_dir=str(tmp_path), secrets=["the-farm-key"]))
+        config_mod.dump(cfg, tmp_path / "f.toml")
+        db = ResultsDB(cfg.database.url)
+        unit = JobId("order", T, "test-unit")
+        db.create_run("order", "a" * 40, [T], [str(unit)])
+        collector = process.spawn([sys.executable, "-m", "gearfarm.cli", "collector", "--config",
+                                   str(tmp_path / "f.toml")], tmp_path / "collector.log", cwd=ROOT)
+
+        def record(attempt: int, status: str) -> bytes:
+            r = ResultRecord(job_id=str(unit), run_id="order", target=T, kind="test", step="test-unit", name="unit",
+                             rev="a" * 40, status=status, attempt=attempt, worker=f"host{attempt}",  # type: ignore[arg-type]
+                             started_at=100.0, finished_at=200.0 - attempt)  # the older one finished later
+            return seal_record(r, cfg.farm.secrets)
+
+        try:
+            with Client([gm.address]) as c:
+                c.submit_background("collect", record(2, "passed"), unique="a2")
+                wait_for("attempt 2", lambda: len(db.deliveries("order")) == 1)
+                c.submit_background("collect", record(1, "failed"), unique="a1")
+                wait_for("attempt 1", lambda: len(db.deliveries("order")) == 2)
+        finally:
+            process.stop(collector)
+    (row,) = db.jobs("order")
+    assert (row.status, row.attempt, row.worker) == ("passed", 2, "host2")
+    assert [(d.attempt, d.outcome) for d in db.deliveries("order")] == [(2, "applied"), (1, "superseded")]
+
+
+def test_the_report_is_written_and_mailed_with_s3_and_the_database_down(
+        tmp_path: Path, sink: SMTPSink, pg_server, pg_url: str) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    from gearfarm.s3.minio import MinioServer
+
+    from gearfarm import publisher
+    from gearfarm.config import Config, DatabaseConfig, FarmConfig
+    from gearfarm.ledger import Ledger
+
+    db = ResultsDB(pg_url)
+    jobs = [JobId("down", T, s) for s in ("build", "test-unit")]
+    db.create_run("down", "a" * 40, [T], [str(j) for j in jobs])
+    for j in jobs:
+        Ledger(db).apply(ResultRecord(job_id=str(j), run_id="down", target=T, kind=j.kind, step=j.step, name=j.name,
+                                      rev="a" * 40, status="passed", started_at=1.0, finished_at=2.0), "collect")
+    run, records = db.get_run("down"), db.jobs("down")
+    minio = MinioServer(tmp_path / "minio").start()
+    cfg = Config(s3=minio.s3_config(), database=DatabaseConfig(url=pg_url),
+                 mail=MailConfig(host="127.0.0.1", port=sink.port, recipients=["a@example.org"]),
+                 farm=FarmConfig(repo=str(ROOT), state_dir=str(tmp_path / "state"), secrets=["k"]))
+    store = ArtifactStore(cfg.s3, retry_for=2)
+    minio.stop()
+    got: dict[str, publisher.Publication] = {}
+    pg_server.restart(while_down=lambda: got.update(pub=publisher.publish(cfg, db, store, run, records)))
+    pub = got["pub"]
+    out = tmp_path / "state" / "runs" / "down"
+    assert (out / "report.html").exists() and (out / "junit.xml").exists()
+    assert len(sink.messages) == 1 and pub.delivery is not None and pub.delivery.sent
+    assert any("not in S3" in p for p in pub.problems)
+    assert any("results database unavailable" in p for p in pub.problems)
+    assert "FARM PROBLEMS WHILE REPORTING" in (out / "report.txt").read_text()

@@ -13,9 +13,12 @@ from gearfarm.gearmand import Gearmand
 @pytest.fixture
 def gearmand(tmp_path: Path) -> Iterator[Gearmand]:
     """A real gearmand on a free loopback port, state in tmp_path; always stopped."""
-    server = Gearmand(tmp_path / "gearmand")
-    server.start()
-    try:
+    with Gearmand(tmp_path / "gearmand") as server:
         yield server
-    finally:
-        server.stop()
+
+
+@pytest.fixture
+def second_gearmand(tmp_path: Path) -> Iterator[Gearmand]:
+    """Another real gearmand, for failover and multi-server status tests; always stopped."""
+    with Gearmand(tmp_path / "second-gearmand") as server:
+        yield server

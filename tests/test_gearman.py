@@ -66,17 +66,6 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "
         time.sleep(0.02)
 
 
-@pytest.fixture
-def second_gearmand(tmp_path: Path) -> Iterator[Gearmand]:
-    """Another real gearmand, for failover and multi-server status tests; always stopped."""
-    server = Gearmand(tmp_path / "second-gearmand")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def cap_queue(server: Gearmand, function: str, limit: int) -> None:
     """Cap ``function``'s queue with the admin command ``maxqueue``.
 

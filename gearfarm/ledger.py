@@ -120,6 +120,9 @@ class Ledger:
         data = rec.model_dump(mode="json")
         r = rank(rec)
         if row.reported_at is not None:
+            if conn.execute(select(Job.job_id).where(Job.job_id == rec.job_id, Job.digest == r.digest)).first():
+                self._log(conn, source, "duplicate", rec, "")  # rule 4 before rule 5: the report has it
+                return "duplicate"
             stmt = self.db.insert(LateResult).values(job_id=rec.job_id, run_id=rec.run_id, attempt=rec.attempt,
                                                      status=rec.status, digest=r.digest, record=data,
                                                      arrived_at=time.time())

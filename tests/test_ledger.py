@@ -98,6 +98,7 @@ def test_rules_outcomes_and_what_they_leave(db_url: str) -> None:
     assert ledger.apply(rec(JobId("nope", T, "build"), "passed"), "collect") == "rejected"
     # After the report: late, never changing the row; the same late record twice is one.
     ledger.close("r1")
+    assert ledger.apply(a2, "reconcile") == "duplicate"  # a re-delivery after the report is no late result
     late = rec(unit, "failed", 7)
     assert ledger.apply(late, "collect") == "late"
     assert ledger.apply(late, "reconcile") == "duplicate"

@@ -5,6 +5,8 @@ copy, then to the collector through Gearman, spooling locally when that fails)."
 
 from __future__ import annotations
 
+import fcntl
+import itertools
 import logging
 import os
 import signal
@@ -12,7 +14,8 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from gearfarm.s3 import keys
@@ -107,6 +110,28 @@ class Context:
         return ResultRecord(job_id=p.job_id, run_id=p.run_id, target=p.target, kind=p.kind, step=p.step,
                             name=p.name, rev=p.rev, status=status, attempt=p.attempt, worker=self.name,
                             host=self.host, submitted_at=p.submitted_at, **fields)  # type: ignore[arg-type]
+
+    @contextmanager
+    def runner_env(self, runner: list[str], extra: dict[str, str]) -> Iterator[dict[str, str]]:
+        """The environment a job's command runs in. A wine runner gets a prefix of its own for
+        the job's duration (flock'ed, reused by later jobs): the reaper kills the job's
+        wineserver when the job ends, which would break another job sharing that prefix."""
+        env = dict(os.environ, **extra)
+        if not runner or not Path(runner[0]).name.startswith("wine") or "WINEPREFIX" in extra:
+            yield env
+            return
+        for n in itertools.count():
+            # Per machine, not per state dir: making a prefix takes ~30 s, reusing one ~2 s.
+            cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+            prefix = cache / "gearfarm" / "wine" / f"prefix-{n}"
+            prefix.mkdir(parents=True, exist_ok=True)
+            with open(prefix.parent / f"{prefix.name}.lock", "a") as lock:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # another job on this host has it
+                yield dict(env, WINEPREFIX=str(prefix))
+                return
 
     def started(self, p: Payload) -> None:
         """One line per start of a job's command: what the chaos suite counts."""

@@ -4,7 +4,6 @@ catalog at the run's revision defines it (killed at its timeout), and report per
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -63,10 +62,10 @@ def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
         values = {"bin": str(bindir), "exe": target.exe, "junit": str(junit), "scratch": str(scratch),
                   "seed": str(p.seed)}
         argv = target.runner + catalog_mod.expand(suite.argv, values)
-        env = dict(os.environ, **target.runner_env)
         t0 = time.monotonic()
         ctx.started(p)
-        rc, timed_out = process.run_logged(argv, log_path, suite.timeout, cwd=scratch, env=env)
+        with ctx.runner_env(target.runner, target.runner_env) as env:
+            rc, timed_out = process.run_logged(argv, log_path, suite.timeout, cwd=scratch, env=env)
         timings["test"] = time.monotonic() - t0
         cases = []
         message = ""

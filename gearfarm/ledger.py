@@ -11,8 +11,8 @@ ordered, so the final state is the same whatever order records arrive in):
 |      | farm-made (skipped, no_worker, infra)             | deadline's `infra` comes after it            |
 | 2    | then the newer attempt                            | attempt 1 arriving after attempt 2 is        |
 |      |                                                   | superseded                                   |
-| 3    | then the later finish, then the record's digest   | the same attempt run twice (a worker lost    |
-|      | (tie-breaks, so the order is total)               | its connection): one of them, always the same|
+| 3    | then the earlier finish, then the record's digest | the same attempt run twice (gearmand replayed|
+|      | (tie-breaks, so the order is total)               | it after a restart): the first to finish     |
 
 And around the ranking:
 
@@ -64,7 +64,9 @@ class Rank:
 
 
 def rank(rec: ResultRecord) -> Rank:
-    return Rank(1 if rec.status in PRODUCT else 0, rec.attempt, rec.finished_at or 0.0, rec.digest)
+    # Negated: of two runs of the same attempt, the first to finish is the result (a replay
+    # by gearmand after a restart, which may only have reused the artifact, does not replace it).
+    return Rank(1 if rec.status in PRODUCT else 0, rec.attempt, -(rec.finished_at or 0.0), rec.digest)
 
 
 class Ledger:
@@ -120,8 +122,12 @@ class Ledger:
         data = rec.model_dump(mode="json")
         r = rank(rec)
         if row.reported_at is not None:
-            if conn.execute(select(Job.job_id).where(Job.job_id == rec.job_id, Job.digest == r.digest)).first():
-                self._log(conn, source, "duplicate", rec, "")  # rule 4 before rule 5: the report has it
+            seen = select(Delivery.id).where(Delivery.job_id == rec.job_id, Delivery.digest == r.digest,
+                                             Delivery.outcome.in_(("applied", "superseded", "duplicate")))
+            if conn.execute(seen.limit(1)).first():
+                # Rule 4 before rule 5: the ledger ranked this very record before the report
+                # (a spool or queue replay); it is no news.
+                self._log(conn, source, "duplicate", rec, "")
                 return "duplicate"
             stmt = self.db.insert(LateResult).values(job_id=rec.job_id, run_id=rec.run_id, attempt=rec.attempt,
                                                      status=rec.status, digest=r.digest, record=data,
@@ -136,9 +142,9 @@ class Ledger:
                       status=rec.status, attempt=rec.attempt, worker=rec.worker, started_at=rec.started_at,
                       finished_at=rec.finished_at, record=data, host_id=host_id, prio=r.prio, digest=r.digest)
         stmt = self.db.insert(Job).values(**values)
-        new_rank = tuple_(stmt.excluded.prio, stmt.excluded.attempt, func.coalesce(stmt.excluded.finished_at, 0.0),
+        new_rank = tuple_(stmt.excluded.prio, stmt.excluded.attempt, -func.coalesce(stmt.excluded.finished_at, 0.0),
                           stmt.excluded.digest)
-        old_rank = tuple_(Job.prio, Job.attempt, func.coalesce(Job.finished_at, 0.0), Job.digest)
+        old_rank = tuple_(Job.prio, Job.attempt, -func.coalesce(Job.finished_at, 0.0), Job.digest)
         stmt = stmt.on_conflict_do_update(index_elements=["job_id"],
                                           set_={k: v for k, v in values.items() if k != "job_id"},
                                           where=new_rank > old_rank).returning(Job.job_id)

@@ -77,7 +77,7 @@ class Job(Base):
     record: Mapped[dict[str, Any]] = mapped_column(JSON)
     host_id: Mapped[str | None] = mapped_column(ForeignKey("hosts.host_id"), nullable=True)
     # The record's precedence (gearfarm.ledger.rank): product results over farm-made ones,
-    # then the newer attempt, then the later finish, then the digest (a total order).
+    # then the newer attempt, then the earlier finish, then the digest (a total order).
     prio: Mapped[int] = mapped_column(Integer, default=0)
     digest: Mapped[str] = mapped_column(String(64), default="")
 

@@ -14,7 +14,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -37,6 +37,7 @@ class PostgresServer:
         self.dir: Path | None = None
         self.port: int | None = None
         self.user: str | None = None  # the OS user the server runs as (None: ourselves)
+        self._opts = ""  # the postmaster options, so restart() comes back the same
 
     @property
     def admin_url(self) -> str:
@@ -69,16 +70,39 @@ class PostgresServer:
             raise PostgresError(f"initdb failed: {p.stderr.strip() or p.stdout.strip()}")
         for _ in range(3):  # a free port can be taken between probing and binding
             self.port = free_port()
-            opts = (f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
-                    "-c synchronous_commit=off -c full_page_writes=off")
-            p = self._run([str(BINDIR / "pg_ctl"), "-D", str(data), "-o", opts, "-l", str(self.dir / "server.log"),
-                           "-w", "-t", "60", "start"], timeout=90)
+            self._opts = (f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
+                          "-c synchronous_commit=off -c full_page_writes=off")
+            p = self._pg_ctl_start()
             if p.returncode == 0:
                 return self
         server_log = self.dir / "server.log"
         log = server_log.read_text(errors="replace")[-2000:] if server_log.exists() else ""
         self.stop()
         raise PostgresError(f"PostgreSQL did not start: {p.stderr.strip()}\n{log}")
+
+    def _pg_ctl_start(self) -> subprocess.CompletedProcess[str]:
+        assert self.dir is not None
+        return self._run([str(BINDIR / "pg_ctl"), "-D", str(self.dir / "data"), "-o", self._opts, "-l",
+                          str(self.dir / "server.log"), "-w", "-t", "60", "start"], timeout=90)
+
+    def restart(self, while_down: Callable[[], object] | None = None) -> None:
+        """Stop the server (fast shutdown: every client connection is cut, as a service
+        restart does), call ``while_down`` if given, and start it again on the same port and
+        data directory, so clients holding the URL must reconnect to the same server."""
+        assert self.dir is not None, "start() first"
+        data = self.dir / "data"
+        p = self._run([str(BINDIR / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "-t", "60", "stop"], timeout=90)
+        if p.returncode != 0:
+            raise PostgresError(f"PostgreSQL did not stop: {p.stderr.strip() or p.stdout.strip()}")
+        try:
+            if while_down is not None:
+                while_down()
+        finally:
+            # Up again even when the caller's wait failed: the server is shared by the session.
+            p = self._pg_ctl_start()
+        if p.returncode != 0:
+            log = (self.dir / "server.log").read_text(errors="replace")[-2000:]
+            raise PostgresError(f"PostgreSQL did not start again on port {self.port}: {p.stderr.strip()}\n{log}")
 
     def create_database(self, name: str) -> str:
         import psycopg

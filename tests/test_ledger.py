@@ -81,7 +81,8 @@ def test_rules_outcomes_and_what_they_leave(db_url: str) -> None:
     a2 = rec(unit, "passed", 2, case="second")
     assert ledger.apply(a2, "collect") == "applied"
     assert ledger.apply(a2, "reconcile") == "duplicate"  # the very same record again
-    assert ledger.apply(rec(unit, "failed", 1, 5000.0, case="first"), "reconcile") == "superseded"
+    old = rec(unit, "failed", 1, 5000.0, case="first")
+    assert ledger.apply(old, "reconcile") == "superseded"
     assert ledger.apply(farm_record(unit, REV, "infra", "deadline", 2), "nightly") == "superseded"
     got = row(db, unit)
     assert (got.status, got.attempt, [c.name for c in got.cases]) == ("passed", 2, ["second"])
@@ -98,7 +99,9 @@ def test_rules_outcomes_and_what_they_leave(db_url: str) -> None:
     assert ledger.apply(rec(JobId("nope", T, "build"), "passed"), "collect") == "rejected"
     # After the report: late, never changing the row; the same late record twice is one.
     ledger.close("r1")
-    assert ledger.apply(a2, "reconcile") == "duplicate"  # a re-delivery after the report is no late result
+    # Re-deliveries after the report of records ranked before it are no news: duplicates.
+    assert ledger.apply(a2, "reconcile") == "duplicate"
+    assert ledger.apply(old, "collect") == "duplicate"
     late = rec(unit, "failed", 7)
     assert ledger.apply(late, "collect") == "late"
     assert ledger.apply(late, "reconcile") == "duplicate"
@@ -106,6 +109,21 @@ def test_rules_outcomes_and_what_they_leave(db_url: str) -> None:
     assert [(r.status, r.attempt) for _, r in db.late_results("r1")] == [("failed", 7)]
     counts = db.delivery_counts()
     assert counts["rejected"] == 3 and counts["late"] == 1 and counts["superseded"] >= 2
+
+
+def test_the_first_run_of_an_attempt_to_finish_is_its_result(db_url: str) -> None:
+    """gearmand replays a job after a restart: the replay (later, maybe only reusing the
+    artifact) never replaces the run that finished first, whichever record arrives first."""
+    db = ResultsDB(db_url)
+    ledger = Ledger(db)
+    first, replay = None, None
+    for n, order in enumerate(((0, 1), (1, 0))):
+        (jid,) = new_run(db, f"same{n}", ["build"])
+        first = rec(jid, "passed", 1, 1000.0, case="did-the-work")
+        replay = rec(jid, "passed", 1, 1060.0, case="reused")
+        for i in order:
+            ledger.apply((first, replay)[i], "collect")
+        assert [c.name for c in row(db, jid).cases] == ["did-the-work"]
 
 
 def test_sealed_records_only(tmp_path: Path) -> None:

@@ -126,19 +126,24 @@ def test_forged_records_are_rejected_and_late_results_leave_the_mail_as_sent(
     assert len(sink.messages) == 1  # nothing was mailed again
 
 
-def test_an_expired_job_in_the_queue_does_not_run_on_the_next_start(repo: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("ended,args,status,why", [
+    ("expired", ("--deadline", "25", "--no-worker-wait", "600"), "infra", "its run's deadline passed"),
+    ("no worker", ("--no-worker-wait", "3"), "no_worker", "run x1 was reported and closed"),
+])
+def test_a_job_left_in_the_queue_does_not_run_on_the_next_start(
+        repo: Path, tmp_path: Path, ended: str, args: tuple[str, ...], status: str, why: str) -> None:
     cat = catalog_mod.load_at_rev(repo, "HEAD")
     first = EmbeddedFarm(tmp_path / "state", repo)
     first.start(cat, [T], roles=("build",))  # no test worker: the test job stays queued
     try:
-        p = nightly(first, "x1", "--suites", "unit", "--deadline", "25", "--no-worker-wait", "600")
+        p = nightly(first, "x1", "--suites", "unit", *args)
     finally:
         first.stop()
     assert p.returncode == 1, p.stdout + p.stderr
     db = ResultsDB(f"sqlite:///{tmp_path / 'state' / 'results.db'}")
     unit = f"x1:{T}:test-unit"
     before = {r.job_id: (r.status, r.message) for r in db.jobs("x1")}
-    assert before[unit][0] == "infra" and "deadline" in before[unit][1]
+    assert before[unit][0] == status, (ended, before)
 
     restarted = time.time()
     again = EmbeddedFarm(tmp_path / "state", repo)  # same state: same persistent queue
@@ -152,7 +157,7 @@ def test_an_expired_job_in_the_queue_does_not_run_on_the_next_start(repo: Path, 
         log = worker_logs(again)
     finally:
         again.stop()
-    assert re.search(rf"DROPPED job .* \({re.escape(unit)}\): its run's deadline passed", log), log[-3000:]
+    assert re.search(rf"DROPPED job .* \({re.escape(unit)}\): {why}", log), log[-3000:]
     assert f"COMMAND START job={unit}" not in log
     assert {r.job_id: (r.status, r.message) for r in db.jobs("x1")} == before
     assert not [d for d in db.deliveries("x1") if d.at >= restarted]  # nothing was even offered

@@ -34,3 +34,13 @@ def commit(repo: Path, message: str) -> str:
 def gearfarm(*args: str, timeout: float = 900, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gearfarm.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})})
+
+
+def edit_catalog(repo: Path, old: str, new: str, message: str) -> str:
+    """Change the repository's job catalog (``old`` must be in it, so a catalog that moved on
+    fails loudly instead of testing nothing) and commit; returns the new revision."""
+    cat = repo / "jobs" / "catalog.toml"
+    text = cat.read_text()
+    assert old in text, f"{old!r} is not in {cat}"
+    cat.write_text(text.replace(old, new))
+    return commit(repo, message)

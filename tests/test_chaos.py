@@ -42,7 +42,7 @@ from gearfarm.gearman import BackgroundJob, Client, admin
 from gearfarm.job import COLLECT_FUNCTION, JobId, Payload, make_payload, sign
 from gearfarm.result import PRODUCT, ResultRecord, open_record, seal_record
 from gearfarm.store import Job, ResultsDB
-from tests.farmkit import ROOT, commit, make_repo
+from tests.farmkit import ROOT, edit_catalog, make_repo
 from tests.pg import PostgresServer, pg_server, pg_url  # noqa: F401 - fixtures
 
 PROFILE = os.environ.get("GEARFARM_CHAOS", "small")
@@ -267,9 +267,7 @@ class Tally:
 def chaos_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The engine with a model suite slow enough (seconds) to be hit in the middle."""
     repo = make_repo(tmp_path_factory.mktemp("chaos") / "repo")
-    cat = repo / "jobs" / "catalog.toml"
-    cat.write_text(cat.read_text().replace('"--ops", "20000"', '"--ops", "40000"'))
-    commit(repo, "slower model suite for chaos")
+    edit_catalog(repo, '"--ops", "20000"', '"--ops", "40000"', "slower model suite for chaos")
     return repo
 
 
@@ -611,11 +609,8 @@ def test_forged_results_sent_to_the_collector_mid_run_change_nothing(farm: Embed
 
 def test_hung_suite_is_killed_at_its_timeout_and_the_worker_goes_on(chaos_repo: Path, tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo")
-    cat = repo / "jobs" / "catalog.toml"
-    text = cat.read_text().replace('"--ops", "20000"]\ntimeout = 300', '"--ops", "100000000"]\ntimeout = 3')
-    assert text != cat.read_text()
-    cat.write_text(text)
-    commit(repo, "a model suite that hangs past its timeout")
+    edit_catalog(repo, '"--ops", "20000"]\ntimeout = 300', '"--ops", "100000000"]\ntimeout = 3',
+                 "a model suite that hangs past its timeout")
     f = EmbeddedFarm(tmp_path / "state", repo)
     f.start(catalog_mod.load_at_rev(repo, "HEAD"), [TARGET])
     tally = Tally()

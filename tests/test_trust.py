@@ -29,7 +29,7 @@ from gearfarm.gearman import Client, admin
 from gearfarm.job import JobId
 from gearfarm.result import ResultRecord, open_record, seal_record
 from gearfarm.store import ResultsDB
-from tests.farmkit import ROOT, commit, make_repo
+from tests.farmkit import ROOT, commit, edit_catalog, make_repo
 from tests.pg import pg_server, pg_url  # noqa: F401 - fixtures
 from tests.test_mail import SMTPSink, sink  # noqa: F401 - fixture
 
@@ -198,11 +198,7 @@ def _suite_pids(marker: str) -> list[int]:
 def test_kill_9_of_a_worker_mid_suite_leaves_no_process_of_that_suite(repo: Path, tmp_path: Path) -> None:
     slow = tmp_path / "slow"
     shutil.copytree(repo, slow)
-    cat = slow / "jobs" / "catalog.toml"
-    text = cat.read_text().replace('"--ops", "20000"', '"--ops", "4000017"')
-    assert text != cat.read_text()
-    cat.write_text(text)
-    commit(slow, "a model suite that runs for a while")
+    edit_catalog(slow, '"--ops", "20000"', '"--ops", "4000017"', "a model suite that runs for a while")
     f = EmbeddedFarm(tmp_path / "state", slow)
     f.start(catalog_mod.load_at_rev(slow, "HEAD"), [T])
     marker = "gfe-suite.*4000017"

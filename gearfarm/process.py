@@ -260,6 +260,13 @@ def job_dir(root: Path, prefix: str) -> Iterator[Path]:
         _rmtree(path)
 
 
+def release_work_dir(root: Path) -> None:
+    """On a clean exit: remove this process's owner directory (empty by then: every job_dir
+    removes itself), so stopped workers leave nothing for the next sweep."""
+    with suppress(OSError):
+        (root / _owner()).rmdir()
+
+
 def sweep_work_dirs(root: Path) -> list[Path]:
     """Remove the owner directories under ``root`` of processes that are gone (a dead pid,
     the pid now another process, or an earlier boot); returns what was removed. Directories

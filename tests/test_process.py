@@ -224,6 +224,9 @@ def test_sweep_removes_the_job_dirs_of_dead_workers_only(tmp_path: Path) -> None
     assert not live.exists()
     assert process.sweep_work_dirs(root) == []
     assert process.sweep_work_dirs(tmp_path / "absent") == []
+    assert (root / me).is_dir()
+    process.release_work_dir(root)  # a clean exit leaves nothing for the next sweep
+    assert not (root / me).exists()
 
 
 def test_stop_from_state_kills_only_the_processes_it_started(marker: str, tmp_path: Path) -> None:

@@ -217,6 +217,7 @@ def serve(cfg: Config, role: str, functions: dict[str, RoleHandler], stop: threa
     finally:
         worker.close()
         ctx.client.close()
+        process.release_work_dir(ctx.work)
 
 
 def _flush_loop(ctx: Context, stop: threading.Event) -> None:

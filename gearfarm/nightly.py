@@ -264,12 +264,15 @@ def wait(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, clien
             now = time.time()
             if now > p.deadline:
                 reconcile(ledger, store, cfg.farm.secrets, p.run_id, seen)
-                states = {r.job_id: r.status for r in db.jobs(p.run_id)}
+                done = db.terminal_ids(p.run_id)
                 # Builds first: ending a build ends its dependents (skipped, with the reason).
                 for jid in sorted(pending, key=lambda j: j.kind != "build"):
-                    if str(jid) not in db.terminal_ids(p.run_id):
-                        expire(ledger, p, [jid], "infra", f"not finished by the run deadline "
-                               f"({time.strftime('%H:%M:%S', time.localtime(p.deadline))})", watchdog.attempt(jid))
+                    if str(jid) in done:
+                        continue
+                    expire(ledger, p, [jid], "infra", f"not finished by the run deadline "
+                           f"({time.strftime('%H:%M:%S', time.localtime(p.deadline))})", watchdog.attempt(jid))
+                    if jid.kind == "build":
+                        done = db.terminal_ids(p.run_id)  # its dependents ended with it
                 continue
             if time.monotonic() - last_reconcile > 30:
                 # The collector may be down; S3 holds every result the workers reported.

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from botocore.exceptions import ClientError
+
 from gearfarm.s3.store import ArtifactStore, StoreError, sha256_file
 
 MANIFEST = "manifest.json"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from gearfarm.s3 import artifact
 from gearfarm.s3.minio import MinioServer
 from gearfarm.s3.store import ArtifactStore

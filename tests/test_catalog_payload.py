@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-from gearfarm.s3 import artifact, keys
 
 from gearfarm import catalog
 from gearfarm.job import (
@@ -25,6 +24,7 @@ from gearfarm.job import (
     unique_id,
     verify,
 )
+from gearfarm.s3 import artifact, keys
 
 ROOT = Path(__file__).resolve().parents[1]
 REV = "a" * 40

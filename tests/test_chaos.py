@@ -31,8 +31,6 @@ from pathlib import Path
 from types import TracebackType
 
 import pytest
-from gearfarm.s3 import keys
-from gearfarm.s3.store import ArtifactStore
 from sqlalchemy import select
 
 from gearfarm import catalog as catalog_mod
@@ -41,6 +39,8 @@ from gearfarm.farm import EmbeddedFarm
 from gearfarm.gearman import BackgroundJob, Client, admin
 from gearfarm.job import COLLECT_FUNCTION, JobId, Payload, make_payload, sign
 from gearfarm.result import PRODUCT, ResultRecord, open_record, seal_record
+from gearfarm.s3 import keys
+from gearfarm.s3.store import ArtifactStore
 from gearfarm.store import Job, ResultsDB
 from tests.farmkit import ROOT, edit_catalog, make_repo
 from tests.pg import PostgresServer, pg_server, pg_url  # noqa: F401 - fixtures
@@ -664,11 +664,10 @@ def lab_netns() -> Iterator[tuple[str, str, str]]:
 
 def test_a_worker_host_cut_off_mid_job_and_the_job_completes_on_another_host(
         chaos_repo: Path, tmp_path: Path, lab_netns: tuple[str, str, str]) -> None:
-    from gearfarm.s3.minio import MinioServer
-
     from gearfarm import process
     from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig
     from gearfarm.gearmand import Gearmand
+    from gearfarm.s3.minio import MinioServer
 
     ns, addr, host_if = lab_netns
     procs: list[subprocess.Popen[bytes]] = []

@@ -277,10 +277,9 @@ class LabFarm:
     from a lab config (so the results database can be PostgreSQL), with mail to an SMTP sink."""
 
     def __init__(self, base: Path, repo: Path, db_url: str, smtp_port: int) -> None:
-        from gearfarm.s3.minio import MinioServer
-
         from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig, MailConfig, dump
         from gearfarm.gearmand import Gearmand
+        from gearfarm.s3.minio import MinioServer
 
         self.base, self.procs = base, []  # type: ignore[var-annotated]
         self.token = base / "flaky.token"

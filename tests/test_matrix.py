@@ -10,13 +10,13 @@ import struct
 from pathlib import Path
 
 import pytest
-from gearfarm.s3.artifact import unpack
-from gearfarm.s3.store import ArtifactStore
 
 from gearfarm import catalog as catalog_mod
 from gearfarm import config as config_mod
 from gearfarm.farm import EmbeddedFarm
 from gearfarm.gearman import admin
+from gearfarm.s3.artifact import unpack
+from gearfarm.s3.store import ArtifactStore
 from tests.farmkit import commit, gearfarm, make_repo
 
 # (ELF class, ELF machine) per Linux target; 'PE' for Windows.

@@ -8,11 +8,11 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+
+from gearfarm import config as config_mod
 from gearfarm.s3.artifact import unpack
 from gearfarm.s3.minio import MinioServer
 from gearfarm.s3.store import ArtifactStore
-
-from gearfarm import config as config_mod
 from tests.farmkit import commit, gearfarm, make_repo
 
 TARGET = "linux-x86_64"

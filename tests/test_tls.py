@@ -23,8 +23,6 @@ from pathlib import Path
 
 import pytest
 from botocore.exceptions import SSLError as BotoSSLError
-from gearfarm.s3.minio import MinioServer
-from gearfarm.s3.store import ArtifactStore, StoreError
 
 from gearfarm import tls
 from gearfarm.config import Config, GearmanConfig
@@ -32,6 +30,8 @@ from gearfarm.connection import ssl_context
 from gearfarm.gearman import Client, Command, Job, ServerUnavailable, Worker, admin
 from gearfarm.gearman.protocol import REQ, RES, encode
 from gearfarm.gearmand import Gearmand
+from gearfarm.s3.minio import MinioServer
+from gearfarm.s3.store import ArtifactStore, StoreError
 
 # The name clients ask for (tls_server_name); deliberately not resolvable, because the
 # clients dial 127.0.0.1 and only the certificate check uses the name.

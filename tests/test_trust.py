@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gearfarm.s3.store import ArtifactStore
 
 from gearfarm import catalog as catalog_mod
 from gearfarm import config as config_mod
@@ -28,6 +27,7 @@ from gearfarm.farm import EmbeddedFarm
 from gearfarm.gearman import Client, admin
 from gearfarm.job import JobId
 from gearfarm.result import ResultRecord, open_record, seal_record
+from gearfarm.s3.store import ArtifactStore
 from gearfarm.store import ResultsDB
 from tests.farmkit import ROOT, commit, edit_catalog, make_repo
 from tests.pg import pg_server, pg_url  # noqa: F401 - fixtures
@@ -264,11 +264,10 @@ def test_an_older_attempt_delivered_after_a_newer_one_changes_nothing(tmp_path: 
 
 def test_the_report_is_written_and_mailed_with_s3_and_the_database_down(
         tmp_path: Path, sink: SMTPSink, pg_server, pg_url: str) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
-    from gearfarm.s3.minio import MinioServer
-
     from gearfarm import publisher
     from gearfarm.config import Config, DatabaseConfig, FarmConfig
     from gearfarm.ledger import Ledger
+    from gearfarm.s3.minio import MinioServer
 
     db = ResultsDB(pg_url)
     jobs = [JobId("down", T, s) for s in ("build", "test-unit")]

@@ -7,14 +7,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from gearfarm.s3 import keys
-from gearfarm.s3.minio import MinioServer
-from gearfarm.workers.base import Context
-
 from gearfarm.config import Config, FarmConfig, GearmanConfig
 from gearfarm.gearman import admin
 from gearfarm.gearmand import Gearmand
 from gearfarm.result import ResultRecord, open_record, seal_record
+from gearfarm.s3 import keys
+from gearfarm.s3.minio import MinioServer
+from gearfarm.workers.base import Context
 
 
 def test_undeliverable_results_are_spooled_and_delivered_later(tmp_path: Path) -> None:

@@ -18,15 +18,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from gearfarm.s3 import keys
-from gearfarm.s3.store import ArtifactStore, StoreError
-
 from gearfarm import host, process
 from gearfarm.config import Config
 from gearfarm.connection import gearman_client, gearman_worker
 from gearfarm.gearman import GearmanError, Job
 from gearfarm.job import COLLECT_FUNCTION, Payload, PayloadError, unique_id, verify
 from gearfarm.result import RecordError, ResultRecord, open_record, seal_record
+from gearfarm.s3 import keys
+from gearfarm.s3.store import ArtifactStore, StoreError
 
 log = logging.getLogger("gearfarm.worker")
 HEARTBEAT_SECONDS = 5.0
@@ -120,10 +119,10 @@ class Context:
         if not runner or not Path(runner[0]).name.startswith("wine") or "WINEPREFIX" in extra:
             yield env
             return
+        # Per machine, not per state dir: making a prefix takes ~30 s, reusing one ~2 s.
+        prefixes = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gearfarm" / "wine"
         for n in itertools.count():
-            # Per machine, not per state dir: making a prefix takes ~30 s, reusing one ~2 s.
-            cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-            prefix = cache / "gearfarm" / "wine" / f"prefix-{n}"
+            prefix = prefixes / f"prefix-{n}"
             prefix.mkdir(parents=True, exist_ok=True)
             with open(prefix.parent / f"{prefix.name}.lock", "a") as lock:
                 try:

@@ -14,15 +14,14 @@ import tarfile
 import time
 from pathlib import Path
 
-from gearfarm.s3 import artifact, keys
-from gearfarm.workers.base import Context
-
 from gearfarm import catalog as catalog_mod
 from gearfarm import process
 from gearfarm.catalog import Catalog, Target
 from gearfarm.gearman import GearmanError, Job
 from gearfarm.job import Artifact, Payload, dependent, sign, step_name
 from gearfarm.result import ResultRecord
+from gearfarm.s3 import artifact, keys
+from gearfarm.workers.base import Context
 
 log = logging.getLogger("gearfarm.worker.build")
 LOG_TAIL_LINES = 40

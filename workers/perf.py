@@ -10,16 +10,15 @@ import os
 import time
 from pathlib import Path
 
-from gearfarm.s3 import keys
-from gearfarm.workers.base import Context
-from gearfarm.workers.test import fetch_artifact
-
 from gearfarm import catalog as catalog_mod
 from gearfarm import process
 from gearfarm.catalog import Benchmark, Target
 from gearfarm.gearman import Job
 from gearfarm.job import Payload
 from gearfarm.result import ResultRecord, Sample
+from gearfarm.s3 import keys
+from gearfarm.workers.base import Context
+from gearfarm.workers.test import fetch_artifact
 
 
 class BenchmarkFailed(RuntimeError):

@@ -7,15 +7,14 @@ import logging
 import time
 from pathlib import Path
 
-from gearfarm.s3 import artifact, keys
-from gearfarm.workers.base import Context
-
 from gearfarm import catalog as catalog_mod
 from gearfarm import process
 from gearfarm.gearman import Job
 from gearfarm.job import Payload
 from gearfarm.junit import JUnitError, parse
 from gearfarm.result import ResultRecord
+from gearfarm.s3 import artifact, keys
+from gearfarm.workers.base import Context
 
 log = logging.getLogger("gearfarm.worker.test")
 

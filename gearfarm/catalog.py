@@ -1,24 +1,42 @@
-"""The job catalog (jobs/catalog.toml): targets, suites and benchmarks as validated data.
+"""A project's job catalog: its targets, how to build it, its suites and benchmarks, as validated
+data that fits any build system (make, CMake, a shell script).
 
-Workers load it from the repository at the run's pinned revision, so what runs on a lab host
-is always what was committed, never what a payload says.
+The nightly reads the catalog at the run's revision (or the project's configured file), stores
+it content-addressed, and payloads carry its sha256: what runs on a lab host is always the
+catalog the nightly validated, never a file on the worker's disk, and never a command from a
+payload. Every error names the file, the key and the fix.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
 import string
-import subprocess
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-CATALOG_PATH = "jobs/catalog.toml"
+SCHEMA = 2
 TARGET_RE = re.compile(r"^[a-z0-9]+-[a-z0-9_]+$")
-# The only names argv templates may use; anything else is a catalog error, caught at load.
-PLACEHOLDERS = frozenset({"src", "out", "bin", "exe", "junit", "scratch", "seed", "cc", "ar", "static"})
+VAR_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+# Placeholders every step may use (their values are the worker's, per job); a target adds its
+# own through `vars`. "runner" only as a whole argv item (it is zero or more items) or in env.
+BUILTINS = {
+    "root": "the job's tree: the source snapshot (build), or the artifact's files (test, perf)",
+    "target": "the target's name, e.g. linux-x86_64",
+    "exe": "the target's executable suffix ('' or '.exe')",
+    "scratch": "an empty private directory for the step",
+    "junit": "where a junit or ctest suite writes its JUnit XML",
+    "seed": "the run's seed",
+    "jobs": "the number of CPUs of the host (for make -j)",
+    "runner": "the target's runner command (e.g. qemu-aarch64), empty when native",
+}
+FORMATS = ("junit", "tap", "ctest", "exit-code")
+CTEST_ARGV = ["ctest", "--output-on-failure", "--output-junit", "{junit}"]
 
 
 class CatalogError(ValueError):
@@ -29,34 +47,65 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _check_argv(argv: list[str]) -> list[str]:
-    if not argv:
-        raise ValueError("argv must not be empty")
-    for arg in argv:
-        for _, name, _, _ in string.Formatter().parse(arg):
-            if name is not None and name not in PLACEHOLDERS:
-                raise ValueError(f"unknown placeholder {{{name}}} in {arg!r}; known: {sorted(PLACEHOLDERS)}")
-    return argv
+def _names(text: str) -> list[str]:
+    """The placeholder names in one template string; ValueError for a malformed one."""
+    return [name for _, name, _, _ in string.Formatter().parse(text) if name is not None]
 
 
-class Build(_Strict):
-    argv: list[str]
+class Step(_Strict):
+    """What every command of the catalog has."""
+
+    name: str = ""
+    argv: list[str] = Field(default_factory=list)
+    # Relative to the job's tree ({root}); "." is the tree itself.
+    cwd: str = "."
+    env: dict[str, str] = Field(default_factory=dict)
+    timeout: float = Field(default=600, gt=0)
+
+    @model_validator(mode="after")
+    def _relative_cwd(self) -> Step:
+        if self.cwd.startswith("/") or ".." in Path(self.cwd).parts:
+            raise ValueError(f"cwd {self.cwd!r} must be a relative path inside the job's tree (no '/' start, no '..')")
+        return self
+
+    def templates(self) -> list[tuple[str, str]]:
+        """(key, template) of every string that takes placeholders, for validation."""
+        return [("argv", a) for a in self.argv] + [(f"env.{k}", v) for k, v in self.env.items()] + [("cwd", self.cwd)]
+
+
+class Build(Step):
+    timeout: float = Field(default=900, gt=0)
+    # Globs relative to the tree after the build: the files packed into the artifact. A
+    # directory (or "dir/**") packs every file under it.
     outputs: list[str]
-    timeout: float = 900
 
-    _argv = field_validator("argv")(_check_argv)
+    @model_validator(mode="after")
+    def _something(self) -> Build:
+        if not self.argv:
+            raise ValueError("argv must not be empty: the command that builds the project")
+        if not self.outputs:
+            raise ValueError("outputs must name at least one file or directory the build leaves (what tests run)")
+        return self
+
+    def templates(self) -> list[tuple[str, str]]:
+        return super().templates() + [("outputs", o) for o in self.outputs]
 
 
 class Target(_Strict):
     name: str = ""
-    cc: str
-    ar: str
     exe: str = ""
-    static: int = 0
+    # The command that runs this target's programs on a host, [] = natively.
     runner: list[str] = Field(default_factory=list)
     runner_env: dict[str, str] = Field(default_factory=dict)
+    # Commands a build host must have; their versions are part of the artifact's identity.
+    tools: list[str] = Field(default_factory=list)
+    # This target's own placeholders, e.g. cc = "aarch64-linux-gnu-gcc".
+    vars: dict[str, str] = Field(default_factory=dict)
+    # Environment of every step of this target (values may use placeholders).
+    env: dict[str, str] = Field(default_factory=dict)
+    # Only natively-run binaries give performance figures worth comparing.
     perf: bool = False
-    suites: list[str]
+    suites: list[str] = Field(default_factory=list)
 
     @property
     def os(self) -> str:
@@ -66,34 +115,89 @@ class Target(_Strict):
     def arch(self) -> str:
         return self.name.split("-", 1)[1]
 
+    @property
+    def cc(self) -> str | None:
+        """The C compiler, when the target names one (the host probe compiles with it)."""
+        return self.vars.get("cc")
 
-class Suite(_Strict):
-    name: str = ""
+
+class Suite(Step):
     description: str = ""
-    argv: list[str]
-    timeout: float = 300
+    timeout: float = Field(default=300, gt=0)
+    format: Literal["junit", "tap", "ctest", "exit-code"] = "junit"
+    # junit: the XML file (default {junit}); tap: "stdout" (the default) or a file.
+    results: str | None = None
+    # Unpack the source snapshot under the artifact's files (tests that read data files).
+    source: bool = False
+    # Put the target's runner in front of argv; false when argv starts a driver (make, ctest,
+    # sh) that runs the programs itself (it finds the runner in $GEARFARM_RUNNER).
+    runner: bool = True
 
-    _argv = field_validator("argv")(_check_argv)
+    @model_validator(mode="after")
+    def _format(self) -> Suite:
+        if self.format == "ctest":
+            if not self.argv:
+                object.__setattr__(self, "argv", list(CTEST_ARGV))
+            object.__setattr__(self, "runner", False)
+        elif not self.argv:
+            raise ValueError("argv must not be empty")
+        if self.format in ("junit", "ctest") and self.results is None:
+            object.__setattr__(self, "results", "{junit}")
+        if self.format == "exit-code" and self.results is not None:
+            raise ValueError("results has no meaning for format 'exit-code' (the exit status is the result): "
+                             "remove it")
+        return self
+
+    @property
+    def results_file(self) -> str | None:
+        """The template of the file the results are read from; None for stdout."""
+        return None if self.results in (None, "stdout") else self.results
+
+    def templates(self) -> list[tuple[str, str]]:
+        return super().templates() + ([("results", self.results_file)] if self.results_file else [])
 
 
-class Benchmark(_Strict):
-    name: str = ""
-    argv: list[str]
-    timeout: float = 600
+class Benchmark(Step):
     repetitions: int = Field(default=1, ge=1, le=50)
     # "instructions": also run the benchmark under callgrind and report the instructions it
     # executed, a figure that does not move with the host's load (time on a shared VM does).
     counter: Literal["instructions"] | None = None
     metrics: dict[str, Literal["higher", "lower"]]
+    # Where the figures come from: a JSON file the benchmark writes, or a regex over its output.
+    metrics_file: str | None = None
+    metrics_pattern: str | None = None
+    runner: bool = True
 
-    _argv = field_validator("argv")(_check_argv)
+    @model_validator(mode="after")
+    def _source_of_metrics(self) -> Benchmark:
+        if not self.argv:
+            raise ValueError("argv must not be empty")
+        if not self.metrics:
+            raise ValueError("metrics must name at least one metric (name = \"higher\" or \"lower\")")
+        # The counter's own figure needs no source; any other metric does.
+        counted = self.counter is not None and set(self.metrics) == {self.counter}
+        if (self.metrics_file is not None and self.metrics_pattern is not None) or \
+                (not counted and self.metrics_file is None and self.metrics_pattern is None):
+            raise ValueError("set exactly one of metrics_file (a JSON file the benchmark writes) or "
+                             "metrics_pattern (a regex over its output)")
+        if self.metrics_pattern is not None:
+            from gearfarm.outcome import check_pattern
+
+            declared = [m for m in self.metrics if m != "instructions" or self.counter is None]
+            problem = check_pattern(self.metrics_pattern, declared)
+            if problem:
+                raise ValueError(f"metrics_pattern: {problem}")
+        return self
+
+    def templates(self) -> list[tuple[str, str]]:
+        return super().templates() + ([("metrics_file", self.metrics_file)] if self.metrics_file else [])
 
 
 class Catalog(_Strict):
-    schema_: Literal[1] = Field(alias="schema")
+    schema_: Literal[2] = Field(alias="schema")
     build: Build
     targets: dict[str, Target]
-    suites: dict[str, Suite]
+    suites: dict[str, Suite] = Field(default_factory=dict)
     benchmarks: dict[str, Benchmark] = Field(default_factory=dict)
 
     def target(self, name: str) -> Target:
@@ -103,14 +207,13 @@ class Catalog(_Strict):
 
     def suite(self, name: str) -> Suite:
         if name not in self.suites:
-            raise CatalogError(f"unknown suite {name!r}; known suites: {', '.join(sorted(self.suites))}")
+            raise CatalogError(f"unknown suite {name!r}; known suites: {', '.join(sorted(self.suites)) or 'none'}")
         return self.suites[name]
 
     def benchmark(self, name: str) -> Benchmark:
         if name not in self.benchmarks:
             raise CatalogError(
-                f"unknown benchmark {name!r}; known benchmarks: {', '.join(sorted(self.benchmarks))}"
-            )
+                f"unknown benchmark {name!r}; known benchmarks: {', '.join(sorted(self.benchmarks)) or 'none'}")
         return self.benchmarks[name]
 
     def suites_for(self, target: str, only: list[str] | None = None) -> list[str]:
@@ -123,23 +226,98 @@ class Catalog(_Strict):
         return [s for s in names if s in only]
 
 
+def _describe(e: ValidationError) -> str:
+    """Each problem as '[section.key] what is wrong (fix)'."""
+    parts = []
+    for err in e.errors(include_input=False, include_url=False):
+        loc = [str(x) for x in err["loc"] if not isinstance(x, int)]
+        where = ".".join(loc) or "catalog"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown key {loc[-1]!r}: remove it or check its spelling (see docs/projects.md for the keys)"
+            where = ".".join(loc[:-1]) or "top level"
+        elif err["type"] == "missing":
+            msg = "required key is missing: add it (see docs/projects.md)"
+        elif err["type"] == "literal_error" and loc and loc[-1] == "schema":
+            msg = f"this gearfarm reads catalog schema {SCHEMA}: set `schema = {SCHEMA}` (docs/projects.md)"
+        parts.append(f"[{where}] {msg}")
+    return "; ".join(parts)
+
+
+def _check_templates(cat: Catalog, origin: str) -> None:
+    """Every placeholder must be a builtin or a var of every target the step runs on."""
+    steps: list[tuple[str, Step, list[Target]]] = [("build", cat.build, list(cat.targets.values()))]
+    steps += [(f"suites.{n}", s, [t for t in cat.targets.values() if n in t.suites]) for n, s in cat.suites.items()]
+    perf = [t for t in cat.targets.values() if t.perf]
+    steps += [(f"benchmarks.{n}", b, perf) for n, b in cat.benchmarks.items()]
+    steps += [(f"targets.{t.name}", Step(env=t.env), [t]) for t in cat.targets.values()]
+    for section, step, targets in steps:
+        for key, template in step.templates():
+            try:
+                names = _names(template)
+            except ValueError as e:
+                raise CatalogError(f"{origin}: [{section}] {key}: malformed placeholder in {template!r} ({e}); "
+                                   "write {{ and }} for literal braces") from None
+            for name in names:
+                if name == "runner" and not (key.startswith("env.") or template == "{runner}" and key == "argv"):
+                    raise CatalogError(f"{origin}: [{section}] {key} {template!r}: {{runner}} must be an argv item "
+                                       "of its own (it expands to zero or more items) or in env (space-separated)")
+                if name in BUILTINS:
+                    continue
+                lacking = [t.name for t in targets if name not in t.vars]
+                if lacking or not VAR_RE.match(name):
+                    known = sorted(set(BUILTINS) | set.intersection(*(set(t.vars) for t in targets)) if targets
+                                   else set(BUILTINS))
+                    where = f"targets {', '.join(lacking)} define no var {name!r}" if lacking and VAR_RE.match(name) \
+                        else f"{name!r} is not a placeholder name"
+                    raise CatalogError(f"{origin}: [{section}] {key}: unknown placeholder {{{name}}} in {template!r}"
+                                       f" ({where}); known here: {', '.join('{' + k + '}' for k in known)}. Fix the "
+                                       "name or add it to the targets' vars")
+
+
 def parse(text: str, origin: str) -> Catalog:
+    """Validate a catalog; CatalogError naming ``origin``, the key and the fix."""
     try:
         raw = tomllib.loads(text)
-        for section in ("targets", "suites", "benchmarks"):
-            for name, entry in raw.get(section, {}).items():
-                if isinstance(entry, dict):
-                    entry["name"] = name
+    except tomllib.TOMLDecodeError as e:
+        raise CatalogError(f"{origin}: not valid TOML: {e}") from e
+    if raw.get("schema") == 1:
+        raise CatalogError(f"{origin}: catalog schema 1 is no longer read: set `schema = {SCHEMA}` and give each "
+                           "target its compiler as vars (docs/projects.md shows the layout)")
+    for section in ("targets", "suites", "benchmarks"):
+        entries = raw.get(section, {})
+        if not isinstance(entries, dict):
+            raise CatalogError(f"{origin}: [{section}] must be a table of named entries")
+        for name, entry in entries.items():
+            if isinstance(entry, dict):
+                if "name" in entry:
+                    raise CatalogError(f"{origin}: [{section}.{name}] unknown key 'name': an entry's name is its "
+                                       "table's name; remove the key")
+                entry["name"] = name
+    try:
         cat = Catalog.model_validate(raw)
-    except (tomllib.TOMLDecodeError, ValidationError) as e:
-        raise CatalogError(f"{origin}: invalid job catalog: {e}") from e
+    except ValidationError as e:
+        raise CatalogError(f"{origin}: {_describe(e)}") from None
+    if not cat.targets:
+        raise CatalogError(f"{origin}: [targets] defines no target: add at least one, e.g. [targets.linux-x86_64]")
     for name, t in cat.targets.items():
         if not TARGET_RE.match(name):
-            raise CatalogError(f"{origin}: target name {name!r} is not <os>-<arch>")
+            raise CatalogError(f"{origin}: [targets.{name}] target name is not <os>-<arch> (e.g. linux-x86_64)")
+        for var in t.vars:
+            if not VAR_RE.match(var) or var in BUILTINS:
+                raise CatalogError(f"{origin}: [targets.{name}] vars.{var}: a var name is lower-case letters, digits "
+                                   f"and _, and not a builtin ({', '.join(sorted(BUILTINS))}); rename it")
         for s in t.suites:
             if s not in cat.suites:
-                raise CatalogError(f"{origin}: target {name} lists suite {s!r}, which [suites] does not define")
+                raise CatalogError(f"{origin}: [targets.{name}] suites lists {s!r}, which [suites] does not define; "
+                                   f"defined: {', '.join(sorted(cat.suites)) or 'none'}")
+    _check_templates(cat, origin)
     return cat
+
+
+def digest(text: str) -> str:
+    """The catalog's content address: payloads carry it, workers check it."""
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def load_file(path: Path) -> Catalog:
@@ -149,20 +327,42 @@ def load_file(path: Path) -> Catalog:
         raise CatalogError(f"job catalog not found at {path}") from e
 
 
-def load_at_rev(repo: Path, rev: str) -> Catalog:
-    """The catalog as committed at ``rev`` in ``repo`` (never the working tree)."""
-    proc = subprocess.run(
-        ["git", "-C", str(repo), "show", f"{rev}:{CATALOG_PATH}"], capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        raise CatalogError(
-            f"cannot read {CATALOG_PATH} at revision {rev} in {repo}: {proc.stderr.strip()} "
-            "(is the revision fetched into the worker's repository?)"
-        )
-    return parse(proc.stdout, f"{repo}@{rev[:12]}:{CATALOG_PATH}")
+def values(cat: Catalog, target: Target, builtins: dict[str, str]) -> dict[str, str]:
+    """The placeholder values of one step of ``target``: its vars, then the job's builtins."""
+    out = {"target": target.name, "exe": target.exe, "jobs": str(os.cpu_count() or 1),
+           "runner": " ".join(target.runner)}
+    out.update(target.vars)
+    out.update(builtins)
+    return out
 
 
-def expand(argv: list[str], values: dict[str, str]) -> list[str]:
+def expand(argv: list[str], vals: dict[str, str], runner: list[str] | None = None) -> list[str]:
     """Fill a catalog argv template. Values are substituted into single argv items, never
-    passed through a shell, so a value cannot inject a command."""
-    return [arg.format_map(values) for arg in argv]
+    passed through a shell, so a value cannot inject a command; an item "{runner}" becomes the
+    runner's own items (none when native)."""
+    out: list[str] = []
+    for arg in argv:
+        if arg == "{runner}":
+            out += list(runner or [])
+        else:
+            out.append(arg.format_map(vals))
+    return out
+
+
+def environment(base: dict[str, str], target: Target, step: Step, vals: dict[str, str]) -> dict[str, str]:
+    """A step's environment: the host's, the runner's, the target's, then the step's own."""
+    env = dict(base)
+    env.update(target.runner_env)
+    env["GEARFARM_RUNNER"] = " ".join(target.runner)
+    env["GEARFARM_TARGET"] = target.name
+    for extra in (target.env, step.env):
+        env.update({k: v.format_map(vals) for k, v in extra.items()})
+    return env
+
+
+def definition(cat: Catalog, target: Target) -> str:
+    """What decides a target's build, as canonical text: part of the artifact's identity, so a
+    changed build command or variable never reuses an artifact built the old way."""
+    body: dict[str, Any] = {"build": cat.build.model_dump(exclude={"name"}),
+                            "target": target.model_dump(exclude={"perf", "suites"})}
+    return json.dumps(body, sort_keys=True)

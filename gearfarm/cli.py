@@ -14,19 +14,22 @@ from typing import NoReturn
 import click
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from gearfarm import catalog as catalog_mod
 from gearfarm import config as config_mod
-from gearfarm import nightly, publisher, report
+from gearfarm import nightly, process, publisher, report
 from gearfarm.catalog import CatalogError
-from gearfarm.config import Config, ConfigError
+from gearfarm.config import Config, ConfigError, FarmConfig, ProjectConfig
 from gearfarm.connection import gearman_client, ssl_context
 from gearfarm.gearman import Client, GearmanError, admin
+from gearfarm.job import Source
 from gearfarm.ledger import Ledger
 from gearfarm.result import TERMINAL
-from gearfarm.s3.store import ArtifactStore, StoreError
+from gearfarm.s3 import artifact
+from gearfarm.s3.store import ArtifactStore, StoreError, sha256_file
 from gearfarm.store import ResultsDB, Run
 
 console = Console(stderr=True, soft_wrap=True)
@@ -34,7 +37,7 @@ EXIT_OK, EXIT_FAILED, EXIT_FARM = 0, 1, 2
 
 
 def _fail(msg: str) -> NoReturn:
-    console.print(f"[bold red]error:[/] {msg}", highlight=False)
+    console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False)
     sys.exit(EXIT_FARM)
 
 
@@ -75,32 +78,59 @@ def main(verbose: bool) -> None:
 
 @main.command("nightly")
 @click.option("--config", "config_path", help="Lab config (TOML); default: $GEARFARM_CONFIG, else embedded.")
-@click.option("--rev", default="HEAD", show_default=True, help="Engine revision to build.")
-@click.option("--targets", help="Comma-separated targets (default: all in the catalog).")
+@click.option("--project", "project_names", help="Comma-separated projects to build (default: every configured one).")
+@click.option("--rev", help="Revision to build (default: each project's branch); needs one project.")
+@click.option("--targets", help="Comma-separated targets (default: all in each project's catalog).")
 @click.option("--suites", help="Comma-separated suites (default: each target's list; 'none' for build only).")
 @click.option("--benchmarks", help="Comma-separated benchmarks for perf targets (default: all; 'none').")
-@click.option("--run-id", help="Run id (default: time and revision). Resubmitting an id adds nothing.")
+@click.option("--run-id", help="Run id (default: time, project and revision); needs one project. "
+                               "Resubmitting an id adds nothing.")
 @click.option("--seed", default=1, show_default=True, type=int)
-@click.option("--repo", type=click.Path(file_okay=False, path_type=Path), help="Engine repository.")
+@click.option("--repo", type=click.Path(file_okay=False, path_type=Path),
+              help="The default project's repository (when the config names no [[projects]]).")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Embedded farm state (default: $GEARFARM_STATE or <repo>/state).")
 @click.option("--keep", is_flag=True, help="Leave the embedded farm running (stop: gearfarm farm stop).")
 @click.option("--no-worker-wait", type=float, help="Seconds before a job with no worker is recorded so.")
 @click.option("--deadline", type=float, help="Seconds by which the run must end.")
-def nightly_cmd(config_path: str | None, rev: str, targets: str | None, suites: str | None, benchmarks: str | None,
-                run_id: str | None, seed: int, repo: Path | None, state_dir: Path | None, keep: bool,
-                no_worker_wait: float | None, deadline: float | None) -> None:
-    """Run a whole nightly: build every target, test, collect, report."""
+def nightly_cmd(config_path: str | None, project_names: str | None, rev: str | None, targets: str | None,
+                suites: str | None, benchmarks: str | None, run_id: str | None, seed: int, repo: Path | None,
+                state_dir: Path | None, keep: bool, no_worker_wait: float | None, deadline: float | None) -> None:
+    """Run a whole nightly: every project's build on every target, tests, collect, one report."""
     # cron and CI stop jobs with SIGTERM: unwind so the embedded farm is stopped, not orphaned.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(EXIT_FARM))
     cfg = _load_config(config_path)
-    repo = (repo or (cfg.path(cfg.farm.repo) if cfg else None) or _repo_root()).resolve()
+    default_repo = (repo or (cfg.path(cfg.farm.repo) if cfg else None) or _repo_root()).resolve()
+    # Before the embedded farm exists, its config is only where projects and paths come from.
+    base = cfg or Config(farm=FarmConfig(repo=str(default_repo),
+                                         state_dir=str(_state_dir(state_dir, default_repo))))
+    if repo is not None and not base.projects:
+        base.farm.repo = str(default_repo)
     try:
-        full_rev = nightly.resolve_rev(repo, rev)
-        cat = catalog_mod.load_at_rev(repo, full_rev)
-        run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{full_rev[:12]}"
-        plan = nightly.plan(cat, run_id, full_rev, _csv(targets), _csv(suites), _csv(benchmarks), seed)
-    except (CatalogError, nightly.RunError, ValueError) as e:
+        projects = _select_projects(base, project_names)
+        if len(projects) > 1 and (rev or run_id):
+            raise nightly.RunError(f"--rev and --run-id name one project's run: add --project (configured: "
+                                   f"{', '.join(p.name for p in projects)})")
+        loaded = [nightly.load_project(base, p, rev) for p in projects]
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        plans = []
+        for lp in loaded:
+            rid = run_id or f"{stamp}-{lp.name}-{lp.rev[:12]}"
+            narrowed = [_narrow(lp.catalog, kind, names, len(loaded) > 1)
+                        for kind, names in (("targets", _csv(targets)), ("suites", _csv(suites)),
+                                            ("benchmarks", _csv(benchmarks)))]
+            # The source's sha256s are filled in once the snapshot is in S3 (below).
+            p = nightly.plan(lp.catalog, rid, Source(lp.name, lp.rev, "0" * 64, "0" * 64), *narrowed, seed=seed,
+                             catalog_text=lp.catalog_text)
+            if p.targets:
+                plans.append((lp, p))
+            else:
+                console.print(f"[yellow]project {lp.name}: none of --targets {targets} is in its catalog; "
+                              "not built tonight[/]", highlight=False)
+        _check_known(loaded, _csv(targets), _csv(suites), _csv(benchmarks))
+        if not plans:
+            raise nightly.RunError("no project has anything to build with these --targets")
+    except (CatalogError, nightly.RunError, ConfigError, ValueError) as e:
         _fail(str(e))
     farm = None
     if cfg is None:
@@ -108,24 +138,25 @@ def nightly_cmd(config_path: str | None, rev: str, targets: str | None, suites: 
         from gearfarm.gearmand import GearmandError
         from gearfarm.s3.minio import MinioError
 
-        state = (state_dir or Path(os.environ.get("GEARFARM_STATE", repo / "state"))).resolve()
-        farm = EmbeddedFarm(state, repo)
+        state = _state_dir(state_dir, default_repo)
+        farm = EmbeddedFarm(state, default_repo)
         console.print(f"starting the embedded farm in {state} …")
         try:
-            cfg = farm.start(cat, plan.targets, perf=any(plan.benchmarks.values()))
+            cfg = farm.start([lp.catalog for lp, _ in plans], sorted({t for _, p in plans for t in p.targets}),
+                             perf=any(any(p.benchmarks.values()) for _, p in plans))
         except (GearmandError, MinioError, FarmError, OSError) as e:
             farm.stop()
             _fail(f"the embedded farm could not start: {e}")
         for role, missing in farm.missing.items():
             for t, why in missing.items():
-                console.print(f"[yellow]no {role} worker for {t}:[/] {why}")
+                console.print(f"[yellow]no {role} worker for {t}:[/] {escape(why)}")
     assert cfg is not None
     if no_worker_wait is not None:
         cfg.farm.no_worker_wait = no_worker_wait
     if deadline is not None:
         cfg.farm.run_deadline = deadline
     try:
-        code = _run_nightly(cfg, plan)
+        code = _run_nightly(cfg, plans)
     finally:
         if farm is not None and not keep:
             farm.stop()
@@ -134,62 +165,115 @@ def nightly_cmd(config_path: str | None, rev: str, targets: str | None, suites: 
     sys.exit(code)
 
 
-def _run_nightly(cfg: Config, plan: nightly.Plan) -> int:
+def _state_dir(state_dir: Path | None, repo: Path) -> Path:
+    return (state_dir or Path(os.environ.get("GEARFARM_STATE", repo / "state"))).resolve()
+
+
+def _select_projects(cfg: Config, names: str | None) -> list[ProjectConfig]:
+    wanted = _csv(names)
+    if not wanted:
+        return cfg.project_list()
+    return [cfg.project(n) for n in wanted]
+
+
+def _narrow(cat: catalog_mod.Catalog, kind: str, names: list[str] | None, several: bool) -> list[str] | None:
+    """With several projects, --targets/--suites/--benchmarks apply to the projects that have
+    them (a name no project has is an error, see _check_known); with one, every name must exist."""
+    if names is None or not several:
+        return names
+    known = {"targets": cat.targets, "suites": cat.suites, "benchmarks": cat.benchmarks}[kind]
+    return [n for n in names if n in known]
+
+
+def _check_known(loaded: list[nightly.Loaded], targets: list[str] | None, suites: list[str] | None,
+                 benchmarks: list[str] | None) -> None:
+    for kind, names in (("targets", targets), ("suites", suites), ("benchmarks", benchmarks)):
+        known = {n for lp in loaded for n in getattr(lp.catalog, kind)}
+        unknown = [n for n in names or [] if n not in known]
+        if unknown:
+            raise nightly.RunError(f"unknown {kind[:-1]} {', '.join(unknown)}: no project's catalog defines it; "
+                                   f"known {kind}: {', '.join(sorted(known)) or 'none'}")
+
+
+def _run_nightly(cfg: Config, plans: list[tuple[nightly.Loaded, nightly.Plan]]) -> int:
     db = ResultsDB(cfg.database.url)
     ledger = Ledger(db)
     store = ArtifactStore(cfg.s3, retry_for=60)
     try:
         store.check()
         table = nightly.preflight(cfg)
+        for lp, p in plans:
+            p.source, moved = nightly.prepare(store, lp)
+            console.print(f"project {lp.name}: revision {lp.rev[:12]}, source snapshot "
+                          f"{'uploaded, ' + str(moved) + ' bytes' if moved else 'already in S3, 0 bytes uploaded'}",
+                          highlight=False)
+            p.source_bytes = moved
     except (StoreError, nightly.RunError) as e:
         _fail(str(e))
-    for t in plan.targets:
+    for t in sorted({t for _, p in plans for t in p.targets}):
         fn = f"build:{t}"
         if table.get(fn) is None or table[fn].workers == 0:
             console.print(f"[yellow]preflight: no worker registered for {fn}; its jobs are recorded as "
                           f"'no worker' after {cfg.farm.no_worker_wait:.0f}s[/]")
     with gearman_client(cfg) as client:
+        for _, p in plans:
+            try:
+                created = nightly.submit(cfg, db, client, p)
+            except GearmanError as e:
+                _fail(f"cannot submit to gearmand: {e}")
+            console.print(f"run {p.run_id} {'submitted' if created else 'already known; resubmitted'}: "
+                          f"project {p.project}, rev {p.rev[:12]}, {len(p.targets)} targets, {len(p.expected)} jobs",
+                          highlight=False)
         try:
-            created = nightly.submit(cfg, db, client, plan)
-        except GearmanError as e:
-            _fail(f"cannot submit to gearmand: {e}")
-        console.print(f"run {plan.run_id} {'submitted' if created else 'already known; resubmitted'}: "
-                      f"rev {plan.rev[:12]}, {len(plan.targets)} targets, {len(plan.expected)} jobs")
-        try:
-            records = _watch(cfg, db, ledger, store, client, plan)
-            # New failures are re-run once before the report, so it can tell flaky from broken.
-            nightly.rerun_new_failures(cfg, db, ledger, store, client, plan, records,
-                                       say=lambda m: console.print(m, highlight=False))
+            for _, p in plans:
+                records = _watch(cfg, db, ledger, store, client, p)
+                # New failures are re-run once before the report, so it can tell flaky from broken.
+                nightly.rerun_new_failures(cfg, db, ledger, store, client, p, records,
+                                           say=lambda m: console.print(m, highlight=False))
         except nightly.RunError as e:
             _fail(str(e))
     problems: list[str] = []
-    try:
-        # Closed first, then read: the report holds everything applied before the close, and
-        # anything after it is recorded as late.
-        nightly.close(ledger, store, plan.run_id)
-        db.finish_run(plan.run_id, "finished")
-        records = db.jobs(plan.run_id)
-        run = db.get_run(plan.run_id)
-        assert run is not None
-    except SQLAlchemyError as e:
-        problems.append(f"results database unavailable at the end of the run ({str(e).splitlines()[0]}): the run "
-                        "is not closed; the report is made from the results seen while waiting")
-        run = Run(run_id=plan.run_id, rev=plan.rev, created_at=plan.deadline - cfg.farm.run_deadline,
-                  finished_at=time.time(), expected=[str(j) for j in plan.expected], targets=plan.targets,
-                  state="finished", notes={"seed": plan.seed}, parent_run_id=None)
-    pub = publisher.publish(cfg, db, store, run, records)
+    runs: list[Run] = []
+    by_run: dict[str, list] = {}
+    for _, p in plans:
+        try:
+            # Closed first, then read: the report holds everything applied before the close, and
+            # anything after it is recorded as late.
+            nightly.close(ledger, store, p.run_id)
+            db.finish_run(p.run_id, "finished")
+            by_run[p.run_id] = db.jobs(p.run_id)
+            run = db.get_run(p.run_id)
+            assert run is not None
+        except SQLAlchemyError as e:
+            problems.append(f"results database unavailable at the end of run {p.run_id} "
+                            f"({str(e).splitlines()[0]}): the run is not closed; the report is made from the "
+                            "results seen while waiting")
+            run = Run(run_id=p.run_id, rev=p.rev, created_at=p.deadline - cfg.farm.run_deadline,
+                      finished_at=time.time(), expected=[str(j) for j in p.expected], targets=p.targets,
+                      state="finished", notes={"seed": p.seed}, parent_run_id=None, project=p.project)
+            by_run[p.run_id] = []
+        runs.append(run)
+    pub = publisher.publish(cfg, db, store, runs, by_run)
     problems = problems + pub.problems
-    click.echo(report.render_text(pub.report))
-    click.echo(f"report: {pub.paths['html']}")
+    reports, paths = pub.reports, pub.paths_by_run
+    for run in runs:
+        click.echo(report.render_text(reports[run.run_id]))
+        click.echo(f"report: {paths[run.run_id]['html']}")
+    for _, p in plans:
+        builds = [r for r in by_run[p.run_id] if r.kind == "build"]
+        click.echo(f"project {p.project}: moved {p.source_bytes} bytes of source and "
+                   f"{sum(r.bytes_uploaded for r in builds)} bytes of artifacts "
+                   f"({sum(1 for r in builds if r.reused_artifact)} of {len(builds)} builds reused)")
     if pub.delivery is not None and not pub.delivery.error:
         d = pub.delivery
         click.echo(f"mail: {'sent to ' + ', '.join(d.recipients) if d.sent else d.eml}")
-    for p in problems:
-        console.print(f"[bold red]farm problem:[/] {p}", highlight=False)
-    bad = [r for r in records if r.status not in ("passed", "skipped")]
+    for problem in problems:
+        console.print(f"[bold red]farm problem:[/] {escape(problem)}", highlight=False)
+    bad = [r for recs in by_run.values() for r in recs if r.status not in ("passed", "skipped")]
     if problems:
         return EXIT_FARM
-    return EXIT_FAILED if bad or pub.report["missing"] else EXIT_OK
+    missing = any((reports[r.run_id] or {}).get("missing") for r in runs)
+    return EXIT_FAILED if bad or missing else EXIT_OK
 
 
 def _watch(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, client: Client,
@@ -240,21 +324,189 @@ def worker_cmd(role: str, targets: str | None, config_path: str | None) -> None:
     from gearfarm.job import function_name
     from gearfarm.workers import base, build, perf, test
 
-    repo = cfg.path(cfg.farm.repo)
-    try:
-        cat = catalog_mod.load_at_rev(repo, "HEAD")
-        wanted = _csv(targets)
-        for t in wanted or []:
-            cat.target(t)
-    except CatalogError as e:
-        _fail(str(e))
-    ok, missing = probe.servable(cat, role, wanted)
-    if wanted and missing:
-        _fail("; ".join(f"this host cannot serve {role} for {t}: {why}" for t, why in missing.items()))
-    if not ok:
-        _fail(f"this host can serve no target for role {role}: " + "; ".join(f"{t}: {w}" for t, w in missing.items()))
+    wanted = _csv(targets)
+    for t in wanted or []:
+        if not catalog_mod.TARGET_RE.match(t):
+            _fail(f"--targets: {t!r} is not a target name <os>-<arch> (e.g. linux-x86_64)")
+    # No repository here: what the projects' targets are comes from the catalogs the nightly
+    # stored in S3. Each job's own catalog decides what runs.
+    # With --targets given, the check is a courtesy: an S3 that is away does not hold the worker up.
+    cats, notes = _latest_catalogs(cfg, retry_for=2.0 if wanted else 30.0)
+    for note in notes:
+        console.print(f"[yellow]{escape(note)}[/]", highlight=False)
+    if not cats and not wanted:
+        _fail("no project has a catalog in S3 yet (no nightly has run), so this worker cannot tell which targets "
+              "it may serve: name them with --targets, e.g. --targets linux-x86_64")
+    if cats:
+        ok, missing = probe.servable(cats, role, wanted)
+        if wanted:
+            # A target no catalog defines yet may be a project's first: serve it as asked.
+            unknown = [t for t, why in missing.items() if why.startswith("no project's catalog")]
+            ok += unknown
+            missing = {t: w for t, w in missing.items() if t not in unknown}
+            if missing:
+                _fail("; ".join(f"this host cannot serve {role} for {t}: {why}" for t, why in missing.items()))
+        if not ok:
+            _fail(f"this host can serve no target for role {role}: "
+                  + "; ".join(f"{t}: {w}" for t, w in missing.items()))
+    else:
+        ok = list(wanted or [])
     handler = {"build": build.handle, "test": test.handle, "perf": perf.handle}[role]
     base.serve(cfg, role, {function_name(role, t): handler for t in ok})  # type: ignore[arg-type]
+
+
+def _latest_catalogs(cfg: Config, retry_for: float) -> tuple[list[catalog_mod.Catalog], list[str]]:
+    """The newest catalog of every configured project, from S3 (see gearfarm.snapshot)."""
+    import json
+
+    from gearfarm import snapshot
+    from gearfarm.s3 import keys
+
+    store = ArtifactStore(cfg.s3, retry_for=retry_for)
+    cats, notes = [], []
+    for project in cfg.project_list():
+        try:
+            if not store.exists(keys.project_latest(project.name)):
+                continue
+            latest = json.loads(store.get_bytes(keys.project_latest(project.name)))
+            cats.append(snapshot.fetch_catalog(store, latest["catalog_sha256"]))
+        except (StoreError, CatalogError, ValueError, KeyError) as e:
+            notes.append(f"project {project.name}: its newest catalog cannot be read from S3 ({e}); ignored")
+    return cats, notes
+
+
+@main.group("project")
+def project_group() -> None:
+    """A project's catalog: check it, and try its build, before its first nightly."""
+
+
+@project_group.command("check")
+@click.option("--config", "config_path", help="Farm config naming the project (default $GEARFARM_CONFIG).")
+@click.option("--project", "name", help="A configured project (default: the only or first one).")
+@click.option("--repo", help="A repository (path or URL) to check instead of a configured project.")
+@click.option("--catalog", "catalog_path", help="The catalog's path in the repository (default jobs/catalog.toml).")
+@click.option("--catalog-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="A catalog file on disk, for repositories that cannot carry one.")
+@click.option("--rev", help="Revision to check (default: the project's branch).")
+@click.option("--target", help="Target to build once (default: the first this host can build).")
+@click.option("--no-run", is_flag=True, help="Only validate the catalog and print what the farm would run.")
+def project_check(config_path: str | None, name: str | None, repo: str | None, catalog_path: str | None,
+                  catalog_file: Path | None, rev: str | None, target: str | None, no_run: bool) -> None:
+    """Validate a project's catalog at a revision, print what the farm would run for each
+    target, and (where this host can) build one target and run its suites once, locally,
+    through the same code as the farm's workers. Exit 0: all good; 1: the build or a suite
+    failed; 2: the catalog or the repository is wrong."""
+    import tempfile
+
+    from gearfarm import probe, snapshot, step
+
+    cfg = _load_config(config_path) or Config()
+    if repo is not None:
+        project = ProjectConfig(name=name or "check", repo=repo, catalog=catalog_path,
+                                catalog_file=str(catalog_file.resolve()) if catalog_file else None)
+    else:
+        try:
+            project = cfg.project(name) if name else cfg.project_list()[0]
+        except ConfigError as e:
+            _fail(str(e))
+        if catalog_file is not None or catalog_path is not None:
+            project = project.model_copy(update={"catalog": catalog_path, "catalog_file": str(catalog_file.resolve())
+                                                 if catalog_file else None})
+    with tempfile.TemporaryDirectory(prefix="gearfarm-check-") as tmp_name:
+        tmp = Path(tmp_name)
+        if cfg.source is None:
+            cfg.farm.state_dir = str(tmp / "state")  # a URL's mirror lives only as long as the check
+        try:
+            lp = nightly.load_project(cfg, project, rev)
+        except (CatalogError, nightly.RunError) as e:
+            _fail(str(e))
+        cat = lp.catalog
+        click.echo(f"project {project.name}: catalog valid at {lp.rev[:12]} ({len(cat.targets)} targets, "
+                   f"{len(cat.suites)} suites, {len(cat.benchmarks)} benchmarks)")
+        for t in cat.targets.values():
+            _print_target(cat, t)
+        if no_run:
+            return
+        if target is not None:
+            try:
+                cat.target(target)
+            except CatalogError as e:
+                _fail(str(e))
+            reason = probe.probe(cat.target(target), "build")
+            if reason:
+                _fail(f"this host cannot build {target}: {reason}")
+            chosen = target
+        else:
+            ok, missing = probe.servable(cat, "build")
+            if not ok:
+                _fail("this host can build none of the targets: " + "; ".join(f"{t}: {w}" for t, w in missing.items()))
+            chosen = ok[0]
+        tgt = cat.target(chosen)
+        click.echo(f"\nbuilding {chosen} here, from the snapshot of {lp.rev[:12]} …")
+        archive = tmp / "source.tar.gz"
+        snapshot.pack(lp.repo, lp.rev, archive)
+        root, scratch = tmp / "root", tmp / "scratch"
+        scratch.mkdir()
+        artifact.safe_extract(archive, root, sha256_file(archive), "source snapshot")
+        log_path = tmp / "build.log"
+        run = step.run_build(cat, tgt, root, scratch, log_path)
+        if run.status != "passed":
+            click.echo(process.log_tail(log_path, 40))
+            console.print(f"[bold red]build {run.status}:[/] {escape(run.message(cat.build.timeout))} (log above)",
+                          highlight=False)
+            sys.exit(EXIT_FAILED)
+        click.echo(f"build passed; artifact would hold {len(run.outputs)} files:")
+        for f in run.outputs[:20]:
+            click.echo(f"  {f}")
+        if len(run.outputs) > 20:
+            click.echo(f"  … and {len(run.outputs) - 20} more")
+        # Through a real artifact, as test workers get it: what is not in the outputs is not there.
+        packed = artifact.pack(root, run.outputs, {"rev": lp.rev, "target": chosen}, tmp / "artifact.tar.gz")
+        failed = 0
+        for sname in tgt.suites:
+            suite = cat.suite(sname)
+            reason = probe.probe(tgt, "test")
+            if reason:
+                click.echo(f"suite {sname}: not run here ({reason})")
+                continue
+            tree = tmp / f"tree-{sname}"
+            if suite.source:
+                artifact.safe_extract(archive, tree, sha256_file(archive), "source snapshot")
+            artifact.unpack(tmp / "artifact.tar.gz", tree, packed["archive_sha256"])
+            (tmp / f"scratch-{sname}").mkdir()
+            slog = tmp / f"{sname}.log"
+            res = step.run_suite(cat, tgt, suite, tree, tmp / f"scratch-{sname}", slog, 1, dict(os.environ))
+            counts = {st: sum(1 for c in res.cases if c.status == st)
+                      for st in ("passed", "failed", "error", "skipped")}
+            click.echo(f"suite {sname} ({suite.format}): {res.status}, {len(res.cases)} test cases "
+                       + ", ".join(f"{n} {st}" for st, n in counts.items() if n)
+                       + (f" — {res.message}" if res.message else ""))
+            for c in res.cases:
+                if c.status in ("failed", "error"):
+                    click.echo(f"    {c.status}: {c.name} {c.message.splitlines()[0] if c.message else ''}")
+            if res.status != "passed":
+                failed += 1
+                click.echo(process.log_tail(slog, 15))
+    sys.exit(EXIT_FAILED if failed else EXIT_OK)
+
+
+def _print_target(cat: catalog_mod.Catalog, t: catalog_mod.Target) -> None:
+    shown = {"root": "{root}", "scratch": "{scratch}", "junit": "{junit}", "seed": "{seed}"}
+    vals = catalog_mod.values(cat, t, shown)
+
+    def cmd(argv: list[str], runner: bool = False) -> str:
+        return " ".join((t.runner if runner else []) + catalog_mod.expand(argv, vals, t.runner))
+
+    click.echo(f"\ntarget {t.name}" + (f" (runner: {' '.join(t.runner)})" if t.runner else "")
+               + (f", needs {', '.join(t.tools)}" if t.tools else ""))
+    click.echo(f"  build   (in {cat.build.cwd}): {cmd(cat.build.argv)}")
+    click.echo(f"          outputs: {', '.join(o.format_map(vals) for o in cat.build.outputs)}")
+    for sname in t.suites:
+        s_ = cat.suite(sname)
+        click.echo(f"  test-{sname} ({s_.format}, in {s_.cwd}): {cmd(s_.argv, s_.runner)}")
+    if t.perf:
+        for bname, b in cat.benchmarks.items():
+            click.echo(f"  perf-{bname} ({', '.join(b.metrics)}): {cmd(b.argv, b.runner)}")
 
 
 @main.command("collector")
@@ -308,13 +560,13 @@ def status_cmd(config_path: str | None, state_dir: Path | None) -> None:
         out.print(t)
     db = ResultsDB(cfg.database.url)
     t = Table(title="runs")
-    for col in ("run", "rev", "state", "done", "expected", "failed"):
+    for col in ("run", "project", "rev", "state", "done", "expected", "failed"):
         t.add_column(col)
     for run in db.runs(limit=10):
         recs = db.jobs(run.run_id)
         done = sum(1 for r in recs if r.status in TERMINAL)
         failed = sum(1 for r in recs if r.status not in ("passed", "skipped"))
-        t.add_row(run.run_id, run.rev[:12], run.state, str(done), str(len(run.expected)), str(failed))
+        t.add_row(run.run_id, run.project, run.rev[:12], run.state, str(done), str(len(run.expected)), str(failed))
     out.print(t)
     day = db.delivery_counts(since=time.time() - 86400)
     ever = db.delivery_counts()
@@ -362,7 +614,7 @@ def report_cmd(run_id: str, config_path: str | None, state_dir: Path | None, sen
     try:
         store.check()  # type: ignore[union-attr]
     except StoreError as e:
-        console.print(f"[yellow]S3 unavailable, the report has no links:[/] {e}", highlight=False)
+        console.print(f"[yellow]S3 unavailable, the report has no links:[/] {escape(str(e))}", highlight=False)
         store = None
     # The message that went out stays as it was unless it is sent again.
     pub = publisher.publish(cfg, db, store, run, db.jobs(run_id), send_mail=send, write_mail=send)
@@ -371,7 +623,7 @@ def report_cmd(run_id: str, config_path: str | None, state_dir: Path | None, sen
     if send and not cfg.mail.host:
         click.echo(f"no [mail] host configured; the message is in {pub.delivery.eml if pub.delivery else '-'}")
     elif send and pub.delivery is not None and pub.delivery.error:
-        console.print(f"[bold red]mail not sent:[/] {pub.delivery.error}; the message is in {pub.delivery.eml}",
+        console.print(f"[bold red]mail not sent:[/] {escape(pub.delivery.error)}; the message is in {pub.delivery.eml}",
                       highlight=False)
         sys.exit(EXIT_FARM)
     elif send:
@@ -383,21 +635,23 @@ def report_cmd(run_id: str, config_path: str | None, state_dir: Path | None, sen
 @click.option("--config", "config_path")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--target", help="Only this target.")
-def history_cmd(test: str, config_path: str | None, state_dir: Path | None, target: str | None) -> None:
+@click.option("--project", help="Only this project.")
+def history_cmd(test: str, config_path: str | None, state_dir: Path | None, target: str | None,
+                project: str | None) -> None:
     """A test's results across runs and targets, each with its verdict (new, known, fixed,
     flaky). TEST is a test case name, or SUITE/NAME."""
     from gearfarm import history
 
     cfg = _config_or_embedded(config_path, state_dir)
     db = ResultsDB(cfg.database.url)
-    rows = [row for row in history.history_of(db, test) if target is None or row[1] == target]
+    rows = [row for row in history.history_of(db, test, project=project) if target is None or row[1] == target]
     if not rows:
         _fail(f"no results for test {test!r}")
     t = Table(title=f"history of {test}")
-    for col in ("run", "rev", "target", "suite", "status", "verdict"):
+    for col in ("run", "project", "rev", "target", "suite", "status", "verdict"):
         t.add_column(col)
     for run, tgt, suite, status, verdict in rows:
-        t.add_row(run.run_id, run.rev[:12], tgt, suite, status, verdict)
+        t.add_row(run.run_id, run.project, run.rev[:12], tgt, suite, status, verdict)
     Console(width=200).print(t)
 
 @main.group("perf")
@@ -411,10 +665,11 @@ def perf_group() -> None:
 @click.option("--target", default="linux-x86_64", show_default=True)
 @click.option("--benchmark", help="Benchmark name (default: every series of the newest run).")
 @click.option("--metric", help="Metric name (default: all of the benchmark's).")
+@click.option("--project", help="Only this project (default: every project with runs).")
 @click.option("--config", "config_path")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
 def perf_changes(values: str | None, lower_is_better: bool, target: str, benchmark: str | None, metric: str | None,
-                 config_path: str | None, state_dir: Path | None) -> None:
+                 project: str | None, config_path: str | None, state_dir: Path | None) -> None:
     """Change points of performance series, with their size, interval and revisions."""
     from gearfarm import changepoint, perf
 
@@ -435,26 +690,27 @@ def perf_changes(values: str | None, lower_is_better: bool, target: str, benchma
         return
     cfg = _config_or_embedded(config_path, state_dir)
     db = ResultsDB(cfg.database.url)
-    runs = [r for r in db.runs(limit=1) if r.parent_run_id is None]
-    if not runs:
-        _fail(f"no runs in {cfg.database.url}")
-    run = runs[0]
-    higher = perf.directions(cfg.path(cfg.farm.repo), run.rev)
     expected = db.expected_changes()
     shown = 0
-    for t, host_class, b, m in db.perf_keys(run.run_id):
-        if t != target or (benchmark and b != benchmark) or (metric and m != metric):
+    for name in [project] if project else db.projects():
+        latest = db.runs(limit=1, project=name)
+        if not latest:
             continue
-        series, changes, _ = perf.series_changes(db, run, t, host_class, b, m, higher.get((b, m), True),
-                                                 expected.get((b, m, t), set()))
-        shown += 1
-        click.echo(f"{b} {m} on {t} (host class {host_class}, {len(series)} nights): "
-                   + ("no change" if not changes else ""))
-        for c in changes:
-            click.echo(f"  {c.direction} {c.change:+.1%} [{c.ci_low:+.1%}, {c.ci_high:+.1%}] p={c.p_value:.2g} "
-                       f"first bad {c.first_bad_rev[:12]} last good {(c.last_good_rev or '?')[:12]}")
+        run = latest[0]
+        higher = perf.directions(db, run)
+        for t, host_class, b, m in db.perf_keys(run.run_id):
+            if t != target or (benchmark and b != benchmark) or (metric and m != metric):
+                continue
+            series, changes, _ = perf.series_changes(db, run, t, host_class, b, m, higher.get((b, m), True),
+                                                     expected.get((b, m, t), set()))
+            shown += 1
+            click.echo(f"{run.project}: {b} {m} on {t} (host class {host_class}, {len(series)} nights): "
+                       + ("no change" if not changes else ""))
+            for c in changes:
+                click.echo(f"  {c.direction} {c.change:+.1%} [{c.ci_low:+.1%}, {c.ci_high:+.1%}] p={c.p_value:.2g} "
+                           f"first bad {c.first_bad_rev[:12]} last good {(c.last_good_rev or '?')[:12]}")
     if not shown:
-        _fail(f"no performance series for {target} {benchmark or ''} {metric or ''} in run {run.run_id}")
+        _fail(f"no performance series for {target} {benchmark or ''} {metric or ''} in the newest runs")
 
 
 @perf_group.command("expect")
@@ -463,15 +719,19 @@ def perf_changes(values: str | None, lower_is_better: bool, target: str, benchma
 @click.option("--target", required=True)
 @click.option("--rev", required=True, help="The change's first bad revision (as reported).")
 @click.option("--note", default="", help="Why the change is expected.")
+@click.option("--project", help="The project whose repository has REV (default: the first configured).")
 @click.option("--config", "config_path")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
-def perf_expect(benchmark: str, metric: str, target: str, rev: str, note: str, config_path: str | None,
-                state_dir: Path | None) -> None:
+def perf_expect(benchmark: str, metric: str, target: str, rev: str, note: str, project: str | None,
+                config_path: str | None, state_dir: Path | None) -> None:
     """Mark a performance change as expected: it stops being reported."""
+    from gearfarm import snapshot
+
     cfg = _config_or_embedded(config_path, state_dir)
     try:
-        full = nightly.resolve_rev(cfg.path(cfg.farm.repo), rev)
-    except nightly.RunError as e:
+        proj = cfg.project(project) if project else cfg.project_list()[0]
+        full = snapshot.resolve(snapshot.repository(cfg, proj), rev)
+    except (ConfigError, snapshot.SourceError) as e:
         _fail(str(e))
     added = ResultsDB(cfg.database.url).annotate(benchmark, metric, target, full, note)
     click.echo(f"{'marked' if added else 'already marked'} as expected: {benchmark} {metric} on {target} at "

@@ -10,10 +10,12 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 ENV_VAR = "GEARFARM_CONFIG"
+DEFAULT_CATALOG = "jobs/catalog.toml"
 
 
 class ConfigError(ValueError):
@@ -74,8 +76,39 @@ class MailConfig(_Section):
     retries: int = 3
 
 
+PROJECT_RE = r"^[a-z][a-z0-9_-]{0,31}$"
+DEFAULT_PROJECT = "engine"
+
+
+class ProjectConfig(_Section):
+    """One project the farm builds: its repository (a path, or any URL git can fetch: the
+    nightly fetches it; workers never see it), what to build, and where its catalog is."""
+
+    name: str = Field(pattern=PROJECT_RE)
+    repo: str
+    # A branch, tag or commit; resolved by the nightly to one commit per run.
+    branch: str = "HEAD"
+    # A path inside the repository at the run's revision ...
+    catalog: str | None = None
+    # ... or a file beside this config, for repositories that cannot carry one.
+    catalog_file: str | None = None
+
+    @field_validator("catalog_file")
+    @classmethod
+    def _one_catalog(cls, v: str | None, info: Any) -> str | None:
+        if v is not None and info.data.get("catalog") is not None:
+            raise ValueError("set catalog (a path in the repository) or catalog_file (a file beside the config), "
+                             "not both")
+        return v
+
+    @property
+    def catalog_path(self) -> str:
+        return self.catalog or DEFAULT_CATALOG
+
+
 class FarmConfig(_Section):
-    # Repository of the engine: workers read the catalog and export sources from it.
+    # The default project's repository (the project "engine" when [[projects]] is absent). Only
+    # the nightly reads it: workers get the source and the catalog through S3.
     repo: str = "."
     state_dir: str = "state"
     # HMAC keys for payloads: the first signs, every key verifies (rotation).
@@ -98,6 +131,7 @@ class FarmConfig(_Section):
 
 
 class Config(_Section):
+    projects: list[ProjectConfig] = Field(default_factory=list)
     gearman: GearmanConfig = Field(default_factory=GearmanConfig)
     s3: S3Config = Field(default_factory=S3Config)
     database: DatabaseConfig = Field(default_factory=DatabaseConfig)
@@ -105,6 +139,27 @@ class Config(_Section):
     farm: FarmConfig = Field(default_factory=FarmConfig)
     # Where the file was read from; relative paths in it are relative to its folder.
     source: str | None = None
+
+    @field_validator("projects")
+    @classmethod
+    def _unique_names(cls, v: list[ProjectConfig]) -> list[ProjectConfig]:
+        names = [p.name for p in v]
+        for n in names:
+            if names.count(n) > 1:
+                raise ValueError(f"project {n!r} is configured twice: project names must be unique")
+        return v
+
+    def project_list(self) -> list[ProjectConfig]:
+        """The configured projects; with none, the one default project: the engine in
+        farm.repo with its catalog at jobs/catalog.toml."""
+        return self.projects or [ProjectConfig(name=DEFAULT_PROJECT, repo=self.farm.repo)]
+
+    def project(self, name: str) -> ProjectConfig:
+        for p in self.project_list():
+            if p.name == name:
+                return p
+        raise ConfigError(f"no project {name!r} in the config; configured: "
+                          f"{', '.join(p.name for p in self.project_list())}")
 
     def path(self, p: str) -> Path:
         base = Path(self.source).parent if self.source else Path.cwd()
@@ -142,7 +197,12 @@ def describe(e: ValidationError) -> str:
 def dump(cfg: Config, path: Path) -> None:
     """Write a config as TOML (only the simple shapes this model uses)."""
     lines: list[str] = []
-    for section, model in cfg.model_dump(exclude={"source"}).items():
+    data = cfg.model_dump(exclude={"source"})
+    for project in data.pop("projects"):
+        lines.append("[[projects]]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in project.items() if v is not None]
+        lines.append("")
+    for section, model in data.items():
         lines.append(f"[{section}]")
         for k, v in model.items():
             if v is None:

@@ -18,7 +18,7 @@ from typing import Any
 from gearfarm import config as config_mod
 from gearfarm import probe, process
 from gearfarm.catalog import Catalog
-from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig
+from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig, ProjectConfig
 from gearfarm.gearman import admin
 from gearfarm.gearmand import Gearmand
 from gearfarm.s3.minio import MinioServer
@@ -32,9 +32,12 @@ class FarmError(RuntimeError):
 
 
 class EmbeddedFarm:
-    def __init__(self, state_dir: Path, repo: Path, job_retries: int = 3) -> None:
+    def __init__(self, state_dir: Path, repo: Path, job_retries: int = 3,
+                 projects: list[ProjectConfig] | None = None) -> None:
         self.state = state_dir.resolve()
+        # The default project's repository: only the nightly reads it, never a worker.
         self.repo = repo.resolve()
+        self.projects = projects or []
         self.job_retries = job_retries
         self.gearmand: Gearmand | None = None
         self.minio: MinioServer | None = None
@@ -59,8 +62,11 @@ class EmbeddedFarm:
             return old.s3.secret_key, old.farm.secrets
         return secrets.token_hex(20), [secrets.token_hex(32)]
 
-    def start(self, cat: Catalog, targets: list[str] | None = None, roles: tuple[str, ...] = ("build", "test"),
-              perf: bool = False) -> Config:
+    def start(self, cats: Catalog | list[Catalog], targets: list[str] | None = None,
+              roles: tuple[str, ...] = ("build", "test"), perf: bool = False) -> Config:
+        """Start everything, with workers for ``targets`` (default: every target of the
+        projects' catalogs ``cats``) that this host can serve."""
+        cats = cats if isinstance(cats, list) else [cats]
         self.state.mkdir(parents=True, exist_ok=True)
         stop_from_state(self.state)  # a farm left by --keep or a crash would hold the queue
         s3_secret, hmac_keys = self._previous_secrets()
@@ -70,6 +76,7 @@ class EmbeddedFarm:
         self.minio = MinioServer(self.state / "minio", secret_key=s3_secret).start()
         host, port = self.gearmand.address
         self.cfg = Config(
+            projects=self.projects,
             gearman=GearmanConfig(servers=[f"{host}:{port}"]),
             s3=self.minio.s3_config(),
             database=DatabaseConfig(url=f"sqlite:///{self.state / 'results.db'}"),
@@ -80,10 +87,10 @@ class EmbeddedFarm:
         self.cfg = config_mod.load(self.config_path)
         self._record()
         self.spawn("collector", ["collector"])
-        wanted = targets or sorted(cat.targets)
+        wanted = targets or sorted({t for c in cats for t in c.targets})
         for role in roles + (("perf",) if perf else ()):
-            ok, missing = probe.servable(cat, role, wanted if role != "perf" else
-                                         [t for t in wanted if cat.target(t).perf])
+            ok, missing = probe.servable(cats, role, wanted if role != "perf" else
+                                         [t for t in wanted if any(c.targets[t].perf for c in cats if t in c.targets)])
             self.missing[role] = missing
             for t in ok:
                 self.spawn(f"{role}-{t}", ["worker", "--role", role, "--targets", t])

@@ -1,4 +1,5 @@
-"""Classifying a run's results against history, per test case and target.
+"""Classifying a run's results against history, per test case and target, within the run's
+project: another project's runs are never its history, even for a test of the same name.
 
 Verdicts for a test case on a target (failing means failed or error in its JUnit):
   new     failing now, passing in that target's previous run (or never seen before)
@@ -187,8 +188,8 @@ def classify_run(db: ResultsDB, run: Run, records: list[ResultRecord], window: i
     """Every test case of the run with its verdict (passing ones included, kind "passed")."""
     current = current_outcomes([r for r in records if r.run_id == run.run_id])
     targets = sorted({t for t, _, _ in current})
-    earlier: dict[str, list[Run]] = {t: list(reversed(db.runs_before(run.created_at, t, HISTORY_RUNS)))
-                                     for t in targets}
+    earlier: dict[str, list[Run]] = {
+        t: list(reversed(db.runs_before(run.created_at, run.project, t, HISTORY_RUNS))) for t in targets}
     run_ids = sorted({r.run_id for rs in earlier.values() for r in rs} | {run.run_id})
     revs = {r.run_id: r.rev for rs in earlier.values() for r in rs}
     past = _statuses(db, [rid for rid in run_ids if rid != run.run_id])
@@ -217,23 +218,25 @@ def classify_run(db: ResultsDB, run: Run, records: list[ResultRecord], window: i
     return verdicts
 
 
-def history_of(db: ResultsDB, test: str, window: int = WINDOW) -> list[tuple[Run, str, str, str, str]]:
-    """A test's results across runs and targets, each with the verdict it had when its run was
-    classified: (run, target, suite, status, verdict), oldest first."""
-    rows = db.cases_of(test)
+def history_of(db: ResultsDB, test: str, window: int = WINDOW,
+               project: str | None = None) -> list[tuple[Run, str, str, str, str]]:
+    """A test's results across runs and targets (of ``project``, or of every project, each
+    judged against its own), each with the verdict it had when its run was classified:
+    (run, target, suite, status, verdict), oldest first; ``run.project`` names the project."""
+    rows = db.cases_of(test, project=project)
     reruns = db.reruns_of({run.run_id for _, run in rows})
     rerun_status: dict[tuple[str, str, str, str], str] = {}
     for parent, children in reruns.items():
         for (_rid, target, suite, name), st in _statuses(db, children).items():
             rerun_status[(parent, target, suite, name)] = st
-    seen: dict[tuple[str, str], list[Outcome]] = {}
+    seen: dict[tuple[str, str, str], list[Outcome]] = {}
     out = []
     for case, run in rows:
         st = _case_status(case.status)
         if st is None:
             out.append((run, case.target, case.suite, case.status, "-"))
             continue
-        hist = seen.setdefault((case.target, case.suite), [])
+        hist = seen.setdefault((run.project, case.target, case.suite), [])
         cur = Outcome(run.run_id, run.rev, st, rerun_status.get((run.run_id, case.target, case.suite, case.name)))
         kind, reason, since = classify(hist, cur, window)
         label = kind

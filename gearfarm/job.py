@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gearfarm.seal import SealError, seal, unseal
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 Kind = Literal["build", "test", "perf"]
 KINDS: tuple[str, ...] = ("build", "test", "perf")
 COLLECT_FUNCTION = "collect"
@@ -24,6 +24,7 @@ _HEX40 = r"^[0-9a-f]{40}$"
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 _RUN_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$"
 _TARGET = r"^[a-z0-9]+-[a-z0-9_]+$"
+_SHA256 = r"^[0-9a-f]{64}$"
 MAX_PAYLOAD = 64 * 1024
 
 
@@ -85,6 +86,18 @@ def unique_id(job: str, attempt: int, salt: str = "") -> str:
 
 
 @dataclass(frozen=True)
+class Source:
+    """What a run builds: a project's tree at one commit (its snapshot in S3 by sha256) and the
+    catalog the nightly validated for it (by sha256). Both go into every signed payload, so a
+    worker builds and runs exactly what the nightly resolved, from S3 alone."""
+
+    project: str
+    rev: str
+    sha256: str
+    catalog_sha256: str
+
+
+@dataclass(frozen=True)
 class Artifact:
     """A stored build: its archive key and sha256 (and, for a baseline, its revision)."""
 
@@ -96,10 +109,14 @@ class Artifact:
 class Payload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    schema_version: Literal[2] = SCHEMA_VERSION
+    schema_version: Literal[3] = SCHEMA_VERSION
     kind: Kind
     run_id: str = Field(pattern=_RUN_ID)
+    project: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")
     rev: str = Field(pattern=_HEX40)
+    # The source snapshot of rev and the catalog, both checked by sha256 before use.
+    source_sha256: str = Field(pattern=_SHA256)
+    catalog_sha256: str = Field(pattern=_SHA256)
     target: str = Field(pattern=_TARGET)
     # build: the suites (and benchmarks) to fan out to after a good build.
     suites: list[str] = Field(default_factory=list, max_length=64)
@@ -107,12 +124,12 @@ class Payload(BaseModel):
     # test / perf: the catalog entry to run, and the artifact to run it on.
     name: str | None = Field(default=None, pattern=_NAME)
     artifact_key: str | None = Field(default=None, max_length=512)
-    artifact_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    artifact_sha256: str | None = Field(default=None, pattern=_SHA256)
     # perf (and the build that fans it out): the last good build of the same target, run
     # alternately with tonight's (A B A B ...) so drift and noise between nights cancel.
     baseline_rev: str | None = Field(default=None, pattern=_HEX40)
     baseline_key: str | None = Field(default=None, max_length=512)
-    baseline_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    baseline_sha256: str | None = Field(default=None, pattern=_SHA256)
     seed: int = Field(default=1, ge=0, lt=2**31)
     attempt: int = Field(default=1, ge=1, le=100)
     submitted_at: float
@@ -143,6 +160,10 @@ class Payload(BaseModel):
         return self.job.unique(self.attempt)
 
     @property
+    def source(self) -> Source:
+        return Source(self.project, self.rev, self.source_sha256, self.catalog_sha256)
+
+    @property
     def artifact(self) -> Artifact | None:
         return Artifact(self.artifact_key, self.artifact_sha256) if self.artifact_key and self.artifact_sha256 \
             else None
@@ -154,7 +175,7 @@ class Payload(BaseModel):
         return None
 
 
-def make_payload(job: JobId, *, rev: str, deadline: float, attempt: int = 1, seed: int = 1,
+def make_payload(job: JobId, *, source: Source, deadline: float, attempt: int = 1, seed: int = 1,
                  suites: Sequence[str] = (), benchmarks: Sequence[str] = (), artifact: Artifact | None = None,
                  baseline: Artifact | None = None) -> Payload:
     """Every payload the farm sends (build, test, perf; first attempts, resubmissions, re-runs)
@@ -168,7 +189,8 @@ def make_payload(job: JobId, *, rev: str, deadline: float, attempt: int = 1, see
         raise ValueError(f"a {kind} payload needs the artifact it runs on")
     base = baseline if kind in ("build", "perf") else None
     return Payload(
-        kind=kind, run_id=job.run_id, rev=rev, target=job.target, name=job.name,
+        kind=kind, run_id=job.run_id, project=source.project, rev=source.rev, source_sha256=source.sha256,
+        catalog_sha256=source.catalog_sha256, target=job.target, name=job.name,
         suites=list(suites) if kind == "build" else [], benchmarks=list(benchmarks) if kind == "build" else [],
         artifact_key=artifact.key if artifact else None, artifact_sha256=artifact.sha256 if artifact else None,
         baseline_rev=base.rev if base else None, baseline_key=base.key if base else None,
@@ -178,7 +200,7 @@ def make_payload(job: JobId, *, rev: str, deadline: float, attempt: int = 1, see
 
 def dependent(build: Payload, step: str, artifact: Artifact, attempt: int = 1) -> Payload:
     """The payload of a test or perf job of ``build``'s run and target."""
-    return make_payload(JobId(build.run_id, build.target, step), rev=build.rev, deadline=build.deadline,
+    return make_payload(JobId(build.run_id, build.target, step), source=build.source, deadline=build.deadline,
                         attempt=attempt, seed=build.seed, artifact=artifact, baseline=build.baseline)
 
 

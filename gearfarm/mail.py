@@ -1,15 +1,17 @@
-"""The run's mail: one aggregated message per run (never one per job), multipart/alternative
-with the plain-text report first and the HTML report second, sent by SMTP as [mail] in the
-config says (none, STARTTLS or implicit TLS; login when a username is set).
+"""The nightly's mail: one aggregated message for all the runs it covers (never one per job or
+per project), multipart/alternative with the plain-text report first and the HTML report
+second (its plots as related PNG parts), sent by SMTP as [mail] in the config says (none,
+STARTTLS or implicit TLS; login when a username is set). The caller renders the content (a
+Letter): this module knows mail, not reports.
 
-The message is always written as report.eml beside the report first, so a mail that cannot be
-sent loses nothing: sending is retried, and a final failure is returned for the caller to put
-on the console and in the run's record. Without [mail] host the .eml is the delivery.
+The message is always written as report.eml into the directory the caller names first, so a
+mail that cannot be sent loses nothing: sending is retried, and a final failure is returned for
+the caller to put on the console and in the runs' records. Without [mail] host the .eml is the
+delivery.
 """
 
 from __future__ import annotations
 
-import base64
 import logging
 import smtplib
 import ssl
@@ -36,10 +38,23 @@ class MailError(RuntimeError):
 
 
 @dataclass
+class Letter:
+    """A message's content, rendered by the caller: the runs it covers (the X-Gearfarm-Run
+    header lists them), text and HTML bodies, and the PNG images the HTML names by content id."""
+
+    subject: str
+    runs: list[str]
+    text: str
+    html: str
+    images: dict[str, bytes] = field(default_factory=dict)
+
+
+@dataclass
 class Delivery:
-    """What happened to a run's mail; stored in the run's notes under "mail"."""
+    """What happened to a message; stored in the notes of every run it covers, under "mail"."""
 
     eml: str
+    runs: list[str] = field(default_factory=list)
     sent: bool = False
     recipients: list[str] = field(default_factory=list)
     attempts: int = 0
@@ -50,22 +65,19 @@ class Delivery:
         return asdict(self)
 
 
-def compose(report: dict[str, Any], text: str, html_body: str, cfg: MailConfig) -> EmailMessage:
-    """The message for a report document already rendered as text and HTML (by the caller:
-    this module knows mail, not reports)."""
+def compose(letter: Letter, cfg: MailConfig) -> EmailMessage:
     msg = EmailMessage()
-    msg["Subject"] = report.get("subject") or f"[gearfarm] {report['run_id']}: {report['headline']}"
+    msg["Subject"] = letter.subject
     msg["From"] = cfg.sender
     msg["To"] = ", ".join(cfg.recipients) if cfg.recipients else cfg.sender
     msg["Date"] = formatdate(localtime=False)
     msg["Message-ID"] = make_msgid(domain=cfg.sender.rpartition("@")[2] or "gearfarm")
-    msg["X-Gearfarm-Run"] = report["run_id"]
-    msg.set_content(text)
-    msg.add_alternative(html_body, subtype="html")
+    msg["X-Gearfarm-Run"] = ", ".join(letter.runs)
+    msg.set_content(letter.text)
+    msg.add_alternative(letter.html, subtype="html")
     html = msg.get_payload()[1]  # type: ignore[index]
-    for i, entry in enumerate(report.get("performance", [])):
-        html.add_related(base64.b64decode(entry["png_b64"]), "image", "png", cid=f"<perf{i}>",
-                         filename=f"perf{i}.png")
+    for cid, png in letter.images.items():
+        html.add_related(png, "image", "png", cid=f"<{cid}>", filename=f"{cid}.png")
     return msg
 
 
@@ -123,15 +135,14 @@ def _send_once(msg: EmailMessage, cfg: MailConfig, timeout: float) -> None:
         smtp.send_message(msg, from_addr=cfg.sender, to_addrs=cfg.recipients)
 
 
-def deliver(report: dict[str, Any], text: str, html_body: str, out_dir: Path, cfg: MailConfig,
-            send_mail: bool = True, **send_args: Any) -> Delivery:
-    """Write report.eml beside the report, then send it when [mail] has a host (and
+def deliver(letter: Letter, out_dir: Path, cfg: MailConfig, send_mail: bool = True, **send_args: Any) -> Delivery:
+    """Write the message as ``out_dir``/report.eml, then send it when [mail] has a host (and
     ``send_mail``). Never raises for a mail problem: the Delivery says what happened."""
-    msg = compose(report, text, html_body, cfg)
+    msg = compose(letter, cfg)
     eml = out_dir / "report.eml"
     out_dir.mkdir(parents=True, exist_ok=True)
     eml.write_bytes(bytes(msg))
-    d = Delivery(eml=str(eml), recipients=list(cfg.recipients))
+    d = Delivery(eml=str(eml), runs=list(letter.runs), recipients=list(cfg.recipients))
     if not cfg.host or not send_mail:
         return d
     try:

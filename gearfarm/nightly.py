@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,12 +17,12 @@ from pathlib import Path
 from sqlalchemy.exc import SQLAlchemyError
 
 from gearfarm import catalog as catalog_mod
-from gearfarm import history
+from gearfarm import history, snapshot
 from gearfarm.catalog import Catalog
-from gearfarm.config import Config
+from gearfarm.config import Config, ProjectConfig
 from gearfarm.connection import ssl_context
 from gearfarm.gearman import Client, GearmanError, admin
-from gearfarm.job import Artifact, JobId, Payload, make_payload, sign, step_name
+from gearfarm.job import Artifact, JobId, Payload, Source, make_payload, sign, step_name
 from gearfarm.ledger import Ledger, farm_record
 from gearfarm.result import TERMINAL, ResultRecord
 from gearfarm.s3 import keys
@@ -43,7 +42,8 @@ class RunError(RuntimeError):
 @dataclass
 class Plan:
     run_id: str
-    rev: str
+    # The project's tree and catalog this run builds (sha256s in every payload).
+    source: Source
     targets: list[str]
     suites: dict[str, list[str]]
     benchmarks: dict[str, list[str]]
@@ -55,6 +55,18 @@ class Plan:
     # A re-run has no build step: target -> the build its test jobs run on.
     artifacts: dict[str, Artifact] = field(default_factory=dict)
     parent: str | None = None
+    # The catalog's text, recorded with the run (history and reports read it, not a repository).
+    catalog_text: str = ""
+    # Bytes of source and catalog this nightly uploaded for the run (0: already in S3).
+    source_bytes: int = 0
+
+    @property
+    def rev(self) -> str:
+        return self.source.rev
+
+    @property
+    def project(self) -> str:
+        return self.source.project
 
     @property
     def rerun(self) -> bool:
@@ -80,22 +92,49 @@ class Plan:
     def payload(self, jid: JobId, attempt: int = 1, artifact: Artifact | None = None) -> Payload:
         t = jid.target
         if jid.kind == "build":
-            return make_payload(jid, rev=self.rev, deadline=self.deadline, attempt=attempt, seed=self.seed,
+            return make_payload(jid, source=self.source, deadline=self.deadline, attempt=attempt, seed=self.seed,
                                 suites=self.suites[t], benchmarks=self.benchmarks[t], baseline=self.baselines.get(t))
-        return make_payload(jid, rev=self.rev, deadline=self.deadline, attempt=attempt, seed=self.seed,
+        return make_payload(jid, source=self.source, deadline=self.deadline, attempt=attempt, seed=self.seed,
                             artifact=artifact or self.artifacts.get(t), baseline=self.baselines.get(t))
 
 
-def resolve_rev(repo: Path, rev: str) -> str:
-    proc = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", f"{rev}^{{commit}}"],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RunError(f"revision {rev!r} not found in {repo}: {proc.stderr.strip()}")
-    return proc.stdout.strip()
+@dataclass(frozen=True)
+class Loaded:
+    """A project resolved for tonight: its repository, the commit, and the validated catalog."""
+
+    name: str
+    repo: Path
+    rev: str
+    catalog: Catalog
+    catalog_text: str
 
 
-def plan(cat: Catalog, run_id: str, rev: str, targets: list[str] | None, suites: list[str] | None,
-         benchmarks: list[str] | None, seed: int = 1) -> Plan:
+def load_project(cfg: Config, project: ProjectConfig, rev: str | None = None) -> Loaded:
+    """Fetch the project, resolve ``rev`` (default: its configured branch) and validate its
+    catalog. RunError or CatalogError saying what to fix."""
+    try:
+        repo = snapshot.repository(cfg, project)
+        full = snapshot.resolve(repo, rev or project.branch)
+    except snapshot.SourceError as e:
+        raise RunError(f"project {project.name}: {e}") from e
+    text, origin = snapshot.catalog_text(cfg, project, repo, full)
+    return Loaded(project.name, repo, full, catalog_mod.parse(text, origin), text)
+
+
+def prepare(store: ArtifactStore, loaded: Loaded) -> tuple[Source, int]:
+    """Upload the revision's snapshot and the catalog, each once, content-addressed; returns
+    the run's source and the bytes this call uploaded (0 when both were there)."""
+    try:
+        snap = snapshot.publish_source(store, loaded.repo, loaded.rev)
+        sha, cat_bytes = snapshot.publish_catalog(store, loaded.catalog_text)
+        snapshot.publish_latest(store, loaded.name, loaded.rev, sha)
+    except (snapshot.SourceError, StoreError) as e:
+        raise RunError(f"project {loaded.name}: cannot store the source of {loaded.rev[:12]} in S3: {e}") from e
+    return Source(loaded.name, loaded.rev, snap.sha256, sha), snap.uploaded_bytes + cat_bytes
+
+
+def plan(cat: Catalog, run_id: str, source: Source, targets: list[str] | None, suites: list[str] | None,
+         benchmarks: list[str] | None, seed: int = 1, catalog_text: str = "") -> Plan:
     """Raise CatalogError naming the known entries for anything unknown."""
     names = targets if targets else sorted(cat.targets)
     for t in names:
@@ -103,8 +142,9 @@ def plan(cat: Catalog, run_id: str, rev: str, targets: list[str] | None, suites:
     benches = sorted(cat.benchmarks) if benchmarks is None else benchmarks
     for b in benches:
         cat.benchmark(b)
-    return Plan(run_id=run_id, rev=rev, targets=names, suites={t: cat.suites_for(t, suites) for t in names},
-                benchmarks={t: list(benches) if cat.target(t).perf else [] for t in names}, seed=seed)
+    return Plan(run_id=run_id, source=source, targets=names, suites={t: cat.suites_for(t, suites) for t in names},
+                benchmarks={t: list(benches) if cat.target(t).perf else [] for t in names}, seed=seed,
+                catalog_text=catalog_text)
 
 
 def preflight(cfg: Config) -> dict[str, admin.FunctionStatus]:
@@ -126,12 +166,15 @@ def submit(cfg: Config, db: ResultsDB, client: Client, p: Plan) -> bool:
     if not p.rerun:
         for t in p.targets:
             if p.benchmarks[t]:
-                base = db.last_good_build(t, p.rev)
+                base = db.last_good_build(p.project, t, p.rev)
                 if base is not None and base.artifact_key and base.artifact_sha256:
                     p.baselines[t] = Artifact(base.artifact_key, base.artifact_sha256, base.rev)
     created = db.create_run(p.run_id, p.rev, p.targets, [str(j) for j in p.expected],
-                            notes={"suites": p.suites, "benchmarks": p.benchmarks, "seed": p.seed},
-                            parent_run_id=p.parent, deadline=p.deadline or time.time() + cfg.farm.run_deadline)
+                            notes={"suites": p.suites, "benchmarks": p.benchmarks, "seed": p.seed,
+                                   "source_sha256": p.source.sha256, "source_uploaded_bytes": p.source_bytes},
+                            parent_run_id=p.parent, deadline=p.deadline or time.time() + cfg.farm.run_deadline,
+                            project=p.project,
+                            catalog=(p.source.catalog_sha256, p.catalog_text) if p.catalog_text else None)
     run = db.get_run(p.run_id)
     assert run is not None
     p.deadline = run.deadline or run.created_at + cfg.farm.run_deadline
@@ -354,12 +397,10 @@ def rerun_new_failures(cfg: Config, db: ResultsDB, ledger: Ledger, store: Artifa
         return []
     targets = sorted({j.target for j in todo})
     timeout = 300.0
-    try:
-        cat = catalog_mod.load_at_rev(cfg.path(cfg.farm.repo), p.rev)
+    cat = db.catalog_of(run)
+    if cat is not None and all(r.name in cat.suites for r in todo.values()):
         timeout = max(cat.suite(r.name or "").timeout for r in todo.values())
-    except Exception as e:  # the catalog is only for the re-run's deadline; a default does
-        log.warning("cannot read suite timeouts for the re-run: %s", e)
-    rp = Plan(run_id=rerun_id(p.run_id), rev=p.rev, targets=targets,
+    rp = Plan(run_id=rerun_id(p.run_id), source=p.source, targets=targets,
               suites={t: sorted(r.name or "" for j, r in todo.items() if j.target == t) for t in targets},
               benchmarks={t: [] for t in targets}, seed=p.seed, parent=p.run_id,
               deadline=min(p.deadline, time.time() + timeout + 120) if p.deadline else time.time() + timeout + 120,

@@ -1,19 +1,17 @@
 """Performance analysis of a run: the series of every (benchmark, metric, target, host class)
 it measured, their change points, and the report's performance section with plots. Figures are
-compared only within one host class; a night's value is the median of its repetitions."""
+compared only within one project and one host class; a night's value is the median of its
+repetitions; whether higher is better comes from the catalog stored with the run."""
 
 from __future__ import annotations
 
 import base64
 import math
 import statistics
-from pathlib import Path
 from typing import Any
 
 from scipy import stats
 
-from gearfarm import catalog as catalog_mod
-from gearfarm.catalog import CatalogError
 from gearfarm.changepoint import RevisionChange, find_changes
 from gearfarm.perfplot import plot
 from gearfarm.store import ResultsDB, Run
@@ -27,21 +25,22 @@ PAIRED_MIN_CHANGE = 0.05
 ALARM_RUNS = 5
 
 
-def directions(repo: Path, rev: str) -> dict[tuple[str, str], bool]:
-    """(benchmark, metric) -> higher is better, from the catalog at the run's revision."""
-    try:
-        cat = catalog_mod.load_at_rev(repo, rev)
-    except CatalogError:
+def directions(db: ResultsDB, run: Run) -> dict[tuple[str, str], bool]:
+    """(benchmark, metric) -> higher is better, from the catalog stored with the run (empty when
+    it has none: every metric is then taken as higher is better)."""
+    cat = db.catalog_of(run)
+    if cat is None:
         return {}
     return {(b, m): d == "higher" for b, bench in cat.benchmarks.items() for m, d in bench.metrics.items()}
 
 
 def series_changes(db: ResultsDB, run: Run, target: str, host_class: str, benchmark: str, metric: str,
                    higher: bool, expected: set[str]) -> tuple[list[tuple[str, float]], list[RevisionChange], list[str]]:
-    """The nightly series (median of each night's repetitions), its changes, and the run id
-    of each night. Changes come from two detectors: change points over the series, confirmed
-    by the nights' paired ratios, and each night's own A/B test (see paired_changes)."""
-    rows = [r for r in db.perf_series(target, host_class, benchmark, metric, run.created_at, WINDOW)
+    """The nightly series of ``run``'s project (median of each night's repetitions), its
+    changes, and the run id of each night. Changes come from two detectors: change points over
+    the series, confirmed by the nights' paired ratios, and each night's own A/B test (see
+    paired_changes)."""
+    rows = [r for r in db.perf_series(run.project, target, host_class, benchmark, metric, run.created_at, WINDOW)
             if r[2].get("new")]
     series = [(rev, statistics.median(v["new"])) for _, rev, v in rows]
     ratios = [statistics.median(v["ratio"]) if v.get("ratio") else None for _, _, v in rows]
@@ -84,13 +83,16 @@ def paired_changes(series: list[tuple[str, float]], pair_ratios: list[list[float
     return out
 
 
-def analyze(db: ResultsDB, run: Run, repo: Path) -> list[dict[str, Any]]:
+def analyze(db: ResultsDB, run: Run) -> list[dict[str, Any]]:
     """The run's performance section: changes whose first bad night is among the last
     ALARM_RUNS nights of their series, regressions first, each with PNG and SVG plots."""
-    higher_is_better = directions(repo, run.rev)
+    keys = db.perf_keys(run.run_id)
+    if not keys:
+        return []  # nothing measured: no catalog to read (nor to warn about)
+    higher_is_better = directions(db, run)
     expected = db.expected_changes()
     out: list[dict[str, Any]] = []
-    for target, host_class, benchmark, metric in db.perf_keys(run.run_id):
+    for target, host_class, benchmark, metric in keys:
         higher = higher_is_better.get((benchmark, metric), True)
         series, changes, run_ids = series_changes(db, run, target, host_class, benchmark, metric, higher,
                                                   expected.get((benchmark, metric, target), set()))

@@ -1,5 +1,6 @@
 """Capability probing: which targets can this host serve? Decided by trying, not by
-configuration: the toolchain exists, a small program compiles, and the runner executes it."""
+configuration: the target's tools exist, a small program compiles with its C compiler (when it
+names one), and the runner executes it."""
 
 from __future__ import annotations
 
@@ -35,23 +36,26 @@ def probe(target: Target, role: str) -> str | None:
 @cache
 def _probe(target_json: str, role: str) -> str | None:
     target = Target.model_validate_json(target_json)
-    need_cc = role in ("build", "test", "perf")
-    if need_cc and shutil.which(target.cc) is None:
-        if role == "build":
-            return _missing(target.cc)
-        need_cc = False
+    if role == "build":
+        for tool in target.tools:
+            if shutil.which(tool) is None:
+                return _missing(tool)
     if role in ("test", "perf") and target.runner and shutil.which(target.runner[0]) is None:
         return _missing(target.runner[0])
-    if not need_cc:
-        return None
+    cc = target.cc
+    # Without a C compiler named by the target (a test host need not have one), the tools and
+    # the runner being there is what can be known.
+    if cc is None or shutil.which(cc) is None:
+        return _missing(cc) if role == "build" and cc is not None else None
+    static = target.vars.get("static") in ("1", "yes", "true")
     with tempfile.TemporaryDirectory(prefix="gearfarm-probe-") as tmp:
         src = Path(tmp) / "hello.c"
         src.write_text(HELLO)
         exe = Path(tmp) / f"hello{target.exe}"
-        argv = [target.cc, "-std=c11", "-o", str(exe), str(src), "-lz"] + (["-static"] if target.static else [])
-        cc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-        if cc.returncode != 0:
-            return f"{target.cc} cannot build a program with zlib: {cc.stderr.strip()[-300:]}"
+        argv = [cc, "-std=c11", "-o", str(exe), str(src)] + (["-static"] if static else [])
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            return f"{cc} cannot build a program: {proc.stderr.strip()[-300:]}"
         if role == "build":
             return None
         try:
@@ -65,13 +69,22 @@ def _probe(target_json: str, role: str) -> str | None:
     return None
 
 
-def servable(cat: Catalog, role: str, wanted: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
-    """(targets this host serves for ``role``, {target: reason} for those it cannot)."""
+def servable(cats: Catalog | list[Catalog], role: str, wanted: list[str] | None = None
+             ) -> tuple[list[str], dict[str, str]]:
+    """(targets this host serves for ``role``, {target: reason} for those it cannot). With
+    several projects' catalogs a target is served when any project's definition of it can be:
+    the worker checks each job's own project before running it."""
+    cats = cats if isinstance(cats, list) else [cats]
+    names = wanted if wanted is not None else sorted({t for c in cats for t in c.targets})
     ok, missing = [], {}
-    for name in wanted if wanted is not None else sorted(cat.targets):
-        reason = probe(cat.target(name), role)
-        if reason is None:
+    for name in names:
+        defs = [c.targets[name] for c in cats if name in c.targets]
+        if not defs:
+            missing[name] = f"no project's catalog defines target {name!r}"
+            continue
+        reasons = [r for r in (probe(t, role) for t in defs) if r is not None]
+        if len(reasons) < len(defs):
             ok.append(name)
         else:
-            missing[name] = reason
+            missing[name] = reasons[0]
     return ok, missing

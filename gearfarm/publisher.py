@@ -1,8 +1,9 @@
-"""Publishing a run's report: classify it against history, add the performance section and any
-late results, write the files on disk, upload them to S3 and mail the message. It sits above
-gearfarm.report and gearfarm.mail (which know nothing of each other) and degrades instead of
-failing: with S3 or the results database down, the report is still written to disk and the
-mail still goes out, and ``problems`` says what was missing, for the exit status."""
+"""Publishing a nightly's reports: for each run (one per project) classify it against its
+project's history, add the performance section and any late results, write the files on disk
+and upload them to S3; then mail ONE message covering every run. It sits above gearfarm.report
+and gearfarm.mail (which know nothing of each other) and degrades instead of failing: with S3
+or the results database down, the reports are still written to disk and the mail still goes
+out, and ``problems`` says what was missing, for the exit status."""
 
 from __future__ import annotations
 
@@ -25,20 +26,80 @@ log = logging.getLogger("gearfarm.publisher")
 
 @dataclass
 class Publication:
+    """``reports`` and ``paths_by_run`` hold every run's, in the order given (keyed by run id);
+    ``report`` and ``paths`` are the first run's (the only one's for a single run). The mail's
+    .eml is ``paths["eml"]`` when a message was written."""
+
     report: dict[str, Any]
     paths: dict[str, Path]
     delivery: Delivery | None
     problems: list[str] = field(default_factory=list)
+    reports: dict[str, dict[str, Any]] = field(default_factory=dict)
+    paths_by_run: dict[str, dict[str, Path]] = field(default_factory=dict)
 
 
 def _db_down(what: str, e: Exception) -> str:
     return f"results database unavailable, {what}: {str(e).splitlines()[0]}"
 
 
-def publish(cfg: Config, db: ResultsDB, store: ArtifactStore | None, run: Run, records: list[ResultRecord],
-            send_mail: bool = True, write_mail: bool = True) -> Publication:
-    """The report for ``run`` made from ``records``. ``write_mail`` False re-renders the report
-    without touching the message that was sent (``gearfarm report RUN``)."""
+def run_dir(cfg: Config, run_id: str) -> Path:
+    return cfg.path(cfg.farm.state_dir) / "runs" / run_id
+
+
+def publish(cfg: Config, db: ResultsDB, store: ArtifactStore | None, runs: list[Run] | Run,
+            records: dict[str, list[ResultRecord]] | list[ResultRecord], send_mail: bool = True,
+            write_mail: bool = True) -> Publication:
+    """The reports of ``runs`` (records[run_id] each), written and uploaded per run exactly as
+    for a run on its own, and one message for all of them: for one run its report, for several
+    one section per run in the order given (gearfarm.report.render_mail_*). The message is
+    written as report.eml in the FIRST run's directory (state/runs/<first run>/report.eml); the
+    other runs' directories get no .eml, and every run's notes record the delivery.
+    ``write_mail`` False re-renders the reports without touching the message that was sent
+    (``gearfarm report RUN``).
+
+    The old shape, one Run and its list of records, is still taken."""
+    if isinstance(runs, Run):
+        assert isinstance(records, list)
+        runs, records = [runs], {runs.run_id: records}
+    assert isinstance(records, dict)
+    if not runs:
+        raise ValueError("publish needs at least one run")
+    problems: list[str] = []
+    reports: dict[str, dict[str, Any]] = {}
+    paths_by_run: dict[str, dict[str, Path]] = {}
+    for run in runs:
+        rep, paths, own = _publish_run(cfg, db, store, run, records.get(run.run_id, []))
+        reports[run.run_id], paths_by_run[run.run_id] = rep, paths
+        # With several runs, the console and the exit status need to know whose problem it is.
+        problems += own if len(runs) == 1 else [f"{run.project} ({run.run_id}): {p}" for p in own]
+    first = runs[0]
+    delivery = None
+    if write_mail or send_mail:
+        delivery = mail.deliver(letter(list(reports.values())), run_dir(cfg, first.run_id), cfg.mail, send_mail)
+        paths_by_run[first.run_id]["eml"] = Path(delivery.eml)
+        if delivery.error:
+            problems.append(f"mail not sent: {delivery.error}; the message is in {delivery.eml}")
+        if send_mail or not cfg.mail.host:
+            try:
+                for run in runs:
+                    db.update_notes(run.run_id, mail=delivery.as_dict())
+            except SQLAlchemyError as e:
+                problems.append(_db_down("the mail's fate is not in the runs' notes", e))
+    for p in problems:
+        log.warning("%s", p)
+    return Publication(reports[first.run_id], paths_by_run[first.run_id], delivery, problems, reports, paths_by_run)
+
+
+def letter(reports: list[dict[str, Any]]) -> mail.Letter:
+    """The one message for these runs' reports, in the order given."""
+    return mail.Letter(subject=report.mail_subject(reports), runs=[r["run_id"] for r in reports],
+                       text=report.render_mail_text(reports), html=report.render_mail_html(reports),
+                       images=report.mail_images(reports))
+
+
+def _publish_run(cfg: Config, db: ResultsDB, store: ArtifactStore | None, run: Run,
+                 records: list[ResultRecord]) -> tuple[dict[str, Any], dict[str, Path], list[str]]:
+    """One run's report, on disk and in S3: (report, its files, what was missing)."""
     problems: list[str] = []
     reruns: list[ResultRecord] = []
     verdicts = None
@@ -50,7 +111,7 @@ def publish(cfg: Config, db: ResultsDB, store: ArtifactStore | None, run: Run, r
         problems.append(_db_down("failures are not classified against history", e))
     rep = report.build(run, records, store, verdicts, reruns)
     try:
-        report.add_performance(rep, perf.analyze(db, run, cfg.path(cfg.farm.repo)))
+        report.add_performance(rep, perf.analyze(db, run))
     except SQLAlchemyError as e:
         report.add_performance(rep, [])
         problems.append(_db_down("no performance history", e))
@@ -59,7 +120,7 @@ def publish(cfg: Config, db: ResultsDB, store: ArtifactStore | None, run: Run, r
     except SQLAlchemyError as e:
         report.add_late(rep, [])
         problems.append(_db_down("late results not shown", e))
-    out = cfg.path(cfg.farm.state_dir) / "runs" / run.run_id
+    out = run_dir(cfg, run.run_id)
     rep["problems"] = problems
     paths = report.write(rep, records, out)
     if store is not None:
@@ -68,18 +129,4 @@ def publish(cfg: Config, db: ResultsDB, store: ArtifactStore | None, run: Run, r
         except StoreError as e:
             problems.append(f"the report is on disk ({out}) but not in S3: {e}")
             paths = report.write(rep, records, out)  # now saying so
-    delivery = None
-    if write_mail or send_mail:
-        delivery = mail.deliver(rep, report.render_text(rep), report.render_html(rep, mail=True), out, cfg.mail,
-                                send_mail)
-        paths["eml"] = Path(delivery.eml)
-        if delivery.error:
-            problems.append(f"mail not sent: {delivery.error}; the message is in {delivery.eml}")
-        if send_mail or not cfg.mail.host:
-            try:
-                db.update_notes(run.run_id, mail=delivery.as_dict())
-            except SQLAlchemyError as e:
-                problems.append(_db_down("the mail's fate is not in the run's notes", e))
-    for p in problems:
-        log.warning("%s", p)
-    return Publication(rep, paths, delivery, problems)
+    return rep, paths, problems

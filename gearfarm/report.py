@@ -1,16 +1,21 @@
-"""The run report: one document (JSON, HTML, text, JUnit) with a headline, the matrix, the test
-cases classified against history (new failures with their log tail and a reproducer, fixed,
-flaky, known), presigned links, and per-stage timings so the farm's own overhead shows. Written
-beside the run on disk and in S3; the mail (gearfarm.mail) is built from the same document."""
+"""The run report: one document (JSON, HTML, text, JUnit) per run, i.e. per project of a
+nightly, with its project, a headline, the matrix, the test cases classified against history
+(new failures with their log tail and a reproducer, fixed, flaky, known), presigned links, and
+per-stage timings so the farm's own overhead shows. Written beside the run on disk and in S3.
+The nightly's one mail is made from the reports of all its runs (mail_subject, render_mail_*):
+for one run it is that run's report, for several one section per run, in the order given."""
 
 from __future__ import annotations
 
+import base64
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, FileSystemLoader
+from markupsafe import Markup
 
 from gearfarm import junit
 from gearfarm.history import Verdict
@@ -27,6 +32,15 @@ _env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
                    autoescape=lambda name: bool(name and name.endswith(".html.j2")),
                    trim_blocks=True, lstrip_blocks=True)
 _env.filters["utc"] = lambda t: time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
+
+
+def image_cid(section: int, index: int) -> str:
+    """The content id of a plot in the mail: the ``index``-th performance entry of the
+    ``section``-th run, unique across the runs one message covers."""
+    return f"perf{section}-{index}"
+
+
+_env.globals["image_cid"] = image_cid
 
 
 def build(run: Run, records: list[ResultRecord], store: ArtifactStore | None,
@@ -76,12 +90,13 @@ def build(run: Run, records: list[ResultRecord], store: ArtifactStore | None,
                 f"{flaky} flaky" if flaky else ""]
     else:
         lead, fixed = [f"{product_failed} failed" if product_failed else ""], 0
-    headline = _headline(lead, fixed, infra, missing, len(records), len(by_target))
+    green = not (any(lead) or infra or missing)
+    headline = _headline(green, lead, fixed, infra, missing, len(records), len(by_target))
     expiry = store.cfg.presign_expiry if store is not None else None
-    return {
-        "run_id": run.run_id, "rev": run.rev, "created_at": run.created_at, "finished_at": finished,
-        "wall_seconds": round(finished - run.created_at, 3), "headline": headline, "counts": counts,
-        "subject": f"[gearfarm] {run.run_id} at {run.rev[:12]}: {headline}",
+    rep: dict[str, Any] = {
+        "run_id": run.run_id, "project": run.project, "rev": run.rev, "created_at": run.created_at,
+        "finished_at": finished, "wall_seconds": round(finished - run.created_at, 3), "headline": headline,
+        "all_green": green, "counts": counts,
         "targets": sorted(by_target), "steps": steps, "matrix": matrix, "failures": failures,
         "infra": [f for f in failures if not f["product"]],
         "classified": classes is not None,
@@ -95,6 +110,17 @@ def build(run: Run, records: list[ResultRecord], store: ArtifactStore | None,
         "jobs": [r.model_dump(mode="json", exclude={"log_tail"}) for r in records],
         "reruns": [r.model_dump(mode="json", exclude={"log_tail", "cases"}) for r in reruns or []],
     }
+    _titles(rep)
+    return rep
+
+
+def _titles(rep: dict[str, Any]) -> None:
+    """The run's one-line titles, made from its headline: ``subject`` (its own mail's, and its
+    HTML title) and ``summary`` (its part of a nightly mail's subject: "engine passed")."""
+    rep["subject"] = f"[gearfarm] {rep['project']} {rep['run_id']} at {rep['rev'][:12]}: {rep['headline']}"
+    fixed = len(rep["fixed"])
+    green = "passed" + (f", {fixed} fixed" if fixed else "")
+    rep["summary"] = f"{rep['project']} {green if rep['all_green'] else rep['headline']}"
 
 
 def _target_spans(records: list[ResultRecord]) -> dict[str, float]:
@@ -112,11 +138,13 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word.replace('failure', 'failures')}"
 
 
-def _headline(lead: list[str], fixed: int, infra: int, missing: list[str], jobs: int, targets: int) -> str:
+def _headline(green: bool, lead: list[str], fixed: int, infra: int, missing: list[str], jobs: int,
+              targets: int) -> str:
     """Headline first: what is broken (``lead``: new, still failing, flaky — or failed when
-    the run is not classified), then fixed, then what the farm could not run."""
+    the run is not classified), then fixed, then what the farm could not run; ``green`` when
+    none of them is there."""
     bad = [p for p in lead if p]
-    if not (bad or infra or missing):
+    if green:
         text = f"all green: {jobs} jobs passed or skipped on {targets} target{'' if targets == 1 else 's'}"
         return text + (f"; {fixed} fixed" if fixed else "")
     parts = bad + ([f"{fixed} fixed"] if fixed else [])
@@ -159,7 +187,7 @@ def _classes(run: Run, records: list[ResultRecord], verdicts: list[Verdict], rer
 def reproducer(r: ResultRecord, run: Run, test: str | None = None) -> str:
     """One line that names everything needed to run the failure again."""
     if r.kind == "build":
-        return f"gearfarm nightly --rev {run.rev[:12]} --targets {r.target} --suites none"
+        return f"gearfarm nightly --project {run.project} --rev {run.rev[:12]} --targets {r.target} --suites none"
     seed = run.notes.get("seed") if isinstance(run.notes, dict) else None
     line = f"target={r.target} artifact={r.artifact_key} sha256={r.artifact_sha256} suite={r.name}"
     if test:
@@ -174,17 +202,57 @@ def add_performance(rep: dict[str, Any], entries: list[dict[str, Any]]) -> None:
     if regressions:
         word = "regression" if regressions == 1 else "regressions"
         rep["headline"] = f"{regressions} performance {word}, " + rep["headline"].removeprefix("all green: ")
-        rep["subject"] = f"[gearfarm] {rep['run_id']} at {rep['rev'][:12]}: {rep['headline']}"
+        rep["all_green"] = False
+        _titles(rep)
+
+
+def _run_html(report: dict[str, Any], mail: bool, section: int, prefix: str) -> Markup:
+    return Markup(_env.get_template("run.html.j2").render(r=report, mail=mail, section=section, pre=prefix))
 
 
 def render_html(report: dict[str, Any], mail: bool = False) -> str:
-    """The HTML report; ``mail`` refers to plots as inline PNG parts (cid:perfN), since mail
-    clients do not show inline SVG, while the file embeds the SVG itself."""
-    return _env.get_template("report.html.j2").render(r=report, mail=mail)
+    """The HTML report of one run; ``mail`` refers to plots as inline PNG parts (mail_images),
+    since mail clients do not show inline SVG, while the file embeds the SVG itself."""
+    return _env.get_template("report.html.j2").render(title=report["subject"], heading=None,
+                                                      sections=[_run_html(report, mail, 0, "")])
 
 
 def render_text(report: dict[str, Any]) -> str:
+    """The text report of one run: the mail's text part and the console summary."""
     return _env.get_template("report.txt.j2").render(r=report)
+
+
+def mail_subject(reports: Sequence[dict[str, Any]]) -> str:
+    """The subject of the message covering ``reports``: a single run's own subject, or every
+    project's summary in order ("gearfarm nightly: engine 2 new failures; zlibish passed")."""
+    if len(reports) == 1:
+        return str(reports[0]["subject"])
+    return "gearfarm nightly: " + "; ".join(r["summary"] for r in reports)
+
+
+def render_mail_html(reports: Sequence[dict[str, Any]]) -> str:
+    """The message's HTML part: the run's report, or for several runs the subject as heading
+    and one section per run (its report, ids prefixed by its project), in the order given."""
+    if len(reports) == 1:
+        return render_html(reports[0], mail=True)
+    subject = mail_subject(reports)
+    sections = [_run_html(r, True, i, f"{r['project']}-") for i, r in enumerate(reports)]
+    return _env.get_template("report.html.j2").render(title=subject, heading=subject, sections=sections)
+
+
+def render_mail_text(reports: Sequence[dict[str, Any]]) -> str:
+    """The message's text part: the run's text report, or for several runs the subject and each
+    run's text report after a rule, in the order given."""
+    if len(reports) == 1:
+        return render_text(reports[0])
+    rule = "=" * 72
+    return mail_subject(reports) + "\n" + "".join(f"\n{rule}\n{render_text(r)}" for r in reports)
+
+
+def mail_images(reports: Sequence[dict[str, Any]]) -> dict[str, bytes]:
+    """Content id -> PNG of every plot the message's HTML part refers to."""
+    return {image_cid(i, j): base64.b64decode(e["png_b64"])
+            for i, r in enumerate(reports) for j, e in enumerate(r.get("performance", []))}
 
 
 def add_late(rep: dict[str, Any], late: list[tuple[float, ResultRecord]]) -> None:

@@ -1,5 +1,6 @@
-"""The results database (SQLAlchemy): runs, jobs (one row per job id), test cases, benchmark
-samples, hosts, late results and the delivery log. SQLite by default; PostgreSQL when the
+"""The results database (SQLAlchemy): runs (each of one project, with the job catalog it ran
+with), jobs (one row per job id), test cases, benchmark samples, hosts, late results, the
+delivery log and the catalogs (content-addressed). SQLite by default; PostgreSQL when the
 configured URL says so. The schema is owned by the Alembic migrations in gearfarm/migrations,
 applied when the database is opened. This module reads; every change of a job's state is made
 by gearfarm.ledger, the one owner of the transition rules."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -36,11 +38,26 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
+from gearfarm import catalog as catalog_mod
+from gearfarm.catalog import Catalog, CatalogError
+from gearfarm.config import DEFAULT_PROJECT
 from gearfarm.result import TERMINAL, ResultRecord
+
+log = logging.getLogger("gearfarm.store")
+# The project of every run made before projects existed, and of a run that names none.
 
 
 class Base(DeclarativeBase):
     pass
+
+
+class CatalogRow(Base):
+    """A job catalog's text, once per content: runs name it by its sha256 (gearfarm.catalog.digest)."""
+
+    __tablename__ = "catalogs"
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    text: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float)
 
 
 class Run(Base):
@@ -60,6 +77,18 @@ class Run(Base):
     # Set when the report is made: a result arriving after it is recorded as late.
     reported_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     deadline: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # History, perf series and "last good build" only ever compare runs of one project.
+    project: Mapped[str] = mapped_column(String(64), default=DEFAULT_PROJECT, server_default=DEFAULT_PROJECT,
+                                         index=True)
+    # The catalog the run was planned from; the report reads metric directions from it.
+    catalog_sha256: Mapped[str | None] = mapped_column(ForeignKey("catalogs.sha256"), nullable=True)
+
+
+@event.listens_for(Run, "init")
+def _run_defaults(_target: Run, _args: Any, kwargs: dict[str, Any]) -> None:
+    # A Run made in memory (the report of a run the database could not close) has the same
+    # project as the row the database would have made.
+    kwargs.setdefault("project", DEFAULT_PROJECT)
 
 
 class Job(Base):
@@ -229,15 +258,59 @@ class ResultsDB:
 
     def create_run(self, run_id: str, rev: str, targets: list[str], expected: list[str],
                    notes: dict[str, Any] | None = None, parent_run_id: str | None = None,
-                   created_at: float | None = None, deadline: float | None = None) -> bool:
-        """Record a run; False when it exists already (a resubmission adds nothing)."""
+                   created_at: float | None = None, deadline: float | None = None,
+                   project: str | None = None, catalog: tuple[str, str] | None = None) -> bool:
+        """Record a run; False when it exists already (a resubmission adds nothing).
+
+        ``catalog`` is (sha256, text) of the job catalog the run was planned from; its text is
+        stored once per sha256. A re-run (``parent_run_id``) is of its parent's project and
+        catalog unless they are given; without a parent, ``project`` defaults to DEFAULT_PROJECT.
+        ValueError when the sha256 is not the text's, or a re-run names another project."""
+        if catalog is not None and catalog_mod.digest(catalog[1]) != catalog[0]:
+            raise ValueError(f"run {run_id}: catalog sha256 {catalog[0]!r} is not the digest of its text")
+        now = time.time()
         with self.writing() as conn:
+            catalog_sha = catalog[0] if catalog is not None else None
+            if parent_run_id is not None:
+                parent = conn.execute(select(Run.project, Run.catalog_sha256)
+                                      .where(Run.run_id == parent_run_id)).first()
+                if parent is not None:
+                    if project is not None and project != parent.project:
+                        raise ValueError(f"re-run {run_id} of project {project!r} cannot re-run {parent_run_id} "
+                                         f"of project {parent.project!r}")
+                    project = parent.project
+                    catalog_sha = catalog_sha or parent.catalog_sha256
+            if catalog is not None:
+                conn.execute(self.insert(CatalogRow).values(sha256=catalog[0], text=catalog[1], created_at=now)
+                             .on_conflict_do_nothing(index_elements=["sha256"]))
             stmt = self.insert(Run).values(
-                run_id=run_id, rev=rev, created_at=time.time() if created_at is None else created_at,
+                run_id=run_id, rev=rev, created_at=now if created_at is None else created_at,
                 expected=expected, targets=targets, state="running", notes=notes or {},
-                parent_run_id=parent_run_id, deadline=deadline)
+                parent_run_id=parent_run_id, deadline=deadline, project=project or DEFAULT_PROJECT,
+                catalog_sha256=catalog_sha)
             return conn.execute(stmt.on_conflict_do_nothing(index_elements=["run_id"])
                                 .returning(Run.run_id)).first() is not None
+
+    def catalog_text(self, sha256: str) -> str | None:
+        with self.session() as s:
+            row = s.get(CatalogRow, sha256)
+            return row.text if row is not None else None
+
+    def catalog_of(self, run: Run) -> Catalog | None:
+        """The job catalog ``run`` was planned from; None (and a warning) when it has none
+        stored or it no longer parses (an older run, or a catalog schema this gearfarm drops)."""
+        if not run.catalog_sha256:
+            log.warning("run %s has no stored job catalog", run.run_id)
+            return None
+        text = self.catalog_text(run.catalog_sha256)
+        if text is None:
+            log.warning("run %s names catalog %s, which is not stored", run.run_id, run.catalog_sha256[:12])
+            return None
+        try:
+            return catalog_mod.parse(text, f"catalog {run.catalog_sha256[:12]} of run {run.run_id}")
+        except CatalogError as e:
+            log.warning("the stored catalog of run %s does not parse: %s", run.run_id, e)
+            return None
 
     def update_notes(self, run_id: str, **notes: Any) -> None:
         """Merge keys into a run's notes (the JSON column is replaced whole, so a change is seen)."""
@@ -250,13 +323,21 @@ class ResultsDB:
         with self.session() as s:
             return s.get(Run, run_id)
 
-    def runs(self, limit: int = 50, reruns: bool = False) -> list[Run]:
-        """The newest runs first; re-runs (children of a run) only when asked for."""
+    def runs(self, limit: int = 50, reruns: bool = False, project: str | None = None) -> list[Run]:
+        """The newest runs first (of every project, or of ``project``); re-runs (children of a
+        run) only when asked for."""
         with self.session() as s:
             q = select(Run).order_by(Run.created_at.desc()).limit(limit)
             if not reruns:
                 q = q.where(Run.parent_run_id.is_(None))
+            if project is not None:
+                q = q.where(Run.project == project)
             return list(s.scalars(q))
+
+    def projects(self) -> list[str]:
+        """Every project that has a run, by name."""
+        with self.session() as s:
+            return sorted(s.scalars(select(Run.project).distinct()))
 
     def reruns_of(self, run_ids: Iterable[str]) -> dict[str, list[str]]:
         """Parent run id -> its re-run ids."""
@@ -287,8 +368,9 @@ class ResultsDB:
             return {jid for jid, st in rows if st in TERMINAL}
 
     def cases_of(self, name: str, target: str | None = None, suite: str | None = None,
-                 reruns: bool = False) -> list[tuple[Case, Run]]:
-        """Every result of a test case, oldest run first (a name may be "suite/name")."""
+                 reruns: bool = False, project: str | None = None) -> list[tuple[Case, Run]]:
+        """Every result of a test case, oldest run first (a name may be "suite/name"), in every
+        project or in ``project``."""
         if suite is None and "/" in name:
             suite, name = name.split("/", 1)
         with self.session() as s:
@@ -298,6 +380,8 @@ class ResultsDB:
                 q = q.where(Case.target == target)
             if suite is not None:
                 q = q.where(Case.suite == suite)
+            if project is not None:
+                q = q.where(Run.project == project)
             if not reruns:
                 q = q.where(Run.parent_run_id.is_(None))
             return list(s.execute(q).tuples())
@@ -320,10 +404,12 @@ class ResultsDB:
             q = select(Job.run_id, Job.target, Job.step, Job.status, Job.record).where(Job.run_id.in_(ids))
             return [(r, t, st, status, len(rec.get("cases") or [])) for r, t, st, status, rec in s.execute(q)]
 
-    def runs_before(self, created_at: float, target: str | None = None, limit: int = 50) -> list[Run]:
-        """Runs (not re-runs) older than ``created_at`` that planned ``target``, newest first."""
+    def runs_before(self, created_at: float, project: str, target: str | None = None,
+                    limit: int = 50) -> list[Run]:
+        """Runs (not re-runs) of ``project`` older than ``created_at`` that planned ``target``,
+        newest first."""
         with self.session() as s:
-            q = (select(Run).where(Run.created_at < created_at, Run.parent_run_id.is_(None))
+            q = (select(Run).where(Run.created_at < created_at, Run.parent_run_id.is_(None), Run.project == project)
                  .order_by(Run.created_at.desc()))
             if target is None:
                 return list(s.scalars(q.limit(limit)))
@@ -337,10 +423,10 @@ class ResultsDB:
                         break
             return out
 
-    def last_good_build(self, target: str, exclude_rev: str) -> ResultRecord | None:
-        """The newest passed build of ``target`` at another revision whose tests all passed:
-        the baseline a perf job runs against tonight's build."""
-        for run in self.runs_before(time.time(), target, limit=60):
+    def last_good_build(self, project: str, target: str, exclude_rev: str) -> ResultRecord | None:
+        """The newest passed build of ``project`` for ``target`` at another revision whose tests
+        all passed: the baseline a perf job runs against tonight's build."""
+        for run in self.runs_before(time.time(), project, target, limit=60):
             if run.rev == exclude_rev:
                 continue
             recs = [r for r in self.jobs(run.run_id) if r.target == target]
@@ -369,17 +455,18 @@ class ResultsDB:
                 out.setdefault((a.benchmark, a.metric, a.target), set()).add(a.rev)
         return out
 
-    def perf_series(self, target: str, host_class: str, benchmark: str, metric: str, upto: float,
+    def perf_series(self, project: str, target: str, host_class: str, benchmark: str, metric: str, upto: float,
                     window: int) -> list[tuple[str, str, dict[str, list[float]]]]:
-        """[(run id, rev, {variant: values})] oldest first for the last ``window`` runs up to
-        ``upto`` that measured this metric on this host class (re-runs excluded). Variants:
+        """[(run id, rev, {variant: values})] oldest first for the last ``window`` runs of
+        ``project`` up to ``upto`` that measured this metric on this host class (re-runs
+        excluded; two projects' benchmarks of one name are two series). Variants:
         new (tonight's build), baseline (the last good build), ratio (new/baseline per pair)."""
         with self.session() as s:
             q = (select(Run.run_id, Run.rev, SampleRow.variant, SampleRow.value)
                  .join(Run, Run.run_id == SampleRow.run_id)
                  .where(SampleRow.target == target, SampleRow.host_class == host_class,
                         SampleRow.benchmark == benchmark, SampleRow.metric == metric,
-                        Run.created_at <= upto, Run.parent_run_id.is_(None))
+                        Run.project == project, Run.created_at <= upto, Run.parent_run_id.is_(None))
                  .order_by(Run.created_at, SampleRow.repetition))
             by_run: dict[str, tuple[str, dict[str, list[float]]]] = {}
             for run_id, rev, variant, value in s.execute(q):

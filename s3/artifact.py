@@ -27,7 +27,9 @@ from botocore.exceptions import ClientError
 
 from gearfarm.s3.store import ArtifactStore, StoreError, sha256_file
 
-MANIFEST = "manifest.json"
+# Inside the tree's own namespace: the artifact is unpacked into a job's tree (over the source
+# snapshot, for suites that read it), where a project may well have a manifest.json of its own.
+MANIFEST = ".gearfarm/manifest.json"
 # Any constant would do: an archive must not record when it was packed.
 FIXED_MTIME = 0
 
@@ -74,7 +76,7 @@ def pack(out_dir: Path, files: list[str], meta: dict[str, Any], dest: Path) -> d
             raise ArtifactError(f"build output {name} is missing from {out_dir}")
         st = p.stat()
         modes[name] = 0o755 if st.st_mode & stat.S_IXUSR else 0o644
-        manifest["files"][name] = {"sha256": sha256_file(p), "size": st.st_size}
+        manifest["files"][name] = {"sha256": sha256_file(p), "size": st.st_size, "mode": f"{modes[name]:o}"}
     body = canonical_json(manifest)
     try:
         with dest.open("wb") as raw, \
@@ -174,20 +176,7 @@ def _stored_manifest(store: ArtifactStore, archive_key: str, tmp_dir: Path) -> d
 
 def unpack(archive: Path, dest: Path, expected_sha256: str) -> dict[str, Any]:
     """Verify and unpack; raise ArtifactError before anything unverified is left runnable."""
-    actual = sha256_file(archive)
-    if actual != expected_sha256:
-        raise ArtifactError(f"artifact sha256 is {actual}, expected {expected_sha256}: corrupt or tampered")
-    dest.mkdir(parents=True, exist_ok=True)
-    try:
-        with tarfile.open(archive, "r:gz") as tar:
-            for m in tar.getmembers():
-                # The "data" filter would quietly make an absolute name relative; an artifact
-                # we packed never has one, so its presence means tampering: refuse it.
-                if m.name.startswith("/") or ".." in Path(m.name).parts:
-                    raise tarfile.OutsideDestinationError(m, m.name)
-            tar.extractall(dest, filter="data")
-    except (tarfile.TarError, OSError) as e:
-        raise ArtifactError(f"artifact cannot be unpacked safely: {e}") from e
+    safe_extract(archive, dest, expected_sha256, "artifact")
     try:
         manifest = json.loads((dest / MANIFEST).read_text())
         files: dict[str, dict[str, Any]] = manifest["files"]
@@ -197,5 +186,23 @@ def unpack(archive: Path, dest: Path, expected_sha256: str) -> dict[str, Any]:
         p = dest / name
         if not p.is_file() or hashlib.sha256(p.read_bytes()).hexdigest() != info.get("sha256"):
             raise ArtifactError(f"artifact file {name} does not match its manifest sha256")
-        p.chmod(0o755 if name.endswith(".exe") or "." not in name else 0o644)
+        p.chmod(int(str(info.get("mode", "644")), 8) & 0o755)
     return manifest
+
+
+def safe_extract(archive: Path, dest: Path, expected_sha256: str, what: str) -> None:
+    """Check ``archive``'s sha256, then extract it (tar.gz) under ``dest`` and nowhere else."""
+    actual = sha256_file(archive)
+    if actual != expected_sha256:
+        raise ArtifactError(f"{what} sha256 is {actual}, expected {expected_sha256}: corrupt or tampered")
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            for m in tar.getmembers():
+                # The "data" filter would quietly make an absolute name relative; an archive
+                # the farm made never has one, so its presence means tampering: refuse it.
+                if m.name.startswith("/") or ".." in Path(m.name).parts:
+                    raise tarfile.OutsideDestinationError(m, m.name)
+            tar.extractall(dest, filter="data")
+    except (tarfile.TarError, OSError) as e:
+        raise ArtifactError(f"{what} cannot be unpacked safely: {e}") from e

@@ -2,6 +2,10 @@
 
 artifacts/<rev>/<target>/<toolchain>/artifact.tar.gz   the packed build outputs + manifest
 artifacts/<rev>/<target>/<toolchain>/manifest.json     the manifest alone (read before download)
+sources/<rev>/source.tar.gz                            the tree at a commit (the nightly uploads it once)
+sources/<rev>/manifest.json                            its sha256 and size
+catalogs/<sha256>.toml                                 a catalog the nightly validated, by content
+projects/<project>/latest.json                         the project's newest catalog (worker probing)
 runs/<run>/<target>/<step>/log.txt | junit.xml
 runs/<run>/<target>/<step>/results/<attempt>-<digest>.json   one sealed result record each
 runs/<run>/closed.json                                       the run was reported: drop its jobs
@@ -37,6 +41,24 @@ def artifact(rev: str, target: str, toolchain: str) -> str:
 
 def manifest(rev: str, target: str, toolchain: str) -> str:
     return f"{artifact_prefix(rev, target, toolchain)}/manifest.json"
+
+
+def source(rev: str) -> str:
+    """Content-addressed by the commit: a tree at a commit never changes, so one upload serves
+    every later nightly of that revision."""
+    return f"sources/{_part(rev)}/source.tar.gz"
+
+
+def source_manifest(rev: str) -> str:
+    return f"sources/{_part(rev)}/manifest.json"
+
+
+def catalog(sha256: str) -> str:
+    return f"catalogs/{_part(sha256)}.toml"
+
+
+def project_latest(project: str) -> str:
+    return f"projects/{_part(project)}/latest.json"
 
 
 def job_file(run_id: str, target: str, step: str, name: str) -> str:

@@ -17,6 +17,7 @@ from gearfarm.job import (
     JobId,
     Payload,
     PayloadError,
+    Source,
     dependent,
     function_name,
     make_payload,
@@ -29,6 +30,7 @@ from gearfarm.s3 import artifact, keys
 ROOT = Path(__file__).resolve().parents[1]
 REV = "a" * 40
 KEYS = ["k-new", "k-old"]
+SOURCE = Source("engine", REV, "5" * 64, "6" * 64)
 
 
 def test_repo_catalog_defines_the_four_targets_and_their_suites() -> None:
@@ -51,38 +53,65 @@ def test_unknown_names_list_the_known_ones() -> None:
 
 
 BASE = """
-schema = 1
+schema = 2
 [build]
-argv = ["make", "{out}"]
+argv = ["make", "CC={cc}"]
 outputs = ["x"]
 [targets.linux-x86_64]
-cc = "gcc"
-ar = "ar"
+vars = { cc = "gcc" }
 suites = ["unit"]
 [suites.unit]
-argv = ["{bin}/t"]
+argv = ["{root}/t"]
 """
 
 
 def test_catalog_rejects_unknown_placeholders_and_undefined_suites() -> None:
-    assert catalog.parse(BASE, "t").suite("unit").argv == ["{bin}/t"]
-    with pytest.raises(catalog.CatalogError, match=r"unknown placeholder \{payload\}"):
-        catalog.parse(BASE.replace('"{bin}/t"', '"{payload}"'), "t")
-    with pytest.raises(catalog.CatalogError, match="lists suite 'model'"):
+    assert catalog.parse(BASE, "t").suite("unit").argv == ["{root}/t"]
+    with pytest.raises(catalog.CatalogError, match=r"t: \[suites.unit\] argv: unknown placeholder \{payload\}"):
+        catalog.parse(BASE.replace('"{root}/t"', '"{payload}"'), "t")
+    with pytest.raises(catalog.CatalogError, match="suites lists 'model', which"):
         catalog.parse(BASE.replace('suites = ["unit"]', 'suites = ["unit", "model"]'), "t")
     with pytest.raises(catalog.CatalogError, match="not <os>-<arch>"):
         catalog.parse(BASE.replace("targets.linux-x86_64", "targets.linux"), "t")
-    with pytest.raises(catalog.CatalogError, match="invalid job catalog"):
+    with pytest.raises(catalog.CatalogError, match=r"\[suites.extra\] argv must not be empty"):
         catalog.parse(BASE + "\n[suites.extra]\nargv = []\n", "t")
 
 
+@pytest.mark.parametrize("edit,message", [
+    # An unknown key: the file, the section, the key, and the fix.
+    (('timeout = 120', 'timout = 120'), r"cat.toml: \[suites.unit\] unknown key 'timout': remove it or check its "
+                                        r"spelling"),
+    # A var only some targets define.
+    (('"{root}/t"', '"{root}/t", "{ldflags}"'), r"\[suites.unit\] argv: unknown placeholder \{ldflags\} .*targets "
+                                                r"linux-x86_64 define no var 'ldflags'.*add it to the targets' vars"),
+    (('"{root}/t"', '"{root"'), r"malformed placeholder"),
+    (('"{root}/t"', '"--x={runner}"'), r"\{runner\} must be an argv item of its own"),
+    (('format = "tap"', 'format = "xunit"'), r"\[suites.unit.format\] Input should be 'junit', 'tap', 'ctest' or "
+                                             r"'exit-code'"),
+    (('schema = 2', 'schema = 1'), r"schema 1 is no longer read: set `schema = 2`"),
+    (('cwd = "."', 'cwd = "../up"'), r"cwd '../up' must be a relative path inside the job's tree"),
+    (('[suites.unit]', '[benchmarks.b]\nargv = ["x"]\nmetrics = { ops = "higher" }\n[suites.unit]'),
+     r"set exactly one of metrics_file .* or metrics_pattern"),
+])
+def test_catalog_errors_name_the_file_the_key_and_the_fix(edit: tuple[str, str], message: str) -> None:
+    text = BASE.replace('argv = ["{root}/t"]', 'argv = ["{root}/t"]\ntimeout = 120\nformat = "tap"\ncwd = "."')
+    assert edit[0] in text
+    catalog.parse(text, "cat.toml")
+    with pytest.raises(catalog.CatalogError, match=message):
+        catalog.parse(text.replace(*edit), "cat.toml")
+
+
 def test_expand_substitutes_whole_arguments_only() -> None:
-    argv = catalog.expand(["{bin}/gfe", "--seed", "{seed}"], {"bin": "/tmp/b; rm -rf /", "seed": "7"})
+    argv = catalog.expand(["{root}/gfe", "--seed", "{seed}"], {"root": "/tmp/b; rm -rf /", "seed": "7"})
     assert argv == ["/tmp/b; rm -rf //gfe", "--seed", "7"]  # one argv item, no shell
+    # The runner is zero or more argv items of its own.
+    assert catalog.expand(["{runner}", "t"], {}, ["qemu-aarch64", "-L", "/x"]) == ["qemu-aarch64", "-L", "/x", "t"]
+    assert catalog.expand(["{runner}", "t"], {}, []) == ["t"]
 
 
 def _payload(**kw: object) -> Payload:
-    base: dict[str, object] = dict(kind="test", run_id="r1", rev=REV, target="linux-x86_64", name="unit",
+    base: dict[str, object] = dict(kind="test", run_id="r1", project="engine", rev=REV, source_sha256="5" * 64,
+                                   catalog_sha256="6" * 64, target="linux-x86_64", name="unit",
                                    artifact_key="artifacts/x", artifact_sha256="b" * 64, submitted_at=time.time(),
                                    deadline=time.time() + 3600)
     base.update(kw)
@@ -102,17 +131,19 @@ def test_names_and_unique_ids() -> None:
 
 
 def test_one_factory_makes_every_payload() -> None:
-    build = make_payload(JobId("r1", "linux-x86_64", "build"), rev=REV, deadline=123.0, seed=5, suites=["unit"],
+    build = make_payload(JobId("r1", "linux-x86_64", "build"), source=SOURCE, deadline=123.0, seed=5, suites=["unit"],
                          benchmarks=["oltp"], baseline=Artifact("artifacts/old", "c" * 64, "d" * 40))
     art = Artifact("artifacts/new", "e" * 64)
     perf = dependent(build, "perf-oltp", art)
     test = dependent(build, "test-unit", art, attempt=3)
     # The dependents inherit the run's deadline and seed; only perf carries the baseline.
     assert (perf.deadline, perf.seed, perf.baseline) == (123.0, 5, build.baseline)
+    # ... and what they build from: the project's snapshot and catalog, by sha256.
+    assert test.source == perf.source == SOURCE
     assert test.baseline is None and test.attempt == 3 and test.artifact == art
     assert test.unique == JobId.parse(test.job_id).unique(3)
     with pytest.raises(ValueError, match="needs the artifact"):
-        make_payload(JobId("r1", "linux-x86_64", "test-unit"), rev=REV, deadline=1.0)
+        make_payload(JobId("r1", "linux-x86_64", "test-unit"), source=SOURCE, deadline=1.0)
 
 
 def test_signed_payload_roundtrip_and_rotation() -> None:
@@ -220,3 +251,16 @@ def test_config_errors_name_the_file_and_the_problem(tmp_path: Path) -> None:
     (tmp_path / "typo.toml").write_text('[gearmn]\n')
     with pytest.raises(config.ConfigError, match="gearmn"):
         config.load(tmp_path / "typo.toml")
+
+
+def test_the_documented_catalogs_are_valid() -> None:
+    """docs/projects.md's LMDB example (kept as docs/catalogs/lmdb.toml, the file the example
+    lab config names) and the engine's own catalog both load."""
+    from gearfarm import config
+
+    cfg = config.load(ROOT / "docs" / "farm.example.toml")
+    lmdb = catalog.load_file(cfg.path(cfg.project("lmdb").catalog_file or ""))
+    assert {"linux-x86_64", "linux-aarch64"} <= set(lmdb.targets)
+    assert all(s.format == "exit-code" for s in lmdb.suites.values())
+    doc = (ROOT / "docs" / "projects.md").read_text()
+    assert lmdb.build.argv[0] in doc and all(f"[suites.{n}]" in doc for n in lmdb.suites)

@@ -37,7 +37,7 @@ from gearfarm import catalog as catalog_mod
 from gearfarm import config as config_mod
 from gearfarm.farm import EmbeddedFarm
 from gearfarm.gearman import BackgroundJob, Client, admin
-from gearfarm.job import COLLECT_FUNCTION, JobId, Payload, make_payload, sign
+from gearfarm.job import COLLECT_FUNCTION, JobId, Payload, Source, make_payload, sign
 from gearfarm.result import PRODUCT, ResultRecord, open_record, seal_record
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore
@@ -274,7 +274,7 @@ def chaos_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def farm(chaos_repo: Path, tmp_path: Path) -> Iterator[EmbeddedFarm]:
     f = EmbeddedFarm(tmp_path / "state", chaos_repo)
-    f.start(catalog_mod.load_at_rev(chaos_repo, "HEAD"), [TARGET])
+    f.start(catalog_mod.load_file(chaos_repo / "jobs" / "catalog.toml"), [TARGET])
     # Read by each nightly: short leases so a lost job is resubmitted within the test's time.
     cfg = config_mod.load(f.config_path)
     cfg.farm.lease_timeout, cfg.farm.lost_grace = 15.0, 8.0
@@ -571,7 +571,8 @@ def test_forged_results_sent_to_the_collector_mid_run_change_nothing(farm: Embed
         if kind == 6:  # a run that does not exist, wrong key
             return seal_record(record(JobId(f"ghost{i}", TARGET, "test-unit")), wrong_key())
         # A genuine payload, as anyone reaching gearmand sees them go by, offered as a result.
-        p = make_payload(JobId("forge", TARGET, "build"), rev="e" * 40, deadline=time.time() + 600)
+        p = make_payload(JobId("forge", TARGET, "build"), source=Source("engine", "e" * 40, "5" * 64, "6" * 64),
+                         deadline=time.time() + 600)
         return sign(p, view.cfg.farm.secrets)
 
     before = view.db.delivery_counts().get("rejected", 0)
@@ -612,7 +613,7 @@ def test_hung_suite_is_killed_at_its_timeout_and_the_worker_goes_on(chaos_repo: 
     edit_catalog(repo, '"--ops", "20000"]\ntimeout = 300', '"--ops", "100000000"]\ntimeout = 3',
                  "a model suite that hangs past its timeout")
     f = EmbeddedFarm(tmp_path / "state", repo)
-    f.start(catalog_mod.load_at_rev(repo, "HEAD"), [TARGET])
+    f.start(catalog_mod.load_file(repo / "jobs" / "catalog.toml"), [TARGET])
     tally = Tally()
     try:
         view = FarmView(f)
@@ -730,7 +731,8 @@ def test_fuzzed_forged_and_replayed_payloads_are_never_executed(tmp_path: Path, 
 
     def valid(**kw: object) -> Payload:
         now = time.time()
-        base: dict[str, object] = dict(kind="test", run_id="fz", rev="c" * 40, target=TARGET, name="unit",
+        base: dict[str, object] = dict(kind="test", run_id="fz", project="engine", rev="c" * 40,
+                                       source_sha256="5" * 64, catalog_sha256="6" * 64, target=TARGET, name="unit",
                                        artifact_key="artifacts/x", artifact_sha256="d" * 64, submitted_at=now,
                                        deadline=now + 3600)
         base.update(kw)

@@ -45,9 +45,10 @@ def rev_of(run_id: str) -> str:
 
 def add_run(db: ResultsDB, run_id: str, at: float, results: dict[str, dict[str, str]],
             reruns: dict[str, dict[str, str]] | None = None, build: dict[str, str] | None = None,
-            ) -> list[ResultRecord]:
-    """A run with the unit suite on each target in ``results`` ({target: {case: status}}), and
-    a re-run run of the same shape when ``reruns`` is given."""
+            project: str | None = None, catalog: tuple[str, str] | None = None) -> list[ResultRecord]:
+    """A run (of ``project``, default the engine) with the unit suite on each target in
+    ``results`` ({target: {case: status}}), and a re-run run of the same shape when ``reruns``
+    is given (of the run's project, which it inherits)."""
     targets = sorted(set(results) | set(build or {}))
     recs = []
     for t in targets:
@@ -59,7 +60,8 @@ def add_run(db: ResultsDB, run_id: str, at: float, results: dict[str, dict[str, 
         if t in results:
             recs.append(_suite(run_id, run_id, t, results[t], "w1"))
     ledger = Ledger(db)
-    db.create_run(run_id, rev_of(run_id), targets, [r.job_id for r in recs], notes={"seed": 7}, created_at=at)
+    db.create_run(run_id, rev_of(run_id), targets, [r.job_id for r in recs], notes={"seed": 7}, created_at=at,
+                  project=project, catalog=catalog)
     if reruns:
         rid = run_id + ".rerun"
         again = [_suite(rid, run_id, t, cases, "w2") for t, cases in reruns.items()]
@@ -102,9 +104,9 @@ def test_migrations_create_the_models_schema_and_upgrade_a_database_made_before_
     engine.dispose()
 
     db = ResultsDB(db_url)
-    assert current_revision(db.engine) == head_revision() == "0004"
+    assert current_revision(db.engine) == head_revision() == "0005"
     old = db.get_run("old")
-    assert old is not None and old.targets == [T] and old.parent_run_id is None
+    assert old is not None and old.targets == [T] and old.parent_run_id is None and old.project == "engine"
     with db.engine.connect() as conn:
         # The migrated schema is exactly what the models say (no drift either way).
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
@@ -268,8 +270,9 @@ class SMTPSink:
         return "250 OK"
 
     def for_run(self, run_id: str) -> list[email.message.EmailMessage]:
+        """The messages covering ``run_id`` (a nightly's one message lists all its runs)."""
         with self._lock:
-            return [m for m in self.messages if m["X-Gearfarm-Run"] == run_id]
+            return [m for m in self.messages if run_id in str(m["X-Gearfarm-Run"]).split(", ")]
 
 
 class LabFarm:

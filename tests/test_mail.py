@@ -1,11 +1,13 @@
-"""The run's mail against a real SMTP server on loopback (aiosmtpd): one multipart message with
-a text and an HTML part, parsed back for its subject, headline and sections; STARTTLS and
-implicit TLS with login (the password never shows in logs or the message); and a server that
-cannot be reached: retried, reported on the console and in the run's record, report kept."""
+"""The nightly's mail against a real SMTP server on loopback (aiosmtpd): one multipart message
+with a text and an HTML part, parsed back for its subject, headline and sections; one message
+for the runs of several projects, a section each; STARTTLS and implicit TLS with login (the
+password never shows in logs or the message); and a server that cannot be reached: retried,
+reported on the console and in the run's record, report kept."""
 
 from __future__ import annotations
 
 import email
+import json
 import logging
 import subprocess
 from collections.abc import Iterator
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gearfarm import history, mail, report
+from gearfarm import history, mail, publisher, report
 from gearfarm.config import Config, DatabaseConfig, FarmConfig, MailConfig, S3Config, dump
 from gearfarm.net import free_port
 from gearfarm.store import ResultsDB
@@ -43,12 +45,14 @@ def make_report(tmp_path: Path) -> tuple[ResultsDB, dict]:  # type: ignore[type-
 
 
 def check_message(msg: email.message.EmailMessage, rep: dict) -> None:  # type: ignore[type-arg]
-    assert msg["Subject"] == f"[gearfarm] r2 at {rep['rev'][:12]}: 1 new failure, 1 still failing, 1 flaky, 1 fixed"
+    assert msg["Subject"] == (f"[gearfarm] engine r2 at {rep['rev'][:12]}: "
+                              "1 new failure, 1 still failing, 1 flaky, 1 fixed")
+    assert msg["X-Gearfarm-Run"] == "r2"
     assert msg.get_content_type() == "multipart/alternative"
     parts = [p.get_content_type() for p in msg.iter_parts()]
     assert parts == ["text/plain", "text/html"]  # the last alternative is the preferred one
     text = msg.get_body(("plain",)).get_content()  # type: ignore[union-attr]
-    assert text.splitlines()[0] == rep["headline"]  # headline first
+    assert text.splitlines()[0] == f"engine: {rep['headline']}"  # the project's headline first
     sections = ["MATRIX", "NEW FAILURES (1)", "FIXED (1)", "FLAKY (1)", "KNOWN FAILURES (1)"]
     pos = [text.index(s) for s in sections]
     assert pos == sorted(pos)
@@ -57,7 +61,7 @@ def check_message(msg: email.message.EmailMessage, rep: dict) -> None:  # type: 
     known = text[text.index("KNOWN FAILURES"):]
     assert known.count("\n* ") == 1 and "old: failing since run r1" in known  # collapsed to one line
     html = msg.get_body(("html",)).get_content()  # type: ignore[union-attr]
-    assert f'<h1 id="headline">{rep["headline"]}</h1>' in html
+    assert f'<h1 id="headline">engine: {rep["headline"]}</h1>' in html
     assert html.index('id="new"') < html.index('id="fixed"') < html.index('id="flaky"') < html.index('id="known"')
 
 
@@ -71,6 +75,93 @@ def test_the_report_mail_reaches_a_real_smtp_server_as_one_multipart_message(tmp
     # The same message is kept beside the report.
     saved = email.message_from_bytes(Path(d.eml).read_bytes(), policy=policy.default)
     check_message(saved, rep)  # type: ignore[arg-type]
+
+
+def _two_projects(tmp_path: Path, mail_cfg: MailConfig) -> tuple[ResultsDB, Config]:
+    """The engine as in make_report (r1, r2) and a second project, zlibish, passing (z1, z2)."""
+    db, _rep = make_report(tmp_path)
+    add_run(db, "z1", 1.5, {T: {"lim": "passed", "inflate": "passed"}}, project="zlibish")
+    add_run(db, "z2", 2.5, {T: {"lim": "passed", "inflate": "passed"}}, project="zlibish")
+    cfg = Config(database=DatabaseConfig(url=db.url), mail=mail_cfg,
+                 farm=FarmConfig(state_dir=str(tmp_path / "state"), secrets=["k"]))
+    return db, cfg
+
+
+def _runs(db: ResultsDB, *run_ids: str) -> list:  # type: ignore[type-arg]
+    runs = [db.get_run(r) for r in run_ids]
+    assert all(runs)
+    return runs
+
+
+def test_one_message_covers_every_project_of_the_nightly_a_section_each(tmp_path: Path, sink: SMTPSink) -> None:
+    db, cfg = _two_projects(tmp_path, MailConfig(host="127.0.0.1", port=sink.port, sender="farm@example.org",
+                                                 recipients=["a@example.org"]))
+    runs = _runs(db, "r2", "z2")
+    pub = publisher.publish(cfg, db, None, runs, {r.run_id: db.jobs(r.run_id) for r in runs})
+    assert pub.problems == [] and pub.delivery is not None and pub.delivery.sent
+
+    assert len(sink.messages) == 1
+    msg = sink.messages[0]
+    subject = "gearfarm nightly: engine 1 new failure, 1 still failing, 1 flaky, 1 fixed; zlibish passed"
+    assert msg["Subject"] == subject
+    assert msg["X-Gearfarm-Run"] == "r2, z2" and sink.for_run("z2") == [msg]
+    text = msg.get_body(("plain",)).get_content()  # type: ignore[union-attr]
+    assert text.splitlines()[0] == subject
+    engine, zlibish = text.index("\nengine: 1 new failure"), text.index("\nzlibish: all green")
+    assert engine < zlibish  # in the order given
+    assert text.count("MATRIX") == 2 and text.index("NEW FAILURES (1)") < zlibish
+    assert "NEW FAILURES (0)" in text[zlibish:] and "run z2 at" in text[zlibish:]
+    html = msg.get_body(("html",)).get_content()  # type: ignore[union-attr]
+    assert f'<h1 id="headline">{subject}</h1>' in html
+    order = [html.index(f'id="{i}"') for i in ("engine-headline", "engine-matrix", "engine-new", "engine-known",
+                                                 "zlibish-headline", "zlibish-matrix", "zlibish-new")]
+    assert order == sorted(order) and 'id="new"' not in html  # ids stay unique across sections
+
+    # Each run's own report, as for a run on its own; the message beside the first run only.
+    state = tmp_path / "state" / "runs"
+    assert list(pub.reports) == ["r2", "z2"] and pub.report is pub.reports["r2"]
+    assert pub.paths is pub.paths_by_run["r2"] and pub.paths["eml"] == state / "r2" / "report.eml"
+    for rid, project in (("r2", "engine"), ("z2", "zlibish")):
+        assert json.loads((state / rid / "report.json").read_text())["project"] == project
+        assert (state / rid / "report.html").read_text().count('id="headline"') == 1
+        run = db.get_run(rid)
+        assert run is not None and run.notes["mail"]["sent"] is True and run.notes["mail"]["runs"] == ["r2", "z2"]
+    assert not (state / "z2" / "report.eml").exists()
+    saved = email.message_from_bytes((state / "r2" / "report.eml").read_bytes(), policy=policy.default)
+    assert saved["Subject"] == subject
+
+
+def test_without_mail_settings_the_nightly_message_is_written_beside_the_first_run(tmp_path: Path) -> None:
+    db, cfg = _two_projects(tmp_path, MailConfig())
+    runs = _runs(db, "z2", "r2")
+    pub = publisher.publish(cfg, db, None, runs, {r.run_id: db.jobs(r.run_id) for r in runs})
+    state = tmp_path / "state" / "runs"
+    assert pub.delivery is not None and not pub.delivery.sent and pub.problems == []
+    assert pub.paths["eml"] == state / "z2" / "report.eml" and not (state / "r2" / "report.eml").exists()
+    msg = email.message_from_bytes((state / "z2" / "report.eml").read_bytes(), policy=policy.default)
+    assert msg["Subject"].startswith("gearfarm nightly: zlibish passed; engine 1 new failure")
+
+
+def test_the_plots_of_every_run_are_inline_parts_the_html_names(tmp_path: Path) -> None:
+    import base64
+    import copy
+
+    _db, rep = make_report(tmp_path)
+    other = dict(copy.deepcopy(rep), run_id="z2", project="zlibish")
+    entry = {"benchmark": "iibench", "metric": "rate", "target": T, "host_class": "c", "direction": "regression",
+             "higher_is_better": True, "change": -0.2, "ci_low": -0.25, "ci_high": -0.15, "p_value": 0.001,
+             "before": 100.0, "after": 80.0, "first_bad_rev": "b" * 40, "last_good_rev": "a" * 40,
+             "first_bad_run": "r2", "nights": 9, "svg": "<svg></svg>",
+             "png_b64": base64.b64encode(b"\x89PNG not really").decode()}
+    report.add_performance(rep, [entry])
+    report.add_performance(other, [entry, entry])
+    assert other["subject"].startswith("[gearfarm] zlibish z2")
+    assert other["summary"].startswith("zlibish 2 performance regressions")
+    msg = mail.compose(publisher.letter([rep, other]), MailConfig())
+    cids = sorted(p["Content-ID"] for p in msg.walk() if p.get_content_type() == "image/png")
+    assert cids == ["<perf0-0>", "<perf1-0>", "<perf1-1>"]
+    html = msg.get_body(("html",)).get_content()  # type: ignore[union-attr]
+    assert all(f'src="cid:{c.strip("<>")}"' in html for c in cids)
 
 
 def _cert(tmp_path: Path) -> tuple[Path, Path]:
@@ -180,10 +271,8 @@ def test_report_send_resends_and_records_a_failed_mail_in_the_run(tmp_path: Path
 
 
 def json_ok(path: Path) -> bool:
-    import json
-
     return json.loads(path.read_text())["run_id"] == "r2"
 
 
 def deliver(rep: dict, out: Path, cfg: MailConfig, **kw: object) -> mail.Delivery:  # type: ignore[type-arg]
-    return mail.deliver(rep, report.render_text(rep), report.render_html(rep, mail=True), out, cfg, **kw)  # type: ignore[arg-type]
+    return mail.deliver(publisher.letter([rep]), out, cfg, **kw)  # type: ignore[arg-type]

@@ -87,7 +87,7 @@ def test_emulated_suites_ran_through_their_runner(matrix_run) -> None:  # type: 
 def test_a_worker_serves_only_its_target_and_an_unserved_target_ends_as_no_worker(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo")
     farm = EmbeddedFarm(tmp_path / "state", repo)
-    cat = catalog_mod.load_at_rev(repo, "HEAD")
+    cat = catalog_mod.load_file(repo / "jobs" / "catalog.toml")
     try:
         cfg = farm.start(cat, ["linux-aarch64"])
         host, port = cfg.gearman.addresses()[0]

@@ -18,8 +18,8 @@ from tests.farmkit import commit, gearfarm, make_repo
 TARGET = "linux-x86_64"
 BENCH = """
 [benchmarks.iibench-quick]
-argv = ["{bin}/gfe-bench{exe}", "iibench", "--rows", "20000", "--cache-mb", "64", "--index", "betree",
-        "--seed", "{seed}", "--dir", "{scratch}"]
+argv = ["{root}/engine/build/{target}/gfe-bench{exe}", "iibench", "--rows", "20000", "--cache-mb", "64",
+        "--index", "betree", "--seed", "{seed}", "--dir", "{scratch}"]
 timeout = 300
 counter = "instructions"
 metrics = { instructions = "lower" }
@@ -45,7 +45,7 @@ def perf_farm(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unty
     cat.write_text(cat.read_text() + BENCH)
     commit(repo, "a quick iibench for the nightly perf job")
     farm = EmbeddedFarm(base / "state", repo)
-    farm.start(catalog_mod.load_at_rev(repo, "HEAD"), [TARGET], roles=("build",), perf=True)
+    farm.start(catalog_mod.load_file(repo / "jobs" / "catalog.toml"), [TARGET], roles=("build",), perf=True)
     yield repo, farm
     farm.stop()
 

@@ -68,7 +68,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def farm(repo: Path, tmp_path: Path) -> Iterator[EmbeddedFarm]:
     f = EmbeddedFarm(tmp_path / "state", repo)
-    f.start(catalog_mod.load_at_rev(repo, "HEAD"), [T])
+    f.start(catalog_mod.load_file(repo / "jobs" / "catalog.toml"), [T])
     try:
         yield f
     finally:
@@ -132,7 +132,7 @@ def test_forged_records_are_rejected_and_late_results_leave_the_mail_as_sent(
 ])
 def test_a_job_left_in_the_queue_does_not_run_on_the_next_start(
         repo: Path, tmp_path: Path, ended: str, args: tuple[str, ...], status: str, why: str) -> None:
-    cat = catalog_mod.load_at_rev(repo, "HEAD")
+    cat = catalog_mod.load_file(repo / "jobs" / "catalog.toml")
     first = EmbeddedFarm(tmp_path / "state", repo)
     first.start(cat, [T], roles=("build",))  # no test worker: the test job stays queued
     try:
@@ -172,7 +172,7 @@ def test_a_build_worker_that_cannot_read_the_revision_ends_its_dependents_at_onc
     (newer / "engine" / "NEWS").write_text("a commit the workers' clone does not have\n")
     rev = commit(newer, "tonight's commit")
     f = EmbeddedFarm(tmp_path / "state", lab)
-    f.start(catalog_mod.load_at_rev(lab, "HEAD"), [T])
+    f.start(catalog_mod.load_file(lab / "jobs" / "catalog.toml"), [T])
     try:
         t0 = time.monotonic()
         p = cli("nightly", "--config", str(f.config_path), "--repo", str(newer), "--rev", rev, "--targets", T,
@@ -200,7 +200,7 @@ def test_kill_9_of_a_worker_mid_suite_leaves_no_process_of_that_suite(repo: Path
     shutil.copytree(repo, slow)
     edit_catalog(slow, '"--ops", "20000"', '"--ops", "4000017"', "a model suite that runs for a while")
     f = EmbeddedFarm(tmp_path / "state", slow)
-    f.start(catalog_mod.load_at_rev(slow, "HEAD"), [T])
+    f.start(catalog_mod.load_file(slow / "jobs" / "catalog.toml"), [T])
     marker = "gfe-suite.*4000017"
     try:
         run = subprocess.Popen([sys.executable, "-m", "gearfarm.cli", "nightly", "--config", str(f.config_path),

@@ -38,7 +38,6 @@ class Context:
         self.cfg = cfg
         self.role = role
         self.name = f"{socket.gethostname()}-{role}-{os.getpid()}"
-        self.repo = cfg.path(cfg.farm.repo)
         self.state = cfg.path(cfg.farm.state_dir)
         # Per host and role, not per process: a restarted worker delivers what its
         # predecessor spooled.

@@ -33,11 +33,13 @@ class FarmError(RuntimeError):
 
 class EmbeddedFarm:
     def __init__(self, state_dir: Path, repo: Path, job_retries: int = 3,
-                 projects: list[ProjectConfig] | None = None) -> None:
+                 projects: list[ProjectConfig] | None = None, worker_env: dict[str, str] | None = None) -> None:
         self.state = state_dir.resolve()
         # The default project's repository: only the nightly reads it, never a worker.
         self.repo = repo.resolve()
         self.projects = projects or []
+        # Extra environment of the workers and the collector (e.g. a PATH without git).
+        self.worker_env = worker_env or {}
         self.job_retries = job_retries
         self.gearmand: Gearmand | None = None
         self.minio: MinioServer | None = None
@@ -120,7 +122,7 @@ class EmbeddedFarm:
     def spawn(self, name: str, args: list[str]) -> None:
         self.args[name] = args
         argv = [sys.executable, "-m", "gearfarm.cli", *args, "--config", str(self.config_path)]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.worker_env)
         self.procs[name] = process.spawn(argv, self.state / "logs" / f"{name}.log", env=env)
 
     def supervise(self) -> None:

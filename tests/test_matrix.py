@@ -17,7 +17,7 @@ from gearfarm.farm import EmbeddedFarm
 from gearfarm.gearman import admin
 from gearfarm.s3.artifact import unpack
 from gearfarm.s3.store import ArtifactStore
-from tests.farmkit import commit, gearfarm, make_repo
+from tests.farmkit import gearfarm, make_repo
 
 # (ELF class, ELF machine) per Linux target; 'PE' for Windows.
 FORMATS = {"linux-x86_64": (2, 62), "linux-i686": (1, 3), "linux-aarch64": (2, 183), "windows-x86_64": "PE"}
@@ -70,9 +70,10 @@ def test_each_build_yields_a_binary_of_the_right_format(matrix_run, tmp_path: Pa
         store.get_file(job["artifact_key"], tmp_path / f"{target}.tar.gz")
         manifest = unpack(tmp_path / f"{target}.tar.gz", tmp_path / target, job["artifact_sha256"])
         exe = ".exe" if target.startswith("windows") else ""
-        assert binary_format(tmp_path / target / f"gfe-suite{exe}") == FORMATS[target], target
-        assert manifest["compiler"].split()[0].startswith(catalog_mod.load_file(
-            Path(__file__).resolve().parents[1] / "jobs" / "catalog.toml").target(target).cc)
+        assert binary_format(tmp_path / target / "engine" / "build" / target / f"gfe-suite{exe}") == \
+            FORMATS[target], target
+        cc = catalog_mod.load_file(Path(__file__).resolve().parents[1] / "jobs" / "catalog.toml").target(target).cc
+        assert cc and manifest["tools"].split()[0].startswith(cc)
 
 
 def test_emulated_suites_ran_through_their_runner(matrix_run) -> None:  # type: ignore[no-untyped-def]
@@ -110,21 +111,29 @@ def test_a_worker_serves_only_its_target_and_an_unserved_target_ends_as_no_worke
 
 
 def test_a_worker_asked_for_a_target_it_cannot_serve_fails_at_start(tmp_path: Path) -> None:
+    """The worker has no repository: it learns the projects' targets from their newest catalogs
+    in S3 (stored by the nightly), and refuses at start a target this host cannot serve."""
+    from gearfarm import snapshot
+    from gearfarm.s3.minio import MinioServer
+
     repo = make_repo(tmp_path / "repo")
-    cat_path = repo / "jobs" / "catalog.toml"
-    cat_path.write_text(cat_path.read_text() + """
+    text = (repo / "jobs" / "catalog.toml").read_text() + """
 [targets.linux-mips]
-cc = "mips-linux-gnu-gcc"
-ar = "mips-linux-gnu-ar"
-static = 1
+tools = ["mips-linux-gnu-gcc", "make"]
+vars = { cc = "mips-linux-gnu-gcc", ar = "mips-linux-gnu-ar", static = "1" }
 runner = ["qemu-mips"]
 suites = ["unit"]
-""")
-    commit(repo, "add a target this host lacks")
-    cfg_path = tmp_path / "lab.toml"
-    config_mod.dump(config_mod.Config(farm=config_mod.FarmConfig(repo=str(repo), secrets=["k"])), cfg_path)
-    p = gearfarm("worker", "--role", "build", "--targets", "linux-mips", "--config", str(cfg_path), timeout=60)
-    assert p.returncode == 2
-    assert "cannot serve build for linux-mips: mips-linux-gnu-gcc not found" in p.stderr
-    p = gearfarm("worker", "--role", "test", "--targets", "linux-x86_64,nosuch", "--config", str(cfg_path))
-    assert p.returncode == 2 and "unknown target 'nosuch'" in p.stderr
+"""
+    with MinioServer(tmp_path / "minio") as minio:
+        cfg = config_mod.Config(s3=minio.s3_config(), farm=config_mod.FarmConfig(repo=str(tmp_path / "none"),
+                                                                                  secrets=["k"]))
+        store = ArtifactStore(cfg.s3)
+        sha, _ = snapshot.publish_catalog(store, text)
+        snapshot.publish_latest(store, "engine", "a" * 40, sha)
+        cfg_path = tmp_path / "lab.toml"
+        config_mod.dump(cfg, cfg_path)
+        p = gearfarm("worker", "--role", "build", "--targets", "linux-mips", "--config", str(cfg_path), timeout=60)
+        assert p.returncode == 2, p.stdout + p.stderr
+        assert "cannot serve build for linux-mips: mips-linux-gnu-gcc not found" in p.stderr
+        p = gearfarm("worker", "--role", "test", "--targets", "linux-x86_64,nosuch", "--config", str(cfg_path))
+        assert p.returncode == 2 and "'nosuch' is not a target name" in p.stderr

@@ -8,6 +8,7 @@ reported as a new failure."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -47,7 +48,14 @@ class Lab:
             # A URL: the nightly fetches it into its own mirror.
             ProjectConfig(name="plainc", repo=f"file://{self.plainc}", catalog_file=str(base / "plainc.toml")),
         ]
-        self.farm = EmbeddedFarm(base / "state", self.empty, projects=self.projects)
+        # The workers' git: it records that it was called and fails. Workers must never call it.
+        shim = base / "no-git"
+        shim.mkdir()
+        self.git_calls = base / "git-calls.log"
+        (shim / "git").write_text(f"#!/bin/sh\necho \"$*\" >> {self.git_calls}\nexit 127\n")
+        (shim / "git").chmod(0o755)
+        self.farm = EmbeddedFarm(base / "state", self.empty, projects=self.projects,
+                                 worker_env={"PATH": f"{shim}:{os.environ['PATH']}"})
 
     @property
     def config(self) -> Path:
@@ -128,8 +136,9 @@ def test_three_projects_built_and_tested_by_workers_without_a_repository(lab: La
     assert hist.returncode == 0 and len(rows) == 2, hist.stdout + hist.stderr
     assert all(rev[:12] in line and "│ passed │" in line for line in rows)
     assert "wrap" in gearfarm("history", "ctest/wrap", "--config", str(lab.config)).stdout
-    # The workers never had a repository, and got none.
+    # The workers never had a repository, got none, and never ran git.
     assert not any(lab.empty.iterdir())
+    assert not lab.git_calls.exists(), lab.git_calls.read_text()
     # One mail for the whole nightly, a section per project.
     eml = (lab.farm.state / "runs" / runs[0][0] / "report.eml").read_text()
     assert all(p in eml for p in ("tapkv", "cmring", "plainc"))
@@ -144,6 +153,7 @@ def test_a_second_nightly_of_the_same_revisions_moves_no_bytes(lab: Lab) -> None
         assert f"project {project}: moved 0 bytes of source and 0 bytes of artifacts (2 of 2 builds reused)" in out, out
     after = {**s3_objects(lab, "sources/"), **s3_objects(lab, "artifacts/"), **s3_objects(lab, "catalogs/")}
     assert after == before  # no object added or rewritten
+    assert not lab.git_calls.exists()
 
 
 def test_a_planted_bug_is_reported_as_a_new_failure(lab: Lab) -> None:

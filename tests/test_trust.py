@@ -8,6 +8,7 @@ leaves no process of that suite alive."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -27,6 +28,7 @@ from gearfarm.farm import EmbeddedFarm
 from gearfarm.gearman import Client, admin
 from gearfarm.job import JobId
 from gearfarm.result import ResultRecord, open_record, seal_record
+from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore
 from gearfarm.store import ResultsDB
 from tests.farmkit import ROOT, commit, edit_catalog, make_repo
@@ -163,8 +165,9 @@ def test_a_job_left_in_the_queue_does_not_run_on_the_next_start(
     assert not [d for d in db.deliveries("x1") if d.at >= restarted]  # nothing was even offered
 
 
-def test_a_build_worker_that_cannot_read_the_revision_ends_its_dependents_at_once(
-        repo: Path, tmp_path: Path) -> None:
+def test_workers_whose_clone_lacks_tonights_commit_build_it_from_the_snapshot(repo: Path, tmp_path: Path) -> None:
+    """The issue's own report: a lab config whose workers' clone lacked the newest commit
+    ended the build `infra`. The workers' clone is now irrelevant: the source comes from S3."""
     lab = tmp_path / "worker-clone"
     subprocess.run(["git", "clone", "-q", str(repo), str(lab)], check=True)
     newer = tmp_path / "newer"
@@ -174,16 +177,40 @@ def test_a_build_worker_that_cannot_read_the_revision_ends_its_dependents_at_onc
     f = EmbeddedFarm(tmp_path / "state", lab)
     f.start(catalog_mod.load_file(lab / "jobs" / "catalog.toml"), [T])
     try:
-        t0 = time.monotonic()
         p = cli("nightly", "--config", str(f.config_path), "--repo", str(newer), "--rev", rev, "--targets", T,
-                "--suites", "unit,model,recovery", "--benchmarks", "none", "--run-id", "norev")
+                "--suites", "unit", "--benchmarks", "none", "--run-id", "newrev")
+    finally:
+        f.stop()
+    assert p.returncode == 0, p.stdout + p.stderr
+    db = ResultsDB(f"sqlite:///{tmp_path / 'state' / 'results.db'}")
+    recs = {r.step: r for r in db.jobs("newrev")}
+    assert recs["build"].status == recs["test-unit"].status == "passed" and recs["build"].rev == rev
+
+
+def test_a_tampered_source_snapshot_is_refused_and_ends_the_dependents_at_once(repo: Path, tmp_path: Path) -> None:
+    """Someone with write access to S3 replaced tonight's snapshot: the build worker checks it
+    against the sha256 in the signed payload, runs nothing, and its dependents end with it."""
+    rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    f = EmbeddedFarm(tmp_path / "state", repo)
+    cfg = f.start(catalog_mod.load_file(repo / "jobs" / "catalog.toml"), [T])
+    try:
+        # The snapshot the nightly will find (and so not upload again) is not what it says.
+        store = ArtifactStore(cfg.s3)
+        store.put_bytes(keys.source(rev), b"not the engine's tree")
+        store.put_bytes(keys.source_manifest(rev), json.dumps({"rev": rev, "sha256": "ab" * 32, "size": 21}).encode())
+        t0 = time.monotonic()
+        p = cli("nightly", "--config", str(f.config_path), "--rev", rev, "--targets", T,
+                "--suites", "unit,model,recovery", "--benchmarks", "none", "--run-id", "tampered")
         wall = time.monotonic() - t0
+        log = (tmp_path / "state" / "logs" / f"build-{T}.log").read_text()
     finally:
         f.stop()
     assert p.returncode == 1, p.stdout + p.stderr
     db = ResultsDB(f"sqlite:///{tmp_path / 'state' / 'results.db'}")
-    recs = {r.step: r for r in db.jobs("norev")}
-    assert recs["build"].status == "infra" and rev in recs["build"].message
+    recs = {r.step: r for r in db.jobs("tampered")}
+    assert recs["build"].status == "infra" and "corrupt or tampered" in recs["build"].message, recs["build"]
+    assert "COMMAND START job=tampered" not in log
     deps = [recs[s] for s in ("test-unit", "test-model", "test-recovery")]
     assert all(d.status == "skipped" and "build ended infra" in d.message for d in deps)
     assert max(d.finished_at or 0 for d in deps) - (recs["build"].finished_at or 0) <= 10

@@ -20,6 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from gearfarm.outcome import check_pattern
+
 SCHEMA = 2
 TARGET_RE = re.compile(r"^[a-z0-9]+-[a-z0-9_]+$")
 VAR_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -35,7 +37,6 @@ BUILTINS = {
     "jobs": "the number of CPUs of the host (for make -j)",
     "runner": "the target's runner command (e.g. qemu-aarch64), empty when native",
 }
-FORMATS = ("junit", "tap", "ctest", "exit-code")
 CTEST_ARGV = ["ctest", "--output-on-failure", "--output-junit", "{junit}"]
 
 
@@ -133,16 +134,25 @@ class Suite(Step):
     # sh) that runs the programs itself (it finds the runner in $GEARFARM_RUNNER).
     runner: bool = True
 
+    @model_validator(mode="before")
+    @classmethod
+    def _format_defaults(cls, raw: Any) -> Any:
+        """What a format implies, filled in before validation: ctest has its own argv and runs
+        the programs itself; junit and ctest read {junit} unless told otherwise."""
+        if not isinstance(raw, dict):
+            return raw
+        fmt = raw.get("format", "junit")
+        defaults: dict[str, Any] = {}
+        if fmt == "ctest":
+            defaults = {"argv": list(CTEST_ARGV), "runner": False}
+        if fmt in ("junit", "ctest"):
+            defaults["results"] = "{junit}"
+        return {**defaults, **raw, **({"runner": False} if fmt == "ctest" else {})}
+
     @model_validator(mode="after")
     def _format(self) -> Suite:
-        if self.format == "ctest":
-            if not self.argv:
-                object.__setattr__(self, "argv", list(CTEST_ARGV))
-            object.__setattr__(self, "runner", False)
-        elif not self.argv:
+        if not self.argv:
             raise ValueError("argv must not be empty")
-        if self.format in ("junit", "ctest") and self.results is None:
-            object.__setattr__(self, "results", "{junit}")
         if self.format == "exit-code" and self.results is not None:
             raise ValueError("results has no meaning for format 'exit-code' (the exit status is the result): "
                              "remove it")
@@ -181,8 +191,6 @@ class Benchmark(Step):
             raise ValueError("set exactly one of metrics_file (a JSON file the benchmark writes) or "
                              "metrics_pattern (a regex over its output)")
         if self.metrics_pattern is not None:
-            from gearfarm.outcome import check_pattern
-
             declared = [m for m in self.metrics if m != "instructions" or self.counter is None]
             problem = check_pattern(self.metrics_pattern, declared)
             if problem:

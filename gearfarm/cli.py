@@ -25,7 +25,6 @@ from gearfarm.catalog import CatalogError
 from gearfarm.config import Config, ConfigError, FarmConfig, ProjectConfig
 from gearfarm.connection import gearman_client, ssl_context
 from gearfarm.gearman import Client, GearmanError, admin
-from gearfarm.job import Source
 from gearfarm.ledger import Ledger
 from gearfarm.result import TERMINAL
 from gearfarm.s3 import artifact
@@ -113,22 +112,20 @@ def nightly_cmd(config_path: str | None, project_names: str | None, rev: str | N
                                    f"{', '.join(p.name for p in projects)})")
         loaded = [nightly.load_project(base, p, rev) for p in projects]
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        plans = []
+        # Checked now, before anything starts; planned once the sources are in S3.
+        todo: list[tuple[nightly.Loaded, str, nightly.Selection]] = []
         for lp in loaded:
-            rid = run_id or f"{stamp}-{lp.name}-{lp.rev[:12]}"
             narrowed = [_narrow(lp.catalog, kind, names, len(loaded) > 1)
                         for kind, names in (("targets", _csv(targets)), ("suites", _csv(suites)),
                                             ("benchmarks", _csv(benchmarks)))]
-            # The source's sha256s are filled in once the snapshot is in S3 (below).
-            p = nightly.plan(lp.catalog, rid, Source(lp.name, lp.rev, "0" * 64, "0" * 64), *narrowed, seed=seed,
-                             catalog_text=lp.catalog_text)
-            if p.targets:
-                plans.append((lp, p))
+            sel = nightly.select(lp.catalog, *narrowed)
+            if sel.targets:
+                todo.append((lp, run_id or f"{stamp}-{lp.name}-{lp.rev[:12]}", sel))
             else:
                 console.print(f"[yellow]project {lp.name}: none of --targets {targets} is in its catalog; "
                               "not built tonight[/]", highlight=False)
         _check_known(loaded, _csv(targets), _csv(suites), _csv(benchmarks))
-        if not plans:
+        if not todo:
             raise nightly.RunError("no project has anything to build with these --targets")
     except (CatalogError, nightly.RunError, ConfigError, ValueError) as e:
         _fail(str(e))
@@ -142,8 +139,8 @@ def nightly_cmd(config_path: str | None, project_names: str | None, rev: str | N
         farm = EmbeddedFarm(state, default_repo)
         console.print(f"starting the embedded farm in {state} …")
         try:
-            cfg = farm.start([lp.catalog for lp, _ in plans], sorted({t for _, p in plans for t in p.targets}),
-                             perf=any(any(p.benchmarks.values()) for _, p in plans))
+            cfg = farm.start([lp.catalog for lp, _, _ in todo], sorted({t for _, _, sel in todo for t in sel.targets}),
+                             perf=any(any(sel.benchmarks.values()) for _, _, sel in todo))
         except (GearmandError, MinioError, FarmError, OSError) as e:
             farm.stop()
             _fail(f"the embedded farm could not start: {e}")
@@ -156,7 +153,7 @@ def nightly_cmd(config_path: str | None, project_names: str | None, rev: str | N
     if deadline is not None:
         cfg.farm.run_deadline = deadline
     try:
-        code = _run_nightly(cfg, plans)
+        code = _run_nightly(cfg, todo, seed)
     finally:
         if farm is not None and not keep:
             farm.stop()
@@ -195,19 +192,20 @@ def _check_known(loaded: list[nightly.Loaded], targets: list[str] | None, suites
                                    f"known {kind}: {', '.join(sorted(known)) or 'none'}")
 
 
-def _run_nightly(cfg: Config, plans: list[tuple[nightly.Loaded, nightly.Plan]]) -> int:
+def _run_nightly(cfg: Config, todo: list[tuple[nightly.Loaded, str, nightly.Selection]], seed: int) -> int:
     db = ResultsDB(cfg.database.url)
     ledger = Ledger(db)
     store = ArtifactStore(cfg.s3, retry_for=60)
+    plans: list[tuple[nightly.Loaded, nightly.Plan]] = []
     try:
         store.check()
         table = nightly.preflight(cfg)
-        for lp, p in plans:
-            p.source, moved = nightly.prepare(store, lp)
+        for lp, rid, sel in todo:
+            source, moved = nightly.prepare(store, lp)
             console.print(f"project {lp.name}: revision {lp.rev[:12]}, source snapshot "
                           f"{'uploaded, ' + str(moved) + ' bytes' if moved else 'already in S3, 0 bytes uploaded'}",
                           highlight=False)
-            p.source_bytes = moved
+            plans.append((lp, nightly.plan(rid, source, sel, seed, lp.catalog_text, moved)))
     except (StoreError, nightly.RunError) as e:
         _fail(str(e))
     for t in sorted({t for _, p in plans for t in p.targets}):
@@ -617,7 +615,7 @@ def report_cmd(run_id: str, config_path: str | None, state_dir: Path | None, sen
         console.print(f"[yellow]S3 unavailable, the report has no links:[/] {escape(str(e))}", highlight=False)
         store = None
     # The message that went out stays as it was unless it is sent again.
-    pub = publisher.publish(cfg, db, store, run, db.jobs(run_id), send_mail=send, write_mail=send)
+    pub = publisher.publish(cfg, db, store, [run], {run_id: db.jobs(run_id)}, send_mail=send, write_mail=send)
     click.echo(report.render_text(pub.report))
     click.echo(f"report: {pub.paths['html']}")
     if send and not cfg.mail.host:

@@ -133,8 +133,17 @@ def prepare(store: ArtifactStore, loaded: Loaded) -> tuple[Source, int]:
     return Source(loaded.name, loaded.rev, snap.sha256, sha), snap.uploaded_bytes + cat_bytes
 
 
-def plan(cat: Catalog, run_id: str, source: Source, targets: list[str] | None, suites: list[str] | None,
-         benchmarks: list[str] | None, seed: int = 1, catalog_text: str = "") -> Plan:
+@dataclass(frozen=True)
+class Selection:
+    """What a run of one project covers: its targets and, per target, suites and benchmarks."""
+
+    targets: list[str]
+    suites: dict[str, list[str]]
+    benchmarks: dict[str, list[str]]
+
+
+def select(cat: Catalog, targets: list[str] | None, suites: list[str] | None,
+           benchmarks: list[str] | None) -> Selection:
     """Raise CatalogError naming the known entries for anything unknown."""
     names = targets if targets else sorted(cat.targets)
     for t in names:
@@ -142,9 +151,14 @@ def plan(cat: Catalog, run_id: str, source: Source, targets: list[str] | None, s
     benches = sorted(cat.benchmarks) if benchmarks is None else benchmarks
     for b in benches:
         cat.benchmark(b)
-    return Plan(run_id=run_id, source=source, targets=names, suites={t: cat.suites_for(t, suites) for t in names},
-                benchmarks={t: list(benches) if cat.target(t).perf else [] for t in names}, seed=seed,
-                catalog_text=catalog_text)
+    return Selection(names, {t: cat.suites_for(t, suites) for t in names},
+                     {t: list(benches) if cat.target(t).perf else [] for t in names})
+
+
+def plan(run_id: str, source: Source, sel: Selection, seed: int = 1, catalog_text: str = "",
+         source_bytes: int = 0) -> Plan:
+    return Plan(run_id=run_id, source=source, targets=sel.targets, suites=sel.suites, benchmarks=sel.benchmarks,
+                seed=seed, catalog_text=catalog_text, source_bytes=source_bytes)
 
 
 def preflight(cfg: Config) -> dict[str, admin.FunctionStatus]:

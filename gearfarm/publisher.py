@@ -46,22 +46,15 @@ def run_dir(cfg: Config, run_id: str) -> Path:
     return cfg.path(cfg.farm.state_dir) / "runs" / run_id
 
 
-def publish(cfg: Config, db: ResultsDB, store: ArtifactStore | None, runs: list[Run] | Run,
-            records: dict[str, list[ResultRecord]] | list[ResultRecord], send_mail: bool = True,
-            write_mail: bool = True) -> Publication:
+def publish(cfg: Config, db: ResultsDB, store: ArtifactStore | None, runs: list[Run],
+            records: dict[str, list[ResultRecord]], send_mail: bool = True, write_mail: bool = True) -> Publication:
     """The reports of ``runs`` (records[run_id] each), written and uploaded per run exactly as
     for a run on its own, and one message for all of them: for one run its report, for several
     one section per run in the order given (gearfarm.report.render_mail_*). The message is
     written as report.eml in the FIRST run's directory (state/runs/<first run>/report.eml); the
     other runs' directories get no .eml, and every run's notes record the delivery.
     ``write_mail`` False re-renders the reports without touching the message that was sent
-    (``gearfarm report RUN``).
-
-    The old shape, one Run and its list of records, is still taken."""
-    if isinstance(runs, Run):
-        assert isinstance(records, list)
-        runs, records = [runs], {runs.run_id: records}
-    assert isinstance(records, dict)
+    (``gearfarm report RUN``)."""
     if not runs:
         raise ValueError("publish needs at least one run")
     problems: list[str] = []

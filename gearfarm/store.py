@@ -44,7 +44,6 @@ from gearfarm.config import DEFAULT_PROJECT
 from gearfarm.result import TERMINAL, ResultRecord
 
 log = logging.getLogger("gearfarm.store")
-# The project of every run made before projects existed, and of a run that names none.
 
 
 class Base(DeclarativeBase):
@@ -82,13 +81,6 @@ class Run(Base):
                                          index=True)
     # The catalog the run was planned from; the report reads metric directions from it.
     catalog_sha256: Mapped[str | None] = mapped_column(ForeignKey("catalogs.sha256"), nullable=True)
-
-
-@event.listens_for(Run, "init")
-def _run_defaults(_target: Run, _args: Any, kwargs: dict[str, Any]) -> None:
-    # A Run made in memory (the report of a run the database could not close) has the same
-    # project as the row the database would have made.
-    kwargs.setdefault("project", DEFAULT_PROJECT)
 
 
 class Job(Base):

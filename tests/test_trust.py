@@ -310,7 +310,8 @@ def test_the_report_is_written_and_mailed_with_s3_and_the_database_down(
     store = ArtifactStore(cfg.s3, retry_for=2)
     minio.stop()
     got: dict[str, publisher.Publication] = {}
-    pg_server.restart(while_down=lambda: got.update(pub=publisher.publish(cfg, db, store, run, records)))
+    pg_server.restart(while_down=lambda: got.update(
+        pub=publisher.publish(cfg, db, store, [run], {run.run_id: records})))
     pub = got["pub"]
     out = tmp_path / "state" / "runs" / "down"
     assert (out / "report.html").exists() and (out / "junit.xml").exists()

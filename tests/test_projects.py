@@ -21,6 +21,7 @@ from gearfarm import config as config_mod
 from gearfarm.config import ProjectConfig
 from gearfarm.farm import EmbeddedFarm
 from gearfarm.s3.store import ArtifactStore
+from gearfarm.store import ResultsDB
 from tests import projects
 from tests.farmkit import gearfarm
 
@@ -136,6 +137,14 @@ def test_three_projects_built_and_tested_by_workers_without_a_repository(lab: La
     assert hist.returncode == 0 and len(rows) == 2, hist.stdout + hist.stderr
     assert all(rev[:12] in line and "│ passed │" in line for line in rows)
     assert "wrap" in gearfarm("history", "ctest/wrap", "--config", str(lab.config)).stdout
+    # Every case of every project is in the history, once per target, with its status.
+    db = ResultsDB(f"sqlite:///{lab.farm.state / 'results.db'}")
+    for project, suites in CASES.items():
+        for suite, names in suites.items():
+            for name in names:
+                got_hist = sorted((c.target, c.status) for c, _ in db.cases_of(name, suite=suite, project=project))
+                want = "skipped" if name == "compaction" else "passed"
+                assert got_hist == sorted((t, want) for t in TARGETS), (project, suite, name, got_hist)
     # The workers never had a repository, got none, and never ran git.
     assert not any(lab.empty.iterdir())
     assert not lab.git_calls.exists(), lab.git_calls.read_text()

@@ -1,20 +1,29 @@
 """Compare gearfarm's change-point detector (gearfarm/changepoint.py) with Apache Otava's defaults.
 
-Both detectors see the same seeded synthetic nightly series, replayed night by night the way the
-farm uses them: on night t the detector gets nights 0..t and whatever it reports that was not
-reported before (within +-TOL nights) is that morning's alarm. Series:
+Every detector sees the same seeded synthetic nightly series (bench/series.py: 80 nights, a step
+of 2, 3, 5 or 10 % on night 60 or none, four kinds of noise at 1 % and 3 %, and the farm's side
+information), replayed night by night the way the farm uses it: on night t (from night 10 on) the
+detector gets nights 0..t, and an index it reports that is not within +-TOL nights of an index it
+already alarmed on is that morning's alarm.
 
-* step:  60 nights, 1-3 % Gaussian noise, one step of 2-10 % (either sign) at night 30-45;
-* noise: the same noise and no step;
-* spike: noise plus one single-night spike of 10-20 % (either sign) at night 15-55.
+Detectors:
 
-Measured: detection rate (the step alarmed within +-TOL of its night by the last night), nights
-until detected (nights of the new regime seen when it was first alarmed, 1 = on the first bad
-night), how often the alarmed index is exactly the first bad night, and false alarms (any other
-alarm) per series and per night evaluated. Otava's defaults are `compute_change_points(values)`:
-window 50, max p-value 0.001, min magnitude 0.
+* "Otava 0.8.0 defaults": `otava.analysis.compute_change_points(values)` (window 50, max p-value
+  0.001, min magnitude 0), values only;
+* "gearfarm": `detect(values)`, values only;
+* "gearfarm + farm info": `detect(values, paired_ratios=..., paired_se=..., unchanged=...)`: also
+  which nights' builds were identical to the night before's, and the nightly paired A/B ratio of
+  each night's build against the previous night's with its standard error.
 
-Run: .venv/bin/python bench/otava_compare.py [--series N] [--jobs J] [--seed S]
+One table row per (kind, noise, step size), with per detector: detections (the step alarmed within
++-TOL of night 60 by the last night, out of N step series), the median delay over the detected
+series (nights of the new regime seen when first alarmed, 1 = on the first bad night), and the
+false alarms on the step-free series of the row's kind and noise (every alarm there is false:
+alarm count, and series with any). A gearfarm variant dominates Otava in a row when it detects at
+least as many steps, with a median delay no longer than Otava's, and raises at most a quarter of
+Otava's false alarms (none when Otava raises none).
+
+Run: .venv/bin/python bench/otava_compare.py [--series N] [--null-series M] [--jobs J] [--seed S]
 """
 
 from __future__ import annotations
@@ -24,126 +33,142 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.series import KINDS, LENGTH, NOISES, STEP_AT, STEPS, Series, make_series  # noqa: E402
 from gearfarm.changepoint import detect  # noqa: E402
 
-LENGTH = 60
 FIRST_NIGHT = 10  # nights before this are history only: nobody alarms on a 5-night series
 TOL = 2
+OTAVA = "Otava 0.8.0 defaults"
+GEARFARM = "gearfarm"
+GEARFARM_INFO = "gearfarm + farm info"
 
 
-def make_series(kind: str, seed: int) -> dict:
-    rng = np.random.default_rng(seed)
-    noise = rng.uniform(0.01, 0.03)
-    level = np.ones(LENGTH)
-    step_at = None
-    if kind == "step":
-        step_at = int(rng.integers(30, 46))
-        level[step_at:] *= 1 + rng.choice([-1, 1]) * rng.uniform(0.02, 0.10)
-    values = 100 * level * (1 + noise * rng.standard_normal(LENGTH))
-    if kind == "spike":
-        values[int(rng.integers(15, 56))] *= 1 + rng.choice([-1, 1]) * rng.uniform(0.10, 0.20)
-    # Paired A/B ratio of each night's build against the last good (old-regime) build on one host:
-    # host noise cancels, so only a small residual (0.5 %) is left, and a spike does not show.
-    ratios = level / level[0] * (1 + 0.005 * rng.standard_normal(LENGTH))
-    return {"kind": kind, "values": values.tolist(), "step_at": step_at, "ratios": ratios.tolist()}
-
-
-def otava(values: list[float], ratios: list[float]) -> list[int]:
+def otava(s: Series, t: int) -> list[int]:
     from otava.analysis import compute_change_points
 
-    cps, _weak = compute_change_points(values)
+    cps, _weak = compute_change_points(s.values[: t + 1])
     return [int(c.index) for c in cps]
 
 
-def gearfarm(values: list[float], ratios: list[float]) -> list[int]:
-    return [c.index for c in detect(values)]
+def gearfarm(s: Series, t: int) -> list[int]:
+    return [c.index for c in detect(s.values[: t + 1])]
 
 
-def gearfarm_paired(values: list[float], ratios: list[float]) -> list[int]:
-    return [c.index for c in detect(values, paired_ratios=ratios)]
+def gearfarm_info(s: Series, t: int) -> list[int]:
+    return [c.index for c in detect(s.values[: t + 1], paired_ratios=s.ratios[: t + 1],
+                                    paired_se=s.ratio_se[: t + 1], unchanged=s.unchanged[: t + 1])]
 
 
-DETECTORS = {"Otava 0.8.0 defaults": otava, "gearfarm": gearfarm, "gearfarm + paired A/B": gearfarm_paired}
+DETECTORS: dict[str, Callable[[Series, int], list[int]]] = {
+    OTAVA: otava, GEARFARM: gearfarm, GEARFARM_INFO: gearfarm_info}
 
 
-def replay(name: str, s: dict) -> dict:
-    """Night-by-night replay of one series through one detector."""
+def replay(name: str, s: Series) -> list[tuple[int, int]]:
+    """Night-by-night replay of one series through one detector: its alarms as (night, index)."""
     fn = DETECTORS[name]
-    alarmed: list[int] = []
-    detected_after = exact = None
-    false_alarms = 0
+    alarms: list[tuple[int, int]] = []
     for t in range(FIRST_NIGHT, LENGTH):
-        for j in fn(s["values"][: t + 1], s["ratios"][: t + 1]):
-            if any(abs(j - a) <= TOL for a in alarmed):
-                continue
-            alarmed.append(j)
-            if s["step_at"] is not None and abs(j - s["step_at"]) <= TOL and t >= s["step_at"]:
-                if detected_after is None:
-                    detected_after, exact = t - s["step_at"] + 1, j == s["step_at"]
-            else:
-                false_alarms += 1
-    return {"kind": s["kind"], "detected_after": detected_after, "exact": exact, "false_alarms": false_alarms}
+        for j in fn(s, t):
+            if not any(abs(j - a) <= TOL for _, a in alarms):
+                alarms.append((t, j))
+    return alarms
 
 
-def _job(args: tuple[str, dict]) -> tuple[str, dict]:
-    return args[0], replay(*args)
+def delay(alarms: list[tuple[int, int]]) -> int | None:
+    """Nights of the new regime seen when the step was first alarmed (None: never)."""
+    for t, j in alarms:
+        if t >= STEP_AT and abs(j - STEP_AT) <= TOL:
+            return t - STEP_AT + 1
+    return None
+
+
+def _job(args: tuple[tuple[str, ...], tuple]) -> dict[str, list[tuple[int, int]]]:
+    names, (kind, noise, step, seed) = args
+    s = make_series(kind, noise, step, seed)
+    return {name: replay(name, s) for name in names}
+
+
+def _dominates(det: int, med: float | None, fa: int, o_det: int, o_med: float | None, o_fa: int) -> str:
+    fails = []
+    if det < o_det:
+        fails.append(f"detections {det} < {o_det}")
+    if o_med is not None and med is not None and med > o_med:
+        fails.append(f"median {med:g} > {o_med:g}")
+    if 4 * fa > o_fa:
+        fails.append(f"false alarms {fa} > {o_fa}/4")
+    return "yes" if not fails else "no: " + ", ".join(fails)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--series", type=int, default=200, help="series of each kind (default 200)")
+    ap.add_argument("--series", type=int, default=20, help="step series per row (default 20)")
+    ap.add_argument("--null-series", type=int, default=40,
+                    help="step-free series per (kind, noise) for the false alarms (default 40)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--seed", type=int, default=6)
+    ap.add_argument("--detectors", default=",".join(DETECTORS),
+                    help="comma-separated subset of: " + ", ".join(DETECTORS))
     args = ap.parse_args()
-    kinds = ("step", "noise", "spike")
-    series = [make_series(k, args.seed * 1_000_003 + i * 3 + n) for i in range(args.series)
-              for n, k in enumerate(kinds)]
+    names = tuple(n.strip() for n in args.detectors.split(",") if n.strip())
+    for n in names:
+        if n not in DETECTORS:
+            ap.error(f"unknown detector {n!r}")
+    specs = [(k, noise, step, (args.seed, 1, i)) for k in KINDS for noise in NOISES for step in STEPS
+             for i in range(args.series)]
+    specs += [(k, noise, 0.0, (args.seed, 0, i)) for k in KINDS for noise in NOISES for i in range(args.null_series)]
     started = time.time()
-    jobs = [(name, s) for name in DETECTORS for s in series]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(_job, jobs, chunksize=20))
-    nights = LENGTH - FIRST_NIGHT
-    print(f"{args.series} series of each kind, {LENGTH} nights, replayed from night {FIRST_NIGHT}; "
-          f"seed {args.seed}; {time.time() - started:.0f} s\n")
-    print("| detector | detection rate | median nights to detect | mean nights | exact first bad night "
-          "| false alarms: step series | noise series w/ alarm | per night | spike series w/ alarm | per night |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    delays_by: dict[str, list] = {}
-    for name in DETECTORS:
-        rs = [r for n, r in results if n == name]
-        step = [r for r in rs if r["kind"] == "step"]
-        hits = [r for r in step if r["detected_after"] is not None]
-        delays_by[name] = [r["detected_after"] for r in step]
-        cells = [name, f"{len(hits) / len(step):.1%}",
-                 f"{statistics.median(r['detected_after'] for r in hits):g}" if hits else "-",
-                 f"{statistics.mean(r['detected_after'] for r in hits):.2f}" if hits else "-",
-                 f"{sum(bool(r['exact']) for r in hits) / max(1, len(hits)):.1%}",
-                 f"{sum(r['false_alarms'] > 0 for r in step) / len(step):.1%}"]
-        for kind in ("noise", "spike"):
-            group = [r for r in rs if r["kind"] == kind]
-            cells += [f"{sum(r['false_alarms'] > 0 for r in group) / len(group):.1%}",
-                      f"{sum(r['false_alarms'] for r in group) / (len(group) * nights):.2%}"]
-        print("| " + " | ".join(cells) + " |")
-    # Head to head on the steps both found: is gearfarm ever later than Otava?
-    base = delays_by["Otava 0.8.0 defaults"]
-    print("\nOn step series both detected (nights until detected, gearfarm vs Otava):\n")
-    print("| detector | series both found | median (gearfarm) | median (Otava) | earlier | same night | later |")
-    print("|---|---|---|---|---|---|---|")
-    for name in DETECTORS:
-        if name == "Otava 0.8.0 defaults":
-            continue
-        both = [(g, o) for g, o in zip(delays_by[name], base, strict=True) if g is not None and o is not None]
-        if not both:
-            continue
-        print(f"| {name} | {len(both)} | {statistics.median(g for g, _ in both):g} | "
-              f"{statistics.median(o for _, o in both):g} | {sum(g < o for g, o in both)} | "
-              f"{sum(g == o for g, o in both)} | {sum(g > o for g, o in both)} |")
+        results = list(pool.map(_job, [(names, sp) for sp in specs], chunksize=4))
+    elapsed = time.time() - started
+    by_spec = dict(zip([sp[:3] + (sp[3][1:],) for sp in specs], results, strict=True))
+
+    def fa(name: str, kind: str, noise: float) -> tuple[int, int]:
+        runs = [by_spec[(kind, noise, 0.0, (0, i))][name] for i in range(args.null_series)]
+        return sum(len(r) for r in runs), sum(bool(r) for r in runs)
+
+    print(f"{args.series} step series per row, {args.null_series} step-free series per kind and noise, "
+          f"{LENGTH} nights (step on night {STEP_AT}), replayed from night {FIRST_NIGHT}, detection within "
+          f"+-{TOL} nights; seed {args.seed}; {elapsed:.0f} s on {args.jobs} processes\n")
+    head = ["kind", "noise", "step"]
+    for n in names:
+        head += [f"{n}: found", "median delay", "false alarms (series)"]
+    gf = [n for n in names if n != OTAVA]
+    if OTAVA in names:
+        head += [f"{n} dominates Otava?" for n in gf]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    dominated = dict.fromkeys(gf, 0)
+    rows = 0
+    for kind in KINDS:
+        for noise in NOISES:
+            fas = {n: fa(n, kind, noise) for n in names}
+            for step in STEPS:
+                rows += 1
+                cells = [kind, f"{noise:.0%}", f"{step:.0%}"]
+                stat = {}
+                for n in names:
+                    ds = [delay(by_spec[(kind, noise, step, (1, i))][n]) for i in range(args.series)]
+                    hit = [d for d in ds if d is not None]
+                    med = statistics.median(hit) if hit else None
+                    stat[n] = (len(hit), med, fas[n][0])
+                    cells += [f"{len(hit)}/{args.series}", "-" if med is None else f"{med:g}",
+                              f"{fas[n][0]} ({fas[n][1]}/{args.null_series})"]
+                if OTAVA in names:
+                    for n in gf:
+                        verdict = _dominates(*stat[n], *stat[OTAVA])
+                        dominated[n] += verdict == "yes"
+                        cells.append(verdict)
+                print("| " + " | ".join(cells) + " |")
+    if OTAVA in names:
+        print()
+        for n in gf:
+            print(f"{n} dominates Otava in {dominated[n]} of {rows} rows")
+    print(f"\nelapsed: {time.time() - started:.0f} s")
 
 
 if __name__ == "__main__":

@@ -47,7 +47,11 @@ DEFAULT_MIN_PERSIST = 2
 # 1.4826 * MAD estimates the SD of a normal sample; first differences have SD sigma*sqrt(2).
 _MAD_TO_SD = 1.4826
 # Simulated noise series per (length, persistence) for the null distribution of the statistic.
-_NULL_SIMS = 4000
+_NULL_SIMS = 20000
+_NULL_TAIL = 0.05
+_NULL_LENGTH = 48
+# Tiers of at most this many positions get a null that knows which nights could start a regime.
+_MASK_MAX = 6
 _NULL_SEED = 6
 # E[d^2 | |d| <= 3 SD] / SD^2 for a normal d: undoes the trimming bias of the noise estimate.
 _TRIM3 = 0.97334
@@ -57,6 +61,21 @@ _OUTLIER_Z = 3.0
 _HOLD_Z = 2.5
 # Floor for the noise scale (log units): exactly constant synthetic series must not divide by 0.
 _SIGMA_FLOOR = 1e-6
+# Young regimes (at most TIERS[k][0] nights old, in the newest segment) are also searched on
+# their own at alpha * TIERS[k][1], their left sides capped at _LEFT nights (a slow drift must not
+# look like a step); the search over all positions runs at alpha * _OLD_ALPHA.
+_TIERS = ((1, 1, 0.1), (2, 4, 1.0), (2, 20, 0.5))
+_LEFT = 30
+_OLD_ALPHA = 0.2
+# A paired ratio this many standard errors away from 1 confirms a one-night regime on its own.
+_CONFIRM_Z = 2.0
+# ... and one this many standard errors (of the difference) away from the values' step vetoes it.
+_VETO_Z = 3.0
+# Standard errors of log ratios: floor; ratios needed to estimate one from their spread; and the
+# fraction of that spread a given se is raised to.
+_SE_FLOOR = 0.002
+_MIN_RATIOS = 8
+_SE_SPREAD = 0.8
 
 
 @dataclass(frozen=True)
@@ -80,14 +99,16 @@ class RevisionChange(ChangePoint):
 def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
            min_change: float = DEFAULT_MIN_CHANGE, alpha: float = DEFAULT_ALPHA,
            paired_ratios: Sequence[float | None] | None = None,
-           min_persist: int = DEFAULT_MIN_PERSIST) -> list[ChangePoint]:
+           min_persist: int = DEFAULT_MIN_PERSIST,
+           paired_se: Sequence[float | None] | None = None,
+           unchanged: Sequence[bool] | None = None) -> list[ChangePoint]:
     """Change points of `values` (oldest first, one per night), oldest first.
 
     None/NaN nights are skipped (indices still refer to `values`). Values must be positive.
-    `paired_ratios[i]`, when given and not None, is night i's A/B ratio (value of tonight's build /
-    value of the last good build, measured alternately on one host): a change starting at i is
-    dropped if that ratio does not agree in direction, and a change on the very last night(s) is
-    accepted before `min_persist` nights when the ratio confirms it.
+    `paired_ratios[i]` (None = not measured) is night i's build against the previous measured
+    night's build, run interleaved on one host; `paired_se[i]` the standard error of its log
+    (None = unknown: estimated from the ratios' spread). `unchanged[i]` is True when night i's build
+    is identical to night i-1's: no regime can start on such a night.
     """
     if min_persist < 1:
         raise ValueError("min_persist must be >= 1")
@@ -99,21 +120,22 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
     n = len(x)
     if n < 4:
         return []
-    ratios = None
-    if paired_ratios is not None:
-        ratios = [paired_ratios[i] if i < len(paired_ratios) else None for i in idx]
-
     y = np.log(x)
+    can_start = _can_start(idx, unchanged)
+    lr, se = _ratios(idx, paired_ratios, paired_se)
     sigma = float(_noise(y))
     y = _clean_outliers(y, sigma)
+    if np.isnan(lr).all():
+        lr = se = None
+    else:
+        fill = np.isnan(se) & ~np.isnan(lr)
+        se[fill] = max(sigma, _SE_FLOOR)  # no se and too few ratios to estimate one: a night's noise
 
-    def confirmed(pos: int, delta: float) -> bool | None:
-        """True/False if a paired ratio at `pos` agrees/disagrees with `delta`, None if unknown."""
-        if ratios is None or ratios[pos] is None or not ratios[pos] > 0:
-            return None
-        r = math.log(ratios[pos])
-        # Agree in sign and be not ~1: half the reportable change is the least we take as a move.
-        return r * delta > 0 and abs(r) >= math.log1p(min_change) / 2
+    def confirmed(k: int, d: float) -> bool:
+        """The paired ratio of night k says, on its own, that a regime moving by `d` starts there."""
+        if lr is None or not can_start[k] or math.isnan(lr[k]):
+            return False
+        return lr[k] * d > 0 and abs(lr[k]) >= _CONFIRM_Z * se[k]
 
     # Persistence: the newest night, if it jumps away from the night before, may be a one-night
     # spike or the first night of a new regime; hold it back until tomorrow tells which (unless a
@@ -121,85 +143,146 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
     if min_persist >= 2 and abs(y[-1] - y[-2]) > _HOLD_Z * sigma * math.sqrt(2) \
             and not confirmed(n - 1, y[-1] - y[-2]):
         n -= 1
-        y = y[:n]
+    if n < 4:
+        return []
+    y = y[:n]
+    cs = np.concatenate(([0.0], np.cumsum(y)))
+    c2 = np.concatenate(([0.0], np.cumsum(y * y)))
 
-    def min_right(b: int) -> int:
-        # Interior regimes need two nights (one night is an outlier); the newest one min_persist.
-        return max(2, min_persist) if b == n else 2
+    def stat(a: int, b: int, taus: np.ndarray, cap: int,
+             ratios: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Signed standardised change z, its estimate d (log) and whether the paired ratio
+        contradicts it, for regimes starting at `taus` in y[a:b]: the values' mean difference
+        (left side at most `cap` nights, 0 = all) over the pooled within-regime SD of the split (a
+        two-sample t statistic), combined with the paired ratio of the night where one exists
+        (precision-weighted: two measurements of one step) if `ratios`; a contradicting ratio
+        vetoes the position either way."""
+        lo = np.maximum(a, taus - cap) if cap else np.full(len(taus), a)
+        n1, n2, na = taus - lo, b - taus, taus - a
+        dv = (cs[b] - cs[taus]) / n2 - (cs[taus] - cs[lo]) / n1
+        sl, sr = cs[taus] - cs[a], cs[b] - cs[taus]
+        ssw = (c2[taus] - c2[a]) - sl * sl / na + (c2[b] - c2[taus]) - sr * sr / n2
+        s2 = np.maximum(ssw / (b - a - 2), _SIGMA_FLOOR**2)
+        var = s2 * (1 / n1 + 1 / n2)
+        if lr is None:
+            return dv / np.sqrt(var), dv, np.zeros(len(taus), dtype=bool)
+        has = ~np.isnan(lr[taus])
+        r, s = np.where(has, lr[taus], 0.0), np.where(has, se[taus], np.inf)
+        # The values moved but the builds, measured side by side, did not (or the other way
+        # round): whatever moved is not a change of the build on that night.
+        veto = has & (np.abs(dv - r) > _VETO_Z * np.sqrt(var + s**2))
+        if not ratios:
+            return dv / np.sqrt(var), dv, veto
+        prec = 1 / var + 1 / s**2
+        d = (dv / var + r / s**2) / prec
+        return d * np.sqrt(prec), d, veto
 
-    def stat(a: int, b: int, fresh: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Split positions of y[a:b], their standardised mean differences z and differences."""
-        cs = np.concatenate(([0.0], np.cumsum(y[a:b])))
-        length = b - a
-        taus = np.arange(2, length)  # left size >= 2, right size >= 1
-        right_n = length - taus
-        diff = (cs[length] - cs[taus]) / right_n - cs[taus] / taus
-        ok = right_n >= min_right(b)
-        if ratios is not None:
-            for j, t in enumerate(taus):
-                c = confirmed(a + t, diff[j])
-                if c is False:
-                    ok[j] = False  # the paired measurement contradicts a step here
-                elif c and fresh and b == n:
-                    ok[j] = True  # confirmed by the A/B ratio: no need to wait for persistence
-        z = np.abs(diff) / (sigma * np.sqrt(1 / taus + 1 / right_n))
-        return taus[ok], z[ok], diff[ok]
-
-    def split(a: int, b: int) -> tuple[int, float] | None:
-        """Best split of y[a:b] as (position, p-value), or None if no position is allowed."""
-        taus, z, diff = stat(a, b, fresh=True)
-        if not len(taus):
+    def q_of(taus: np.ndarray) -> int | None:
+        """Quantised 2 log2(sigma / se) of the positions, for the null (None: no ratios there)."""
+        if lr is None:
             return None
-        conf = np.array([bool(confirmed(a + int(t), d)) for t, d in zip(taus, diff, strict=True)])
-        if conf.any():
-            # The A/B ratios, an independent measurement, say where the step is: test only those
-            # nights, each as a single position (Bonferroni over the few confirmed ones).
-            j = int(np.argmax(np.where(conf, z, -1.0)))
-            r = b - a - int(taus[j])
-            p = min(1.0, int(conf.sum()) * _p_max(float(z[j]), b - a, r, r))
-            if p <= alpha or conf.all():
-                return a + int(taus[j]), p
-            taus, z = taus[~conf], z[~conf]
-        best = int(np.argmax(z))
-        # The null covers the positions actually searched (a confirmed 1-night regime included).
-        return a + int(taus[best]), _p_max(float(z[best]), b - a, b - a - int(taus.max()), b - a - 2)
+        s = se[taus][~np.isnan(lr[taus])]
+        if not len(s):
+            return None
+        return int(np.clip(round(2 * math.log2(sigma / float(np.median(s)))), -8, 8))
 
-    # Binary segmentation.
+    def search(a: int, b: int, tier: int, only: int | None = None) -> tuple[int, float] | None:
+        """Best regime start in y[a:b] as (position, p-value), or None if no position is allowed.
+        tier -1: every position; tier k: only regimes of _TIERS[k][0].._TIERS[k][1] nights in the
+        newest segment, their left sides capped at _LEFT nights. only: test this position alone (the merge
+        step), with the null of the search it came from."""
+        length = b - a
+        young = tier >= 0
+        if young:
+            right_max, cap = min(_TIERS[tier][1], length - 2), _LEFT
+        else:
+            right_max, cap = length - 2, 0
+        if b < n:
+            right_min = 2
+        elif young and lr is not None:
+            right_min = 1  # a one-night regime, when its paired ratio confirms it
+        else:
+            right_min = min_persist
+        if young:
+            right_min = max(right_min, _TIERS[tier][0])
+        if right_max < right_min:
+            return None
+        taus = np.arange(b - right_max, b - right_min + 1)
+        # The paired ratios inform the young tiers: an old regime's step is measured by its nights.
+        z, d, veto = stat(a, b, taus, cap, young)
+        ok = can_start[taus] & ~veto
+        if b == n:
+            short = (b - taus) < min_persist
+            for j in np.nonzero(short & ok)[0]:
+                ok[j] = confirmed(int(taus[j]), float(d[j]))
+        if only is not None:
+            ok &= taus == only
+        if not ok.any():
+            return None
+        j = int(np.argmax(np.where(ok, np.abs(z), -1.0)))
+        if not young:
+            return int(taus[j]), _p_max(float(abs(z[j])), length, right_min, right_max)
+        # The null covers the positions searched: a small tier knows which nights could start a
+        # regime (the larger ones count them all: conservative). It is simulated for at most
+        # _NULL_LENGTH nights (fewer nights estimate the noise worse: conservative too).
+        mask = -1
+        if right_max - right_min < _MASK_MAX:
+            mask = sum(1 << k for k in range(right_max - right_min + 1) if can_start[b - right_min - k])
+        q = q_of(taus)
+        confirm = right_min < min_persist and q is not None
+        null_len = min(length, max(_NULL_LENGTH, right_max + cap + 2))
+        return int(taus[j]), _p_max(float(abs(z[j])), null_len, right_min, right_max, cap, q, mask, confirm)
+
+    def level(tier: int, b: int) -> float:
+        return alpha * (_OLD_ALPHA if tier < 0 else _TIERS[tier][2])
+
+    def tiers(a: int, b: int, t: int | None = None) -> list[int]:
+        """The searches that apply to y[a:b] (to a regime starting at t): all positions, and in the
+        newest segment the young tiers."""
+        out = [-1]
+        if b == n:
+            out += [k for k, (_, young, _) in enumerate(_TIERS) if t is None or n - t <= young]
+        return out
+
+    # Binary segmentation: split where any search finds a regime start at its level.
     cps: list[int] = []
     todo = [(0, n)]
     while todo:
         a, b = todo.pop()
-        found = split(a, b)
-        if found is None or found[1] > alpha:
-            continue
-        cps.append(found[0])
-        todo += [(a, found[0]), (found[0], b)]
+        for tier in tiers(a, b):
+            hit = search(a, b, tier)
+            if hit is not None and hit[1] <= level(tier, b):
+                cps.append(hit[0])
+                todo += [(a, hit[0]), (hit[0], b)]
+                break
     cps.sort()
 
     # Merge: re-test every change point against its final neighbours; drop the weakest that no
     # longer holds, recompute, repeat (a split found early may be explained by later ones).
     def retest(k: int) -> float:
+        """p-value of change point k against its neighbours, over the level it must meet (<= 1:
+        it holds), the smallest over the searches that apply."""
         a = cps[k - 1] if k > 0 else 0
         b = cps[k + 1] if k + 1 < len(cps) else n
-        t = cps[k]
-        left, right = y[a:t], y[t:b]
-        d = right.mean() - left.mean()
-        z = abs(d) / (sigma * math.sqrt(1 / len(left) + 1 / len(right)))
-        if confirmed(t, d):
-            return _p_max(z, b - a, b - t, b - t)
-        return _p_max(z, b - a, min(min_right(b), b - t), b - a - 2)
+        best = math.inf
+        for tier in tiers(a, b, cps[k]):
+            hit = search(a, b, tier, only=cps[k])
+            if hit is not None:
+                best = min(best, hit[1] / level(tier, b))
+        return best
 
     while cps:
         ps = [retest(k) for k in range(len(cps))]
         worst = int(np.argmax(ps))
-        if ps[worst] <= alpha:
+        if ps[worst] <= 1:
             break
         del cps[worst]
     if not cps:
         return []
 
-    # Estimates: regime means, and a t interval of the log ratio with the pooled residual SD of
-    # the final segmentation (more efficient than the robust scale once the regimes are known).
+    # Estimates: the level just before and just after each change (at most _LEFT nights of each
+    # regime, so a slow drift does not leak into the step), and a t interval of their log ratio
+    # with the pooled residual SD of the final segmentation.
     bounds = [0, *cps, n]
     resid = np.concatenate([y[s:e] - y[s:e].mean() for s, e in zip(bounds, bounds[1:], strict=False)])
     dof = n - (len(bounds) - 1)
@@ -208,19 +291,19 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
     xc = np.exp(y)
     out: list[ChangePoint] = []
     for k, t in enumerate(cps):
-        a, b = bounds[k], bounds[k + 2]
+        a, b = max(bounds[k], t - _LEFT), min(bounds[k + 2], t + _LEFT)
         before, after = float(xc[a:t].mean()), float(xc[t:b].mean())
         change = after / before - 1
         if abs(change) < min_change:
             continue
-        if confirmed(t, math.log(after / before)) is False:
-            continue
         half = tq * pooled * math.sqrt(1 / (t - a) + 1 / (b - t))
         worse = (change < 0) == higher_is_better
+        tier_levels = [level(tr, bounds[k + 2]) for tr in tiers(bounds[k], bounds[k + 2], t)]
         out.append(ChangePoint(
             index=idx[t], before_mean=before, after_mean=after, change=change,
             ci_low=(after / before) * math.exp(-half) - 1, ci_high=(after / before) * math.exp(half) - 1,
-            p_value=retest(k), direction="regression" if worse else "improvement"))
+            p_value=min(1.0, retest(k) * max(tier_levels)),
+            direction="regression" if worse else "improvement"))
     return out
 
 
@@ -257,34 +340,113 @@ def _noise(y: np.ndarray) -> np.ndarray:
     return np.maximum(np.sqrt(var / 2), _SIGMA_FLOOR)
 
 
-def _p_max(z: float, length: int, right_min: int, right_max: int) -> float:
-    """P(the largest standardised difference over the split positions of a pure-noise segment of
-    `length` whose new regime has right_min..right_max nights is >= z)."""
-    if right_min == right_max:
-        # One position: z is N(0,1) * sigma / estimated sigma wherever it is, so one table per length.
-        right_min = right_max = 1
-    null = _null_max(length, right_min, right_max)
-    return (1 + int(len(null) - np.searchsorted(null, z, side="left"))) / (len(null) + 1)
+def _can_start(idx: list[int], unchanged: Sequence[bool] | None) -> np.ndarray:
+    """can[k]: a new regime may start on present night k (its build differs from the previous
+    present night's): not when every night since that one was unchanged."""
+    can = np.ones(len(idx), dtype=bool)
+    can[0] = False
+    if unchanged is not None:
+        for k in range(1, len(idx)):
+            nights = range(idx[k - 1] + 1, idx[k] + 1)
+            if all(i < len(unchanged) and bool(unchanged[i]) for i in nights):
+                can[k] = False
+    return can
 
 
-@functools.lru_cache(maxsize=1024)
-def _null_max(length: int, right_min: int, right_max: int) -> np.ndarray:
-    """Sorted null distribution of the largest standardised mean difference over all allowed split
-    positions of a Gaussian-noise segment of `length`, with the noise scale estimated the way
-    `detect` does. Monte Carlo, seeded, so `detect` stays deterministic. This replaces a Bonferroni
-    bound: neighbouring positions are strongly correlated, Bonferroni would wait nights longer."""
-    rng = np.random.default_rng([_NULL_SEED, length, right_min, right_max])
-    taus = np.arange(max(2, length - right_max), length - right_min + 1)
-    if not len(taus):
-        return np.array([np.inf])
-    out = []
-    for _ in range(_NULL_SIMS // 1000):
-        y = rng.standard_normal((1000, length))
-        cs = np.concatenate((np.zeros((1000, 1)), np.cumsum(y, axis=1)), axis=1)
-        diff = (cs[:, [length]] - cs[:, taus]) / (length - taus) - cs[:, taus] / taus
-        z = np.abs(diff) / np.sqrt(1 / taus + 1 / (length - taus)) / _noise(y)[:, None]
-        out.append(z.max(axis=1))
-    return np.sort(np.concatenate(out))
+def _ratios(idx: list[int], paired_ratios: Sequence[float | None] | None,
+            paired_se: Sequence[float | None] | None) -> tuple[np.ndarray, np.ndarray]:
+    """Log paired ratio and its standard error per present night (NaN where unknown). A missing se
+    is estimated from the spread of the series' own ratios when there are enough of them; a given
+    one is raised to that spread when the ratios scatter more than it claims."""
+    m = len(idx)
+    lr, se = np.full(m, np.nan), np.full(m, np.nan)
+    if paired_ratios is None:
+        return lr, se
+    for k in range(1, m):
+        i = idx[k]
+        r = paired_ratios[i] if i < len(paired_ratios) else None
+        if r is None or not (r > 0 and math.isfinite(r)):
+            continue
+        lr[k] = math.log(r)
+        s = paired_se[i] if paired_se is not None and i < len(paired_se) else None
+        if s is not None and s > 0 and math.isfinite(s):
+            se[k] = max(float(s), _SE_FLOOR)
+    have = ~np.isnan(lr)
+    if have.sum() >= _MIN_RATIOS:
+        v = lr[have]
+        spread = max(_MAD_TO_SD * float(np.median(np.abs(v - np.median(v)))), _SE_FLOOR)
+        se[have & np.isnan(se)] = spread
+        se[have] = np.maximum(se[have], _SE_SPREAD * spread)
+    return lr, se
+
+
+def _p_max(z: float, length: int, right_min: int, right_max: int, cap: int = 0, q: int | None = None,
+           mask: int = -1, confirm: bool = False) -> float:
+    """P(the largest |z| over the split positions of a pure-noise segment of `length` whose new
+    regime has right_min..right_max nights is >= z); the rest as in _null_max."""
+    body, tail = _null_max(length, right_min, right_max, cap, q, mask, confirm)
+    if z >= tail[0]:
+        return (1 + int(len(tail) - np.searchsorted(tail, z, side="left"))) / (_NULL_SIMS + 1)
+    # Below the tail only the order of magnitude matters: interpolate the percentiles.
+    return float(1 - np.interp(z, body, np.linspace(0, 1, len(body))))
+
+
+@functools.lru_cache(maxsize=8192)
+def _null_max(length: int, right_min: int, right_max: int, cap: int = 0, q: int | None = None,
+              mask: int = -1, confirm: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted null distribution of the largest |z| over the allowed split positions of a
+    Gaussian-noise segment of `length`, z computed as `detect` does (pooled within-regime SD of the
+    split, left sides capped at `cap` nights unless 0), with a paired ratio of standard error
+    sigma / 2**(q/2) at every position (q None: no ratios). mask: bit k set = a regime of
+    right_min + k nights may start (-1: all). confirm: the one-night regime counts only when its
+    ratio confirms it, as in `detect`. Monte Carlo, seeded, so `detect` stays deterministic.
+
+    Only the newest right_max + cap nights are drawn one by one; the older ones enter through
+    their sum and sum of squares, which are drawn directly (normal and chi-square). Kept: the
+    percentiles, and the largest _NULL_TAIL of the simulated maxima (where p-values are decided).
+    """
+    rng = np.random.default_rng([_NULL_SEED, length, right_min, right_max, cap, 99 if q is None else q + 50,
+                                 mask + 1, int(confirm)])
+    n2 = np.arange(right_max, right_min - 1, -1)
+    n2 = n2[length - n2 >= 2]
+    allowed = np.array([mask < 0 or bool(mask >> (k - right_min) & 1) for k in n2])
+    if not len(n2) or not allowed.any():
+        return np.zeros(2), np.array([np.inf])
+    taus = length - n2
+    explicit = min(length, right_max + cap) if cap else length
+    old = length - explicit
+    lo = np.maximum(0, taus - cap) if cap else np.zeros(len(taus), dtype=int)
+    sims = _NULL_SIMS
+    e = rng.standard_normal((sims, explicit))
+    s0 = math.sqrt(old) * rng.standard_normal(sims) if old else np.zeros(sims)
+    q0 = (rng.chisquare(old - 1, sims) if old > 1 else np.zeros(sims)) + (s0 * s0 / old if old else 0.0)
+    cs = np.concatenate((np.zeros((sims, 1)), np.cumsum(e, axis=1)), axis=1)
+    c2 = np.concatenate((np.zeros((sims, 1)), np.cumsum(e * e, axis=1)), axis=1)
+    # Sums over [0, t) for t >= old, and the capped left sides (inside the explicit part when capped).
+    sl = s0[:, None] + cs[:, taus - old]
+    ql = q0[:, None] + c2[:, taus - old]
+    st, qt = s0 + cs[:, -1], q0 + c2[:, -1]
+    if cap:
+        left = (cs[:, taus - old] - cs[:, lo - old]) / (taus - lo)
+    else:
+        left = sl / taus
+    sr, qr = st[:, None] - sl, qt[:, None] - ql
+    dv = sr / n2 - left
+    ssw = ql - sl * sl / taus + qr - sr * sr / n2
+    var = np.maximum(ssw / (length - 2), 1e-12) * (1 / (taus - lo) + 1 / n2)
+    if q is None:
+        z = np.abs(dv) / np.sqrt(var)
+    else:
+        se = 2.0 ** (-q / 2)
+        r = se * rng.standard_normal((sims, len(taus)))
+        z = np.abs(dv / var + r / se**2) / np.sqrt(1 / var + 1 / se**2)
+        if confirm:
+            one = n2 == 1
+            ok1 = (r[:, one] * dv[:, one] > 0) & (np.abs(r[:, one]) >= _CONFIRM_Z * se)
+            z[:, one] = np.where(ok1, z[:, one], 0.0)
+    m = np.sort(np.where(allowed, z, 0.0).max(axis=1))
+    tail = m[-int(sims * _NULL_TAIL):]
+    return np.percentile(m, np.arange(101)).astype(np.float32), tail.astype(np.float32)
 
 
 def _clean_outliers(y: np.ndarray, sigma: float) -> np.ndarray:

@@ -1,28 +1,99 @@
 """Performance analysis of a run: the series of every (benchmark, metric, target, host class)
 it measured, their change points, and the report's performance section with plots. Figures are
-compared only within one project and one host class; a night's value is the median of its
-repetitions; whether higher is better comes from the catalog stored with the run."""
+compared only within one project and one host class; a night's series value is the median of
+its runs of tonight's build, and its figure the paired estimate against the last good build
+(pairs of runs interleaved on one host) with its interval; whether higher is better comes from
+the catalog stored with the run."""
 
 from __future__ import annotations
 
 import base64
 import math
 import statistics
+from dataclasses import dataclass
 from typing import Any
 
 from scipy import stats
 
 from gearfarm.changepoint import RevisionChange, find_changes
+from gearfarm.job import step_name
 from gearfarm.perfplot import plot
 from gearfarm.store import ResultsDB, Run
 
 WINDOW = 60
-# A night's own A/B test must be this sure, and the change this large, to alarm: strict,
-# because it judges one night without the series' support.
+# A night's own A/B test must be this sure to alarm: strict, because it judges one night
+# without the series' support, every night, for every metric.
 PAIRED_ALPHA = 0.001
-PAIRED_MIN_CHANGE = 0.05
+# ... and the change it estimates at least this large: smaller moves are real but not worth a
+# mail (a code layout change alone moves wall-clock figures by 1-2 %).
+PAIRED_MIN_CHANGE = 0.02
+# Earlier nights whose pairs' scatter is pooled with tonight's (see paired_test).
+POOL_NIGHTS = 10
 # A change is an alarm in the report of each of the first runs that can see it, not forever.
 ALARM_RUNS = 5
+
+
+@dataclass(frozen=True)
+class Paired:
+    """One night's A/B pairs of one metric: log ratios of tonight's build over its baseline."""
+
+    logs: tuple[float, ...]
+
+    @classmethod
+    def of(cls, ratios: list[float]) -> Paired:
+        return cls(tuple(math.log(r) for r in ratios if r > 0))
+
+    @property
+    def k(self) -> int:
+        return len(self.logs)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.logs)
+
+    @property
+    def ss(self) -> float:
+        """Sum of squared deviations from the night's mean (what pooling adds up)."""
+        m = self.mean
+        return sum((x - m) ** 2 for x in self.logs)
+
+    def interval(self, level: float = 0.95) -> tuple[float, float] | None:
+        """The night's paired estimate's interval (relative change), from its own pairs."""
+        if self.k < 2:
+            return None
+        half = float(stats.t.ppf(0.5 + level / 2, self.k - 1)) * math.sqrt(self.ss / (self.k - 1) / self.k)
+        return math.expm1(self.mean - half), math.expm1(self.mean + half)
+
+    @property
+    def se(self) -> float | None:
+        """Standard error of the mean log ratio from the night's own pairs (None below 3)."""
+        return math.sqrt(self.ss / (self.k - 1) / self.k) if self.k >= 3 else None
+
+
+def paired_test(night: Paired, earlier: list[Paired]) -> float | None:
+    """p-value of "tonight's build performs like its baseline", from the night's pairs.
+
+    The scatter of the pairs is estimated from tonight's pairs pooled with those of up to
+    POOL_NIGHTS earlier nights (the pairs' scatter does not depend on whether the code
+    changed): five pairs alone give a t-test with 4 degrees of freedom, which cannot see a 5 %
+    step under this host's 2-5 % pair noise, pooled they give ~40. But a VM's noise comes in
+    regimes, and a night noisier than its history would make the pooled test overconfident, so
+    when tonight's own scatter is the larger, the night is judged by its own t-test alone. Each
+    branch is exact at its level, so the false-alarm rate is at most twice the level."""
+    if night.k < 2:
+        return None
+    own_var = night.ss / (night.k - 1)
+    pool = [n for n in earlier[-POOL_NIGHTS:] if n.k >= 2] + [night]
+    dof = sum(n.k - 1 for n in pool)
+    pooled_var = sum(n.ss for n in pool) / dof
+    if own_var >= pooled_var:
+        var, dof = own_var, night.k - 1
+    else:
+        var = pooled_var
+    if var <= 0:
+        return None  # identical figures on both sides (a counter): nothing to test against
+    t = night.mean / math.sqrt(var / night.k)
+    return float(2 * stats.t.sf(abs(t), dof))
 
 
 def directions(db: ResultsDB, run: Run) -> dict[tuple[str, str], bool]:
@@ -36,50 +107,94 @@ def directions(db: ResultsDB, run: Run) -> dict[tuple[str, str], bool]:
 
 def series_changes(db: ResultsDB, run: Run, target: str, host_class: str, benchmark: str, metric: str,
                    higher: bool, expected: set[str]) -> tuple[list[tuple[str, float]], list[RevisionChange], list[str]]:
-    """The nightly series of ``run``'s project (median of each night's repetitions), its
-    changes, and the run id of each night. Changes come from two detectors: change points over
-    the series, confirmed by the nights' paired ratios, and each night's own A/B test (see
-    paired_changes)."""
+    """The nightly series of ``run``'s project (median of each night's runs of tonight's
+    build), its changes, and the run id of each night. Changes come from two detectors: change
+    points over the series, told by each night's paired estimate where the change cannot be
+    (an identical binary) or is not (pairs that contradict it), and each night's own A/B test
+    (paired_changes). A change found by both is reported once."""
     rows = [r for r in db.perf_series(run.project, target, host_class, benchmark, metric, run.created_at, WINDOW)
             if r[2].get("new")]
     series = [(rev, statistics.median(v["new"])) for _, rev, v in rows]
-    ratios = [statistics.median(v["ratio"]) if v.get("ratio") else None for _, _, v in rows]
     run_ids = [rid for rid, _, _ in rows]
-    changes = find_changes(series, higher, expected=expected, paired_ratios=ratios)
+    nights = [Paired.of(v.get("ratio", [])) for _, _, v in rows]
+    records = db.step_records(run_ids, target, step_name("perf", benchmark))
+    unchanged = [i > 0 and (series[i][0] == series[i - 1][0] or (
+        records.get(rid) is not None and records[rid].baseline_identical is True
+        and records[rid].baseline_rev == series[i - 1][0])) for i, rid in enumerate(run_ids)]
+    changes = [c for c in find_changes(series, higher, expected=expected,
+                                       paired_ratios=[math.exp(n.mean) if n.k else None for n in nights],
+                                       paired_se=[n.se for n in nights], unchanged=unchanged)
+               if not _contradicted(c, nights[c.index])]
     seen = {c.index for c in changes}
-    for c in paired_changes(series, [v.get("ratio", []) for _, _, v in rows], higher):
+    for c in paired_changes(series, nights, higher, unchanged):
         if c.index not in seen and c.first_bad_rev not in expected:
             changes.append(c)
     return series, sorted(changes, key=lambda c: c.index), run_ids
 
 
-def paired_changes(series: list[tuple[str, float]], pair_ratios: list[list[float]], higher: bool,
-                   alpha: float = PAIRED_ALPHA, min_change: float = PAIRED_MIN_CHANGE) -> list[RevisionChange]:
-    """Nights whose A/B pairs alone show a change: a one-sample t-test of the pairs' log
-    ratios (tonight's build / the last good build, run alternately on one host) against 0.
+def _contradicted(c: RevisionChange, night: Paired) -> bool:
+    """Whether the night's own pairs rule the series' change out: on a shared VM absolute
+    figures move by 10-20 % between nights with the host's noise regime, while the pairs,
+    measured side by side, show whether tonight's build moved at all."""
+    if night.se is None:
+        return False
+    return abs(math.log1p(c.change) - night.mean) > 4 * night.se
+
+
+def paired_changes(series: list[tuple[str, float]], nights: list[Paired], higher: bool,
+                   unchanged: list[bool] | None = None, alpha: float = PAIRED_ALPHA,
+                   min_change: float = PAIRED_MIN_CHANGE) -> list[RevisionChange]:
+    """Nights whose A/B pairs alone show a change (paired_test at ``alpha``, an estimate of
+    at least ``min_change``, and most pairs agreeing in direction, so one wild pair cannot
+    carry a night). A night whose binary is the baseline's, byte for byte, is never one.
 
     This is what pairing buys on a shared machine: the host's drift between nights, which
     can move absolute figures by tens of percent here, is the same for both sides of a pair
     and cancels, so a step shows on its first night with no history needed."""
     out = []
-    for i, ratios in enumerate(pair_ratios):
-        logs = [math.log(r) for r in ratios if r > 0]
-        if i == 0 or len(logs) < 3:
+    for i, night in enumerate(nights):
+        if i == 0 or night.k < 2 or (unchanged and unchanged[i]):
             continue
-        mean, sd = statistics.fmean(logs), statistics.stdev(logs)
-        if sd == 0 or abs(math.expm1(mean)) < min_change:
+        mean = night.mean
+        if abs(math.expm1(mean)) < min_change or sum((x > 0) == (mean > 0) for x in night.logs) < 0.8 * night.k:
             continue
-        res = stats.ttest_1samp(logs, 0.0)
-        if not res.pvalue < alpha:
+        p = paired_test(night, nights[:i])
+        if p is None or not p < alpha:
             continue
-        half = stats.t.ppf(0.975, len(logs) - 1) * sd / math.sqrt(len(logs))
+        lo, hi = night.interval() or (math.expm1(mean), math.expm1(mean))
         worse = (mean < 0) == higher
         before = series[i - 1][1]
         out.append(RevisionChange(
             index=i, before_mean=before, after_mean=before * math.exp(mean), change=math.expm1(mean),
-            ci_low=math.expm1(mean - half), ci_high=math.expm1(mean + half), p_value=float(res.pvalue),
-            direction="regression" if worse else "improvement",
+            ci_low=lo, ci_high=hi, p_value=p, direction="regression" if worse else "improvement",
             first_bad_rev=series[i][0], last_good_rev=series[i - 1][0]))
+    return out
+
+
+def figures(db: ResultsDB, run: Run) -> list[dict[str, Any]]:
+    """The night's figures, one per (target, benchmark, metric) the run measured: the median
+    of tonight's build, and the paired estimate against its baseline with its 95 % interval
+    (the night's figure: what the code change did, the host's state cancelled), with how
+    quiet the host was while it measured."""
+    higher_is_better = directions(db, run)
+    recs = {(r.target, r.name): r for r in db.jobs(run.run_id) if r.kind == "perf"}
+    out = []
+    for target, _host_class, benchmark, metric in db.perf_keys(run.run_id):
+        rec = recs.get((target, benchmark))
+        if rec is None:
+            continue
+        new = [s.value for s in rec.samples if s.metric == metric and s.variant == "new"]
+        night = Paired.of([s.value for s in rec.samples if s.metric == metric and s.variant == "ratio"])
+        fig: dict[str, Any] = {
+            "target": target, "benchmark": benchmark, "metric": metric,
+            "higher_is_better": higher_is_better.get((benchmark, metric), True),
+            "value": statistics.median(new) if new else None, "runs": len(new), "pairs": night.k,
+            "baseline_rev": rec.baseline_rev, "baseline_identical": rec.baseline_identical,
+            "quietness": dict(rec.quietness)}
+        if night.k:
+            fig["change"] = math.expm1(night.mean)
+            fig["ci_low"], fig["ci_high"] = night.interval() or (None, None)
+        out.append(fig)
     return out
 
 

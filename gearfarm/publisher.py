@@ -104,7 +104,7 @@ def _publish_run(cfg: Config, db: ResultsDB, store: ArtifactStore | None, run: R
         problems.append(_db_down("failures are not classified against history", e))
     rep = report.build(run, records, store, verdicts, reruns)
     try:
-        report.add_performance(rep, perf.analyze(db, run))
+        report.add_performance(rep, perf.analyze(db, run), perf.figures(db, run))
     except SQLAlchemyError as e:
         report.add_performance(rep, [])
         problems.append(_db_down("no performance history", e))

@@ -195,9 +195,12 @@ def reproducer(r: ResultRecord, run: Run, test: str | None = None) -> str:
     return line + (f" seed={seed}" if seed is not None else "")
 
 
-def add_performance(rep: dict[str, Any], entries: list[dict[str, Any]]) -> None:
-    """Put the performance section in the report; regressions also go into the headline."""
+def add_performance(rep: dict[str, Any], entries: list[dict[str, Any]],
+                    figures: Sequence[dict[str, Any]] = ()) -> None:
+    """Put the performance section in the report: the changes (``entries``; regressions also go
+    into the headline) and the night's figures (gearfarm.perf.figures)."""
     rep["performance"] = entries
+    rep["perf_figures"] = list(figures)
     regressions = sum(1 for e in entries if e["direction"] == "regression")
     if regressions:
         word = "regression" if regressions == 1 else "regressions"

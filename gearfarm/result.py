@@ -64,7 +64,8 @@ class ResultRecord(BaseModel):
     submitted_at: float | None = None
     started_at: float | None = None
     finished_at: float | None = None
-    # Per-stage seconds: queue_wait, export, build, upload, download, verify, test.
+    # Per-stage seconds: queue_wait, host_wait (for a benchmark to end: gearfarm.hostlock),
+    # export, build, upload, download, verify, test.
     timings: dict[str, float] = Field(default_factory=dict)
     artifact_key: str | None = None
     artifact_sha256: str | None = None
@@ -76,6 +77,14 @@ class ResultRecord(BaseModel):
     log_tail: str = ""
     cases: list[CaseResult] = Field(default_factory=list)
     samples: list[Sample] = Field(default_factory=list)
+    # Perf jobs: how quiet the host was while they measured (gearfarm.host.Activity: load,
+    # other farm jobs, other processes' CPU, clock) and the seconds they waited for it.
+    quietness: dict[str, float] = Field(default_factory=dict)
+    # Perf jobs: tonight's build is byte for byte the baseline it was paired with, so no
+    # change of the code can show in its figures (None: not paired, or not known).
+    baseline_identical: bool | None = None
+    # Perf jobs: the revision of the build they were paired with (None: ran unpaired).
+    baseline_rev: str | None = None
 
     @property
     def duration(self) -> float | None:

@@ -466,6 +466,15 @@ class ResultsDB:
         rows = [(rid, rev, values) for rid, (rev, values) in by_run.items()]
         return rows[-window:]
 
+    def step_records(self, run_ids: list[str], target: str, step: str) -> dict[str, ResultRecord]:
+        """Run id -> the record of one step (e.g. "perf-iibench") on one target, for each of
+        ``run_ids`` that has one: what a series needs beyond its samples (baseline, quietness)."""
+        if not run_ids:
+            return {}
+        with self.session() as s:
+            rows = s.scalars(select(Job).where(Job.run_id.in_(run_ids), Job.target == target, Job.step == step))
+            return {r.run_id: ResultRecord.model_validate(r.record) for r in rows}
+
     def perf_keys(self, run_id: str) -> list[tuple[str, str, str, str]]:
         """The (target, host class, benchmark, metric) series a run has samples in."""
         with self.session() as s:

@@ -22,6 +22,7 @@ from gearfarm import host, process
 from gearfarm.config import Config
 from gearfarm.connection import gearman_client, gearman_worker
 from gearfarm.gearman import GearmanError, Job
+from gearfarm.hostlock import HostLock
 from gearfarm.job import COLLECT_FUNCTION, Payload, PayloadError, unique_id, verify
 from gearfarm.result import RecordError, ResultRecord, open_record, seal_record
 from gearfarm.s3 import keys
@@ -47,6 +48,8 @@ class Context:
         self.store = ArtifactStore(cfg.s3)
         self.client = gearman_client(cfg)
         self.host = host.fingerprint()
+        # Builds and tests share the host; a perf job has it to itself while it measures.
+        self.hostlock = HostLock()
         self._spool_lock = threading.Lock()
 
     def deliver(self, rec: ResultRecord) -> None:
@@ -182,7 +185,7 @@ def _handler(ctx: Context, role_handler: RoleHandler) -> Callable[[Job], bytes]:
                 return f"dropped: {why}".encode()
             log.info("job %s: %s %s at %s, attempt %d", job.handle, p.function, p.step, p.rev[:12], p.attempt)
             try:
-                rec = role_handler(ctx, p, job)
+                rec = _run_role(ctx, role_handler, p, job)
             except Exception as e:  # the farm failed, not the product: say so, never lose the job
                 log.exception("job %s failed inside the worker", job.handle)
                 rec = ctx.record(p, "infra", message=f"worker error: {type(e).__name__}: {e}",
@@ -193,6 +196,17 @@ def _handler(ctx: Context, role_handler: RoleHandler) -> Callable[[Job], bytes]:
             stop.set()
 
     return handle
+
+
+def _run_role(ctx: Context, role_handler: RoleHandler, p: Payload, job: Job) -> ResultRecord:
+    """Builds and tests run under the host lock held shared (they wait while a benchmark
+    measures); a perf job takes it exclusive itself, only around its measurement."""
+    if ctx.role == "perf":
+        return role_handler(ctx, p, job)
+    with ctx.hostlock.shared(f"{ctx.name} {p.job_id}") as waited:
+        rec = role_handler(ctx, p, job)
+    rec.timings["host_wait"] = round(waited, 3)
+    return rec
 
 
 def serve(cfg: Config, role: str, functions: dict[str, RoleHandler], stop: threading.Event | None = None) -> None:

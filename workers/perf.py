@@ -1,21 +1,43 @@
 """The perf worker: run one catalog benchmark on tonight's artifact and, when the nightly names
-one, on the last good build of the same target, alternately (A B A B ...) on this host. Every
+one, on the last good build of the same target, alternately (A B, B A, ...) on this host, as
+many pairs as the catalog's `repetitions` (5 by default). It measures alone: it holds the host
+lock exclusive (gearfarm.hostlock) while the pairs run, so no build or test of any farm on the
+host runs beside it, and it records how quiet the host was (gearfarm.host.Activity). Every
 figure is reported as a sample with this host's fingerprint, and each A/B pair also as a
 paired ratio, which cancels the host's drift and noise between nights. The figures come from
 the metrics file or the output pattern the catalog declares."""
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
-from gearfarm import process, snapshot, step
+from gearfarm import host, process, snapshot, step
+from gearfarm.catalog import Benchmark, Catalog, Target
 from gearfarm.gearman import Job
 from gearfarm.job import Payload
 from gearfarm.result import ResultRecord, Sample
 from gearfarm.s3 import keys
-from gearfarm.s3.artifact import ArtifactError
+from gearfarm.s3.artifact import MANIFEST, ArtifactError
 from gearfarm.workers.base import Context
 from gearfarm.workers.test import fetch_artifact
+
+
+def _files(tree: Path) -> dict[str, str] | None:
+    try:
+        files = json.loads((tree / MANIFEST).read_text())["files"]
+        return {name: info["sha256"] for name, info in files.items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def identical(new_tree: Path, base_tree: Path) -> bool | None:
+    """Whether two artifacts hold the very same files (by the sha256s their manifests list):
+    then tonight's build cannot perform differently from the baseline, whatever the figures
+    say. LNT ignores changes on an unchanged binary for the same reason."""
+    new, base = _files(new_tree), _files(base_tree)
+    return None if new is None or base is None else new == base
 
 
 def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
@@ -45,32 +67,48 @@ def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
                 note = f"the last good build {p.baseline_rev} cannot be used ({e}); running unpaired"
             with log_path.open("a") as f:
                 f.write(note + "\n")
+        same = identical(new_tree, base_tree) if base_tree is not None else None
         t0 = time.monotonic()
-        ctx.started(p)
+        quietness: dict[str, float] = {}
+        activity = host.Activity(ctx.hostlock.others)
         try:
-            for rep in range(bench.repetitions):
-                # Same seed for both sides of a pair: the pair differs only in the build.
-                seed = p.seed + rep
-                if base_tree is None:
-                    new = step.run_benchmark(cat, target, bench, new_tree, tmpd, f"new{rep}", seed, log_path)
-                    samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep) for m, v in new.items()]
-                    continue
-                # A B, B A, A B ...: whichever side runs first in a pair (colder caches, a
-                # freshly unpacked binary) is not always the same one.
-                order = ("new", "base") if rep % 2 == 0 else ("base", "new")
-                got = {side: step.run_benchmark(cat, target, bench, new_tree if side == "new" else base_tree, tmpd,
-                                      f"{side}{rep}", seed, log_path) for side in order}
-                new, old = got["new"], got["base"]
-                samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep) for m, v in new.items()]
-                samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep, variant="baseline")
-                            for m, v in old.items()]
-                samples += [Sample(benchmark=p.name, metric=m, value=new[m] / old[m], repetition=rep,
-                                   variant="ratio") for m in new if old.get(m)]
+            with ctx.hostlock.exclusive(f"{ctx.name} {p.job_id}") as waited:
+                quietness["lock_wait"] = round(waited, 3)
+                t0 = time.monotonic()
+                ctx.started(p)
+                with activity:
+                    _measure(cat, target, bench, p, new_tree, base_tree, tmpd, log_path, samples)
         except step.BenchmarkFailed as e:
             status, message = e.status, str(e)
+        quietness.update(activity.summary)
         timings["test"] = time.monotonic() - t0
         ctx.store.put_bytes(log_key, log_path.read_bytes(), "text/plain; charset=utf-8")
         return ctx.record(p, status, started_at=started, finished_at=time.time(), timings=timings,
                           log_key=log_key, artifact_key=p.artifact_key, artifact_sha256=p.artifact_sha256,
-                          samples=samples, message=message,
+                          samples=samples, message=message, quietness=quietness, baseline_identical=same,
+                          baseline_rev=p.baseline_rev if base_tree is not None else None,
                           log_tail="" if status == "passed" else process.log_tail(log_path, 40))
+
+
+def _measure(cat: Catalog, target: Target, bench: Benchmark, p: Payload, new_tree: Path, base_tree: Path | None,
+             tmpd: Path, log_path: Path, samples: list[Sample]) -> None:
+    """The pairs, appended to ``samples`` as they come (a failure keeps the ones before it)."""
+    for rep in range(bench.repetitions):
+        # Same seed for both sides of a pair: the pair differs only in the build.
+        seed = p.seed + rep
+        assert p.name is not None
+        if base_tree is None:
+            new = step.run_benchmark(cat, target, bench, new_tree, tmpd, f"new{rep}", seed, log_path)
+            samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep) for m, v in new.items()]
+            continue
+        # A B, B A, A B ...: whichever side runs first in a pair (colder caches, a freshly
+        # unpacked binary) is not always the same one.
+        order = ("new", "base") if rep % 2 == 0 else ("base", "new")
+        got = {side: step.run_benchmark(cat, target, bench, new_tree if side == "new" else base_tree, tmpd,
+                                        f"{side}{rep}", seed, log_path) for side in order}
+        new, old = got["new"], got["base"]
+        samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep) for m, v in new.items()]
+        samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep, variant="baseline")
+                    for m, v in old.items()]
+        samples += [Sample(benchmark=p.name, metric=m, value=new[m] / old[m], repetition=rep, variant="ratio")
+                    for m in new if old.get(m)]

@@ -1,0 +1,71 @@
+"""The scripted wall-clock scenario of issue #12, repeated: does the farm flag a 5 % slower
+insert path on the first night it is built, at its revision, with no alarm on a quiet night?
+
+One embedded farm (gearmand, MinIO, build and perf workers, SQLite) and one engine repository
+(tests/scenario.py). Each repetition: QUIET nightlies whose commits change the binary but not
+its speed, the slow commit, AFTER quiet nightlies, the revert. Every night runs iiBench's
+wall-clock insert rate as A/B pairs against the last good build, alone on the host. Prints
+each night's paired estimate with its interval, the host's quietness and the alarms, then the
+tally. Needs a quiet machine: anything else running moves wall-clock figures.
+
+Run: .venv/bin/python bench/perf_scenario.py [--repetitions 10] [--quiet 4] [--after 1]
+     [--pairs 15] [--rows 100000] [--iterations 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tests.scenario import PAIRS, ROWS, SLOW_ITERATIONS, Scenario, describe  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repetitions", type=int, default=10)
+    ap.add_argument("--quiet", type=int, default=4, help="quiet nights before the slow commit")
+    ap.add_argument("--after", type=int, default=1, help="quiet nights after it, before the revert")
+    ap.add_argument("--pairs", type=int, default=PAIRS)
+    ap.add_argument("--rows", type=int, default=ROWS)
+    ap.add_argument("--iterations", type=int, default=SLOW_ITERATIONS, help="extra hashing per row")
+    args = ap.parse_args()
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="gearfarm-scenario-") as tmp:
+        sc = Scenario(Path(tmp), pairs=args.pairs, rows=args.rows, iterations=args.iterations)
+        sc.start()
+        try:
+            results = []
+            for r in range(1, args.repetitions + 1):
+                res = sc.repetition(args.quiet, args.after)
+                results.append(res)
+                print(f"\nrepetition {r}: slowdown {'FLAGGED on its first night' if res['flagged'] else 'MISSED'}, "
+                      f"{len(res['false_alarms'])} false alarm(s)")
+                for n in res["nights"]:
+                    print("  " + describe(n))
+                sys.stdout.flush()
+        finally:
+            sc.stop()
+    flagged = sum(r["flagged"] for r in results)
+    clean = sum(not r["false_alarms"] for r in results)
+    both = sum(r["flagged"] and not r["false_alarms"] for r in results)
+    quiet_nights = sum(n.kind == "quiet" for r in results for n in r["nights"])
+    slow = [r["slow"].figure["change"] for r in results if r["slow"].figure and r["slow"].figure.get("pairs")]
+    print(f"\n{args.repetitions} repetitions ({args.quiet} quiet nights, slow commit, {args.after} quiet, revert; "
+          f"{args.pairs} pairs of {args.rows} rows) in {time.time() - started:.0f} s")
+    print(f"slowdown flagged on its first night at its revision: {flagged}/{args.repetitions}")
+    print(f"repetitions with no alarm on any of their quiet nights: {clean}/{args.repetitions} "
+          f"({quiet_nights} quiet nights in all)")
+    print(f"both: {both}/{args.repetitions}")
+    if slow:
+        print("paired estimate on the slow nights: " + ", ".join(f"{c * 100:+.2f} %" for c in slow))
+    return 0 if both >= 9 * args.repetitions // 10 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -41,13 +41,14 @@ import numpy as np
 from scipy import stats
 
 DEFAULT_MIN_CHANGE = 0.015
-DEFAULT_ALPHA = 0.01
+DEFAULT_ALPHA = 0.003
 DEFAULT_MIN_PERSIST = 2
 
 # 1.4826 * MAD estimates the SD of a normal sample; first differences have SD sigma*sqrt(2).
 _MAD_TO_SD = 1.4826
 # Simulated noise series per (length, persistence) for the null distribution of the statistic.
 _NULL_SIMS = 20000
+_TRACE: dict | None = None
 _NULL_TAIL = 0.05
 _NULL_LENGTH = 48
 # Tiers of at most this many positions get a null that knows which nights could start a regime.
@@ -64,11 +65,14 @@ _SIGMA_FLOOR = 1e-6
 # Young regimes (at most TIERS[k][0] nights old, in the newest segment) are also searched on
 # their own at alpha * TIERS[k][1], their left sides capped at _LEFT nights (a slow drift must not
 # look like a step); the search over all positions runs at alpha * _OLD_ALPHA.
-_TIERS = ((1, 1, 0.1), (2, 4, 1.0), (2, 20, 0.5))
-_LEFT = 30
-_OLD_ALPHA = 0.2
+_TIERS = ((4, 0.4, 20), (20, 0.5, 20))
+_LEFT = 20
+_WINDOW = 30
+_OLD_ALPHA = 0.05
 # A paired ratio this many standard errors away from 1 confirms a one-night regime on its own.
 _CONFIRM_Z = 2.0
+_SHORT_Z = 3.0
+_SHORT_ALPHA = 1.0
 # ... and one this many standard errors (of the difference) away from the values' step vetoes it.
 _VETO_Z = 3.0
 # Standard errors of log ratios: floor; ratios needed to estimate one from their spread; and the
@@ -149,19 +153,21 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
     cs = np.concatenate(([0.0], np.cumsum(y)))
     c2 = np.concatenate(([0.0], np.cumsum(y * y)))
 
-    def stat(a: int, b: int, taus: np.ndarray, cap: int,
+    def stat(a: int, b: int, taus: np.ndarray, cap: int, rcap: int,
              ratios: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Signed standardised change z, its estimate d (log) and whether the paired ratio
-        contradicts it, for regimes starting at `taus` in y[a:b]: the values' mean difference
-        (left side at most `cap` nights, 0 = all) over the pooled within-regime SD of the split (a
-        two-sample t statistic), combined with the paired ratio of the night where one exists
-        (precision-weighted: two measurements of one step) if `ratios`; a contradicting ratio
-        vetoes the position either way."""
+        contradicts it, for regimes starting at `taus` in y[a:b]: the difference of the values'
+        means on either side (at most `cap` nights before and `rcap` after, 0 = all) over the pooled
+        within-regime SD of the split (a two-sample t statistic), combined with the paired ratio of
+        the night where one exists (precision-weighted: two measurements of one step) if `ratios`;
+        a contradicting ratio vetoes the position either way."""
         lo = np.maximum(a, taus - cap) if cap else np.full(len(taus), a)
-        n1, n2, na = taus - lo, b - taus, taus - a
-        dv = (cs[b] - cs[taus]) / n2 - (cs[taus] - cs[lo]) / n1
+        hi = np.minimum(b, taus + rcap) if rcap else np.full(len(taus), b)
+        n1, n2 = taus - lo, hi - taus
+        dv = (cs[hi] - cs[taus]) / n2 - (cs[taus] - cs[lo]) / n1
+        na, nb = taus - a, b - taus
         sl, sr = cs[taus] - cs[a], cs[b] - cs[taus]
-        ssw = (c2[taus] - c2[a]) - sl * sl / na + (c2[b] - c2[taus]) - sr * sr / n2
+        ssw = (c2[taus] - c2[a]) - sl * sl / na + (c2[b] - c2[taus]) - sr * sr / nb
         s2 = np.maximum(ssw / (b - a - 2), _SIGMA_FLOOR**2)
         var = s2 * (1 / n1 + 1 / n2)
         if lr is None:
@@ -188,60 +194,74 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
 
     def search(a: int, b: int, tier: int, only: int | None = None) -> tuple[int, float] | None:
         """Best regime start in y[a:b] as (position, p-value), or None if no position is allowed.
-        tier -1: every position; tier k: only regimes of _TIERS[k][0].._TIERS[k][1] nights in the
-        newest segment, their left sides capped at _LEFT nights. only: test this position alone (the merge
-        step), with the null of the search it came from."""
+        tier -1: every position (both sides capped at _WINDOW nights); tier k: only regimes of
+        (the previous tier's bound + 1).._TIERS[k][0] nights in the newest segment (at least
+        min_persist), their left sides capped at _LEFT nights, informed by the paired ratios.
+        only: test this position alone (the merge step), with the null of the search it came from."""
         length = b - a
         young = tier >= 0
         if young:
-            right_max, cap = min(_TIERS[tier][1], length - 2), _LEFT
+            right_min = max(min_persist, _TIERS[tier - 1][0] + 1 if tier else 1)
+            right_max, cap, rcap = min(_TIERS[tier][0], length - 2), _TIERS[tier][2], 0
         else:
-            right_max, cap = length - 2, 0
-        if b < n:
-            right_min = 2
-        elif young and lr is not None:
-            right_min = 1  # a one-night regime, when its paired ratio confirms it
-        else:
-            right_min = min_persist
-        if young:
-            right_min = max(right_min, _TIERS[tier][0])
+            right_min = 2 if b < n else min_persist
+            right_max, cap, rcap = length - 2, _WINDOW, _WINDOW
         if right_max < right_min:
             return None
         taus = np.arange(b - right_max, b - right_min + 1)
         # The paired ratios inform the young tiers: an old regime's step is measured by its nights.
-        z, d, veto = stat(a, b, taus, cap, young)
+        z, _, veto = stat(a, b, taus, cap, rcap, young)
         ok = can_start[taus] & ~veto
-        if b == n:
-            short = (b - taus) < min_persist
-            for j in np.nonzero(short & ok)[0]:
-                ok[j] = confirmed(int(taus[j]), float(d[j]))
         if only is not None:
             ok &= taus == only
         if not ok.any():
             return None
         j = int(np.argmax(np.where(ok, np.abs(z), -1.0)))
         if not young:
-            return int(taus[j]), _p_max(float(abs(z[j])), length, right_min, right_max)
+            return int(taus[j]), _p_max(float(abs(z[j])), length, right_min, right_max, cap, rcap=rcap)
         # The null covers the positions searched: a small tier knows which nights could start a
         # regime (the larger ones count them all: conservative). It is simulated for at most
         # _NULL_LENGTH nights (fewer nights estimate the noise worse: conservative too).
         mask = -1
         if right_max - right_min < _MASK_MAX:
             mask = sum(1 << k for k in range(right_max - right_min + 1) if can_start[b - right_min - k])
-        q = q_of(taus)
-        confirm = right_min < min_persist and q is not None
         null_len = min(length, max(_NULL_LENGTH, right_max + cap + 2))
-        return int(taus[j]), _p_max(float(abs(z[j])), null_len, right_min, right_max, cap, q, mask, confirm)
+        return int(taus[j]), _p_max(float(abs(z[j])), null_len, right_min, right_max, cap, q_of(taus), mask)
 
-    def level(tier: int, b: int) -> float:
-        return alpha * (_OLD_ALPHA if tier < 0 else _TIERS[tier][2])
+    def short(a: int, only: int | None = None) -> tuple[int, float] | None:
+        """A regime of fewer than min_persist nights at the end of y[a:n]: the values alone cannot
+        tell it from a spike, so it needs both measurements, each on its own: the paired ratio of
+        its first night (_CONFIRM_Z standard errors, same direction) and the values' step
+        (_SHORT_Z). Returns (position, p-value) of the strongest such regime, or None."""
+        best = None
+        for k in range(max(a + 2, n - min_persist + 1), n):
+            if only is not None and k != only:
+                continue
+            taus = np.array([k])
+            z, _, veto = stat(a, n, taus, _LEFT, 0, False)
+            zv = float(z[0])
+            if veto[0] or not confirmed(k, zv) or abs(zv) < _SHORT_Z:
+                continue
+            zr = abs(float(lr[k] / se[k]))
+            p = 2 * float(stats.t.sf(abs(zv), n - a - 2)) * float(stats.norm.sf(zr))
+            if best is None or p < best[1]:
+                best = (k, p)
+        return best
+
+    def level(tier: int) -> float:
+        return alpha * (_OLD_ALPHA if tier == -1 else _SHORT_ALPHA if tier == -2 else _TIERS[tier][1])
+
+    def run(a: int, b: int, tier: int, only: int | None = None) -> tuple[int, float] | None:
+        return short(a, only) if tier == -2 else search(a, b, tier, only)
 
     def tiers(a: int, b: int, t: int | None = None) -> list[int]:
         """The searches that apply to y[a:b] (to a regime starting at t): all positions, and in the
-        newest segment the young tiers."""
+        newest segment the young tiers and the short-regime rule."""
         out = [-1]
         if b == n:
-            out += [k for k, (_, young, _) in enumerate(_TIERS) if t is None or n - t <= young]
+            out += [k for k, (young, _, _) in enumerate(_TIERS) if t is None or n - t <= young]
+            if lr is not None and min_persist > 1 and (t is None or n - t < min_persist):
+                out.append(-2)
         return out
 
     # Binary segmentation: split where any search finds a regime start at its level.
@@ -250,29 +270,31 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
     while todo:
         a, b = todo.pop()
         for tier in tiers(a, b):
-            hit = search(a, b, tier)
-            if hit is not None and hit[1] <= level(tier, b):
+            hit = run(a, b, tier)
+            if hit is not None and hit[1] <= level(tier):
                 cps.append(hit[0])
                 todo += [(a, hit[0]), (hit[0], b)]
+                if _TRACE is not None:
+                    _TRACE[idx[hit[0]]] = tier
                 break
     cps.sort()
 
     # Merge: re-test every change point against its final neighbours; drop the weakest that no
     # longer holds, recompute, repeat (a split found early may be explained by later ones).
-    def retest(k: int) -> float:
-        """p-value of change point k against its neighbours, over the level it must meet (<= 1:
-        it holds), the smallest over the searches that apply."""
+    def retest(k: int) -> tuple[float, float]:
+        """Change point k against its neighbours: (p-value over the level it must meet, <= 1 when
+        it holds; p-value), for the search that suits it best."""
         a = cps[k - 1] if k > 0 else 0
         b = cps[k + 1] if k + 1 < len(cps) else n
-        best = math.inf
+        best = (math.inf, 1.0)
         for tier in tiers(a, b, cps[k]):
-            hit = search(a, b, tier, only=cps[k])
+            hit = run(a, b, tier, only=cps[k])
             if hit is not None:
-                best = min(best, hit[1] / level(tier, b))
+                best = min(best, (hit[1] / level(tier), hit[1]))
         return best
 
     while cps:
-        ps = [retest(k) for k in range(len(cps))]
+        ps = [retest(k)[0] for k in range(len(cps))]
         worst = int(np.argmax(ps))
         if ps[worst] <= 1:
             break
@@ -298,11 +320,10 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
             continue
         half = tq * pooled * math.sqrt(1 / (t - a) + 1 / (b - t))
         worse = (change < 0) == higher_is_better
-        tier_levels = [level(tr, bounds[k + 2]) for tr in tiers(bounds[k], bounds[k + 2], t)]
         out.append(ChangePoint(
             index=idx[t], before_mean=before, after_mean=after, change=change,
             ci_low=(after / before) * math.exp(-half) - 1, ci_high=(after / before) * math.exp(half) - 1,
-            p_value=min(1.0, retest(k) * max(tier_levels)),
+            p_value=min(1.0, retest(k)[1]),
             direction="regression" if worse else "improvement"))
     return out
 
@@ -381,10 +402,10 @@ def _ratios(idx: list[int], paired_ratios: Sequence[float | None] | None,
 
 
 def _p_max(z: float, length: int, right_min: int, right_max: int, cap: int = 0, q: int | None = None,
-           mask: int = -1, confirm: bool = False) -> float:
+           mask: int = -1, confirm: bool = False, rcap: int = 0) -> float:
     """P(the largest |z| over the split positions of a pure-noise segment of `length` whose new
     regime has right_min..right_max nights is >= z); the rest as in _null_max."""
-    body, tail = _null_max(length, right_min, right_max, cap, q, mask, confirm)
+    body, tail = _null_max(length, right_min, right_max, cap, q, mask, confirm, rcap)
     if z >= tail[0]:
         return (1 + int(len(tail) - np.searchsorted(tail, z, side="left"))) / (_NULL_SIMS + 1)
     # Below the tail only the order of magnitude matters: interpolate the percentiles.
@@ -393,10 +414,10 @@ def _p_max(z: float, length: int, right_min: int, right_max: int, cap: int = 0, 
 
 @functools.lru_cache(maxsize=8192)
 def _null_max(length: int, right_min: int, right_max: int, cap: int = 0, q: int | None = None,
-              mask: int = -1, confirm: bool = False) -> tuple[np.ndarray, np.ndarray]:
+              mask: int = -1, confirm: bool = False, rcap: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Sorted null distribution of the largest |z| over the allowed split positions of a
     Gaussian-noise segment of `length`, z computed as `detect` does (pooled within-regime SD of the
-    split, left sides capped at `cap` nights unless 0), with a paired ratio of standard error
+    split, sides capped at `cap` nights before and `rcap` after unless 0), with a paired ratio of standard error
     sigma / 2**(q/2) at every position (q None: no ratios). mask: bit k set = a regime of
     right_min + k nights may start (-1: all). confirm: the one-night regime counts only when its
     ratio confirms it, as in `detect`. Monte Carlo, seeded, so `detect` stays deterministic.
@@ -406,14 +427,14 @@ def _null_max(length: int, right_min: int, right_max: int, cap: int = 0, q: int 
     percentiles, and the largest _NULL_TAIL of the simulated maxima (where p-values are decided).
     """
     rng = np.random.default_rng([_NULL_SEED, length, right_min, right_max, cap, 99 if q is None else q + 50,
-                                 mask + 1, int(confirm)])
+                                 mask + 1, int(confirm), rcap])
     n2 = np.arange(right_max, right_min - 1, -1)
     n2 = n2[length - n2 >= 2]
     allowed = np.array([mask < 0 or bool(mask >> (k - right_min) & 1) for k in n2])
     if not len(n2) or not allowed.any():
         return np.zeros(2), np.array([np.inf])
     taus = length - n2
-    explicit = min(length, right_max + cap) if cap else length
+    explicit = min(length, right_max + cap) if cap and not rcap else length
     old = length - explicit
     lo = np.maximum(0, taus - cap) if cap else np.zeros(len(taus), dtype=int)
     sims = _NULL_SIMS
@@ -431,9 +452,15 @@ def _null_max(length: int, right_min: int, right_max: int, cap: int = 0, q: int 
     else:
         left = sl / taus
     sr, qr = st[:, None] - sl, qt[:, None] - ql
-    dv = sr / n2 - left
+    if rcap:
+        hi = np.minimum(length, taus + rcap)
+        right = (cs[:, hi - old] - cs[:, taus - old]) / (hi - taus)
+        n2c = hi - taus
+    else:
+        right, n2c = sr / n2, n2
+    dv = right - left
     ssw = ql - sl * sl / taus + qr - sr * sr / n2
-    var = np.maximum(ssw / (length - 2), 1e-12) * (1 / (taus - lo) + 1 / n2)
+    var = np.maximum(ssw / (length - 2), 1e-12) * (1 / (taus - lo) + 1 / n2c)
     if q is None:
         z = np.abs(dv) / np.sqrt(var)
     else:

@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from gearfarm import catalog as catalog_mod  # noqa: E402
 from gearfarm import config as config_mod  # noqa: E402
+from gearfarm.hostlock import HostLock  # noqa: E402
 from gearfarm.s3 import artifact  # noqa: E402
 from gearfarm.s3.store import ArtifactStore  # noqa: E402
 
@@ -86,12 +87,14 @@ def main() -> int:
         argv = catalog_mod.expand(bench.argv, vals, [])
         pattern = re.compile(bench.metrics_pattern or "")
         alone = []
-        for _ in range(max(runs, 5)):
-            shutil.rmtree(Path(tmp) / "scratch", ignore_errors=True)
-            (Path(tmp) / "scratch").mkdir()
-            out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-            found = {m.group("metric"): float(m.group("value")) for m in pattern.finditer(out)}
-            alone.append(found[args.metric])
+        # Alone as a perf job is alone: under the host lock, so nothing of any farm runs beside it.
+        with HostLock().exclusive("bench/perf_alone.py: the binary alone"):
+            for _ in range(max(runs, 5)):
+                shutil.rmtree(Path(tmp) / "scratch", ignore_errors=True)
+                (Path(tmp) / "scratch").mkdir()
+                out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+                found = {m.group("metric"): float(m.group("value")) for m in pattern.finditer(out)}
+                alone.append(found[args.metric])
     base = statistics.median(alone)
     print(f"{args.benchmark} {args.metric} of {TARGET} at {rev[:12]}: {args.nightlies} default nightlies "
           f"(every target, suite and benchmark), then the same binary alone; {time.time() - started:.0f} s\n")

@@ -9,7 +9,8 @@ each night's paired estimate with its interval, the host's quietness and the ala
 tally. Needs a quiet machine: anything else running moves wall-clock figures.
 
 Run: .venv/bin/python bench/perf_scenario.py [--repetitions 10] [--quiet 4] [--after 1]
-     [--pairs 15] [--rows 100000] [--iterations 60]
+     [--pairs 30] [--precision 0.0075]
+     [--most-pairs 400] [--rows 20000] [--iterations 72]
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.scenario import PAIRS, ROWS, SLOW_ITERATIONS, Scenario, describe  # noqa: E402
+from tests.scenario import MOST_PAIRS, PAIRS, PRECISION, ROWS, SLOW_ITERATIONS, Scenario, describe  # noqa: E402
 
 
 def main() -> int:
@@ -31,13 +32,17 @@ def main() -> int:
     ap.add_argument("--repetitions", type=int, default=10)
     ap.add_argument("--quiet", type=int, default=4, help="quiet nights before the slow commit")
     ap.add_argument("--after", type=int, default=1, help="quiet nights after it, before the revert")
-    ap.add_argument("--pairs", type=int, default=PAIRS)
+    ap.add_argument("--pairs", type=int, default=PAIRS, help="pairs every night runs at least")
+    ap.add_argument("--precision", type=float, default=PRECISION,
+                    help="then more pairs until the estimate's standard error is this small")
+    ap.add_argument("--most-pairs", type=int, default=MOST_PAIRS)
     ap.add_argument("--rows", type=int, default=ROWS)
     ap.add_argument("--iterations", type=int, default=SLOW_ITERATIONS, help="extra hashing per row")
     args = ap.parse_args()
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="gearfarm-scenario-") as tmp:
-        sc = Scenario(Path(tmp), pairs=args.pairs, rows=args.rows, iterations=args.iterations)
+        sc = Scenario(Path(tmp), pairs=args.pairs, rows=args.rows, iterations=args.iterations,
+                      precision=args.precision, most_pairs=args.most_pairs)
         sc.start()
         try:
             results = []
@@ -57,7 +62,8 @@ def main() -> int:
     quiet_nights = sum(n.kind == "quiet" for r in results for n in r["nights"])
     slow = [r["slow"].figure["change"] for r in results if r["slow"].figure and r["slow"].figure.get("pairs")]
     print(f"\n{args.repetitions} repetitions ({args.quiet} quiet nights, slow commit, {args.after} quiet, revert; "
-          f"{args.pairs} pairs of {args.rows} rows) in {time.time() - started:.0f} s")
+          f"{args.pairs}-{args.most_pairs} pairs of {args.rows} rows to a {args.precision:.2%} standard error) "
+          f"in {time.time() - started:.0f} s")
     print(f"slowdown flagged on its first night at its revision: {flagged}/{args.repetitions}")
     print(f"repetitions with no alarm on any of their quiet nights: {clean}/{args.repetitions} "
           f"({quiet_nights} quiet nights in all)")

@@ -175,6 +175,13 @@ DEFAULT_PAIRS = 5
 class Benchmark(Step):
     # A/B pairs (tonight's build and the last good one, interleaved), or plain runs unpaired.
     repetitions: int = Field(default=DEFAULT_PAIRS, ge=1, le=100)
+    # Adaptive pairs: after `repetitions` pairs, keep adding pairs until the paired estimate of
+    # every metric has at most this relative standard error, up to `max_repetitions`. A VM's
+    # noise comes in regimes, so a fixed count is too many on a quiet night and too few on a
+    # noisy one; stopping on the standard error alone (never on the estimate) keeps the
+    # night's test honest.
+    precision: float | None = Field(default=None, gt=0, le=0.5)
+    max_repetitions: int | None = Field(default=None, ge=1, le=1000)
     # "instructions": also run the benchmark under callgrind and report the instructions it
     # executed, a figure that does not move with the host's load (time on a shared VM does).
     counter: Literal["instructions"] | None = None
@@ -184,8 +191,21 @@ class Benchmark(Step):
     metrics_pattern: str | None = None
     runner: bool = True
 
+    @property
+    def most_pairs(self) -> int:
+        """The most pairs a night may run (`repetitions` unless a precision asks for more)."""
+        if self.precision is None:
+            return self.repetitions
+        return self.max_repetitions or min(1000, 10 * self.repetitions)
+
     @model_validator(mode="after")
     def _source_of_metrics(self) -> Benchmark:
+        if self.max_repetitions is not None and self.precision is None:
+            raise ValueError("max_repetitions only applies with precision (the standard error at which a "
+                             "night has pairs enough): set precision, or drop max_repetitions")
+        if self.max_repetitions is not None and self.max_repetitions < self.repetitions:
+            raise ValueError(f"max_repetitions ({self.max_repetitions}) is below repetitions "
+                             f"({self.repetitions}): raise it, or lower repetitions")
         if not self.argv:
             raise ValueError("argv must not be empty")
         if not self.metrics:

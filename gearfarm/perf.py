@@ -10,13 +10,11 @@ from __future__ import annotations
 import base64
 import math
 import statistics
-from dataclasses import dataclass
 from typing import Any
-
-from scipy import stats
 
 from gearfarm.changepoint import RevisionChange, find_changes
 from gearfarm.job import step_name
+from gearfarm.pairs import Paired, paired_test
 from gearfarm.perfplot import plot
 from gearfarm.store import ResultsDB, Run
 
@@ -27,73 +25,8 @@ PAIRED_ALPHA = 0.001
 # ... and the change it estimates at least this large: smaller moves are real but not worth a
 # mail (a code layout change alone moves wall-clock figures by 1-2 %).
 PAIRED_MIN_CHANGE = 0.02
-# Earlier nights whose pairs' scatter is pooled with tonight's (see paired_test).
-POOL_NIGHTS = 10
 # A change is an alarm in the report of each of the first runs that can see it, not forever.
 ALARM_RUNS = 5
-
-
-@dataclass(frozen=True)
-class Paired:
-    """One night's A/B pairs of one metric: log ratios of tonight's build over its baseline."""
-
-    logs: tuple[float, ...]
-
-    @classmethod
-    def of(cls, ratios: list[float]) -> Paired:
-        return cls(tuple(math.log(r) for r in ratios if r > 0))
-
-    @property
-    def k(self) -> int:
-        return len(self.logs)
-
-    @property
-    def mean(self) -> float:
-        return statistics.fmean(self.logs)
-
-    @property
-    def ss(self) -> float:
-        """Sum of squared deviations from the night's mean (what pooling adds up)."""
-        m = self.mean
-        return sum((x - m) ** 2 for x in self.logs)
-
-    def interval(self, level: float = 0.95) -> tuple[float, float] | None:
-        """The night's paired estimate's interval (relative change), from its own pairs."""
-        if self.k < 2:
-            return None
-        half = float(stats.t.ppf(0.5 + level / 2, self.k - 1)) * math.sqrt(self.ss / (self.k - 1) / self.k)
-        return math.expm1(self.mean - half), math.expm1(self.mean + half)
-
-    @property
-    def se(self) -> float | None:
-        """Standard error of the mean log ratio from the night's own pairs (None below 3)."""
-        return math.sqrt(self.ss / (self.k - 1) / self.k) if self.k >= 3 else None
-
-
-def paired_test(night: Paired, earlier: list[Paired]) -> float | None:
-    """p-value of "tonight's build performs like its baseline", from the night's pairs.
-
-    The scatter of the pairs is estimated from tonight's pairs pooled with those of up to
-    POOL_NIGHTS earlier nights (the pairs' scatter does not depend on whether the code
-    changed): five pairs alone give a t-test with 4 degrees of freedom, which cannot see a 5 %
-    step under this host's 2-5 % pair noise, pooled they give ~40. But a VM's noise comes in
-    regimes, and a night noisier than its history would make the pooled test overconfident, so
-    when tonight's own scatter is the larger, the night is judged by its own t-test alone. Each
-    branch is exact at its level, so the false-alarm rate is at most twice the level."""
-    if night.k < 2:
-        return None
-    own_var = night.ss / (night.k - 1)
-    pool = [n for n in earlier[-POOL_NIGHTS:] if n.k >= 2] + [night]
-    dof = sum(n.k - 1 for n in pool)
-    pooled_var = sum(n.ss for n in pool) / dof
-    if own_var >= pooled_var:
-        var, dof = own_var, night.k - 1
-    else:
-        var = pooled_var
-    if var <= 0:
-        return None  # identical figures on both sides (a counter): nothing to test against
-    t = night.mean / math.sqrt(var / night.k)
-    return float(2 * stats.t.sf(abs(t), dof))
 
 
 def directions(db: ResultsDB, run: Run) -> dict[tuple[str, str], bool]:
@@ -145,8 +78,9 @@ def paired_changes(series: list[tuple[str, float]], nights: list[Paired], higher
                    unchanged: list[bool] | None = None, alpha: float = PAIRED_ALPHA,
                    min_change: float = PAIRED_MIN_CHANGE) -> list[RevisionChange]:
     """Nights whose A/B pairs alone show a change (paired_test at ``alpha``, an estimate of
-    at least ``min_change``, and most pairs agreeing in direction, so one wild pair cannot
-    carry a night). A night whose binary is the baseline's, byte for byte, is never one.
+    at least ``min_change``, and most pairs agreeing in direction; the trimmed estimate
+    already keeps a few wild pairs from carrying a night). A night whose binary is the
+    baseline's, byte for byte, is never one.
 
     This is what pairing buys on a shared machine: the host's drift between nights, which
     can move absolute figures by tens of percent here, is the same for both sides of a pair
@@ -156,7 +90,7 @@ def paired_changes(series: list[tuple[str, float]], nights: list[Paired], higher
         if i == 0 or night.k < 2 or (unchanged and unchanged[i]):
             continue
         mean = night.mean
-        if abs(math.expm1(mean)) < min_change or sum((x > 0) == (mean > 0) for x in night.logs) < 0.8 * night.k:
+        if abs(math.expm1(mean)) < min_change or 2 * sum((x > 0) == (mean > 0) for x in night.logs) <= night.k:
             continue
         p = paired_test(night, nights[:i])
         if p is None or not p < alpha:

@@ -26,14 +26,26 @@ argv = ["{{root}}/engine/build/{{target}}/gfe-bench{{exe}}", "iibench", "--rows"
         "--index", "betree", "--seed", "{{seed}}", "--dir", "{{scratch}}"]
 timeout = 300
 repetitions = {pairs}
+precision = {precision}
+max_repetitions = {most_pairs}
 metrics = {{ insert_rate = "higher" }}
 metrics_pattern = '"(?P<metric>[a-z0-9_]+)":(?P<value>-?[0-9.]+(?:[eE][-+]?[0-9]+)?)'
 """
-PAIRS = 15
-ROWS = 100_000
-# Extra hashing of every row on the insert path: measured on this 2-core VM as a 5 % slower
-# wall-clock insert rate (bench/perf_scenario.py prints the paired estimate of each night).
-SLOW_ITERATIONS = 60
+# Many short runs rather than a few long ones: this VM's speed jumps for a second or two at a
+# time, so short runs put both sides of a pair in the same state more often (measured, 60
+# A/A pairs: trimmed-mean standard error 0.75 % at 20k rows in 7 s, 0.76 % at 50k rows in
+# 17 s, and at 100k rows a plain pair SD of 10-12 %).
+PAIRS = 30
+ROWS = 20_000
+# ... and as many more pairs as the night's noise needs for a 0.75 % standard error (adaptive
+# pairs): 50 fixed pairs missed the step on 1 night in 3 when the host was noisy (interval
+# +-4 %), and the step itself measures 3.6-5.9 % as the quiet nights' commits move the code.
+PRECISION = 0.0075
+MOST_PAIRS = 400
+# Extra hashing of every row on the insert path, calibrated on this 2-core VM with 200 A/B
+# pairs of 20k rows against the unchanged build: 70 iterations -4.5 to -4.7 %, 75 -5.4 to
+# -5.7 % (bench/perf_scenario.py prints the paired estimate of each night).
+SLOW_ITERATIONS = 72
 ANCHOR = "            gfe_batch_clear(b);\n        }"
 
 
@@ -57,6 +69,8 @@ class Scenario:
 
     base: Path
     pairs: int = PAIRS
+    precision: float = PRECISION
+    most_pairs: int = MOST_PAIRS
     rows: int = ROWS
     iterations: int = SLOW_ITERATIONS
     nights: list[Night] = field(default_factory=list)
@@ -65,7 +79,8 @@ class Scenario:
     def __post_init__(self) -> None:
         self.repo = make_repo(self.base / "repo")
         cat = self.repo / "jobs" / "catalog.toml"
-        cat.write_text(cat.read_text() + CATALOG.format(rows=self.rows, pairs=self.pairs))
+        cat.write_text(cat.read_text() + CATALOG.format(rows=self.rows, pairs=self.pairs, precision=self.precision,
+                                                             most_pairs=self.most_pairs))
         commit(self.repo, "a wall-clock iiBench for the nightly perf job")
         self.bench_c = self.repo / "engine" / "tools" / "bench.c"
         self.pristine = self.bench_c.read_text()

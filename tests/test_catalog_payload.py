@@ -92,6 +92,13 @@ def test_catalog_rejects_unknown_placeholders_and_undefined_suites() -> None:
     (('cwd = "."', 'cwd = "../up"'), r"cwd '../up' must be a relative path inside the job's tree"),
     (('[suites.unit]', '[benchmarks.b]\nargv = ["x"]\nmetrics = { ops = "higher" }\n[suites.unit]'),
      r"set exactly one of metrics_file .* or metrics_pattern"),
+    (('[suites.unit]', '[benchmarks.b]\nargv = ["x"]\nmetrics_pattern = "(?P<metric>ops)=(?P<value>[0-9]+)"\n'
+                       'metrics = { ops = "higher" }\nrepetitions = 30\nmax_repetitions = 20\nprecision = 0.01\n'
+                       '[suites.unit]'),
+     r"max_repetitions \(20\) is below repetitions \(30\): raise it, or lower repetitions"),
+    (('[suites.unit]', '[benchmarks.b]\nargv = ["x"]\nmetrics_pattern = "(?P<metric>ops)=(?P<value>[0-9]+)"\n'
+                       'metrics = { ops = "higher" }\nmax_repetitions = 20\n[suites.unit]'),
+     r"max_repetitions only applies with precision .*: set precision, or drop max_repetitions"),
 ])
 def test_catalog_errors_name_the_file_the_key_and_the_fix(edit: tuple[str, str], message: str) -> None:
     text = BASE.replace('argv = ["{root}/t"]', 'argv = ["{root}/t"]\ntimeout = 120\nformat = "tap"\ncwd = "."')

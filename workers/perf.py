@@ -17,6 +17,7 @@ from gearfarm import host, process, snapshot, step
 from gearfarm.catalog import Benchmark, Catalog, Target
 from gearfarm.gearman import Job
 from gearfarm.job import Payload
+from gearfarm.pairs import Paired
 from gearfarm.result import ResultRecord, Sample
 from gearfarm.s3 import keys
 from gearfarm.s3.artifact import MANIFEST, ArtifactError
@@ -92,14 +93,19 @@ def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
 
 def _measure(cat: Catalog, target: Target, bench: Benchmark, p: Payload, new_tree: Path, base_tree: Path | None,
              tmpd: Path, log_path: Path, samples: list[Sample]) -> None:
-    """The pairs, appended to ``samples`` as they come (a failure keeps the ones before it)."""
-    for rep in range(bench.repetitions):
+    """The pairs, appended to ``samples`` as they come (a failure keeps the ones before it):
+    `repetitions` of them, then, when the catalog sets a precision, more until every metric's
+    paired estimate is that precise (or `max_repetitions` ran)."""
+    rep = 0
+    while rep < bench.repetitions or (base_tree is not None and rep < bench.most_pairs
+                                      and not _precise(bench, samples)):
         # Same seed for both sides of a pair: the pair differs only in the build.
         seed = p.seed + rep
         assert p.name is not None
         if base_tree is None:
             new = step.run_benchmark(cat, target, bench, new_tree, tmpd, f"new{rep}", seed, log_path)
             samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep) for m, v in new.items()]
+            rep += 1
             continue
         # A B, B A, A B ...: whichever side runs first in a pair (colder caches, a freshly
         # unpacked binary) is not always the same one.
@@ -112,3 +118,26 @@ def _measure(cat: Catalog, target: Target, bench: Benchmark, p: Payload, new_tre
                     for m, v in old.items()]
         samples += [Sample(benchmark=p.name, metric=m, value=new[m] / old[m], repetition=rep, variant="ratio")
                     for m in new if old.get(m)]
+        rep += 1
+    if base_tree is not None and bench.precision is not None:
+        with log_path.open("a") as f:
+            f.write(f"{rep} pairs: {_precision_note(bench, samples)}\n")
+
+
+def _errors(bench: Benchmark, samples: list[Sample]) -> dict[str, float | None]:
+    return {m: Paired.of([s.value for s in samples if s.metric == m and s.variant == "ratio"]).se
+            for m in bench.metrics}
+
+
+def _precise(bench: Benchmark, samples: list[Sample]) -> bool:
+    """Whether every metric's paired estimate is as precise as the catalog asks. A metric with
+    no ratio at all (a baseline figure of 0) cannot get more precise with more pairs."""
+    assert bench.precision is not None
+    has_ratio = {s.metric for s in samples if s.variant == "ratio"}
+    return all(se is not None and se <= bench.precision
+               for m, se in _errors(bench, samples).items() if m in has_ratio)
+
+
+def _precision_note(bench: Benchmark, samples: list[Sample]) -> str:
+    return ", ".join(f"{m} standard error {'-' if se is None else f'{se:.2%}'}"
+                     for m, se in _errors(bench, samples).items()) + f" (precision {bench.precision:.2%})"

@@ -122,3 +122,41 @@ def test_plot_returns_png_and_svg():
     assert b"<svg" in svg[:2000] and svg.rstrip().endswith(b"</svg>")
     with pytest.raises(ValueError):
         plot(series, changes, "x", "gif")  # type: ignore[arg-type]
+
+
+def test_a_night_whose_build_did_not_change_cannot_start_a_regime():
+    # issue #12: an unchanged build (no engine commit that night) is the same binary as the night
+    # before; the move belongs to the nearest night whose build did change.
+    v = noisy(seed=21)
+    v[30:] *= 0.9
+    assert [c.index for c in detect(v.tolist())] == [30]
+    unchanged = [False] * 60
+    unchanged[30] = True
+    assert [c.index for c in detect(v.tolist(), unchanged=unchanged)] == [31]
+
+
+@pytest.mark.parametrize("seed", [31, 34])
+def test_unchanged_nights_make_a_young_regime_more_significant(seed):
+    # A regime 12 nights old is searched among 12 positions; 7 unchanged nights leave 8 that could
+    # start it, so the maximum over them is less surprising under the null: a smaller p-value.
+    v = noisy(n=72, noise=0.02, seed=seed)
+    v[60:] *= 0.96
+    unchanged = [False] * 72
+    for i in (50, 52, 55, 57, 63, 66, 69):
+        unchanged[i] = True
+    [plain] = detect(v.tolist())
+    [informed] = detect(v.tolist(), unchanged=unchanged)
+    assert plain.index == informed.index == 60
+    assert informed.p_value < plain.p_value
+
+
+def test_bench_series_paired_se_spans_the_farm_measurement():
+    # bench/series.py: a night's 5 A/B pairs of a wall-clock benchmark on the farm's VM give a
+    # standard error of the log ratio around 2-3 %, so the bench draws it uniformly in [1 %, 3 %].
+    from bench.series import make_series
+
+    ses = [make_series("gaussian", 0.01, 0.0, (6, 0, i)).ratio_se[1] for i in range(60)]
+    assert 0.01 <= min(ses) < 0.012 and 0.028 < max(ses) <= 0.03
+    s = make_series("gaussian", 0.01, 0.05, (6, 1, 0))
+    assert s.ratio_se[0] is None and s.ratios[0] is None
+    assert not s.unchanged[60] and s.step_at == 60

@@ -102,6 +102,16 @@ _SHORT_ALPHA = 1.0
 # A paired ratio this many standard errors (of the difference) away from the values' step vetoes
 # the position: the builds, measured side by side, did not make that move.
 _VETO_Z = 3.0
+# The 2-4 and 5-8 night tiers (indices into _TIERS) also need the paired ratio of the regime's
+# first night to support the values' step: the same sign and at least _SUPPORT_Z standard errors.
+# Measured on bench/otava_compare.py (seed 6, farm info): false alarms on drift 9 -> 8 (1 % noise)
+# and 6 -> 5 (3 %), heavy 1 % 9 -> 7, outliers 3 % 6 -> 5, Gaussian 1 % 2 -> 1, Gaussian 3 %
+# unchanged (3); rows dominating Otava 19 -> 22 of 32, none lost. Seed 7: 19 -> 18 (heavy 1 %
+# noise, 2 % step: 19 found against Otava's 20), false alarms 1 fewer on heavy 1 % and drift 1 %,
+# Gaussian 3 % and drift 3 % unchanged (6 and 12). _SUPPORT_Z = 0.5 cut one more
+# drift 3 % false alarm but delayed the 2 % step under 1 % Gaussian noise (median 5, Otava 4).
+_SUPPORT_TIERS = (0, 1)
+_SUPPORT_Z = 0.0
 # Standard errors of log ratios: floor; ratios needed to estimate one from their spread; and the
 # fraction of that spread a given se is raised to.
 _SE_FLOOR = 0.002
@@ -180,8 +190,8 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
     cs = np.concatenate(([0.0], np.cumsum(y)))
     c2 = np.concatenate(([0.0], np.cumsum(y * y)))
 
-    def stat(a: int, b: int, taus: np.ndarray, cap: int, rcap: int,
-             ratios: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def stat(a: int, b: int, taus: np.ndarray, cap: int, rcap: int, ratios: bool,
+             support: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Signed standardised change z, its estimate d (log) and whether the paired ratio
         contradicts it, for regimes starting at `taus` in y[a:b]: the difference of the values'
         means on either side (at most `cap` nights before and `rcap` after, 0 = all) over the pooled
@@ -204,6 +214,9 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
         # The values moved but the builds, measured side by side, did not (or the other way
         # round): whatever moved is not a change of the build on that night.
         veto = has & (np.abs(dv - r) > _VETO_Z * np.sqrt(var + s**2))
+        if support:
+            # A young regime also needs its first night's ratio on the values' side of 1.
+            veto |= has & (np.sign(dv) * r < _SUPPORT_Z * s)
         if not ratios:
             return dv / np.sqrt(var), dv, veto
         prec = 1 / var + 1 / s**2
@@ -237,7 +250,7 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
             return None
         taus = np.arange(b - right_max, b - right_min + 1)
         # The paired ratios inform the young tiers: an old regime's step is measured by its nights.
-        z, _, veto = stat(a, b, taus, cap, rcap, young)
+        z, _, veto = stat(a, b, taus, cap, rcap, young, young and tier in _SUPPORT_TIERS)
         ok = can_start[taus] & ~veto
         if only is not None:
             ok &= taus == only

@@ -160,3 +160,17 @@ def test_bench_series_paired_se_spans_the_farm_measurement():
     s = make_series("gaussian", 0.01, 0.05, (6, 1, 0))
     assert s.ratio_se[0] is None and s.ratios[0] is None
     assert not s.unchanged[60] and s.step_at == 60
+
+
+@pytest.mark.parametrize("seed", [47, 52])
+def test_a_young_regime_needs_its_first_nights_ratio_on_the_same_side(seed):
+    # issue #12: a 3-night regime found by the 2-4 night search is only believed when the paired
+    # ratio of its first night points the same way as the values' step (a ratio on the other side,
+    # though within the veto's 3 standard errors, says the builds did not make that move).
+    v = noisy(n=60, noise=0.02, seed=seed)
+    v[57:] *= 0.96
+    se = [None] + [0.03] * 59
+    for r57, found in ((0.96, [57]), (1.005, [])):
+        ratios = [None] + [1.0] * 59
+        ratios[57] = r57
+        assert [c.index for c in detect(v.tolist(), paired_ratios=ratios, paired_se=se)] == found

@@ -124,9 +124,12 @@ def main() -> None:
                     help="comma-separated subset of: " + ", ".join(f"{x:g}" for x in NOISES))
     args = ap.parse_args()
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-    noises = [x for x in NOISES if f"{x:g}" in {v.strip() for v in args.noises.split(",")}]
-    if any(k not in KINDS for k in kinds) or not noises:
-        ap.error("unknown kind or noise")
+    asked = {v.strip() for v in args.noises.split(",") if v.strip()}
+    noises = [x for x in NOISES if f"{x:g}" in asked]
+    bad = [k for k in kinds if k not in KINDS] + sorted(asked - {f"{x:g}" for x in NOISES})
+    if bad or not kinds or not noises:
+        ap.error(f"--kinds/--noises: unknown or empty {', '.join(bad) or 'selection'}; choose from "
+                 f"{', '.join(KINDS)} and {', '.join(f'{x:g}' for x in NOISES)}")
     names = tuple(n.strip() for n in args.detectors.split(",") if n.strip())
     for n in names:
         if n not in DETECTORS:

@@ -196,7 +196,7 @@ class Benchmark(Step):
         """The most pairs a night may run (`repetitions` unless a precision asks for more)."""
         if self.precision is None:
             return self.repetitions
-        return self.max_repetitions or min(1000, 10 * self.repetitions)
+        return self.max_repetitions or 10 * self.repetitions
 
     @model_validator(mode="after")
     def _source_of_metrics(self) -> Benchmark:

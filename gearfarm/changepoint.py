@@ -56,7 +56,6 @@ DEFAULT_MIN_PERSIST = 2
 _MAD_TO_SD = 1.4826
 # Simulated noise series per (length, persistence) for the null distribution of the statistic.
 _NULL_SIMS = 20000
-_TRACE: dict | None = None
 _NULL_TAIL = 0.05
 _NULL_LENGTH = 48
 # Tiers of at most this many positions get a null that knows which nights could start a regime.
@@ -89,7 +88,6 @@ _OLD_ALPHA = 0.05
 # scaled by the fraction of positions whose build changed (the tail of a maximum grows nearly
 # linearly with the number of positions). Measured: one more 2 % and 3 % step found under 3 %
 # Gaussian noise, false alarms unchanged (3 of 40 series).
-_MASK_SCALE = True
 # Without paired ratios the young tiers run at half their level: nothing can veto a move of the
 # values that the builds did not make (a drift, a bad week of the host).
 _ALONE = 0.5
@@ -267,7 +265,7 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
             mask = sum(1 << k for k in range(right_max - right_min + 1) if can_start[b - right_min - k])
         null_len = min(length, max(_NULL_LENGTH, right_max + cap + 2))
         p = _p_max(float(abs(z[j])), null_len, right_min, right_max, cap, q_of(taus), mask)
-        if mask == -1 and _MASK_SCALE:
+        if mask == -1:
             # A larger tier's null counts every position; its tail scales nearly with the number
             # of positions that could start a regime, so scale it by the allowed fraction.
             p *= max(int(can_start[taus].sum()), 1) / len(taus)
@@ -323,8 +321,6 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
             if hit is not None and hit[1] <= level(tier):
                 cps.append(hit[0])
                 todo += [(a, hit[0]), (hit[0], b)]
-                if _TRACE is not None:
-                    _TRACE[idx[hit[0]]] = tier
                 break
     cps.sort()
 
@@ -451,10 +447,10 @@ def _ratios(idx: list[int], paired_ratios: Sequence[float | None] | None,
 
 
 def _p_max(z: float, length: int, right_min: int, right_max: int, cap: int = 0, q: int | None = None,
-           mask: int = -1, confirm: bool = False, rcap: int = 0) -> float:
+           mask: int = -1, rcap: int = 0) -> float:
     """P(the largest |z| over the split positions of a pure-noise segment of `length` whose new
     regime has right_min..right_max nights is >= z); the rest as in _null_max."""
-    body, tail = _null_max(length, right_min, right_max, cap, q, mask, confirm, rcap)
+    body, tail = _null_max(length, right_min, right_max, cap, q, mask, rcap)
     if z >= tail[0]:
         return (1 + int(len(tail) - np.searchsorted(tail, z, side="left"))) / (_NULL_SIMS + 1)
     # Below the tail only the order of magnitude matters: interpolate the percentiles.
@@ -463,20 +459,21 @@ def _p_max(z: float, length: int, right_min: int, right_max: int, cap: int = 0, 
 
 @functools.lru_cache(maxsize=8192)
 def _null_max(length: int, right_min: int, right_max: int, cap: int = 0, q: int | None = None,
-              mask: int = -1, confirm: bool = False, rcap: int = 0) -> tuple[np.ndarray, np.ndarray]:
+              mask: int = -1, rcap: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Sorted null distribution of the largest |z| over the allowed split positions of a
     Gaussian-noise segment of `length`, z computed as `detect` does (pooled within-regime SD of the
     split, sides capped at `cap` nights before and `rcap` after unless 0), with a paired ratio of standard error
     sigma / 2**(q/2) at every position (q None: no ratios). mask: bit k set = a regime of
-    right_min + k nights may start (-1: all). confirm: the one-night regime counts only when its
-    ratio confirms it, as in `detect`. Monte Carlo, seeded, so `detect` stays deterministic.
+    right_min + k nights may start (-1: all). Monte Carlo, seeded, so `detect` stays deterministic.
 
     Only the newest right_max + cap nights are drawn one by one; the older ones enter through
     their sum and sum of squares, which are drawn directly (normal and chi-square). Kept: the
     percentiles, and the largest _NULL_TAIL of the simulated maxima (where p-values are decided).
     """
     rng = np.random.default_rng([_NULL_SEED, length, right_min, right_max, cap, 99 if q is None else q + 50,
-                                 mask + 1, int(confirm), rcap])
+                                 # 0: the slot of a removed option, kept so that the seeded nulls
+                                 # (and the measured tables in docs/performance.md) stay the same.
+                                 mask + 1, 0, rcap])
     n2 = np.arange(right_max, right_min - 1, -1)
     n2 = n2[length - n2 >= 2]
     allowed = np.array([mask < 0 or bool(mask >> (k - right_min) & 1) for k in n2])
@@ -516,10 +513,6 @@ def _null_max(length: int, right_min: int, right_max: int, cap: int = 0, q: int 
         se = 2.0 ** (-q / 2)
         r = se * rng.standard_normal((sims, len(taus)))
         z = np.abs(dv / var + r / se**2) / np.sqrt(1 / var + 1 / se**2)
-        if confirm:
-            one = n2 == 1
-            ok1 = (r[:, one] * dv[:, one] > 0) & (np.abs(r[:, one]) >= _CONFIRM_Z * se)
-            z[:, one] = np.where(ok1, z[:, one], 0.0)
     m = np.sort(np.where(allowed, z, 0.0).max(axis=1))
     tail = m[-int(sims * _NULL_TAIL):]
     return np.percentile(m, np.arange(101)).astype(np.float32), tail.astype(np.float32)

@@ -105,19 +105,18 @@ def _measure(cat: Catalog, target: Target, bench: Benchmark, p: Payload, new_tre
         if base_tree is None:
             new = step.run_benchmark(cat, target, bench, new_tree, tmpd, f"new{rep}", seed, log_path)
             samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep) for m, v in new.items()]
-            rep += 1
-            continue
-        # A B, B A, A B ...: whichever side runs first in a pair (colder caches, a freshly
-        # unpacked binary) is not always the same one.
-        order = ("new", "base") if rep % 2 == 0 else ("base", "new")
-        got = {side: step.run_benchmark(cat, target, bench, new_tree if side == "new" else base_tree, tmpd,
-                                        f"{side}{rep}", seed, log_path) for side in order}
-        new, old = got["new"], got["base"]
-        samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep) for m, v in new.items()]
-        samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep, variant="baseline")
-                    for m, v in old.items()]
-        samples += [Sample(benchmark=p.name, metric=m, value=new[m] / old[m], repetition=rep, variant="ratio")
-                    for m in new if old.get(m)]
+        else:
+            # A B, B A, A B ...: whichever side runs first in a pair (colder caches, a freshly
+            # unpacked binary) is not always the same one.
+            order = ("new", "base") if rep % 2 == 0 else ("base", "new")
+            got = {side: step.run_benchmark(cat, target, bench, new_tree if side == "new" else base_tree, tmpd,
+                                            f"{side}{rep}", seed, log_path) for side in order}
+            new, old = got["new"], got["base"]
+            samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep) for m, v in new.items()]
+            samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep, variant="baseline")
+                        for m, v in old.items()]
+            samples += [Sample(benchmark=p.name, metric=m, value=new[m] / old[m], repetition=rep, variant="ratio")
+                        for m in new if old.get(m)]
         rep += 1
     if base_tree is not None and bench.precision is not None:
         with log_path.open("a") as f:

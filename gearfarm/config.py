@@ -128,6 +128,10 @@ class FarmConfig(_Section):
     lost_grace: float = 20.0
     # Resubmissions a run may spend; past it, lost jobs are recorded as infrastructure failures.
     resubmit_budget: int = 20
+    # Build and test jobs the embedded farm's host runs at once (its worker slots); 0: one per
+    # core. More oversubscribes the cores: measured on 2 cores, ten workers made every job slower
+    # and the nightly no shorter.
+    slots: int = Field(default=0, ge=0, le=256)
 
 
 class Config(_Section):

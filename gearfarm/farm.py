@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,8 @@ class FarmError(RuntimeError):
 
 class EmbeddedFarm:
     def __init__(self, state_dir: Path, repo: Path, job_retries: int = 3,
-                 projects: list[ProjectConfig] | None = None, worker_env: dict[str, str] | None = None) -> None:
+                 projects: list[ProjectConfig] | None = None, worker_env: dict[str, str] | None = None,
+                 slots: int = 0) -> None:
         self.state = state_dir.resolve()
         # The default project's repository: only the nightly reads it, never a worker.
         self.repo = repo.resolve()
@@ -41,6 +43,8 @@ class EmbeddedFarm:
         # Extra environment of the workers and the collector (e.g. a PATH without git).
         self.worker_env = worker_env or {}
         self.job_retries = job_retries
+        # Worker slots for builds and tests (0: one per core the process may use).
+        self.slots = slots or len(os.sched_getaffinity(0))
         self.gearmand: Gearmand | None = None
         self.minio: MinioServer | None = None
         self.procs: dict[str, object] = {}
@@ -75,7 +79,14 @@ class EmbeddedFarm:
         self.gearmand = Gearmand(self.state / "gearmand", queue_db=self.state / "gearmand" / "queue.db",
                                  job_retries=self.job_retries)
         self.gearmand.start()
-        self.minio = MinioServer(self.state / "minio", secret_key=s3_secret).start()
+        wanted = targets or sorted({t for c in cats for t in c.targets})
+        perf_targets = [t for t in wanted if any(c.targets[t].perf for c in cats if t in c.targets)]
+        # The probes (compilers, emulators) run while MinIO starts; neither waits for the other.
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            probes = {role: pool.submit(probe.servable, cats, role, perf_targets if role == "perf" else wanted)
+                      for role in roles + (("perf",) if perf else ())}
+            self.minio = MinioServer(self.state / "minio", secret_key=s3_secret).start()
+            servable = {role: f.result() for role, f in probes.items()}
         host, port = self.gearmand.address
         self.cfg = Config(
             projects=self.projects,
@@ -83,20 +94,25 @@ class EmbeddedFarm:
             s3=self.minio.s3_config(),
             database=DatabaseConfig(url=f"sqlite:///{self.state / 'results.db'}"),
             farm=FarmConfig(repo=str(self.repo), state_dir=str(self.state), secrets=hmac_keys,
-                            no_worker_wait=30.0),
+                            no_worker_wait=30.0, slots=self.slots),
         )
         config_mod.dump(self.cfg, self.config_path)
         self.cfg = config_mod.load(self.config_path)
         self._record()
         self.spawn("collector", ["collector"])
-        wanted = targets or sorted({t for c in cats for t in c.targets})
-        for role in roles + (("perf",) if perf else ()):
-            ok, missing = probe.servable(cats, role, wanted if role != "perf" else
-                                         [t for t in wanted if any(c.targets[t].perf for c in cats if t in c.targets)])
+        for role, (ok, missing) in servable.items():
             self.missing[role] = missing
-            for t in ok:
-                self.spawn(f"{role}-{t}", ["worker", "--role", role, "--targets", t])
-                self.functions.add(f"{role}:{t}")
+            self.functions |= {f"{role}:{t}" for t in ok}
+        # Builds and tests share the host's slots, one job each: the cores are busy and not
+        # oversubscribed, and each slot takes the longest-path job first (gearfarm.priority).
+        # Benchmarks have a worker of their own: while one measures it has the host to itself.
+        shared = [r for r in roles if servable[r][0]]
+        if shared:
+            union = sorted({t for r in shared for t in servable[r][0]})
+            for i in range(1, self.slots + 1):
+                self.spawn(f"slot-{i}", ["worker", "--role", ",".join(shared), "--targets", ",".join(union)])
+        if perf and servable["perf"][0]:
+            self.spawn("perf", ["worker", "--role", "perf", "--targets", ",".join(servable["perf"][0])])
         self._record()
         self.wait_ready(timeout=120)
         self.supervise()
@@ -117,7 +133,7 @@ class EmbeddedFarm:
             if dead or time.monotonic() > deadline:
                 logs = "; ".join(f"{n}: {process.log_tail(self.state / 'logs' / f'{n}.log', 3)}" for n in dead)
                 raise FarmError(f"workers did not register: {', '.join(sorted(missing))}. {logs}")
-            time.sleep(0.3)
+            time.sleep(0.05)
 
     def spawn(self, name: str, args: list[str]) -> None:
         self.args[name] = args
@@ -157,8 +173,9 @@ class EmbeddedFarm:
         self._stopping.set()
         if self._supervisor is not None:
             self._supervisor.join()
-        for p in self.procs.values():
-            process.stop(p, timeout=10)  # type: ignore[arg-type]
+        # Workers and the collector first (a job's result still reaches gearmand and MinIO),
+        # all at once: each exits as soon as its loop wakes (Worker.wake on SIGTERM).
+        process.stop_all(list(self.procs.values()), timeout=10)  # type: ignore[arg-type]
         self.procs.clear()
         if self.minio:
             self.minio.stop()

@@ -9,8 +9,6 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from scipy import stats
-
 # Earlier nights whose pairs' scatter is pooled with tonight's (see paired_test).
 POOL_NIGHTS = 10
 # The share of pairs trimmed from each end of a night's pairs (see Paired).
@@ -68,6 +66,8 @@ class Paired:
         """The night's paired estimate's interval (relative change), from its own pairs."""
         if self.k < 2:
             return None
+        from scipy import stats  # here, not at the top: it is half of a perf worker's start
+
         half = float(stats.t.ppf(0.5 + level / 2, self.dof)) * math.sqrt(self.var / self.k)
         return math.expm1(self.mean - half), math.expm1(self.mean + half)
 
@@ -99,4 +99,6 @@ def paired_test(night: Paired, earlier: list[Paired]) -> float | None:
     if var <= 0:
         return None  # identical figures on both sides (a counter): nothing to test against
     t = night.mean / math.sqrt(var / night.k)
+    from scipy import stats
+
     return float(2 * stats.t.sf(abs(t), dof))

@@ -42,17 +42,30 @@ def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
 
 def stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
     """SIGTERM the process group, then SIGKILL what is left after ``timeout``."""
-    if proc.poll() is None:
-        kill_group(proc.pid, signal.SIGTERM)
+    stop_all([proc], timeout)
+
+
+def stop_all(procs: Sequence[subprocess.Popen[bytes]], timeout: float = 10.0) -> None:
+    """SIGTERM every process group at once, then SIGKILL what is left after ``timeout``: the
+    stop takes as long as the slowest process, not the sum of them."""
+    for proc in procs:
+        if proc.poll() is None:
+            kill_group(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in procs:
         try:
-            proc.wait(timeout)
+            proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
-    kill_group(proc.pid, signal.SIGKILL)
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        pass
+    # The groups too: a job's children outlive a worker that exited on SIGTERM.
+    for proc in procs:
+        kill_group(proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def log_tail(path: Path, lines: int = 20) -> str:

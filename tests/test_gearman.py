@@ -801,3 +801,59 @@ def test_status_with_a_server_down_is_not_reported_unknown(gearmand: Gearmand, s
     gearmand.stop()
     with Client([live, dead], connect_timeout=1) as client, pytest.raises(ServerUnavailable):
         client.get_status_unique("held")
+
+
+def test_sigterm_ends_an_idle_worker_at_once_whichever_thread_gets_it(gearmand: Gearmand) -> None:
+    """A farm stop must not wait out the worker's poll: with a 30 s poll, SIGTERM still ends
+    work() at once, also when the kernel hands the signal to another thread (the heartbeat's,
+    the spool flusher's), which does not interrupt the main thread's poll()."""
+    import signal
+
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    old_fd = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(old_fd)
+    worker = Worker([gearmand.address], "stop-probe", poll_interval=30.0)
+    worker.register("never-submitted", lambda job: b"")
+    stop = threading.Event()
+    try:
+        worker.stop_on_signals(stop)
+
+        def send() -> None:
+            time.sleep(0.5)  # the worker is asleep in its poll by now
+            # Delivered to this thread, not the main one: the case that hid behind the poll.
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        started = time.monotonic()
+        worker.work(stop)
+        took = time.monotonic() - started
+        sender.join()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        signal.set_wakeup_fd(old_fd)
+    assert stop.is_set()
+    assert took < 5, f"worker took {took:.1f}s to notice SIGTERM (its poll is 30 s)"
+
+
+def test_worker_prefers_the_functions_it_registered_first(gearmand: Gearmand) -> None:
+    """The farm's critical-path order: with jobs of several functions queued, a worker gets
+    them in the order its functions were registered (gearmand itself prefers the last CAN_DO)."""
+    with Client([gearmand.address]) as client:
+        for fn in ("quick", "slow", "middle"):
+            for i in range(2):
+                client.submit_background(fn, b"x", unique=f"{fn}-{i}")
+    got: list[str] = []
+    worker = Worker([gearmand.address], "order-probe", **FAST)
+    for fn in ("slow", "middle", "quick"):
+        worker.register(fn, lambda job: got.append(job.function) or b"")
+    stop = threading.Event()
+    t = threading.Thread(target=worker.work, args=(stop,))
+    t.start()
+    try:
+        wait_for(lambda: len(got) == 6, what="six jobs")
+    finally:
+        stop.set()
+        t.join()
+    assert got == ["slow", "slow", "middle", "middle", "quick", "quick"]

@@ -9,7 +9,6 @@ import fcntl
 import itertools
 import logging
 import os
-import signal
 import socket
 import tempfile
 import threading
@@ -24,6 +23,7 @@ from gearfarm.connection import gearman_client, gearman_worker
 from gearfarm.gearman import GearmanError, Job
 from gearfarm.hostlock import HostLock
 from gearfarm.job import COLLECT_FUNCTION, Payload, PayloadError, unique_id, verify
+from gearfarm.priority import Durations
 from gearfarm.result import RecordError, ResultRecord, open_record, seal_record
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError
@@ -50,6 +50,8 @@ class Context:
         self.host = host.fingerprint()
         # Builds and tests share the host; a perf job has it to itself while it measures.
         self.hostlock = HostLock()
+        # How long this host's jobs take, for the order its slots take them in next time.
+        self.durations = Durations.of_host(self.state)
         self._spool_lock = threading.Lock()
 
     def deliver(self, rec: ResultRecord) -> None:
@@ -184,6 +186,7 @@ def _handler(ctx: Context, role_handler: RoleHandler) -> Callable[[Job], bytes]:
                 log.warning("DROPPED job %s (%s): %s", job.handle, p.job_id, why)
                 return f"dropped: {why}".encode()
             log.info("job %s: %s %s at %s, attempt %d", job.handle, p.function, p.step, p.rev[:12], p.attempt)
+            began = time.monotonic()
             try:
                 rec = _run_role(ctx, role_handler, p, job)
             except Exception as e:  # the farm failed, not the product: say so, never lose the job
@@ -191,6 +194,7 @@ def _handler(ctx: Context, role_handler: RoleHandler) -> Callable[[Job], bytes]:
                 rec = ctx.record(p, "infra", message=f"worker error: {type(e).__name__}: {e}",
                                  started_at=time.time(), finished_at=time.time())
             ctx.deliver(rec)
+            ctx.durations.record(p.function, time.monotonic() - began)
             return f"{rec.job_id} {rec.status}".encode()
         finally:
             stop.set()
@@ -209,27 +213,30 @@ def _run_role(ctx: Context, role_handler: RoleHandler, p: Payload, job: Job) -> 
     return rec
 
 
-def serve(cfg: Config, role: str, functions: dict[str, RoleHandler], stop: threading.Event | None = None) -> None:
-    """Run a worker until SIGTERM/SIGINT (or ``stop``)."""
-    ctx = Context(cfg, role)
-    for gone in process.sweep_work_dirs(ctx.work):
+def serve(cfg: Config, functions: list[tuple[str, str, RoleHandler]], stop: threading.Event | None = None) -> None:
+    """Run a worker slot until SIGTERM/SIGINT (or ``stop``): one job at a time, of the
+    (role, function, handler) it serves, preferring them in the order given
+    (gearfarm.priority)."""
+    ctxs = {role: Context(cfg, role) for role, _, _ in functions}
+    first = next(iter(ctxs.values()))
+    for gone in process.sweep_work_dirs(first.work):
         log.info("removed %s, left by a worker that died mid-job", gone)
     stop = stop or threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
-    worker = gearman_worker(cfg, ctx.name)
-    for fn, h in functions.items():
-        worker.register(fn, _handler(ctx, h))
-    log.info("worker %s serving %s", ctx.name, ", ".join(sorted(functions)))
-    flusher = threading.Thread(target=_flush_loop, args=(ctx, stop), daemon=True)
-    flusher.start()
+    worker = gearman_worker(cfg, f"{socket.gethostname()}-{'+'.join(ctxs)}-{os.getpid()}")
+    worker.stop_on_signals(stop)
+    for role, fn, h in functions:
+        worker.register(fn, _handler(ctxs[role], h))
+    log.info("worker %s serving, in this order: %s", worker.client_id, ", ".join(fn for _, fn, _ in functions))
+    flushers = [threading.Thread(target=_flush_loop, args=(ctx, stop), daemon=True) for ctx in ctxs.values()]
+    for t in flushers:
+        t.start()
     try:
         worker.work(stop)
     finally:
         worker.close()
-        ctx.client.close()
-        process.release_work_dir(ctx.work)
+        for ctx in ctxs.values():
+            ctx.client.close()
+        process.release_work_dir(first.work)
 
 
 def _flush_loop(ctx: Context, stop: threading.Event) -> None:

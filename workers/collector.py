@@ -7,7 +7,6 @@ collector dies meanwhile, gearmand hands the job to the next one."""
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 
@@ -46,10 +45,8 @@ def make_handler(ledger: Ledger, keyring: list[str]):  # noqa: ANN201 - returns 
 def serve(cfg: Config, stop: threading.Event | None = None) -> None:
     db = ResultsDB(cfg.database.url)
     stop = stop or threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
     worker = gearman_worker(cfg, "collector")
+    worker.stop_on_signals(stop)
     worker.register(COLLECT_FUNCTION, make_handler(Ledger(db), cfg.farm.secrets))
     log.info("collector storing into %s", db.engine.url.render_as_string(hide_password=True))
     try:

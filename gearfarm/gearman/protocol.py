@@ -257,6 +257,7 @@ class Connection:
         self._connect_timeout = connect_timeout
         self._io_timeout = io_timeout
         self._sock: socket.socket | None = None
+        self._poller: select.poll | None = None
         self._buf = bytearray()
         self._send_lock = threading.Lock()
 
@@ -281,18 +282,31 @@ class Connection:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             if self._ssl_context is not None:
                 sock = self._ssl_context.wrap_socket(sock, server_hostname=self._server_hostname)
-            # The socket timeout only bounds sendall and the completion of a partially
-            # received TLS record; waiting for data is done with poll in recv().
-            sock.settimeout(self._io_timeout)
+                # The socket timeout only bounds sendall and the completion of a partially
+                # received TLS record; waiting for data is done with poll in recv().
+                sock.settimeout(self._io_timeout)
+            else:
+                # Plain TCP: a blocking socket whose kernel send timeout bounds sendall. A
+                # Python socket timeout would poll() before every send and recv (CPython does),
+                # doubling the system calls on the path of every job (measured: worker CPU per
+                # job 195 µs against libgearman's 60).
+                sock.settimeout(None)
+                secs = int(self._io_timeout)
+                usecs = int((self._io_timeout - secs) * 1e6)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", secs, usecs))
         except BaseException:
             sock.close()
             raise
         self._sock = sock
+        # One poll object per socket, registered once: recv() polls before every read.
+        self._poller = select.poll()
+        self._poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
         self._buf.clear()
         return self
 
     def close(self) -> None:
         sock, self._sock = self._sock, None
+        self._poller = None
         self._buf.clear()
         if sock is not None:
             try:
@@ -345,8 +359,9 @@ class Connection:
 
     def _poll_socket(self, timeout: float | None) -> bool:
         # poll, not select: select breaks on fd numbers >= 1024 in busy processes.
-        poller = select.poll()
-        poller.register(self.fileno(), select.POLLIN | select.POLLPRI)
+        poller = self._poller
+        if poller is None:
+            raise ConnectionClosed(f"connection to {self.address} is closed")
         ms = None if timeout is None else max(0, int(timeout * 1000))
         return bool(poller.poll(ms))
 
@@ -394,10 +409,12 @@ class Connection:
         return self.recv(timeout=self._io_timeout if timeout is None else timeout)
 
 
-def wait_any(connections: list[Connection], timeout: float | None) -> list[Connection]:
+def wait_any(connections: list[Connection], timeout: float | None, wake: int | None = None) -> list[Connection]:
     """Wait until at least one connection can make progress; return those that can.
 
-    Used by the worker to sleep on all its servers at once after PRE_SLEEP.
+    Used by the worker to sleep on all its servers at once after PRE_SLEEP. ``wake``: a file
+    descriptor that ends the wait early when readable (the worker's stop signal); the caller
+    drains it.
     """
     ready = [c for c in connections if c.connected and c.has_buffered()]
     if ready:
@@ -409,9 +426,11 @@ def wait_any(connections: list[Connection], timeout: float | None) -> list[Conne
             fd = conn.fileno()
             by_fd[fd] = conn
             poller.register(fd, select.POLLIN | select.POLLPRI)
-    if not by_fd:
+    if wake is not None:
+        poller.register(wake, select.POLLIN)
+    elif not by_fd:
         if timeout:
             time.sleep(timeout)
         return []
     ms = None if timeout is None else max(0, int(timeout * 1000))
-    return [by_fd[fd] for fd, _ in poller.poll(ms)]
+    return [by_fd[fd] for fd, _ in poller.poll(ms) if fd in by_fd]

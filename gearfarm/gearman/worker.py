@@ -2,8 +2,9 @@
 
 Loop per iteration: GRAB_JOB_UNIQ on each live server (round-robin start); if every
 server says NO_JOB, send PRE_SLEEP everywhere and poll all sockets for a NOOP, waking
-at least every ``poll_interval`` seconds to check the stop event and to re-grab (which
-also covers a NOOP lost across a reconnect).  Dead servers are reconnected with
+at least every ``poll_interval`` seconds to re-grab (which also covers a NOOP lost across a
+reconnect); ``wake()`` (e.g. from a SIGTERM handler) ends that sleep at once, so a stopping
+worker exits in milliseconds instead of at its next poll.  Dead servers are reconnected with
 exponential backoff and get SET_CLIENT_ID + CAN_DO again, because gearmand forgets a
 worker's abilities with its connection.  No CAN_DO_TIMEOUT: gearmand 1.1.20 silently
 requeues timed-out jobs, which hides hung workers instead of failing the job.
@@ -12,6 +13,8 @@ requeues timed-out jobs, which hides hung workers instead of failing the job.
 from __future__ import annotations
 
 import logging
+import signal
+import socket
 import ssl
 import threading
 import time
@@ -151,6 +154,10 @@ class Worker:
             for h, p in servers
         ]
         self._next = 0  # round-robin start index
+        # Self-pipe: wake() may run in a signal handler, where only a non-blocking write is safe.
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
 
     def __enter__(self) -> Worker:
         return self
@@ -159,12 +166,38 @@ class Worker:
         self.close()
 
     def register(self, function: str, handler: Handler) -> None:
-        """Serve ``function`` with ``handler``; may be called while ``work`` runs."""
+        """Serve ``function`` with ``handler``; may be called while ``work`` runs. When jobs of
+        several functions wait, the worker gets one of the function registered first (among
+        those registered before it connected)."""
         check_name("function", function, MAX_FUNCTION_SIZE)
         with self._lock:
             self._handlers[function] = handler
         # Live connections learn the new ability on the worker thread's next
         # iteration (see _register); sending from here would race with its reads.
+
+    def wake(self) -> None:
+        """End the current idle wait now (call after setting the stop event ``work`` watches)."""
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass  # a full pipe already wakes the loop; a closed one means the worker is gone
+
+    def stop_on_signals(self, stop: threading.Event, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> None:
+        """Make ``signals`` set ``stop`` and wake the loop (only from the main thread, where
+        Python runs signal handlers; elsewhere the caller sets ``stop`` itself)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def handler(*_: object) -> None:
+            stop.set()
+            self.wake()
+
+        for sig in signals:
+            signal.signal(sig, handler)
+        # The kernel may deliver the signal to any thread (a heartbeat, a spool flusher), and then
+        # the main thread's poll() is not interrupted: Python would run the handler only after the
+        # poll's timeout. With the wake-up fd, the C-level handler writes to our self-pipe at once.
+        signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
 
     def close(self) -> None:
         """Disconnect from every server (gearmand requeues any job we were running)."""
@@ -193,7 +226,11 @@ class Worker:
         missing = [f for f in wanted if f not in server.registered]
         if not missing:
             return
-        packets = [(Command.CAN_DO, f) for f in missing]
+        # gearmand offers a worker the queued job of the function it registered *last* first
+        # (it prepends each CAN_DO to the connection's list; measured with gearmand 1.1.20), and
+        # priorities only order jobs within one function. Sent in reverse, the function
+        # registered first is the one preferred: the caller's order is the preference.
+        packets = [(Command.CAN_DO, f) for f in reversed(missing)]
         if not server.registered:
             packets.insert(0, (Command.SET_CLIENT_ID, self.client_id))
         for command, arg in packets:
@@ -317,13 +354,16 @@ class Worker:
         pending = [s.next_attempt for s in self._servers if not s.connection.connected]
         if pending:
             timeout = max(0.0, min(timeout, min(pending) - time.monotonic()))
-        if not live:
-            if stop is not None:
-                stop.wait(timeout)
-            else:
-                time.sleep(timeout)
+        if not live and stop is not None:
+            stop.wait(timeout)
             return
-        for conn in wait_any([s.connection for s in live], timeout):
+        ready = wait_any([s.connection for s in live], timeout, wake=self._wake_r.fileno())
+        try:
+            while self._wake_r.recv(64):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+        for conn in ready:
             server = next(s for s in live if s.connection is conn)
             try:
                 # Drain wake-ups; EOF here is how we notice a dead server while idle.

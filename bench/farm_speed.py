@@ -1,0 +1,343 @@
+"""The farm's own speed against its floors (issue #13), printed as ratios in one run.
+
+Sections (all by default; --only picks some):
+
+* dispatch: foreground jobs one by one through a local gearmand, p50/p99 round trip and jobs/s,
+  and the worker's CPU per job: gearfarm's client and worker against libgearman's (a small C
+  client and worker, bench/gearman_peer.c, built here against libgearman-dev), and the two
+  mixed pairs, which say on which side the time goes.
+* transfer: a 100 MiB artifact up to and down from one MinIO, gearfarm's store (boto3, as the
+  workers call it) against MinIO's own `mc cp`.
+* startstop: the embedded farm's start (gearmand, MinIO, probes, every worker registered) and
+  stop (every process gone), with the default catalog's four targets and the benchmarks.
+* nightly: the whole nightly (`gearfarm nightly`, start and stop included) against its lower
+  bound, for the default four targets and for --targets linux-x86_64. The bound comes from the
+  same jobs run alone (a nightly with one worker slot, so no job overlaps another): the longest
+  chain of jobs (a build, then its longest suite or its benchmarks), or the work spread over the
+  cores, whichever is longer; a benchmark counts as holding every core (it has the host to
+  itself, issue #12).
+* scale: the same nightly with 1, 2 and 4 targets.
+
+Figures, not pass/fail. The bench holds the host lock exclusive (gearfarm/hostlock.py) while it
+measures, so other farm jobs on this host wait (and so does a detector bench holding it shared).
+
+Run: .venv/bin/python bench/farm_speed.py [--only dispatch,transfer,startstop,nightly,scale]
+     [--jobs N] [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gearfarm.gearman import Client, Worker  # noqa: E402
+from gearfarm.gearmand import Gearmand  # noqa: E402
+from gearfarm.hostlock import HostLock  # noqa: E402
+
+SECTIONS = ("dispatch", "transfer", "startstop", "nightly", "scale")
+FUNCTION = "bench-echo"
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a live process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# ------------------------------------------------------------------------------------ dispatch
+
+def build_peer(tmp: Path) -> Path:
+    exe = tmp / "gearman_peer"
+    cmd = ["cc", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", str(ROOT / "bench" / "gearman_peer.c"),
+           "-lgearman", "-o", str(exe)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"cannot build the libgearman peer (apt-get install libgearman-dev, or make setup):\n{proc.stderr}")
+    return exe
+
+
+def serve_echo(host: str, port: int) -> None:
+    """--serve-echo: gearfarm's worker, in a process of its own like the farm's."""
+    worker = Worker([(host, port)], "bench-echo-worker")
+    worker.register(FUNCTION, lambda job: job.data)
+    stop = threading.Event()
+    worker.stop_on_signals(stop)
+    worker.work(stop)
+
+
+def start_worker(kind: str, peer: Path, host: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+    if kind == "libgearman":
+        argv = [str(peer), "worker", host, str(port), FUNCTION, "0"]
+    else:
+        argv = [sys.executable, __file__, "--serve-echo", f"{host}:{port}"]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
+
+
+def client_round_trips(kind: str, peer: Path, host: str, port: int, n: int) -> list[float]:
+    """Microseconds per foreground job, one in flight."""
+    if kind == "libgearman":
+        out = subprocess.run([str(peer), "client", host, str(port), FUNCTION, str(n)], capture_output=True,
+                             text=True, check=True).stdout
+        return [float(x) for x in out.split()]
+    out: list[float] = []
+    with Client([(host, port)]) as client:
+        for i in range(n):
+            data = b"%d" % i
+            t0 = time.perf_counter()
+            got = client.submit(FUNCTION, data, f"py-{time.time_ns()}-{i}", timeout=10)
+            out.append((time.perf_counter() - t0) * 1e6)
+            assert got == data
+    return out
+
+
+def dispatch(n: int) -> None:
+    print(f"\n## Dispatch: {n} foreground jobs one by one, echo of a few bytes, gearmand on loopback")
+    with tempfile.TemporaryDirectory(prefix="gf-bench-") as d:
+        tmp = Path(d)
+        peer = build_peer(tmp)
+        rows = []
+        with Gearmand(tmp / "gearmand", queue_db=tmp / "gearmand" / "queue.db") as server:
+            host, port = server.address
+            for client_kind, worker_kind in (("libgearman", "libgearman"), ("gearfarm", "gearfarm"),
+                                             ("gearfarm", "libgearman"), ("libgearman", "gearfarm")):
+                w = start_worker(worker_kind, peer, host, port, tmp / f"worker-{worker_kind}.log")
+                try:
+                    client_round_trips(client_kind, peer, host, port, 50)  # warm-up; the worker is up
+                    cpu0 = cpu_seconds(w.pid)
+                    t0 = time.perf_counter()
+                    lat = client_round_trips(client_kind, peer, host, port, n)
+                    wall = time.perf_counter() - t0
+                    cpu = cpu_seconds(w.pid) - cpu0
+                finally:
+                    w.terminate()
+                    w.wait(10)
+                rows.append((client_kind, worker_kind, pct(lat, 0.5), pct(lat, 0.99), n / wall, cpu / n * 1e6))
+        base = rows[0]
+        print("| client | worker | p50 µs | p99 µs | jobs/s | worker CPU µs/job | p50 ÷ libgearman's |")
+        print("|---|---|---|---|---|---|---|")
+        for c, w, p50, p99, rate, cpu in rows:
+            print(f"| {c} | {w} | {p50:.0f} | {p99:.0f} | {rate:.0f} | {cpu:.0f} | {p50 / base[2]:.2f} |")
+        ours = rows[1]
+        print(f"\ngearfarm's dispatch p50 = {ours[2] / base[2]:.2f}× libgearman's, p99 {ours[3] / base[3]:.2f}×, "
+              f"throughput {ours[4] / base[4]:.2f}×, worker CPU per job {ours[5] / max(base[5], 1e-9):.2f}×")
+
+
+# ------------------------------------------------------------------------------------ transfer
+
+def transfer(size_mib: int, repeat: int) -> None:
+    from gearfarm.s3.minio import MinioServer
+    from gearfarm.s3.store import ArtifactStore
+
+    print(f"\n## Transfer: a {size_mib} MiB incompressible artifact to and from MinIO on loopback, best of {repeat}")
+    mc = _mc()
+    with tempfile.TemporaryDirectory(prefix="gf-bench-") as d:
+        tmp = Path(d)
+        src = tmp / "artifact.bin"
+        with src.open("wb") as f:
+            for _ in range(size_mib):
+                f.write(os.urandom(1 << 20))
+        with MinioServer(tmp / "minio") as minio:
+            cfg = minio.s3_config()
+            store = ArtifactStore(cfg)
+            scheme, rest = cfg.endpoint.split("://", 1)
+            env = dict(os.environ, MC_HOST_bench=f"{scheme}://{cfg.access_key}:{cfg.secret_key}@{rest}",
+                       MC_CONFIG_DIR=str(tmp / "mc"))
+
+            def best(fn: Callable[[int], None]) -> float:
+                times = []
+                for i in range(repeat):
+                    t0 = time.perf_counter()
+                    fn(i)
+                    times.append(time.perf_counter() - t0)
+                return min(times)
+
+            def mc_cp(a: str, b: str) -> None:
+                subprocess.run([mc, "cp", "--quiet", a, b], env=env, check=True, stdout=subprocess.DEVNULL)
+
+            up_ours = best(lambda i: store.put_file_if_absent(f"b/ours-{i}", src))
+            up_mc = best(lambda i: mc_cp(str(src), f"bench/{cfg.bucket}/b/mc-{i}"))
+            down_ours = best(lambda i: store.get_file("b/ours-0", tmp / f"down-ours-{i}"))
+            down_mc = best(lambda i: mc_cp(f"bench/{cfg.bucket}/b/mc-0", str(tmp / f"down-mc-{i}")))
+        mib = size_mib
+        print("| direction | gearfarm s | gearfarm MiB/s | mc cp s | mc cp MiB/s | gearfarm ÷ mc (speed) |")
+        print("|---|---|---|---|---|---|")
+        for name, ours, theirs in (("upload", up_ours, up_mc), ("download", down_ours, down_mc)):
+            print(f"| {name} | {ours:.2f} | {mib / ours:.0f} | {theirs:.2f} | {mib / theirs:.0f} | "
+                  f"{theirs / ours:.2f} |")
+
+
+def _mc() -> str:
+    from gearfarm.s3 import minio
+
+    path = Path(minio.find_binary()).with_name("mc")
+    if not path.exists():
+        sys.exit(f"mc not found beside {minio.find_binary()}: run make setup")
+    return str(path)
+
+
+# ----------------------------------------------------------------------------------- startstop
+
+def startstop(repeat: int, tmp_root: Path) -> tuple[float, float]:
+    from gearfarm import catalog
+    from gearfarm.farm import EmbeddedFarm
+
+    cat = catalog.load_file(ROOT / "jobs" / "catalog.toml")
+    starts, stops = [], []
+    for i in range(repeat):
+        farm = EmbeddedFarm(tmp_root / f"startstop-{i}", ROOT)
+        t0 = time.perf_counter()
+        try:
+            farm.start(cat, None, perf=True)
+            t1 = time.perf_counter()
+        finally:
+            t2 = time.perf_counter()
+            farm.stop()
+        stops.append(time.perf_counter() - t2)
+        starts.append(t1 - t0)
+        procs = len(farm.args)
+    print(f"\n## Embedded farm start and stop: default catalog, every target and the benchmarks, {procs} "
+          f"worker processes, {repeat} times")
+    print("| | median s | min s | max s |")
+    print("|---|---|---|---|")
+    for name, xs in (("start (gearmand, MinIO, probes, every worker registered)", starts),
+                     ("stop (every process gone)", stops)):
+        print(f"| {name} | {statistics.median(xs):.2f} | {min(xs):.2f} | {max(xs):.2f} |")
+    return statistics.median(starts), statistics.median(stops)
+
+
+# -------------------------------------------------------------------------------------- nightly
+
+def run_nightly(state: Path, targets: str | None, slots: int | None, run_id: str) -> float:
+    """Wall seconds of one `gearfarm nightly` on a fresh embedded farm, start to stop."""
+    argv = [str(ROOT / ".venv" / "bin" / "gearfarm"), "nightly", "--state-dir", str(state), "--run-id", run_id]
+    argv += ["--targets", targets] if targets else []
+    argv += ["--slots", str(slots)] if slots else []
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    if proc.returncode not in (0, 1):
+        sys.exit(f"nightly {' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return wall
+
+
+def job_seconds(state: Path, run_id: str) -> list[tuple[str, str, float, float, float]]:
+    """(kind, target, seconds of its own work, started, finished) per job: waits for the host
+    lock (a benchmark measuring, builds still running) are not the job's work."""
+    from gearfarm.store import ResultsDB
+
+    out = []
+    for r in ResultsDB(f"sqlite:///{state / 'results.db'}").jobs(run_id):
+        if r.started_at is None or r.finished_at is None:
+            continue
+        wait = r.timings.get("host_wait", 0.0) + r.quietness.get("lock_wait", 0.0)
+        out.append((r.kind, r.target, max(0.0, r.finished_at - r.started_at - wait), r.started_at, r.finished_at))
+    return out
+
+
+def lower_bound(jobs: list[tuple[str, str, float, float, float]], cores: int) -> tuple[float, float, float]:
+    """(bound, critical path, work over the cores) from jobs measured alone. A benchmark has
+    the host to itself, so it holds every core for its duration."""
+    builds = {t: d for k, t, d, _, _ in jobs if k == "build"}
+    tests: dict[str, list[float]] = {}
+    perf: dict[str, list[float]] = {}
+    for k, t, d, _, _ in jobs:
+        (tests if k == "test" else perf if k == "perf" else {}).setdefault(t, []).append(d)
+    work = (sum(builds.values()) + sum(sum(v) for v in tests.values())) / cores + sum(sum(v) for v in perf.values())
+    chains = [builds.get(t, 0.0) + max(tests.get(t, [0.0])) for t in builds]
+    # Benchmarks run one at a time wherever they come from: after the first perf target's build.
+    if perf:
+        chains.append(min(builds.get(t, 0.0) for t in perf) + sum(sum(v) for v in perf.values()))
+    path = max(chains or [0.0])
+    return max(path, work), path, work
+
+
+def nightly(variants: list[tuple[str, str | None]], tmp_root: Path) -> list[tuple[str, int, float, float]]:
+    cores = len(os.sched_getaffinity(0))
+    rows = []
+    for name, targets in variants:
+        tag = name.replace(" ", "-")
+        alone_state, state = tmp_root / f"alone-{tag}", tmp_root / f"nightly-{tag}"
+        alone_wall = run_nightly(alone_state, targets, 1, "alone")
+        bound, path, work = lower_bound(job_seconds(alone_state, "alone"), cores)
+        wall = run_nightly(state, targets, None, "night")
+        jobs = job_seconds(state, "night")
+        span = max(j[4] for j in jobs) - min(j[3] for j in jobs)
+        rows.append((name, len(jobs), bound, wall))
+        print(f"| {name} | {len(jobs)} | {alone_wall:.1f} | {path:.1f} | {work:.1f} | {bound:.1f} | {wall:.1f} | "
+              f"{span:.1f} | {wall - span:.1f} | **{wall / bound:.2f}** |")
+    return rows
+
+
+def nightly_header(what: str) -> None:
+    cores = len(os.sched_getaffinity(0))
+    print(f"\n## {what}: `gearfarm nightly` on a fresh embedded farm ({cores} cores, one worker slot per core)")
+    print("The bound, from the same jobs run alone (a nightly with one slot): the longest chain (a build "
+          "then its longest suite; the benchmarks one after another after their build) or the work over the "
+          "cores (a benchmark holds every core), whichever is longer. *jobs span*: first job's start to last "
+          "job's end; *outside jobs*: the rest (farm start and stop, source upload, planning, report).\n")
+    print("| nightly | jobs | one slot: wall s | critical path s | work ÷ cores s | lower bound s | wall s | "
+          "jobs span s | outside jobs s | wall ÷ bound |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+
+
+# ------------------------------------------------------------------------------------------ main
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default=",".join(SECTIONS), help="comma-separated: " + ", ".join(SECTIONS))
+    ap.add_argument("--jobs", type=int, default=2000, help="dispatch: foreground jobs per pair (default 2000)")
+    ap.add_argument("--repeat", type=int, default=3, help="transfer, startstop: repetitions (default 3)")
+    ap.add_argument("--size", type=int, default=100, help="transfer: MiB (default 100)")
+    ap.add_argument("--serve-echo", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve_echo:
+        host, port = args.serve_echo.rsplit(":", 1)
+        serve_echo(host, int(port))
+        return
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    bad = [s for s in only if s not in SECTIONS]
+    if bad:
+        ap.error(f"--only: unknown section {', '.join(bad)}; choose from {', '.join(SECTIONS)}")
+    print(f"# gearfarm farm speed, {time.strftime('%Y-%m-%d %H:%M')}, {len(os.sched_getaffinity(0))} cores, "
+          f"load {os.getloadavg()[0]:.2f}")
+    with HostLock().exclusive("bench/farm_speed.py") as waited:
+        if waited > 1:
+            print(f"(waited {waited:.0f} s for the host lock)")
+        if "dispatch" in only:
+            dispatch(args.jobs)
+        if "transfer" in only:
+            transfer(args.size, args.repeat)
+        # The farm under test has a lock directory of its own: its builds and tests take it
+        # shared and its benchmarks exclusive, while this bench keeps the host's own lock.
+        with tempfile.TemporaryDirectory(prefix="gf-bench-") as d:
+            tmp = Path(d)
+            os.environ["GEARFARM_HOST_LOCK_DIR"] = str(tmp / "host-lock")
+            if "startstop" in only:
+                startstop(args.repeat, tmp)
+            if "nightly" in only:
+                nightly_header("Nightly against its lower bound")
+                nightly([("default (4 targets)", None), ("linux-x86_64", "linux-x86_64")], tmp)
+            if "scale" in only:
+                nightly_header("How the cost grows with targets")
+                nightly([("1 target", "linux-x86_64"), ("2 targets", "linux-x86_64,linux-aarch64"),
+                         ("4 targets", None)], tmp)
+
+
+if __name__ == "__main__":
+    main()

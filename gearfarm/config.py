@@ -132,6 +132,9 @@ class FarmConfig(_Section):
     # core. More oversubscribes the cores: measured on 2 cores, ten workers made every job slower
     # and the nightly no shorter.
     slots: int = Field(default=0, ge=0, le=256)
+    # Seconds a benchmark lets its host's builds and tests go first (it takes the host when
+    # none runs); past it, new ones wait for the benchmark (gearfarm/hostlock.py).
+    perf_patience: float = Field(default=600.0, ge=0)
 
 
 class Config(_Section):

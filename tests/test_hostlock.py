@@ -119,3 +119,42 @@ def test_the_lock_directory_is_usable_by_every_user(tmp_path: Path, mode: str) -
     with getattr(lock, mode)("x"):
         pass
     assert (tmp_path / "lock" / "gate").stat().st_mode & 0o666 == 0o666
+
+
+HOLDER_PATIENT = HOLDER.replace("lock.exclusive)(what)", "lock.exclusive)(what, *map(float, sys.argv[6:]))")
+
+
+def test_a_patient_benchmark_lets_builds_go_first_then_takes_the_host(tmp_path: Path) -> None:
+    """With patience, builds and tests that arrive while the benchmark waits run beside the
+    running ones (no core idles); the benchmark starts once none runs, and runs alone."""
+    def spawn_patient(what: str, hold: float, patience: float) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-c", HOLDER_PATIENT, "exclusive", what, str(hold),
+                                 str(tmp_path / "log"), str(tmp_path / "lock"), str(patience)],
+                                cwd=Path(__file__).parent.parent)
+
+    build = spawn(tmp_path, "shared", "build1", 1.0)
+    wait_for(lambda: started(tmp_path, "build1"))
+    perf = spawn_patient("perf", 0.5, 30.0)
+    time.sleep(0.3)  # the benchmark is waiting, patiently
+    test = spawn(tmp_path, "shared", "test1", 1.2)
+    for p in (build, perf, test):
+        assert p.wait(30) == 0
+    ev = events(tmp_path)
+    assert ev["test1 start"] < ev["build1 end"], "the test should have run beside the build"
+    assert ev["perf start"] >= max(ev["build1 end"], ev["test1 end"]), "the benchmark must run alone"
+
+
+def test_patience_runs_out_and_the_benchmark_goes_before_new_work(tmp_path: Path) -> None:
+    """A stream of builds cannot starve a patient benchmark: once its patience is spent, new
+    builds wait for it as without patience."""
+    build = spawn(tmp_path, "shared", "build1", 1.5)
+    wait_for(lambda: started(tmp_path, "build1"))
+    perf = subprocess.Popen([sys.executable, "-c", HOLDER_PATIENT, "exclusive", "perf", "0.5",
+                             str(tmp_path / "log"), str(tmp_path / "lock"), "0.5"], cwd=Path(__file__).parent.parent)
+    time.sleep(0.9)  # patience spent: the benchmark now holds the gate
+    test = spawn(tmp_path, "shared", "test1", 0.2)
+    for p in (build, perf, test):
+        assert p.wait(30) == 0
+    ev = events(tmp_path)
+    assert ev["perf start"] >= ev["build1 end"]
+    assert ev["test1 start"] >= ev["perf end"]

@@ -73,7 +73,7 @@ def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
         quietness: dict[str, float] = {}
         activity = host.Activity(ctx.hostlock.others)
         try:
-            with ctx.hostlock.exclusive(f"{ctx.name} {p.job_id}") as waited:
+            with ctx.hostlock.exclusive(f"{ctx.name} {p.job_id}", ctx.cfg.farm.perf_patience) as waited:
                 quietness["lock_wait"] = round(waited, 3)
                 t0 = time.monotonic()
                 ctx.started(p)

@@ -71,8 +71,16 @@ class EmbeddedFarm:
     def start(self, cats: Catalog | list[Catalog], targets: list[str] | None = None,
               roles: tuple[str, ...] = ("build", "test"), perf: bool = False) -> Config:
         """Start everything, with workers for ``targets`` (default: every target of the
-        projects' catalogs ``cats``) that this host can serve."""
-        cats = cats if isinstance(cats, list) else [cats]
+        projects' catalogs ``cats``) that this host can serve. A start that fails stops what
+        it started: no caller is left holding a gearmand, a MinIO or workers it never got."""
+        try:
+            return self._start(cats if isinstance(cats, list) else [cats], targets, roles, perf)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, cats: list[Catalog], targets: list[str] | None, roles: tuple[str, ...],
+               perf: bool) -> Config:
         self.state.mkdir(parents=True, exist_ok=True)
         stop_from_state(self.state)  # a farm left by --keep or a crash would hold the queue
         s3_secret, hmac_keys = self._previous_secrets()

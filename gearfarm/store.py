@@ -354,10 +354,13 @@ class ResultsDB:
             rows = s.scalars(select(Job).where(Job.run_id == run_id).order_by(Job.job_id))
             return [ResultRecord.model_validate(r.record) for r in rows]
 
-    def terminal_ids(self, run_id: str) -> set[str]:
+    def job_states(self, run_id: str) -> dict[str, str]:
+        """{job id: status} of a run's jobs, without reading their records (polled often)."""
         with self.session() as s:
-            rows = s.execute(select(Job.job_id, Job.status).where(Job.run_id == run_id))
-            return {jid for jid, st in rows if st in TERMINAL}
+            return {jid: st for jid, st in s.execute(select(Job.job_id, Job.status).where(Job.run_id == run_id))}
+
+    def terminal_ids(self, run_id: str) -> set[str]:
+        return {jid for jid, st in self.job_states(run_id).items() if st in TERMINAL}
 
     def cases_of(self, name: str, target: str | None = None, suite: str | None = None,
                  reruns: bool = False, project: str | None = None) -> list[tuple[Case, Run]]:

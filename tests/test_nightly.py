@@ -13,6 +13,7 @@ from gearfarm import config as config_mod
 from gearfarm.s3.artifact import unpack
 from gearfarm.s3.minio import MinioServer
 from gearfarm.s3.store import ArtifactStore
+from gearfarm.store import ResultsDB
 from tests.farmkit import commit, gearfarm, make_repo
 
 TARGET = "linux-x86_64"
@@ -52,6 +53,10 @@ def test_host_nightly_builds_stores_tests_and_reports(farm) -> None:  # type: ig
     assert report["matrix"][TARGET]["build"]["status"] == "passed"
     assert report["headline"].startswith("all green")
     assert "queue_wait" in report["stage_seconds"] and report["stage_seconds"]["build"] > 0
+    # Each job's CPU, its commands' included: the compiler's work is most of a build's.
+    db = ResultsDB(f"sqlite:///{state / 'results.db'}")
+    cpu = {r.step: r.timings["cpu"] for r in db.jobs("n1")}
+    assert cpu["build"] > 0.5 and all(c > 0 for c in cpu.values()), cpu
     html = (state / "runs" / "n1" / "report.html").read_text()
     assert "test-recovery" in html and "X-Amz-Signature" in html  # presigned log links
 

@@ -22,12 +22,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .errors import ProtocolError
-from .protocol import MAX_FUNCTION_SIZE, Command, Connection, check_name, format_address, wait_any
+from .protocol import MAX_FUNCTION_SIZE, Command, Connection, check_name, encode, format_address, wait_any
 
 log = logging.getLogger(__name__)
 
 # Anything that means "this connection is broken, reconnect".
 _CONNECTION_ERRORS = (OSError, ProtocolError)
+_GRAB = encode(Command.GRAB_JOB_UNIQ)
 
 
 class Job:
@@ -74,14 +75,15 @@ class Job:
         """Send WORK_DATA (partial output to a foreground client).  Thread-safe."""
         return self._send_update(Command.WORK_DATA, bytes(data))
 
-    def _finish(self, command: Command, *args: bytes) -> bool:
-        """Send the final packet exactly once; later status() calls become no-ops."""
+    def _finish(self, command: Command, *args: bytes, then: bytes = b"") -> bool:
+        """Send the final packet exactly once; later status() calls become no-ops. ``then``:
+        packets to send in the same write (the worker's next GRAB_JOB_UNIQ)."""
         with self._lock:
             if self._finished:
                 return False
             self._finished = True
             try:
-                self._connection.send(command, self.handle, *args)
+                self._connection.send_raw(encode(command, self.handle, *args) + then)
             except OSError as exc:
                 # gearmand requeues the job when our connection drops (subject to
                 # --job-retries), so the result is not lost silently -- but say so.
@@ -106,6 +108,8 @@ class _Server:
     next_attempt: float = 0.0
     backoff: float = 0.0
     sleeping: bool = False
+    # A GRAB_JOB_UNIQ went out with the last job's result; its answer is still to be read.
+    grab_sent: bool = False
     registered: set[str] = field(default_factory=set)
 
     @property
@@ -205,6 +209,7 @@ class Worker:
             server.connection.close()
             server.registered.clear()
             server.sleeping = False
+            server.grab_sent = False
 
     # -- connection handling ---------------------------------------------------------
 
@@ -216,6 +221,7 @@ class Worker:
         server.connection.close()
         server.registered.clear()
         server.sleeping = False
+        server.grab_sent = False
         server.backoff = min(self.max_backoff, max(0.1, server.backoff * 2))
         server.next_attempt = time.monotonic() + server.backoff
 
@@ -247,6 +253,7 @@ class Worker:
                 # EOF inside Connection): a new one starts with no abilities.
                 server.registered.clear()
                 server.sleeping = False
+                server.grab_sent = False
             if not server.connection.connected and now >= server.next_attempt:
                 try:
                     server.connection.connect()
@@ -267,7 +274,9 @@ class Worker:
 
     def _grab(self, server: _Server) -> Job | None:
         conn = server.connection
-        conn.send(Command.GRAB_JOB_UNIQ)
+        if not server.grab_sent:
+            conn.send_raw(_GRAB)
+        server.grab_sent = False
         server.sleeping = False
         while True:
             packet = conn.recv(self._io_timeout)
@@ -296,7 +305,7 @@ class Worker:
                     "worker %s: ignoring %s from %s", self.client_id, packet.command.name, server.address
                 )
 
-    def _run(self, job: Job) -> None:
+    def _run(self, job: Job, server: _Server | None = None) -> None:
         with self._lock:
             handler = self._handlers.get(job.function)
         if handler is None:
@@ -316,7 +325,13 @@ class Worker:
             )
             job._finish(Command.WORK_FAIL)
             return
-        job._finish(Command.WORK_COMPLETE, payload)
+        if server is None:
+            job._finish(Command.WORK_COMPLETE, payload)
+            return
+        # The result and the next grab in one write: one system call and one wake-up of
+        # gearmand fewer per job, on the path every job's latency takes.
+        sent = job._finish(Command.WORK_COMPLETE, payload, then=_GRAB)
+        server.grab_sent = sent and server.connection.connected
 
     def _grab_and_run(self) -> bool:
         """Try every live server once (round-robin); run at most one job."""
@@ -333,7 +348,9 @@ class Worker:
                 continue
             if job is not None:
                 self._next = start + offset + 1
-                self._run(job)
+                # With one server the next grab goes out with the result (it is asked first
+                # next time round); with several, round-robin asks the next server first.
+                self._run(job, server if len(live) == 1 else None)
                 return True
         return False
 

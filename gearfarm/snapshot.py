@@ -23,7 +23,7 @@ from gearfarm import catalog as catalog_mod
 from gearfarm.catalog import Catalog, CatalogError
 from gearfarm.config import Config, ProjectConfig
 from gearfarm.s3 import keys
-from gearfarm.s3.artifact import ArtifactError, safe_extract
+from gearfarm.s3.artifact import ARCHIVE_LEVEL, ArtifactError, safe_extract
 from gearfarm.s3.store import ArtifactStore, StoreError, sha256_file
 
 log = logging.getLogger("gearfarm.snapshot")
@@ -112,7 +112,8 @@ def pack(repo: Path, rev: str, dest: Path) -> None:
     proc = subprocess.Popen(["git", "archive", "--format=tar", rev], cwd=repo, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
-    with dest.open("wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as gz:
+    with dest.open("wb") as raw, \
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=ARCHIVE_LEVEL) as gz:
         shutil.copyfileobj(proc.stdout, gz, 1 << 20)
     err = proc.stderr.read().decode(errors="replace").strip()
     if proc.wait() != 0:

@@ -32,6 +32,7 @@ from gearfarm.s3.store import ArtifactStore, StoreError, sha256_file
 MANIFEST = ".gearfarm/manifest.json"
 # Any constant would do: an archive must not record when it was packed.
 FIXED_MTIME = 0
+ARCHIVE_LEVEL = 6
 
 
 class ArtifactError(RuntimeError):
@@ -79,8 +80,10 @@ def pack(out_dir: Path, files: list[str], meta: dict[str, Any], dest: Path) -> d
         manifest["files"][name] = {"sha256": sha256_file(p), "size": st.st_size, "mode": f"{modes[name]:o}"}
     body = canonical_json(manifest)
     try:
+        # Level 6, not 9: measured on the engine's 6.4 MB build output, 0.08 s against 0.42 s
+        # for an archive 3 % larger (665 against 643 kB); on every build's path to its tests.
         with dest.open("wb") as raw, \
-                gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz, \
+                gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=ARCHIVE_LEVEL) as gz, \
                 tarfile.open(fileobj=gz, mode="w", format=tarfile.USTAR_FORMAT) as tar:
             for name in names:
                 with (out_dir / name).open("rb") as f:

@@ -17,17 +17,20 @@ Sections (all by default; --only picks some):
   cores, whichever is longer; a benchmark counts as holding every core (it has the host to
   itself, issue #12).
 * scale: the same nightly with 1, 2 and 4 targets.
+* hosts: the nightly on a lab of 1, 2 and 4 simulated hosts (network namespaces, root only)
+  sharing this machine's cores, one build-and-test slot each: what more hosts cost.
 
 Figures, not pass/fail. The bench holds the host lock exclusive (gearfarm/hostlock.py) while it
 measures, so other farm jobs on this host wait (and so does a detector bench holding it shared).
 
-Run: .venv/bin/python bench/farm_speed.py [--only dispatch,transfer,startstop,nightly,scale]
-     [--jobs N] [--repeat N]
+Run: .venv/bin/python bench/farm_speed.py [--only dispatch,transfer,startstop,nightly,scale,hosts]
+     [--jobs N] [--repeat N] [--hosts 1,2,4] [--host-targets T,...]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -35,7 +38,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,7 +48,7 @@ from gearfarm.gearman import Client, Worker  # noqa: E402
 from gearfarm.gearmand import Gearmand  # noqa: E402
 from gearfarm.hostlock import HostLock  # noqa: E402
 
-SECTIONS = ("dispatch", "transfer", "startstop", "nightly", "scale")
+SECTIONS = ("dispatch", "transfer", "startstop", "nightly", "scale", "hosts")
 FUNCTION = "bench-echo"
 
 
@@ -321,6 +324,108 @@ def nightly_header(what: str) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
 
 
+# ---------------------------------------------------------------------------------------- hosts
+
+@contextlib.contextmanager
+def namespaces(n: int, tag: str) -> Iterator[list[tuple[str, str]]]:
+    """n simulated lab hosts: network namespaces, each joined to this one by a veth pair.
+    Yields [(namespace, the address this namespace reaches the job server and MinIO at)]."""
+    made: list[tuple[str, str]] = []
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True)
+
+    try:
+        for i in range(n):
+            ns, host_if, ns_if, net = f"gfb{tag}h{i}", f"gfb{tag}a{i}", f"gfb{tag}b{i}", f"10.233.{i + 1}"
+            ip("netns", "add", ns)
+            made.append((ns, host_if))
+            ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+            ip("link", "set", ns_if, "netns", ns)
+            ip("addr", "add", f"{net}.1/24", "dev", host_if)
+            ip("link", "set", host_if, "up")
+            for cmd in (["ip", "addr", "add", f"{net}.2/24", "dev", ns_if], ["ip", "link", "set", ns_if, "up"],
+                        ["ip", "link", "set", "lo", "up"]):
+                ip("netns", "exec", ns, *cmd)
+        yield [(ns, f"10.233.{i + 1}.1") for i, (ns, _) in enumerate(made)]
+    finally:
+        for ns, host_if in made:
+            subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def lab_nightly(n_hosts: int, tmp: Path, targets: str | None) -> tuple[float, int]:
+    """A nightly on a lab of n simulated hosts sharing this machine's cores: gearmand, MinIO and
+    the collector here, one build-and-test slot per host (the first also runs the perf worker),
+    each host with its own host lock. Returns (wall seconds, jobs)."""
+    from gearfarm import config as config_mod
+    from gearfarm import process
+    from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig
+    from gearfarm.gearman import admin
+    from gearfarm.s3.minio import MinioServer
+
+    base = tmp / f"lab-{n_hosts}"
+    procs: list[subprocess.Popen[bytes]] = []
+    with namespaces(n_hosts, str(os.getpid() % 1000)) as hosts, \
+            Gearmand(base / "gm", host="0.0.0.0", queue_db=base / "gm" / "q.db", job_retries=3) as gm, \
+            MinioServer(base / "minio", host="0.0.0.0") as minio:
+        s3 = minio.s3_config()
+        port = minio.port
+
+        def config(addr: str, name: str) -> Path:
+            cfg = Config(gearman=GearmanConfig(servers=[f"{addr}:{gm.address[1]}"]),
+                         s3=s3.model_copy(update={"endpoint": f"http://{addr}:{port}"}),
+                         database=DatabaseConfig(url=f"sqlite:///{base / 'results.db'}"),
+                         farm=FarmConfig(repo=str(ROOT), state_dir=str(base / "state"), secrets=["bench-key"]))
+            path = base / f"{name}.toml"
+            config_mod.dump(cfg, path)
+            return path
+
+        here = config("127.0.0.1", "farm")
+        cli = [sys.executable, "-m", "gearfarm.cli"]
+        try:
+            procs.append(process.spawn(cli + ["collector", "--config", str(here)], base / "collector.log", cwd=ROOT))
+            wanted = {"collect"}
+            for i, (ns, addr) in enumerate(hosts):
+                cfg = config(addr, f"host{i}")
+                env = dict(os.environ, GEARFARM_HOST_LOCK_DIR=str(base / f"lock-{i}"))
+                roles = [["build,test"]] + ([["perf"]] if i == 0 else [])
+                for role in roles:
+                    argv = ["ip", "netns", "exec", ns, *cli, "worker", "--role", *role, "--targets",
+                            targets or "linux-x86_64,linux-i686,linux-aarch64,windows-x86_64", "--config", str(cfg)]
+                    procs.append(process.spawn(argv, base / f"host{i}-{role[0]}.log", env=env, cwd=ROOT))
+            wanted |= {f"build:{t}" for t in (targets or "linux-x86_64").split(",")}
+            deadline = time.monotonic() + 60
+            while not wanted <= {f for f, st in admin.status(*gm.address).items() if st.workers}:
+                if time.monotonic() > deadline:
+                    sys.exit(f"the simulated hosts' workers did not register; logs in {base}")
+                time.sleep(0.1)
+            argv = [str(ROOT / ".venv" / "bin" / "gearfarm"), "nightly", "--config", str(here), "--run-id", "lab"]
+            argv += ["--targets", targets] if targets else []
+            t0 = time.perf_counter()
+            proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
+            wall = time.perf_counter() - t0
+            if proc.returncode not in (0, 1):
+                sys.exit(f"the lab nightly failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        finally:
+            process.stop_all(procs, timeout=10)
+    return wall, len(job_seconds(base, "lab"))
+
+
+def hosts(counts: list[int], tmp: Path, targets: str | None) -> None:
+    if os.geteuid() != 0:
+        print("\n## Simulated hosts: skipped (network namespaces need root)")
+        return
+    print(f"\n## Simulated hosts: the nightly ({targets or 'all four targets'}) on a lab of network namespaces "
+          "sharing this machine's cores, one build-and-test slot per host, gearmand, MinIO and the collector "
+          "outside them\n")
+    print("| hosts | slots | jobs | wall s |")
+    print("|---|---|---|---|")
+    for n in counts:
+        wall, jobs = lab_nightly(n, tmp, targets)
+        print(f"| {n} | {n} | {jobs} | {wall:.1f} |")
+
+
 # ------------------------------------------------------------------------------------------ main
 
 def main() -> None:
@@ -329,6 +434,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2000, help="dispatch: foreground jobs per pair (default 2000)")
     ap.add_argument("--repeat", type=int, default=3, help="transfer, startstop: repetitions (default 3)")
     ap.add_argument("--size", type=int, default=100, help="transfer: MiB (default 100)")
+    ap.add_argument("--hosts", default="1,2,4", help="hosts: numbers of simulated hosts (default 1,2,4)")
+    ap.add_argument("--host-targets", help="hosts: --targets of those nightlies (default: all)")
     ap.add_argument("--serve-echo", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_echo:
@@ -358,6 +465,8 @@ def main() -> None:
             if "nightly" in only:
                 nightly_header("Nightly against its lower bound")
                 nightly([("default (4 targets)", None), ("linux-x86_64", "linux-x86_64")], tmp)
+            if "hosts" in only:
+                hosts([int(x) for x in args.hosts.split(",")], tmp, args.host_targets)
             if "scale" in only:
                 nightly_header("How the cost grows with targets")
                 nightly([("1 target", "linux-x86_64"), ("2 targets", "linux-x86_64,linux-aarch64"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import gearfarm.changepoint as changepoint
 from gearfarm.changepoint import detect, find_changes
 from gearfarm.perfplot import plot
 
@@ -140,7 +141,7 @@ def test_unchanged_nights_make_a_young_regime_more_significant(seed):
     # A regime 12 nights old is searched among 12 positions; 7 unchanged nights leave 8 that could
     # start it, so the maximum over them is less surprising under the null: a smaller p-value.
     v = noisy(n=72, noise=0.02, seed=seed)
-    v[60:] *= 0.96
+    v[60:] *= 0.95
     unchanged = [False] * 72
     for i in (50, 52, 55, 57, 63, 66, 69):
         unchanged[i] = True
@@ -174,3 +175,34 @@ def test_a_young_regime_needs_its_first_nights_ratio_on_the_same_side(seed):
         ratios = [None] + [1.0] * 59
         ratios[57] = r57
         assert [c.index for c in detect(v.tolist(), paired_ratios=ratios, paired_se=se)] == found
+
+
+def test_a_slow_drift_is_not_a_step_but_a_step_on_it_is(monkeypatch):
+    # issue #12: a level drifting by 3 % over 60 nights under 1 % noise. Without the trend veto the
+    # 2-4 night search takes the drift's last nights for a new regime; with it, the step must stand
+    # out of a straight line through its window, and a real 4 % step on the drift still does.
+    v = noisy(n=60, noise=0.01, seed=207) * np.exp(0.0005 * np.arange(60))
+    assert detect(v.tolist()) == []
+    w = v.copy()
+    w[50:] *= 0.96
+    assert [c.index for c in detect(w.tolist())] == [50]
+    monkeypatch.setattr(changepoint, "_TREND_Z", 0.0)
+    assert [c.index for c in detect(v.tolist())] == [55]
+
+
+@pytest.mark.parametrize("seed", [43, 51])
+def test_a_young_step_the_paired_ratio_does_not_show_is_vetoed(monkeypatch, seed):
+    # issue #12: the values drop 3.5 % for 3 nights, but the paired ratio of the first night (the
+    # builds side by side, se 1 %) says 0.5 %: more than 2.5 standard errors of the difference
+    # apart, so the builds did not make that move. A ratio that agrees confirms the same step.
+    v = noisy(n=60, noise=0.01, seed=seed)
+    v[57:] *= 0.965
+    se = [None] + [0.01] * 59
+    ratios = [None] + [1.0] * 59
+    ratios[57] = 0.995
+    assert detect(v.tolist(), paired_ratios=ratios, paired_se=se) == []
+    agree = ratios.copy()
+    agree[57] = 0.965
+    assert [c.index for c in detect(v.tolist(), paired_ratios=agree, paired_se=se)] == [57]
+    monkeypatch.setattr(changepoint, "_VETO_Z", 3.0)  # the looser veto let it through
+    assert [c.index for c in detect(v.tolist(), paired_ratios=ratios, paired_se=se)] == [57]

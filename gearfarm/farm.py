@@ -1,6 +1,7 @@
-"""The embedded farm: gearmand (persistent queue), MinIO, the collector, and a build and a test
-worker per target this host can serve, all on loopback under one state directory. It writes
-the same TOML config a lab deployment uses, so every part runs exactly as in the lab."""
+"""The embedded farm: gearmand (persistent queue), MinIO, the collector, one build-and-test worker
+slot per core serving every target this host can build or test, and a perf worker, all on
+loopback under one state directory. It writes the same TOML config a lab deployment uses, so
+every part runs exactly as in the lab."""
 
 from __future__ import annotations
 

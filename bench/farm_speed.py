@@ -261,16 +261,14 @@ Job = tuple[str, str, float, float, float, float]
 
 
 def job_seconds(state: Path, run_id: str) -> list[Job]:
-    """(kind, target, wall seconds of its own work, CPU seconds, started, finished) per job. A
-    build or test starts its clock once it holds the host lock; a benchmark's wait for the host
-    (lock_wait) is inside its clock and not its work."""
+    """(kind, target, wall seconds of its own work, CPU seconds, started, finished) per job."""
     from gearfarm.store import ResultsDB
 
     out = []
     for r in ResultsDB(f"sqlite:///{state / 'results.db'}").jobs(run_id):
-        if r.started_at is None or r.finished_at is None:
+        wall = r.work_seconds
+        if wall is None or r.started_at is None or r.finished_at is None:
             continue
-        wall = max(0.0, r.finished_at - r.started_at - r.quietness.get("lock_wait", 0.0))
         out.append((r.kind, r.target, wall, r.timings.get("cpu", wall), r.started_at, r.finished_at))
     return out
 

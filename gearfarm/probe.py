@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
@@ -80,7 +81,7 @@ def _remember(key: str) -> None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             data = _load_cache()
-            data[key] = 1.0
+            data[key] = time.time()  # when it was probed: for whoever reads the file
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".probes-")
             with os.fdopen(fd, "w") as f:
                 json.dump(data, f)

@@ -93,6 +93,14 @@ class ResultRecord(BaseModel):
         return self.finished_at - self.started_at
 
     @property
+    def work_seconds(self) -> float | None:
+        """The job's own wall time: a build or test starts its clock once it holds the host
+        lock; a benchmark's wait for the host (lock_wait) is inside its clock but not its work."""
+        if self.duration is None:
+            return None
+        return max(0.0, self.duration - self.quietness.get("lock_wait", 0.0))
+
+    @property
     def digest(self) -> str:
         """The record's identity: the same record delivered twice has the same digest."""
         return hashlib.sha256(canonical(self.model_dump(mode="json"))).hexdigest()

@@ -857,3 +857,28 @@ def test_worker_prefers_the_functions_it_registered_first(gearmand: Gearmand) ->
         stop.set()
         t.join()
     assert got == ["slow", "slow", "middle", "middle", "quick", "quick"]
+
+
+def test_a_worker_stopped_during_a_job_leaves_the_next_one_queued(tmp_path: Path) -> None:
+    """The next grab rides with a job's result, but not once the worker is stopping: a job
+    gearmand hands to a worker that then leaves counts as a death against --job-retries (here 1:
+    it would be dropped), so the next job must stay queued for the next worker, or be run."""
+    with Gearmand(tmp_path / "gm", job_retries=1) as server, Client([server.address]) as client:
+        for i in range(2):
+            client.submit_background("stop-probe", b"%d" % i, unique=f"stop-probe-{i}")
+        ran: list[bytes] = []
+        stop = threading.Event()
+        worker = Worker([server.address], "stopping", **FAST)
+
+        def handler(job: Job) -> bytes:
+            ran.append(job.data)
+            stop.set()  # SIGTERM arrives while the job runs
+            return b"ok"
+
+        worker.register("stop-probe", handler)
+        worker.work(stop)
+        # gearmand notices the closed connection a moment later.
+        wait_for(lambda: admin.status(*server.address)["stop-probe"].workers == 0, what="the worker gone")
+        st = admin.status(*server.address)["stop-probe"]
+        assert len(ran) + st.queued == 2, (ran, st)
+        assert st.running == 0

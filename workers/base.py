@@ -187,7 +187,7 @@ def _handler(ctx: Context, role_handler: RoleHandler) -> Callable[[Job], bytes]:
                 log.warning("DROPPED job %s (%s): %s", job.handle, p.job_id, why)
                 return f"dropped: {why}".encode()
             log.info("job %s: %s %s at %s, attempt %d", job.handle, p.function, p.step, p.rev[:12], p.attempt)
-            began, cpu0 = time.monotonic(), _cpu()
+            cpu0 = _cpu()
             try:
                 rec = _run_role(ctx, role_handler, p, job)
             except Exception as e:  # the farm failed, not the product: say so, never lose the job
@@ -198,7 +198,10 @@ def _handler(ctx: Context, role_handler: RoleHandler) -> Callable[[Job], bytes]:
             # own work for it (packing, checksums). The farm's lower bound counts work in it.
             rec.timings["cpu"] = round(_cpu() - cpu0, 3)
             ctx.deliver(rec)
-            ctx.durations.record(p.function, time.monotonic() - began)
+            # What the slots' order learns from: the job's own work, not its waits for the host,
+            # and not a job the farm failed before it ran.
+            if rec.status != "infra" and rec.work_seconds is not None:
+                ctx.durations.record(p.function, rec.work_seconds)
             return f"{rec.job_id} {rec.status}".encode()
         finally:
             stop.set()

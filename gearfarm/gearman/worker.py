@@ -305,7 +305,7 @@ class Worker:
                     "worker %s: ignoring %s from %s", self.client_id, packet.command.name, server.address
                 )
 
-    def _run(self, job: Job, server: _Server | None = None) -> None:
+    def _run(self, job: Job, server: _Server | None = None, stop: threading.Event | None = None) -> None:
         with self._lock:
             handler = self._handlers.get(job.function)
         if handler is None:
@@ -325,7 +325,9 @@ class Worker:
             )
             job._finish(Command.WORK_FAIL)
             return
-        if server is None:
+        # Not once stopping (the handler may have run into a SIGTERM): a job gearmand hands to a
+        # worker that then leaves counts as a worker death against --job-retries.
+        if server is None or (stop is not None and stop.is_set()):
             job._finish(Command.WORK_COMPLETE, payload)
             return
         # The result and the next grab in one write: one system call and one wake-up of
@@ -333,24 +335,21 @@ class Worker:
         sent = job._finish(Command.WORK_COMPLETE, payload, then=_GRAB)
         server.grab_sent = sent and server.connection.connected
 
-    def _grab_and_run(self) -> bool:
-        """Try every live server once (round-robin); run at most one job."""
+    def _grab_and_run(self, stop: threading.Event | None = None) -> bool:
+        """Try every live server once (round-robin); run at most one job. With ``stop`` (the
+        work loop's), the next grab may go out with the job's result while stop is not set."""
         live = self._live()
         if not live:
             return False
         start = self._next % len(live)
         for offset in range(len(live)):
             server = live[(start + offset) % len(live)]
-            try:
-                job = self._grab(server)
-            except _CONNECTION_ERRORS as exc:
-                self._drop(server, exc)
-                continue
+            job = self._try_grab(server)
             if job is not None:
                 self._next = start + offset + 1
                 # With one server the next grab goes out with the result (it is asked first
                 # next time round); with several, round-robin asks the next server first.
-                self._run(job, server if len(live) == 1 else None)
+                self._run(job, server if stop is not None and len(live) == 1 else None, stop)
                 return True
         return False
 
@@ -421,7 +420,7 @@ class Worker:
         try:
             while not stop.is_set():
                 try:
-                    if self._grab_and_run():
+                    if self._grab_and_run(stop):
                         continue
                     self._sleep(self.poll_interval, stop)
                 except Exception:
@@ -431,8 +430,26 @@ class Worker:
                     for server in self._servers:
                         self._drop(server, "unexpected error")
                     stop.wait(min(self.poll_interval, 1.0))
+            self._settle()
         finally:
             self.close()
+
+    def _settle(self) -> None:
+        """Stopping with a grab still out (stop came between a job's result and the next loop):
+        read its answer, and run a job it brings rather than leave with it."""
+        for server in self._servers:
+            if server.grab_sent and server.connection.connected:
+                job = self._try_grab(server)
+                if job is not None:
+                    self._run(job)
+
+    def _try_grab(self, server: _Server) -> Job | None:
+        """_grab, with a broken connection dropped (to be reconnected) instead of raised."""
+        try:
+            return self._grab(server)
+        except _CONNECTION_ERRORS as exc:
+            self._drop(server, exc)
+            return None
 
 
 def _as_bytes(result: object) -> bytes:

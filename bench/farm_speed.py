@@ -180,25 +180,44 @@ def transfer(size_mib: int, repeat: int) -> None:
             env = dict(os.environ, MC_HOST_bench=f"{scheme}://{cfg.access_key}:{cfg.secret_key}@{rest}",
                        MC_CONFIG_DIR=str(tmp / "mc"))
 
-            def best(fn: Callable[[int], None]) -> float:
-                times = []
+            def best_of_interleaved(ours: Callable[[int], Path | None],
+                                    theirs: Callable[[int], Path | None]) -> tuple[float, float]:
+                """Best of ``repeat`` each, taking turns (this VM's speed moves over minutes); a
+                downloaded file is removed before the next run, so neither side pays for the
+                other's dirty pages being written back."""
+                times: tuple[list[float], list[float]] = ([], [])
                 for i in range(repeat):
-                    t0 = time.perf_counter()
-                    fn(i)
-                    times.append(time.perf_counter() - t0)
-                return min(times)
+                    for side, fn in enumerate((ours, theirs)):
+                        t0 = time.perf_counter()
+                        out = fn(i)
+                        times[side].append(time.perf_counter() - t0)
+                        if out is not None:
+                            out.unlink()
+                return min(times[0]), min(times[1])
 
             def mc_cp(a: str, b: str) -> None:
                 subprocess.run([mc, "cp", "--quiet", a, b], env=env, check=True, stdout=subprocess.DEVNULL)
 
-            up_ours = best(lambda i: store.put_file_if_absent(f"b/ours-{i}", src))
-            up_mc = best(lambda i: mc_cp(str(src), f"bench/{cfg.bucket}/b/mc-{i}"))
-            down_ours = best(lambda i: store.get_file("b/ours-0", tmp / f"down-ours-{i}"))
-            down_mc = best(lambda i: mc_cp(f"bench/{cfg.bucket}/b/mc-0", str(tmp / f"down-mc-{i}")))
+            def up_ours(i: int) -> None:
+                store.put_file_if_absent(f"b/ours-{i}", src)
+
+            def up_mc(i: int) -> None:
+                mc_cp(str(src), f"bench/{cfg.bucket}/b/mc-{i}")
+
+            def down_ours(i: int) -> Path:
+                store.get_file("b/ours-0", tmp / "down-ours")
+                return tmp / "down-ours"
+
+            def down_mc(i: int) -> Path:
+                mc_cp(f"bench/{cfg.bucket}/b/mc-0", str(tmp / "down-mc"))
+                return tmp / "down-mc"
+
+            up = best_of_interleaved(up_ours, up_mc)
+            down = best_of_interleaved(down_ours, down_mc)
         mib = size_mib
         print("| direction | gearfarm s | gearfarm MiB/s | mc cp s | mc cp MiB/s | gearfarm ÷ mc (speed) |")
         print("|---|---|---|---|---|---|")
-        for name, ours, theirs in (("upload", up_ours, up_mc), ("download", down_ours, down_mc)):
+        for name, (ours, theirs) in (("upload", up), ("download", down)):
             print(f"| {name} | {ours:.2f} | {mib / ours:.0f} | {theirs:.2f} | {mib / theirs:.0f} | "
                   f"{theirs / ours:.2f} |")
 

@@ -15,16 +15,18 @@ import struct
 import tarfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 from gearfarm.s3 import artifact
+from gearfarm.s3 import store as store_mod
 from gearfarm.s3.minio import MinioServer
 from gearfarm.s3.store import ArtifactStore
 
+T = TypeVar("T")
 REV = "0123456789abcdef0123456789abcdef01234567"
 EXE = b"\x7fELF pretend engine binary\n" * 50
 LIB = b"!<arch>\npretend static library\n" * 50
@@ -164,6 +166,63 @@ def test_put_file_if_absent_streams_one_put_and_keeps_the_first_object(store: Ar
     assert store.get_bytes(key) == big.read_bytes()
 
 
+@pytest.fixture
+def small_parts(monkeypatch: pytest.MonkeyPatch) -> int:
+    """S3's smallest part size, so a 12 MiB file goes up and down in three parts."""
+    monkeypatch.setattr(store_mod, "PART_SIZE", 5 << 20)
+    return 5 << 20
+
+
+def test_large_file_goes_up_in_parts_with_put_if_absent_kept(store: ArtifactStore, tmp_path: Path,
+                                                              small_parts: int) -> None:
+    key = "t/put-parts/object"
+    first, second = tmp_path / "first.bin", tmp_path / "second.bin"
+    first.write_bytes(os.urandom(12 << 20))
+    second.write_bytes(os.urandom(12 << 20))
+    parts = _count_requests(store, "UploadPart")
+    assert store.put_file_if_absent(key, first, "application/zstd") is True
+    assert len(parts) == 3
+    assert store.put_file_if_absent(key, second, "application/zstd") is False
+    assert len(parts) == 3, "parts were sent for a key that exists"
+    assert store.get_bytes(key) == first.read_bytes()
+    assert store.s3.list_multipart_uploads(Bucket=store.bucket, Prefix="t/put-parts/").get("Uploads", []) == []
+
+
+def test_concurrent_part_uploads_of_one_key_agree_on_one_object(minio: MinioServer, tmp_path: Path,
+                                                                small_parts: int) -> None:
+    # Both writers pass the existence check and send all their parts; the condition on the
+    # completion decides: exactly one wins, its bytes are stored, the loser's parts are aborted.
+    key = "t/put-parts-race/object"
+    files = [tmp_path / f"writer-{i}.bin" for i in range(2)]
+    for f in files:
+        f.write_bytes(os.urandom(11 << 20))
+    stores = [ArtifactStore(minio.s3_config(), retry_for=5) for _ in files]
+    results = _all_at_once([lambda i=i: stores[i].put_file_if_absent(key, files[i], "application/zstd")
+                            for i in range(len(files))])
+    assert sorted(map(repr, results)) == ["False", "True"], results
+    winner = files[results.index(True)]
+    assert stores[0].get_bytes(key) == winner.read_bytes()
+    assert stores[0].s3.list_multipart_uploads(Bucket=stores[0].bucket,
+                                               Prefix="t/put-parts-race/").get("Uploads", []) == []
+
+
+def test_large_file_comes_down_in_ranges_whole_or_not_at_all(store: ArtifactStore, tmp_path: Path,
+                                                            small_parts: int) -> None:
+    key = "t/get-parts/object"
+    data = os.urandom((12 << 20) + 12345)
+    store.put_bytes(key, data)
+    gets = _count_requests(store, "GetObject")
+    dest = tmp_path / "down.bin"
+    dest.write_bytes(b"an older download")
+    assert store.get_file(key, dest) == len(data)
+    assert len(gets) == 3
+    assert dest.read_bytes() == data
+    # A failed download leaves neither a half file nor a stray .part next to it.
+    with pytest.raises(Exception, match="404|Not Found|NoSuchKey"):
+        store.get_file("t/get-parts/missing", tmp_path / "missing.bin")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["down.bin"]
+
+
 def _pack(tmp_path: Path, who: str, exe: bytes = EXE) -> tuple[Path, dict[str, Any]]:
     out = _outputs(tmp_path / who / "out", umask=0o022, exe=exe)
     dest = tmp_path / who / "artifact.tar.gz"
@@ -174,20 +233,19 @@ def _manifest_without_extras(result: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in result.items() if k not in ("uploaded_bytes", "raced")}
 
 
-def _publish_concurrently(stores: list[ArtifactStore], art_key: str, man_key: str,
-                          packs: list[tuple[Path, dict[str, Any]]]) -> list[dict[str, Any]]:
-    """publish() from one thread per pack, all released at once; re-raise the first failure."""
-    barrier = threading.Barrier(len(packs))
-    results: list[dict[str, Any] | BaseException] = [RuntimeError("publisher did not finish")] * len(packs)
+def _all_at_once(calls: list[Callable[[], T]]) -> list[T]:
+    """Each call in a thread of its own, all released at once; re-raise the first failure."""
+    barrier = threading.Barrier(len(calls))
+    results: list[T | BaseException] = [RuntimeError("call did not finish")] * len(calls)
 
     def run(i: int) -> None:
         try:
             barrier.wait()
-            results[i] = artifact.publish(stores[i], art_key, man_key, packs[i][0], packs[i][1])
+            results[i] = calls[i]()
         except BaseException as e:
             results[i] = e
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(packs))]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
     for t in threads:
         t.start()
     for t in threads:
@@ -195,7 +253,14 @@ def _publish_concurrently(stores: list[ArtifactStore], art_key: str, man_key: st
     for r in results:
         if isinstance(r, BaseException):
             raise r
-    return [r for r in results if isinstance(r, dict)]
+    return results  # type: ignore[return-value]
+
+
+def _publish_concurrently(stores: list[ArtifactStore], art_key: str, man_key: str,
+                          packs: list[tuple[Path, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """publish() from one thread per pack, all released at once; re-raise the first failure."""
+    return _all_at_once([lambda i=i: artifact.publish(stores[i], art_key, man_key, packs[i][0], packs[i][1])
+                         for i in range(len(packs))])
 
 
 @pytest.mark.parametrize("round_", range(5))

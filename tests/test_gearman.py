@@ -162,6 +162,67 @@ def test_connection_reassembles_short_reads_and_rejects_garbage() -> None:
         assert not conn.connected
 
 
+def test_connection_waits_at_most_its_io_timeout_and_spins_for_quick_answers() -> None:
+    # A wait as long as the io timeout reads without a poll first (the kernel's receive timeout
+    # bounds it); a silent server must still give TimeoutError, with the half packet kept.
+    half = encode(Command.JOB_CREATED, "H:x:2", magic=RES)
+    released = threading.Event()
+
+    def slow(conn: socket.socket) -> None:
+        conn.sendall(half[:5])
+        released.wait(5)
+        conn.sendall(half[5:])
+        conn.recv(1)
+
+    with fake_server(slow) as (port, _):
+        conn = Connection("127.0.0.1", port, io_timeout=0.3).connect()
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            conn.recv(0.3)
+        assert 0.25 <= time.monotonic() - t0 < 2
+        with pytest.raises(TimeoutError):
+            conn.recv(0.3, spin=0.01)
+        released.set()
+        # The answer arrives while the reader spins or waits: the first 5 bytes were kept.
+        assert conn.recv(5, spin=0.05).args == (b"H:x:2",)
+        assert conn.connected
+        conn.close()
+
+
+def test_an_error_before_the_grab_answer_costs_the_worker_nothing() -> None:
+    # gearmand answers a bad earlier request (a CAN_DO, a PRE_SLEEP) with ERROR; read inside a
+    # grab, it is logged and the grab's own answer is still read: the job runs, and the worker
+    # does not send a second grab for the one answer (each extra grab leaves an answer unread).
+    got: list[bytes] = []
+    grabs_before_result: list[int] = []
+
+    def server(conn: socket.socket) -> None:
+        buf = b""
+        while b"\0REQ\0\0\0\x1e" not in buf:  # GRAB_JOB_UNIQ
+            buf += conn.recv(4096)
+        conn.sendall(encode(Command.ERROR, "ERR_BAD", "earlier request", magic=RES))
+        time.sleep(0.05)  # the worker has read the ERROR before the answer comes
+        conn.sendall(encode(Command.JOB_ASSIGN_UNIQ, "H:x:7", "f", "u-7", b"payload", magic=RES))
+        seen = b""
+        while True:
+            chunk = conn.recv(4096)
+            if not chunk:
+                return
+            seen += chunk
+            if b"\0REQ\0\0\0\x0d" in seen and not got:  # WORK_COMPLETE
+                got.append(seen)
+                grabs_before_result.append(seen.split(b"\0REQ\0\0\0\x0d")[0].count(b"\0REQ\0\0\0\x1e"))
+                conn.sendall(encode(Command.NO_JOB, magic=RES))
+
+    with fake_server(server) as (port, _):
+        worker = Worker([("127.0.0.1", port)], "after-error", **FAST)
+        worker.register("f", lambda job: job.data.upper())
+        with running(worker):
+            wait_for(lambda: bool(got), 5, "the job's WORK_COMPLETE")
+    assert b"H:x:7\0PAYLOAD" in got[0]
+    assert grabs_before_result == [0]
+
+
 def test_connection_speaks_tls(tmp_path: Path) -> None:
     # Debian's gearmand accepts --ssl but is built without TLS (it reads the
     # ClientHello as bad magic), so the TLS path is checked against a Python server.

@@ -23,6 +23,7 @@ from .errors import GearmanError, JobFailed, JobLost, ProtocolError, ServerError
 from .protocol import (
     MAX_FUNCTION_SIZE,
     MAX_UNIQUE_SIZE,
+    SPIN,
     Command,
     Connection,
     Packet,
@@ -301,7 +302,8 @@ class Client:
             if remaining is not None and remaining <= 0:
                 raise TimeoutError(f"job {handle} ({function}, unique {unique!r}) not done within {timeout}s")
             try:
-                reply = conn.recv(remaining)
+                # A short job's result comes within microseconds of its JOB_CREATED.
+                reply = conn.recv(remaining, spin=SPIN)
             except TimeoutError:
                 continue  # the loop raises the descriptive TimeoutError
             except (OSError, ProtocolError) as exc:
@@ -424,8 +426,10 @@ class Client:
         False (for callers that must add context or clean up first).
         """
         io_deadline = time.monotonic() + self._io_timeout
+        timeout = self._io_timeout  # the whole of it at first: recv() then reads without a poll
         while True:
-            reply = conn.recv(max(0.0, io_deadline - time.monotonic()))
+            reply = conn.recv(timeout, spin=SPIN)
+            timeout = max(0.0, io_deadline - time.monotonic())
             if reply.command is expect:
                 return reply
             if reply.command is Command.ERROR:

@@ -8,6 +8,8 @@ Sections (all by default; --only picks some):
   mixed pairs, which say on which side the time goes.
 * transfer: a 100 MiB artifact up to and down from one MinIO, gearfarm's store (boto3, as the
   workers call it) against MinIO's own `mc cp`.
+* codec: the archive codec (zstd) against gzip, the one before it, on the engine's build outputs
+  and the project's source: pack and unpack times and sizes.
 * startstop: the embedded farm's start (gearmand, MinIO, probes, every worker registered) and
   stop (every process gone), with the default catalog's four targets and the benchmarks.
 * nightly: the whole nightly (`gearfarm nightly`, start and stop included) against its lower
@@ -23,7 +25,7 @@ Sections (all by default; --only picks some):
 Figures, not pass/fail. The bench holds the host lock exclusive (gearfarm/hostlock.py) while it
 measures, so other farm jobs on this host wait (and so does a detector bench holding it shared).
 
-Run: .venv/bin/python bench/farm_speed.py [--only dispatch,transfer,startstop,nightly,scale,hosts]
+Run: .venv/bin/python bench/farm_speed.py [--only dispatch,transfer,codec,startstop,nightly,scale,hosts]
      [--jobs N] [--repeat N] [--hosts 1,2,4] [--host-targets T,...]
 """
 
@@ -48,7 +50,7 @@ from gearfarm.gearman import Client, Worker  # noqa: E402
 from gearfarm.gearmand import Gearmand  # noqa: E402
 from gearfarm.hostlock import HostLock  # noqa: E402
 
-SECTIONS = ("dispatch", "transfer", "startstop", "nightly", "scale", "hosts")
+SECTIONS = ("dispatch", "transfer", "codec", "startstop", "nightly", "scale", "hosts")
 FUNCTION = "bench-echo"
 
 
@@ -222,6 +224,48 @@ def transfer(size_mib: int, repeat: int) -> None:
                   f"{theirs / ours:.2f} |")
 
 
+def codec(repeat: int) -> None:
+    """The archive codec (s3/artifact.py) against the one before it, on the engine's own build
+    outputs and the project's source: pack and unpack times, sizes."""
+    import gzip
+    import io
+    import tarfile
+
+    import zstandard
+
+    from gearfarm.s3 import artifact
+
+    host = ROOT / "engine" / "build" / "host"
+    files = ["gfe", "gfe-suite", "gfe-bench", "libgfe.a"]
+    if not all((host / f).exists() for f in files):
+        subprocess.run(["make", "-C", str(ROOT / "engine"), "all"], check=True, capture_output=True)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for f in files:
+            tar.add(host / f, arcname=f)
+    source = subprocess.run(["git", "archive", "--format=tar", "HEAD"], cwd=ROOT, capture_output=True,
+                            check=True).stdout
+    codecs: list[tuple[str, Callable[[bytes], bytes], Callable[[bytes], bytes]]] = [
+        ("gzip -6 (before)", lambda b: gzip.compress(b, 6, mtime=0), gzip.decompress),
+        (f"zstd -{artifact.ARCHIVE_LEVEL} (now)", zstandard.ZstdCompressor(level=artifact.ARCHIVE_LEVEL).compress,
+         lambda b: zstandard.ZstdDecompressor().decompressobj().decompress(b)),
+    ]
+    print(f"\n## Archive codec: best of {repeat}")
+    print("| tar | MB | codec | packed MB | pack ms | unpack ms |")
+    print("|---|---|---|---|---|---|")
+    for name, raw in (("engine build outputs (host)", buf.getvalue()), ("project source (git archive)", source)):
+        for cname, pack, unpack in codecs:
+            t_pack = t_unpack = float("inf")
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                packed = pack(raw)
+                t1 = time.perf_counter()
+                assert unpack(packed) == raw
+                t_pack, t_unpack = min(t_pack, t1 - t0), min(t_unpack, time.perf_counter() - t1)
+            print(f"| {name} | {len(raw) / 1e6:.2f} | {cname} | {len(packed) / 1e6:.2f} | {t_pack * 1e3:.0f} | "
+                  f"{t_unpack * 1e3:.1f} |")
+
+
 def _mc() -> str:
     from gearfarm.s3 import minio
 
@@ -292,7 +336,7 @@ def job_seconds(state: Path, run_id: str) -> list[Job]:
     return out
 
 
-def lower_bound(jobs: list[Job], cores: int) -> tuple[float, float, float]:
+def lower_bound(jobs: list[Job], cores: float) -> tuple[float, float, float]:
     """(bound, critical path, work over the cores) from jobs measured alone: no schedule beats
     the longest chain of wall times, nor the CPU work spread over every core. A benchmark has
     the host to itself, so it holds every core for its wall time."""
@@ -314,6 +358,7 @@ def lower_bound(jobs: list[Job], cores: int) -> tuple[float, float, float]:
 def nightly(variants: list[tuple[str, str | None]], tmp_root: Path) -> list[tuple[str, int, float, float]]:
     cores = len(os.sched_getaffinity(0))
     rows = []
+    measured: list[str] = []
     for name, targets in variants:
         tag = name.replace(" ", "-")
         alone_state, state = tmp_root / f"alone-{tag}", tmp_root / f"nightly-{tag}"
@@ -325,7 +370,34 @@ def nightly(variants: list[tuple[str, str | None]], tmp_root: Path) -> list[tupl
         rows.append((name, len(jobs), bound, wall))
         print(f"| {name} | {len(jobs)} | {alone_wall:.1f} | {path:.1f} | {work:.1f} | {bound:.1f} | {wall:.1f} | "
               f"{span:.1f} | {wall - span:.1f} | **{wall / bound:.2f}** |")
+        capacity = parallel_capacity(cores)
+        real_bound = lower_bound(job_seconds(alone_state, "alone"), capacity)[0]
+        measured.append(f"{name}: {capacity:.2f} cores' worth measured around it, bound {real_bound:.1f} s, "
+                        f"wall ÷ that bound {wall / real_bound:.2f}")
+    print("\nThe same bound with the CPU work spread over the cores' worth this machine delivers (one "
+          "CPU-bound process per core, each timed against one alone):\n")
+    for line in measured:
+        print(f"- {line}")
     return rows
+
+
+_SPIN_LOOP = "import time\nt = time.perf_counter()\nx = 0\nfor i in range(6_000_000): x += i\n" \
+             "print(time.perf_counter() - t)"
+
+
+def parallel_capacity(cores: int, rounds: int = 3) -> float:
+    """How many cores' worth of CPU-bound work this machine delivers with one process per core: a
+    lower bound assumes ``cores``, but a VM whose vCPUs share physical cores delivers fewer."""
+    def run(n: int) -> float:
+        procs = [subprocess.Popen([sys.executable, "-c", _SPIN_LOOP], stdout=subprocess.PIPE, text=True)
+                 for _ in range(n)]
+        return statistics.mean(float(p.communicate()[0]) for p in procs)
+
+    alone, together = [], []
+    for _ in range(rounds):  # taking turns: the VM's speed moves over minutes
+        alone.append(run(1))
+        together.append(run(cores))
+    return cores * statistics.median(alone) / statistics.median(together)
 
 
 def nightly_header(what: str) -> None:
@@ -472,6 +544,8 @@ def main() -> None:
             dispatch(args.jobs)
         if "transfer" in only:
             transfer(args.size, args.repeat)
+        if "codec" in only:
+            codec(max(args.repeat, 5))
         # The farm under test has a lock directory of its own: its builds and tests take it
         # shared and its benchmarks exclusive, while this bench keeps the host's own lock.
         with tempfile.TemporaryDirectory(prefix="gf-bench-") as d:

@@ -75,7 +75,7 @@ def main() -> int:
             # The very artifact the nightlies measured, from the farm's own S3, run alone.
             cfg = config_mod.load(state / "farm.toml")
             tree = Path(tmp) / "alone"
-            archive = Path(tmp) / "a.tar.gz"
+            archive = Path(tmp) / f"a{artifact.ARCHIVE_SUFFIX}"
             ArtifactStore(cfg.s3).get_file(art[0], archive)
             artifact.unpack(archive, tree, art[1])
         finally:

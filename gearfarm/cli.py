@@ -512,7 +512,7 @@ def project_check(config_path: str | None, name: str | None, repo: str | None, c
             chosen = ok[0]
         tgt = cat.target(chosen)
         click.echo(f"\nbuilding {chosen} here, from the snapshot of {lp.rev[:12]} …")
-        archive = tmp / "source.tar.gz"
+        archive = tmp / f"source{artifact.ARCHIVE_SUFFIX}"
         snapshot.pack(lp.repo, lp.rev, archive)
         root, scratch = tmp / "root", tmp / "scratch"
         scratch.mkdir()
@@ -530,7 +530,8 @@ def project_check(config_path: str | None, name: str | None, repo: str | None, c
         if len(run.outputs) > 20:
             click.echo(f"  … and {len(run.outputs) - 20} more")
         # Through a real artifact, as test workers get it: what is not in the outputs is not there.
-        packed = artifact.pack(root, run.outputs, {"rev": lp.rev, "target": chosen}, tmp / "artifact.tar.gz")
+        packed_path = tmp / f"artifact{artifact.ARCHIVE_SUFFIX}"
+        packed = artifact.pack(root, run.outputs, {"rev": lp.rev, "target": chosen}, packed_path)
         failed = 0
         for sname in tgt.suites:
             suite = cat.suite(sname)
@@ -541,7 +542,7 @@ def project_check(config_path: str | None, name: str | None, repo: str | None, c
             tree = tmp / f"tree-{sname}"
             if suite.source:
                 artifact.safe_extract(archive, tree, sha256_file(archive), "source snapshot")
-            artifact.unpack(tmp / "artifact.tar.gz", tree, packed["archive_sha256"])
+            artifact.unpack(packed_path, tree, packed["archive_sha256"])
             (tmp / f"scratch-{sname}").mkdir()
             slog = tmp / f"{sname}.log"
             res = step.run_suite(cat, tgt, suite, tree, tmp / f"scratch-{sname}", slog, 1, dict(os.environ))

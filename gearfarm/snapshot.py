@@ -7,7 +7,6 @@ their signed payload, check it, and need no clone, no git and no network but gea
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import logging
@@ -23,7 +22,7 @@ from gearfarm import catalog as catalog_mod
 from gearfarm.catalog import Catalog, CatalogError
 from gearfarm.config import Config, ProjectConfig
 from gearfarm.s3 import keys
-from gearfarm.s3.artifact import ARCHIVE_LEVEL, ArtifactError, safe_extract
+from gearfarm.s3.artifact import ARCHIVE_SUFFIX, ARCHIVE_TYPE, ArtifactError, compressed, safe_extract
 from gearfarm.s3.store import ArtifactStore, StoreError, sha256_file
 
 log = logging.getLogger("gearfarm.snapshot")
@@ -107,14 +106,13 @@ def catalog_text(cfg: Config, project: ProjectConfig, repo: Path, rev: str) -> t
 
 
 def pack(repo: Path, rev: str, dest: Path) -> None:
-    """The tree at ``rev`` as tar.gz, byte-reproducible: git archive is deterministic for a
-    commit, and the gzip header carries no time and no name."""
+    """The tree at ``rev`` as tar.zst, byte-reproducible: git archive is deterministic for a
+    commit, and the archive codec adds no time and no name."""
     proc = subprocess.Popen(["git", "archive", "--format=tar", rev], cwd=repo, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
-    with dest.open("wb") as raw, \
-            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=ARCHIVE_LEVEL) as gz:
-        shutil.copyfileobj(proc.stdout, gz, 1 << 20)
+    with compressed(dest) as out:
+        shutil.copyfileobj(proc.stdout, out, 1 << 20)
     err = proc.stderr.read().decode(errors="replace").strip()
     if proc.wait() != 0:
         raise SourceError(f"git archive {rev} failed in {repo}: {err}")
@@ -134,9 +132,9 @@ def publish_source(store: ArtifactStore, repo: Path, rev: str) -> Snapshot:
                           "delete it by hand") from e
     uploaded = 0
     with tempfile.TemporaryDirectory(prefix="gearfarm-source-") as tmp:
-        archive = Path(tmp) / "source.tar.gz"
+        archive = Path(tmp) / f"source{ARCHIVE_SUFFIX}"
         pack(repo, rev, archive)
-        if store.put_file_if_absent(key, archive, "application/gzip"):
+        if store.put_file_if_absent(key, archive, ARCHIVE_TYPE):
             uploaded += archive.stat().st_size
         else:
             store.get_file(key, archive)  # another nightly's upload: record what is stored
@@ -190,7 +188,7 @@ def fetch_catalog(store: ArtifactStore, sha256: str) -> Catalog:
 def fetch_source(store: ArtifactStore, rev: str, sha256: str, dest: Path, scratch: Path) -> int:
     """Download the snapshot of ``rev``, check its sha256, extract it into ``dest``; returns
     its size. ArtifactError when it does not verify (nothing of it is extracted)."""
-    archive = scratch / "source.tar.gz"
+    archive = scratch / f"source{ARCHIVE_SUFFIX}"
     try:
         size = store.get_file(keys.source(rev), archive)
     except (StoreError, ClientError) as e:

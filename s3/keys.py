@@ -1,8 +1,8 @@
 """The one definition of the farm's S3 key layout.
 
-artifacts/<rev>/<target>/<toolchain>/artifact.tar.gz   the packed build outputs + manifest
+artifacts/<rev>/<target>/<toolchain>/artifact.tar.zst  the packed build outputs + manifest
 artifacts/<rev>/<target>/<toolchain>/manifest.json     the manifest alone (read before download)
-sources/<rev>/source.tar.gz                            the tree at a commit (the nightly uploads it once)
+sources/<rev>/source.tar.zst                            the tree at a commit (the nightly uploads it once)
 sources/<rev>/manifest.json                            its sha256 and size
 catalogs/<sha256>.toml                                 a catalog the nightly validated, by content
 projects/<project>/latest.json                         the project's newest catalog (worker probing)
@@ -36,7 +36,7 @@ def artifact_prefix(rev: str, target: str, toolchain: str) -> str:
 
 
 def artifact(rev: str, target: str, toolchain: str) -> str:
-    return f"{artifact_prefix(rev, target, toolchain)}/artifact.tar.gz"
+    return f"{artifact_prefix(rev, target, toolchain)}/artifact.tar.zst"
 
 
 def manifest(rev: str, target: str, toolchain: str) -> str:
@@ -46,7 +46,7 @@ def manifest(rev: str, target: str, toolchain: str) -> str:
 def source(rev: str) -> str:
     """Content-addressed by the commit: a tree at a commit never changes, so one upload serves
     every later nightly of that revision."""
-    return f"sources/{_part(rev)}/source.tar.gz"
+    return f"sources/{_part(rev)}/source.tar.zst"
 
 
 def source_manifest(rev: str) -> str:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 import os
-import struct
 import tarfile
 import threading
 import time
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import zstandard
 
 from gearfarm.s3 import artifact
 from gearfarm.s3 import store as store_mod
@@ -62,7 +63,7 @@ def _meta(**extra: Any) -> dict[str, Any]:
 def test_pack_is_byte_identical_across_time_umask_owner_and_directory(tmp_path: Path) -> None:
     a = _outputs(tmp_path / "host-a" / "out", umask=0o022)
     _touch(a, 1_000_000_000)
-    man_a = artifact.pack(a, ["libgfe.a", "gfe"], _meta(), tmp_path / "a.tar.gz")
+    man_a = artifact.pack(a, ["libgfe.a", "gfe"], _meta(), tmp_path / "a.tar.zst")
 
     # Another builder: other directory, umask 077 (gfe is 0700, libgfe.a 0600), another owner,
     # outputs listed in another order, meta keys inserted in another order, files touched later.
@@ -70,27 +71,27 @@ def test_pack_is_byte_identical_across_time_umask_owner_and_directory(tmp_path: 
     _touch(b, time.time() + 3600)
     assert (b / "gfe").stat().st_mode & 0o777 == 0o700 and (b / "libgfe.a").stat().st_mode & 0o777 == 0o600
     meta_b = dict(reversed(list(_meta().items())))
-    man_b = artifact.pack(b, ["gfe", "libgfe.a"], meta_b, tmp_path / "b.tar.gz")
+    man_b = artifact.pack(b, ["gfe", "libgfe.a"], meta_b, tmp_path / "b.tar.zst")
 
     # The first builder again, later, after its outputs were touched.
     _touch(a, time.time() + 7200)
-    man_c = artifact.pack(a, ["gfe", "libgfe.a"], _meta(), tmp_path / "c.tar.gz")
+    man_c = artifact.pack(a, ["gfe", "libgfe.a"], _meta(), tmp_path / "c.tar.zst")
 
-    first = (tmp_path / "a.tar.gz").read_bytes()
-    assert (tmp_path / "b.tar.gz").read_bytes() == first
-    assert (tmp_path / "c.tar.gz").read_bytes() == first
+    first = (tmp_path / "a.tar.zst").read_bytes()
+    assert (tmp_path / "b.tar.zst").read_bytes() == first
+    assert (tmp_path / "c.tar.zst").read_bytes() == first
     assert man_a == man_b == man_c and man_a["archive_sha256"] == hashlib.sha256(first).hexdigest()
 
     # Control: the comparison above can tell archives apart when contents differ.
     d = _outputs(tmp_path / "host-d" / "out", umask=0o022, exe=EXE + b"!")
-    artifact.pack(d, ["gfe", "libgfe.a"], _meta(), tmp_path / "d.tar.gz")
-    assert (tmp_path / "d.tar.gz").read_bytes() != first
+    artifact.pack(d, ["gfe", "libgfe.a"], _meta(), tmp_path / "d.tar.zst")
+    assert (tmp_path / "d.tar.zst").read_bytes() != first
 
 
 def test_packed_members_carry_nothing_of_the_packing_host(tmp_path: Path) -> None:
     out = _outputs(tmp_path / "out", umask=0o077, owner=4242)
-    artifact.pack(out, ["libgfe.a", "gfe"], _meta(built_by="w1"), tmp_path / "a.tar.gz")
-    with tarfile.open(tmp_path / "a.tar.gz", "r:gz") as tar:
+    artifact.pack(out, ["libgfe.a", "gfe"], _meta(built_by="w1"), tmp_path / "a.tar.zst")
+    with artifact.open_tar(tmp_path / "a.tar.zst") as tar:
         members = tar.getmembers()
         assert not tar.pax_headers
         body = tar.extractfile(artifact.MANIFEST).read()  # type: ignore[union-attr]
@@ -104,17 +105,28 @@ def test_packed_members_carry_nothing_of_the_packing_host(tmp_path: Path) -> Non
     assert list(json.loads(body)) == sorted(json.loads(body))
 
 
-def test_archive_gzip_header_has_mtime_0_and_no_file_name(tmp_path: Path) -> None:
+def test_archive_is_zstd_naming_nothing_and_archives_in_gzip_still_unpack(tmp_path: Path) -> None:
     out = _outputs(tmp_path / "out", umask=0o022)
-    dest = tmp_path / "artifact-with-a-name.tar.gz"
-    artifact.pack(out, ["gfe", "libgfe.a"], _meta(), dest)
+    dest = tmp_path / "artifact-with-a-name.tar.zst"
+    man = artifact.pack(out, ["gfe", "libgfe.a"], _meta(), dest)
     raw = dest.read_bytes()
-    assert raw[:3] == b"\x1f\x8b\x08"
-    flags, mtime = raw[3], struct.unpack("<I", raw[4:8])[0]
-    assert mtime == 0
-    assert not flags & 0x08, "gzip header carries a file name (FNAME)"
+    assert raw[:4] == b"\x28\xb5\x2f\xfd"  # a zstd frame
     assert b"artifact-with-a-name" not in raw
-    assert gzip.decompress(raw)  # and it is still a valid gzip stream
+    assert tarfile.open(fileobj=io.BytesIO(zstandard.ZstdDecompressor().decompressobj().decompress(raw)))
+    # An archive stored before the codec changed (tar.gz) is still read and verified.
+    old = tmp_path / "old.tar.gz"
+    with tarfile.open(tmp_path / "plain.tar", "w") as tar, artifact.open_tar(dest) as packed:
+        for m in packed.getmembers():
+            tar.addfile(m, packed.extractfile(m))
+    old.write_bytes(gzip.compress((tmp_path / "plain.tar").read_bytes(), mtime=0))
+    got = artifact.unpack(old, tmp_path / "unpacked", hashlib.sha256(old.read_bytes()).hexdigest())
+    assert got["files"] == man["files"]
+    assert (tmp_path / "unpacked" / "gfe").read_bytes() == (out / "gfe").read_bytes()
+    # Neither codec: a clear refusal, nothing extracted.
+    junk = tmp_path / "junk.tar.zst"
+    junk.write_bytes(b"PK\x03\x04 not an archive of ours")
+    with pytest.raises(artifact.ArtifactError, match="neither zstd nor gzip"):
+        artifact.unpack(junk, tmp_path / "junk", hashlib.sha256(junk.read_bytes()).hexdigest())
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +237,7 @@ def test_large_file_comes_down_in_ranges_whole_or_not_at_all(store: ArtifactStor
 
 def _pack(tmp_path: Path, who: str, exe: bytes = EXE) -> tuple[Path, dict[str, Any]]:
     out = _outputs(tmp_path / who / "out", umask=0o022, exe=exe)
-    dest = tmp_path / who / "artifact.tar.gz"
+    dest = tmp_path / who / "artifact.tar.zst"
     return dest, artifact.pack(out, ["gfe", "libgfe.a"], _meta(built_by=who), dest)
 
 
@@ -266,7 +278,7 @@ def _publish_concurrently(stores: list[ArtifactStore], art_key: str, man_key: st
 @pytest.mark.parametrize("round_", range(5))
 def test_concurrent_publishers_of_different_archives_agree_on_the_stored_one(
         minio: MinioServer, tmp_path: Path, round_: int) -> None:
-    art_key, man_key = f"t/race{round_}/artifact.tar.gz", f"t/race{round_}/manifest.json"
+    art_key, man_key = f"t/race{round_}/artifact.tar.zst", f"t/race{round_}/manifest.json"
     # Not byte-identical (another builder name in meta), as from two hosts racing.
     packs = [_pack(tmp_path, who) for who in ("w1", "w2")]
     assert packs[0][1]["archive_sha256"] != packs[1][1]["archive_sha256"]
@@ -288,14 +300,14 @@ def test_concurrent_publishers_of_different_archives_agree_on_the_stored_one(
     assert got[0]["built_by"] == got[1]["built_by"] == f"w{winner + 1}"
     assert json.loads(stores[0].get_bytes(man_key))["archive_sha256"] == stored_sha
 
-    (tmp_path / "dl.tar.gz").write_bytes(stored)
-    unpacked = artifact.unpack(tmp_path / "dl.tar.gz", tmp_path / "x", got[1 - winner]["archive_sha256"])
+    (tmp_path / "dl.tar.zst").write_bytes(stored)
+    unpacked = artifact.unpack(tmp_path / "dl.tar.zst", tmp_path / "x", got[1 - winner]["archive_sha256"])
     assert (tmp_path / "x" / "gfe").read_bytes() == EXE
     assert unpacked["files"] == got[0]["files"]
 
 
 def test_publish_after_losing_the_race_returns_the_stored_archive(store: ArtifactStore, tmp_path: Path) -> None:
-    art_key, man_key = "t/lost/artifact.tar.gz", "t/lost/manifest.json"
+    art_key, man_key = "t/lost/artifact.tar.zst", "t/lost/manifest.json"
     first_path, first = _pack(tmp_path, "w1")
     second_path, second = _pack(tmp_path, "w2", exe=EXE + b"rebuilt differently")
     won = artifact.publish(store, art_key, man_key, first_path, first)
@@ -313,7 +325,7 @@ def test_publish_after_losing_the_race_returns_the_stored_archive(store: Artifac
 
 def test_publish_completes_an_archive_whose_manifest_object_is_missing(store: ArtifactStore, tmp_path: Path) -> None:
     # A builder that died between the two PUTs leaves the archive alone; the next one finishes.
-    art_key, man_key = "t/half/artifact.tar.gz", "t/half/manifest.json"
+    art_key, man_key = "t/half/artifact.tar.zst", "t/half/manifest.json"
     first_path, first = _pack(tmp_path, "w1")
     assert store.put_file_if_absent(art_key, first_path, "application/gzip")
     second_path, second = _pack(tmp_path, "w2", exe=EXE + b"x")
@@ -325,7 +337,7 @@ def test_publish_completes_an_archive_whose_manifest_object_is_missing(store: Ar
 
 def test_publish_refuses_a_manifest_object_that_disagrees_with_the_stored_archive(
         store: ArtifactStore, tmp_path: Path) -> None:
-    art_key, man_key = "t/tampered/artifact.tar.gz", "t/tampered/manifest.json"
+    art_key, man_key = "t/tampered/artifact.tar.zst", "t/tampered/manifest.json"
     path, man = _pack(tmp_path, "w1")
     artifact.publish(store, art_key, man_key, path, man)
     tampered = artifact.canonical_json({**man, "archive_sha256": "0" * 64})
@@ -338,7 +350,7 @@ def test_publish_refuses_a_manifest_object_that_disagrees_with_the_stored_archiv
     assert store.get_bytes(man_key) == tampered  # never overwritten
 
     # Same when the manifest object was there before any archive was.
-    art2, man2 = "t/tampered2/artifact.tar.gz", "t/tampered2/manifest.json"
+    art2, man2 = "t/tampered2/artifact.tar.zst", "t/tampered2/manifest.json"
     store.put_bytes(man2, tampered, "application/json")
     with pytest.raises(artifact.ArtifactError, match="refusing to overwrite"):
         artifact.publish(store, art2, man2, path, man)
@@ -348,6 +360,6 @@ def test_publish_refuses_a_manifest_object_that_disagrees_with_the_stored_archiv
 def test_publish_refuses_a_manifest_that_is_not_for_the_archive(store: ArtifactStore, tmp_path: Path) -> None:
     path, man = _pack(tmp_path, "w1")
     with pytest.raises(artifact.ArtifactError, match="pass the manifest pack"):
-        artifact.publish(store, "t/wrong/artifact.tar.gz", "t/wrong/manifest.json", path,
+        artifact.publish(store, "t/wrong/artifact.tar.zst", "t/wrong/manifest.json", path,
                          {**man, "archive_sha256": "f" * 64})
-    assert not store.exists("t/wrong/artifact.tar.gz")
+    assert not store.exists("t/wrong/artifact.tar.zst")

@@ -190,7 +190,7 @@ def test_unknown_key_replay_and_commands_are_refused() -> None:
 
 
 def test_s3_key_layout_refuses_unsafe_components() -> None:
-    assert keys.artifact(REV, "linux-x86_64", "abc") == f"artifacts/{REV}/linux-x86_64/abc/artifact.tar.gz"
+    assert keys.artifact(REV, "linux-x86_64", "abc") == f"artifacts/{REV}/linux-x86_64/abc/artifact.tar.zst"
     assert keys.result("r1", "linux-x86_64", "test-unit", 2, "f" * 64) == \
         f"runs/r1/linux-x86_64/test-unit/results/2-{'f' * 16}.json"
     for bad in ("../x", "a/b", "", "..", "/abs"):

@@ -78,7 +78,7 @@ def _suite(run_id: str, base: str, t: str, cases: dict[str, str], worker: str) -
     status = "failed" if "failed" in cases.values() else "passed"
     return ResultRecord(job_id=f"{run_id}:{t}:test-unit", run_id=run_id, target=t, kind="test", step="test-unit",
                         name="unit", rev=rev_of(base), status=status, worker=worker,  # type: ignore[arg-type]
-                        artifact_key=f"artifacts/{rev_of(base)}/{t}/tc/artifact.tar.gz", artifact_sha256="a" * 64,
+                        artifact_key=f"artifacts/{rev_of(base)}/{t}/tc/artifact.tar.zst", artifact_sha256="a" * 64,
                         log_key=f"runs/{run_id}/{t}/test-unit/log.txt", log_tail="FAIL limits: empty index name",
                         cases=[CaseResult(name=n, status=s, message="check failed" if s == "failed" else "")  # type: ignore[arg-type]
                                for n, s in cases.items()])
@@ -204,7 +204,7 @@ def test_report_orders_headline_matrix_new_fixed_flaky_known(db_url: str) -> Non
     assert [x["name"] for x in rep["new"]] == ["lim"] and [x["name"] for x in rep["known"]] == ["old"]
     assert [x["name"] for x in rep["flaky"]] == ["crud"] and [x["name"] for x in rep["fixed"]] == ["fix"]
     new = rep["new"][0]
-    assert new["reproducer"] == (f"target={T} artifact=artifacts/{rev_of('r2')}/{T}/tc/artifact.tar.gz "
+    assert new["reproducer"] == (f"target={T} artifact=artifacts/{rev_of('r2')}/{T}/tc/artifact.tar.zst "
                                  f"sha256={'a' * 64} suite=unit test=lim seed=7")
     assert new["rerun_record"]["worker"] == "w2" and new["rerun_record"]["other_worker"] is True
     assert "FAIL limits" in new["log_tail"]

@@ -64,7 +64,7 @@ def test_host_nightly_builds_stores_tests_and_reports(farm) -> None:  # type: ig
     cfg = config_mod.load(state / "farm.toml")
     store = ArtifactStore(cfg.s3)
     build = next(j for j in report["jobs"] if j["step"] == "build")
-    manifest = json.loads(store.get_bytes(build["artifact_key"].replace("artifact.tar.gz", "manifest.json")))
+    manifest = json.loads(store.get_bytes(build["artifact_key"].replace("artifact.tar.zst", "manifest.json")))
     assert manifest["target"] == TARGET and manifest["rev"] == build["rev"]
     assert manifest["tools"].startswith("gcc")
     store.get_file(build["artifact_key"], state.parent / "a.tar.gz")

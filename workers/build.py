@@ -110,10 +110,11 @@ def build(ctx: Context, p: Payload, cat: Catalog, target: Target, started: float
                 meta = {"project": p.project, "rev": p.rev, "target": p.target, "toolchain": tc_id,
                         "tools": versions, "definition": definition}
                 t0 = time.monotonic()
-                packed = artifact.pack(root, run.outputs, meta, tmpd / "artifact.tar.gz")
+                archive = tmpd / f"artifact{artifact.ARCHIVE_SUFFIX}"
+                packed = artifact.pack(root, run.outputs, meta, archive)
                 # Put-if-absent: a concurrent build of the same (rev, target, toolchain) cannot
                 # replace the archive under a sha256 another build's tests were given.
-                manifest = artifact.publish(ctx.store, art_key, man_key, tmpd / "artifact.tar.gz", packed)
+                manifest = artifact.publish(ctx.store, art_key, man_key, archive, packed)
                 bytes_up += int(manifest["uploaded_bytes"])  # type: ignore[call-overload]
                 if manifest["raced"]:
                     with log_path.open("a") as f:

@@ -27,7 +27,7 @@ def fetch_artifact(ctx: Context, p: Payload, tree: Path, timings: dict[str, floa
     t0 = time.monotonic()
     if source:
         snapshot.fetch_source(ctx.store, p.rev, p.source_sha256, tree, tmp)
-    archive = tmp / f"{tree.name}.tar.gz"
+    archive = tmp / f"{tree.name}{artifact.ARCHIVE_SUFFIX}"
     ctx.store.get_file(p.artifact_key, archive)
     timings["download"] = timings.get("download", 0.0) + time.monotonic() - t0
     t0 = time.monotonic()

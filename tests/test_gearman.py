@@ -342,7 +342,7 @@ def test_work_fail_and_exception_raise_job_failed(gearmand: Gearmand) -> None:
 def _capture(out: list[BaseException], fn: Callable[..., object], *args: object) -> None:
     try:
         fn(*args)
-    except BaseException as exc:  # noqa: B036 - the test inspects whatever was raised
+    except BaseException as exc:  # the test inspects whatever was raised
         out.append(exc)
 
 
@@ -696,7 +696,7 @@ def test_many_jobs_from_concurrent_threads_match_results(gearmand: Gearmand) -> 
                     got = client.submit("tag", data, unique, timeout=10)
                     if got != b"R:" + unique.encode() + b":" + data:
                         mismatches.append(f"{unique}: {got!r}")
-            except BaseException as exc:  # noqa: B036 - reported below
+            except BaseException as exc:  # reported below
                 errors.append(exc)
 
         with running(workers[0]), running(workers[1]), running(workers[2]), running(workers[3]):

@@ -33,6 +33,7 @@ MAX_SINGLE_PUT = 5 * 1024**3
 # (measured in bench/farm_speed.py, transfer: 100 MiB in one PUT went up at 0.84× mc's speed).
 PART_SIZE = 16 * 1024**2
 PARALLEL = 4
+MAX_PARTS = 10_000  # S3's limit per multipart upload
 # What S3 (and MinIO) answer a conditional PUT with: the key exists / a concurrent conditional
 # write of the key is in flight.
 _EXISTS = ("PreconditionFailed", 412)
@@ -158,8 +159,9 @@ class ArtifactStore:
         CompleteMultipartUpload: S3 and MinIO refuse it with 412 when the key exists)."""
         size = path.stat().st_size
         if size >= 2 * PART_SIZE:
-            if size > MAX_SINGLE_PUT * 10000:
-                raise StoreError(f"{path} is {size} bytes, over S3's object size limit ({key})")
+            if size > PART_SIZE * MAX_PARTS:
+                raise StoreError(f"{path} is {size} bytes, over the {PART_SIZE * MAX_PARTS} bytes of "
+                                 f"{MAX_PARTS} parts of {PART_SIZE} that an upload to {key} can have")
             return self._retry(f"multipart put-if-absent {key}",
                                lambda: self._put_parts_if_absent(key, path, size, content_type))
         return self._put_if_absent(key, path, content_type)

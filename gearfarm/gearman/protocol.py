@@ -442,12 +442,10 @@ class Connection:
                 remaining = timeout
             else:
                 remaining = max(0.0, deadline - time.monotonic())
-            chunk = None
-            if spin and self._blocking:
-                chunk = self._spin_read(sock, spin)
-                spin = 0.0
+            chunk = self._spin_read(sock, spin) if spin and self._blocking else None
+            spin = 0.0
             if chunk is not None:
-                pass
+                pass  # read while spinning
             elif self._blocking and (remaining is None or remaining >= self._io_timeout):
                 # Waiting at least the io timeout: one blocking read, bounded by the kernel's
                 # receive timeout (an expiry is EAGAIN), instead of a poll and then a read on the

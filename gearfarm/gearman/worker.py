@@ -401,9 +401,8 @@ class Worker:
         # Any packet (a NOOP, an ERROR, or EOF) ends the sleep of its server, and the grab that
         # follows reads it: like libgearman, the GRAB goes out as soon as the socket is readable,
         # without a read of the NOOP first (one system call and one Python turn fewer per job).
-        if any(s.connection.has_buffered() for s in live):
-            ready = [s for s in live if s.connection.has_buffered()]
-        else:
+        ready = [s for s in live if s.connection.has_buffered()]
+        if not ready:
             fds = tuple(s.connection.fileno() for s in live)
             poller = self._poller
             if fds != self._poll_fds or poller is None:

@@ -670,6 +670,80 @@ def farm_stop(state_dir: Path | None) -> None:
     click.echo(f"stopped: {', '.join(stopped)}" if stopped else f"no farm running in {state}")
 
 
+@main.group("web", invoke_without_command=True)
+@click.option("--config", "config_path", help="Farm config (TOML); default $GEARFARM_CONFIG, else the embedded farm's.")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--listen", help="host:port to serve on (default: [web] listen, 127.0.0.1:8080).")
+@click.pass_context
+def web_group(ctx: click.Context, config_path: str | None, state_dir: Path | None, listen: str | None) -> None:
+    """Serve the dashboard (status, runs, logs, test history, regressions and triage, /api/,
+    an Atom feed), from the results database and the artifact store or the copies on disk:
+    no farm needs to be running. `gearfarm web user add NAME` makes an account."""
+    ctx.obj = (config_path, state_dir)
+    if ctx.invoked_subcommand is not None:
+        return
+    from gearfarm import web
+
+    cfg = _config_or_embedded(config_path, state_dir)
+    where = listen or cfg.web.listen
+    host, sep, port = where.rpartition(":")
+    if not sep or not port.isdigit():
+        _fail(f"--listen {where!r} is not host:port")
+    click.echo(f"gearfarm dashboard on http://{host}:{port}/ (Ctrl-C stops it)")
+    try:
+        web.serve(cfg, where)
+    except OSError as e:
+        _fail(f"cannot listen on {where}: {e}; pick another port with --listen or [web] listen")
+
+
+@web_group.group("user")
+def web_user() -> None:
+    """Dashboard accounts (needed to triage, cancel and start runs; reading needs none)."""
+
+
+def _web_db(ctx: click.Context) -> ResultsDB:
+    from gearfarm.store import ResultsDB
+
+    config_path, state_dir = ctx.obj  # set by `gearfarm web`, inherited by its subcommands
+    return ResultsDB(_config_or_embedded(config_path, state_dir).database.url)
+
+
+@web_user.command("add")
+@click.argument("name")
+@click.pass_context
+def web_user_add(ctx: click.Context, name: str) -> None:
+    """Make an account; prints its token once (only its digest is stored)."""
+    from gearfarm import account
+
+    try:
+        token = account.add(_web_db(ctx), name)
+    except account.AccountError as e:
+        _fail(str(e))
+    click.echo(f"account {name}; token (shown once, keep it): {token}")
+
+
+@web_user.command("remove")
+@click.argument("name")
+@click.pass_context
+def web_user_remove(ctx: click.Context, name: str) -> None:
+    from gearfarm import account
+
+    try:
+        account.remove(_web_db(ctx), name)
+    except account.AccountError as e:
+        _fail(str(e))
+    click.echo(f"account {name} removed")
+
+
+@web_user.command("list")
+@click.pass_context
+def web_user_list(ctx: click.Context) -> None:
+    from gearfarm import account
+
+    for name in account.names(_web_db(ctx)):
+        click.echo(name)
+
+
 @main.command("report")
 @click.argument("run_id")
 @click.option("--config", "config_path")
@@ -688,12 +762,13 @@ def report_cmd(run_id: str, config_path: str | None, state_dir: Path | None, sen
     assert run is not None
     if run.parent_run_id:
         _fail(f"{run_id} is the re-run of {run.parent_run_id}; its results are in that run's report")
-    # Links need S3; a report re-rendered while S3 is down is still a report, without them.
+    # The logs' copies on disk were made when the run was first published; with S3 down they stay.
     store: ArtifactStore | None = ArtifactStore(cfg.s3, retry_for=5)
     try:
         store.check()  # type: ignore[union-attr]
     except StoreError as e:
-        console.print(f"[yellow]S3 unavailable, the report has no links:[/] {escape(str(e))}", highlight=False)
+        console.print(f"[yellow]S3 unavailable; the report links the copies of the logs on disk:[/] {escape(str(e))}",
+                      highlight=False)
         store = None
     # The message that went out stays as it was unless it is sent again.
     pub = publisher.publish(cfg, db, store, [run], {run_id: db.jobs(run_id)}, send_mail=send, write_mail=send)

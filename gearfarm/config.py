@@ -76,6 +76,31 @@ class MailConfig(_Section):
     retries: int = 3
 
 
+class WebConfig(_Section):
+    # The dashboard as its readers reach it ("https://farm.example.com/"): reports and mail link
+    # to it. None: they link to the copies of the logs on disk beside each report.
+    url: str | None = None
+    # Where `gearfarm web` listens (host:port).
+    listen: str = "127.0.0.1:8080"
+    # Signs the dashboard's session cookies and CSRF tokens; default: derived from farm.secrets.
+    secret: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError("the dashboard's url must start with http:// or https://")
+        return v.rstrip("/") + "/" if v else v
+
+    @field_validator("listen")
+    @classmethod
+    def _hostport(cls, v: str) -> str:
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"web listen address {v!r} is not 'host:port'")
+        return v
+
+
 PROJECT_RE = r"^[a-z][a-z0-9_-]{0,31}$"
 DEFAULT_PROJECT = "engine"
 
@@ -144,6 +169,7 @@ class Config(_Section):
     database: DatabaseConfig = Field(default_factory=DatabaseConfig)
     mail: MailConfig = Field(default_factory=MailConfig)
     farm: FarmConfig = Field(default_factory=FarmConfig)
+    web: WebConfig = Field(default_factory=WebConfig)
     # Where the file was read from; relative paths in it are relative to its folder.
     source: str | None = None
 

@@ -176,7 +176,7 @@ def _statuses(db: ResultsDB, run_ids: list[str]) -> dict[tuple[str, str, str, st
             out[key] = st
         if st == "failed":
             failing[(rid, f"{target}\0{suite}")] = failing.get((rid, f"{target}\0{suite}"), 0) + 1
-    for rid, target, step, status, _n in db.job_statuses_in(run_ids):
+    for rid, target, step, status, _started, _finished in db.job_cells(run_ids):
         suite = step.split("-", 1)[1] if "-" in step else step
         st = _job_status(status, failing.get((rid, f"{target}\0{suite}"), 0))
         if st is not None:

@@ -8,6 +8,7 @@ the catalog stored with the run."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import math
 import statistics
 from typing import Any
@@ -59,9 +60,21 @@ def series_changes(db: ResultsDB, run: Run, target: str, host_class: str, benchm
                                        paired_se=[n.se for n in nights], unchanged=unchanged)
                if not _contradicted(c, nights[c.index])]
     seen = {c.index for c in changes}
+    revs = [rev for rev, _ in series]
     for c in paired_changes(series, nights, higher, unchanged):
-        if c.index not in seen and c.first_bad_rev not in expected:
-            changes.append(c)
+        if c.index in seen or c.first_bad_rev in expected:
+            continue
+        # The night's pairs measured tonight's build against the last good build, which is not
+        # the night before when builds in between failed their tests: the pairs then span those
+        # nights too, and a change already found among them is not a second change tonight.
+        rec = records.get(run_ids[c.index])
+        base = rec.baseline_rev if rec is not None else None
+        start = max((i for i in range(c.index) if revs[i] == base), default=c.index - 1) if base else c.index - 1
+        if any(start < other.index < c.index for other in changes):
+            continue
+        if start < c.index - 1:
+            c = dataclasses.replace(c, last_good_rev=revs[start])
+        changes.append(c)
     return series, sorted(changes, key=lambda c: c.index), run_ids
 
 

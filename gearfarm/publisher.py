@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from gearfarm import history, mail, perf, report
+from gearfarm import history, joblog, links, mail, perf, report, triage
 from gearfarm.config import Config
 from gearfarm.mail import Delivery
 from gearfarm.result import ResultRecord
@@ -102,18 +102,25 @@ def _publish_run(cfg: Config, db: ResultsDB, store: ArtifactStore | None, run: R
         verdicts = history.classify_run(db, run, records)
     except SQLAlchemyError as e:
         problems.append(_db_down("failures are not classified against history", e))
-    rep = report.build(run, records, store, verdicts, reruns)
+    out = run_dir(cfg, run.run_id)
+    if store is not None:
+        # Before the report is written: its links point at these copies when there is no dashboard.
+        problems += joblog.copy_all(store, records + reruns, out.parent)
+    rep = report.build(run, records, links.for_run(cfg.web.url, out), verdicts, reruns)
     try:
         report.add_performance(rep, perf.analyze(db, run), perf.figures(db, run))
     except SQLAlchemyError as e:
         report.add_performance(rep, [])
         problems.append(_db_down("no performance history", e))
     try:
+        triage.record(db, run, triage.detected(run, verdicts, rep["performance"]))
+    except SQLAlchemyError as e:
+        problems.append(_db_down("the run's regressions are not on the dashboard", e))
+    try:
         report.add_late(rep, db.late_results(run.run_id))
     except SQLAlchemyError as e:
         report.add_late(rep, [])
         problems.append(_db_down("late results not shown", e))
-    out = run_dir(cfg, run.run_id)
     rep["problems"] = problems
     paths = report.write(rep, records, out)
     if store is not None:

@@ -1,6 +1,7 @@
 """The run report: one document (JSON, HTML, text, JUnit) per run, i.e. per project of a
 nightly, with its project, a headline, the matrix, the test cases classified against history
-(new failures with their log tail and a reproducer, fixed, flaky, known), presigned links, and
+(new failures with their log tail and a reproducer, fixed, flaky, known), links to each job's log
+(gearfarm.links: the dashboard, or the copies on disk), and
 per-stage timings so the farm's own overhead shows. Written beside the run on disk and in S3.
 The nightly's one mail is made from the reports of all its runs (mail_subject, render_mail_*):
 for one run it is that run's report, for several one section per run, in the order given."""
@@ -19,6 +20,7 @@ from markupsafe import Markup
 
 from gearfarm import junit
 from gearfarm.history import Verdict
+from gearfarm.links import Links
 from gearfarm.result import PRODUCT_FAILURES, ResultRecord
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore
@@ -43,12 +45,12 @@ def image_cid(section: int, index: int) -> str:
 _env.globals["image_cid"] = image_cid
 
 
-def build(run: Run, records: list[ResultRecord], store: ArtifactStore | None,
+def build(run: Run, records: list[ResultRecord], links: Links | None = None,
           verdicts: list[Verdict] | None = None, reruns: list[ResultRecord] | None = None) -> dict[str, Any]:
     """The report document. ``verdicts`` (gearfarm.history.classify_run) add the classified
-    sections and the classified headline; ``reruns`` are the records of the run's re-run."""
-    def link(key: str | None) -> str | None:
-        return store.presign(key) if (store and key) else None
+    sections and the classified headline; ``reruns`` are the records of the run's re-run;
+    ``links`` says where the logs are read (default: the copies beside the report)."""
+    links = links or Links()
 
     by_target: dict[str, dict[str, ResultRecord]] = {}
     for r in records:
@@ -59,7 +61,7 @@ def build(run: Run, records: list[ResultRecord], store: ArtifactStore | None,
             steps.append(r.step)
     missing = [j for j in run.expected if j not in {r.job_id for r in records}]
     matrix = {
-        t: {s: {"status": r.status, "duration": r.duration, "log": link(r.log_key), "worker": r.worker,
+        t: {s: {"status": r.status, "duration": r.duration, "log": links.log(r), "worker": r.worker,
                 "reused_artifact": r.reused_artifact, "message": r.message}
             for s, r in sorted(cells.items())}
         for t, cells in sorted(by_target.items())
@@ -71,7 +73,7 @@ def build(run: Run, records: list[ResultRecord], store: ArtifactStore | None,
         bad_cases = [c for c in r.cases if c.status in ("failed", "error")]
         failures.append({
             "target": r.target, "step": r.step, "status": r.status, "message": r.message,
-            "log_tail": r.log_tail, "log": link(r.log_key), "artifact": link(r.artifact_key),
+            "log_tail": r.log_tail, "log": links.log(r), "artifact": links.artifact(r),
             "cases": [{"name": c.name, "classname": c.classname, "message": c.message[:2000]} for c in bad_cases],
             "reproducer": reproducer(r, run),
             "product": r.status in PRODUCT_FAILURES,
@@ -83,7 +85,7 @@ def build(run: Run, records: list[ResultRecord], store: ArtifactStore | None,
         counts[r.status] = counts.get(r.status, 0) + 1
     product_failed = sum(1 for f in failures if f["product"])
     infra = len(failures) - product_failed
-    classes = _classes(run, records, verdicts, reruns or [], link) if verdicts is not None else None
+    classes = _classes(run, records, verdicts, reruns or [], links) if verdicts is not None else None
     if classes is not None:
         new, known, flaky, fixed = (len(classes[k]) for k in ("new", "known", "flaky", "fixed"))
         lead = [_plural(new, "new failure") if new else "", f"{known} still failing" if known else "",
@@ -92,7 +94,6 @@ def build(run: Run, records: list[ResultRecord], store: ArtifactStore | None,
         lead, fixed = [f"{product_failed} failed" if product_failed else ""], 0
     green = not (any(lead) or infra or missing)
     headline = _headline(green, lead, fixed, infra, missing, len(records), len(by_target))
-    expiry = store.cfg.presign_expiry if store is not None else None
     rep: dict[str, Any] = {
         "run_id": run.run_id, "project": run.project, "rev": run.rev, "created_at": run.created_at,
         "finished_at": finished, "wall_seconds": round(finished - run.created_at, 3), "headline": headline,
@@ -102,7 +103,7 @@ def build(run: Run, records: list[ResultRecord], store: ArtifactStore | None,
         "classified": classes is not None,
         "new": classes["new"] if classes else [], "known": classes["known"] if classes else [],
         "fixed": classes["fixed"] if classes else [], "flaky": classes["flaky"] if classes else [],
-        "links_expire_at": round(time.time() + expiry) if expiry else None,
+        "links_base": links.base, "dashboard": links.run(run.run_id),
         "missing": missing, "stage_seconds": stage_totals, "target_seconds": _target_spans(records),
         "overhead_seconds": round(sum(stage_totals[s] for s in OVERHEAD), 3),
         "queue_wait_seconds": stage_totals["queue_wait"],
@@ -154,7 +155,7 @@ def _headline(green: bool, lead: list[str], fixed: int, infra: int, missing: lis
 
 
 def _classes(run: Run, records: list[ResultRecord], verdicts: list[Verdict], reruns: list[ResultRecord],
-             link: Any) -> dict[str, list[dict[str, Any]]]:
+             links: Links) -> dict[str, list[dict[str, Any]]]:
     by_job = {r.job_id: r for r in records}
     rerun_of = {(r.target, r.step): r for r in reruns}
     out: dict[str, list[dict[str, Any]]] = {k: [] for k in ("new", "known", "fixed", "flaky")}
@@ -168,8 +169,8 @@ def _classes(run: Run, records: list[ResultRecord], verdicts: list[Verdict], rer
         item.update({
             "step": rec.step if rec else "", "status": rec.status if rec else "",
             "message": (case.message if case else (rec.message if rec else ""))[:2000],
-            "worker": rec.worker if rec else "", "log": link(rec.log_key) if rec else None,
-            "artifact": link(rec.artifact_key) if rec else None,
+            "worker": rec.worker if rec else "", "log": links.log(rec) if rec else None,
+            "artifact": links.artifact(rec) if rec else None,
             "reproducer": reproducer(rec, run, None if job_level else v.name) if rec else "",
         })
         if v.kind in ("new", "flaky"):
@@ -178,7 +179,7 @@ def _classes(run: Run, records: list[ResultRecord], verdicts: list[Verdict], rer
         if rr is not None:
             # The test's own result on the re-run; the suite as a whole may fail for others.
             item["rerun_record"] = {"status": v.rerun or rr.status, "job_status": rr.status,
-                                    "worker": rr.worker, "log": link(rr.log_key),
+                                    "worker": rr.worker, "log": links.log(rr),
                                     "other_worker": bool(rr.worker) and rr.worker != item["worker"]}
         out[v.kind].append(item)
     return out
@@ -210,7 +211,9 @@ def add_performance(rep: dict[str, Any], entries: list[dict[str, Any]],
 
 
 def _run_html(report: dict[str, Any], mail: bool, section: int, prefix: str) -> Markup:
-    return Markup(_env.get_template("run.html.j2").render(r=report, mail=mail, section=section, pre=prefix))
+    base = (report.get("links_base") or "") if mail else ""
+    return Markup(_env.get_template("run.html.j2").render(r=report, mail=mail, section=section, pre=prefix,
+                                                           base=base))
 
 
 def render_html(report: dict[str, Any], mail: bool = False) -> str:

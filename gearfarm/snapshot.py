@@ -198,3 +198,34 @@ def fetch_source(store: ArtifactStore, rev: str, sha256: str, dest: Path, scratc
     finally:
         archive.unlink(missing_ok=True)
     return size
+
+
+@dataclass(frozen=True)
+class Commit:
+    rev: str
+    author: str
+    at: float
+    subject: str
+
+
+def local_repository(cfg: Config, project: ProjectConfig) -> Path | None:
+    """The project's commits as they are on this host, without fetching (the dashboard reads
+    them on every page view): its own clone, or the mirror the nightly keeps; None if neither."""
+    local = cfg.path(project.repo)
+    if "://" not in project.repo and local.is_dir():
+        return local
+    mirror = cfg.path(cfg.farm.state_dir) / "repos" / f"{project.name}.git"
+    return mirror if (mirror / "HEAD").exists() else None
+
+
+def changes(repo: Path, old: str, new: str, limit: int = 200) -> list[Commit]:
+    """The commits in ``new`` that ``old`` lacks, newest first (at most ``limit``)."""
+    proc = _git(["log", f"--max-count={limit}", "--format=%H%x1f%an%x1f%at%x1f%s", f"{old}..{new}", "--"],
+                cwd=repo, timeout=30)
+    if proc.returncode != 0:
+        raise SourceError(f"git log {old[:12]}..{new[:12]} in {repo}: {_err(proc)}")
+    out = []
+    for line in proc.stdout.decode(errors="replace").splitlines():
+        rev, author, at, subject = line.split("\x1f", 3)
+        out.append(Commit(rev, author, float(at), subject))
+    return out

@@ -201,6 +201,54 @@ class Annotation(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
 
+class Regression(Base):
+    """A detected change worth a person's attention: a new failure or a performance change,
+    once per (kind, project, target, subject, first bad revision), with its triage state.
+    The state lives here, on the server, so every reader sees the same (asv keeps it in one
+    browser's local storage)."""
+
+    __tablename__ = "regressions"
+    __table_args__ = (UniqueConstraint("kind", "project", "target", "subject", "first_bad_rev",
+                                       name="uq_regression"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(16))  # failure | performance
+    project: Mapped[str] = mapped_column(String(64), index=True)
+    target: Mapped[str] = mapped_column(String(64))
+    # failure: "suite/test"; performance: "benchmark/metric@host class"
+    subject: Mapped[str] = mapped_column(String(400))
+    first_bad_run: Mapped[str] = mapped_column(String(96), index=True)
+    first_bad_rev: Mapped[str] = mapped_column(String(40))
+    last_good_rev: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    detected_at: Mapped[float] = mapped_column(Float, index=True)
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    state: Mapped[str] = mapped_column(String(16), default="untriaged")
+    state_by: Mapped[str] = mapped_column(String(64), default="")
+    state_note: Mapped[str] = mapped_column(Text, default="")
+    state_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class TriageEvent(Base):
+    """Every change of a regression's triage state: who, when, why (the page shows the trail)."""
+
+    __tablename__ = "triage_events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    regression_id: Mapped[int] = mapped_column(ForeignKey("regressions.id"), index=True)
+    state: Mapped[str] = mapped_column(String(16))
+    who: Mapped[str] = mapped_column(String(64))
+    note: Mapped[str] = mapped_column(Text, default="")
+    at: Mapped[float] = mapped_column(Float)
+
+
+class WebUser(Base):
+    """A person (or a script) allowed to triage, cancel and start runs on the dashboard. Only
+    the token's sha256 is kept: the token itself is shown once, when it is made."""
+
+    __tablename__ = "web_users"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
 class ResultsDB:
     def __init__(self, url: str) -> None:
         self.url = url
@@ -390,14 +438,35 @@ class ResultsDB:
             q = select(Case.run_id, Case.target, Case.suite, Case.name, Case.status).where(Case.run_id.in_(ids))
             return [tuple(r) for r in s.execute(q)]  # type: ignore[misc]
 
-    def job_statuses_in(self, run_ids: Iterable[str]) -> list[tuple[str, str, str, str, int]]:
-        """(run_id, target, step, status, number of cases) of every job in the given runs."""
+    def job_cells(self, run_ids: Iterable[str]) -> list[tuple[str, str, str, str, float | None, float | None]]:
+        """(run_id, target, step, status, started_at, finished_at) of every job recorded in the
+        given runs, without their records (the dashboard's status grid reads hundreds)."""
         ids = list(run_ids)
         if not ids:
             return []
         with self.session() as s:
-            q = select(Job.run_id, Job.target, Job.step, Job.status, Job.record).where(Job.run_id.in_(ids))
-            return [(r, t, st, status, len(rec.get("cases") or [])) for r, t, st, status, rec in s.execute(q)]
+            q = select(Job.run_id, Job.target, Job.step, Job.status, Job.started_at, Job.finished_at
+                       ).where(Job.run_id.in_(ids))
+            return [tuple(r) for r in s.execute(q)]  # type: ignore[misc]
+
+    def run_times(self, run_ids: Iterable[str]) -> dict[str, float]:
+        """Run id -> when it started."""
+        ids = list(run_ids)
+        if not ids:
+            return {}
+        with self.session() as s:
+            return dict(s.execute(select(Run.run_id, Run.created_at).where(Run.run_id.in_(ids))).tuples().all())
+
+    def series_keys(self, run_ids: Iterable[str]) -> list[tuple[str, str, str, str, str]]:
+        """(project, target, host class, benchmark, metric) of every series the given runs measured."""
+        ids = list(run_ids)
+        if not ids:
+            return []
+        with self.session() as s:
+            q = (select(Run.project, SampleRow.target, SampleRow.host_class, SampleRow.benchmark, SampleRow.metric)
+                 .join(Run, Run.run_id == SampleRow.run_id)
+                 .where(SampleRow.run_id.in_(ids), SampleRow.variant == "new").distinct())
+            return sorted(tuple(r) for r in s.execute(q))  # type: ignore[misc]
 
     def runs_before(self, created_at: float, project: str, target: str | None = None,
                     limit: int = 50) -> list[Run]:

@@ -53,7 +53,9 @@ def sha256_file(path: Path) -> str:
 
 
 class ArtifactStore:
-    def __init__(self, cfg: S3Config, retry_for: float = 300.0) -> None:
+    def __init__(self, cfg: S3Config, retry_for: float = 300.0, attempts: int = 3) -> None:
+        """``retry_for`` seconds of outage are waited out; a reader that has somewhere else to
+        look (the dashboard, with the copies on disk) passes 0 and ``attempts`` 1."""
         self.cfg = cfg
         self.bucket = cfg.bucket
         self.retry_for = retry_for
@@ -71,7 +73,7 @@ class ArtifactStore:
                 s3={"addressing_style": "path"},
                 request_checksum_calculation="when_required",
                 response_checksum_validation="when_required",
-                retries={"mode": "standard", "max_attempts": 3},
+                retries={"mode": "standard", "max_attempts": attempts},
                 connect_timeout=5,
                 read_timeout=60,
             ),
@@ -238,6 +240,23 @@ class ArtifactStore:
 
     def get_bytes(self, key: str) -> bytes:
         return self._retry(f"get {key}", lambda: self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read())
+
+    def stream(self, key: str, chunk: int = 1 << 16) -> Iterator[bytes]:
+        """The object's bytes in chunks, for a reader that passes them on (the dashboard's log
+        view) without holding the whole object. The GET is made before this returns, so a
+        missing key or an unreachable store is a StoreError here, not halfway through."""
+        try:
+            body = self._retry(f"get {key}", lambda: self.s3.get_object(Bucket=self.bucket, Key=key)["Body"])
+        except ClientError as e:
+            raise StoreError(f"S3 {key}: {_error(e)[0] or e}") from e
+
+        def chunks() -> Iterator[bytes]:
+            try:
+                yield from body.iter_chunks(chunk)
+            finally:
+                body.close()
+
+        return chunks()
 
     def get_file(self, key: str, path: Path) -> int:
         """Download ``key`` to ``path`` (replaced whole, never left half-written): from two parts

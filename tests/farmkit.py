@@ -44,3 +44,36 @@ def edit_catalog(repo: Path, old: str, new: str, message: str) -> str:
     assert old in text, f"{old!r} is not in {cat}"
     cat.write_text(text.replace(old, new))
     return commit(repo, message)
+
+
+def counted_iibench(rows: int, repetitions: int) -> str:
+    """A catalog entry for iiBench measured in instructions (callgrind): the same count on any
+    host, so a change of the code is certain to show and nothing else can."""
+    return f"""
+[benchmarks.iibench-quick]
+argv = ["{{root}}/engine/build/{{target}}/gfe-bench{{exe}}", "iibench", "--rows", "{rows}", "--cache-mb", "64",
+        "--index", "betree", "--seed", "{{seed}}", "--dir", "{{scratch}}"]
+timeout = 300
+repetitions = {repetitions}
+counter = "instructions"
+metrics = {{ instructions = "lower" }}
+"""
+
+
+# Extra hashing over every row: about a fifth more work per insert (iiBench costs ~13,000
+# instructions a row here), so the insert path gets ~20 % slower on any host.
+SLOW_ANCHOR = "            gfe_batch_clear(b);\n        }"
+SLOWDOWN = """            gfe_batch_clear(b);
+        }
+        {
+            volatile uint64_t h = 0;
+            for (int z = 0; z < 160; z++) h = h * 31u + row[z % (int)sizeof row];
+        }"""
+
+
+def slow_down_inserts(repo: Path) -> None:
+    """Make iiBench's insert path ~20 % slower in the repository's engine (not committed)."""
+    bench = repo / "engine" / "tools" / "bench.c"
+    head, sep, body = bench.read_text().partition("static int iibench(")
+    assert sep and SLOW_ANCHOR in body, "engine/tools/bench.c changed: update tests/farmkit.py's SLOW_ANCHOR"
+    bench.write_text(head + sep + body.replace(SLOW_ANCHOR, SLOWDOWN, 1))

@@ -15,25 +15,10 @@ import pytest
 
 from gearfarm import catalog as catalog_mod
 from gearfarm.farm import EmbeddedFarm
-from tests.farmkit import commit, gearfarm, make_repo
+from tests.farmkit import commit, counted_iibench, gearfarm, make_repo, slow_down_inserts
 
 TARGET = "linux-x86_64"
-BENCH = """
-[benchmarks.iibench-quick]
-argv = ["{root}/engine/build/{target}/gfe-bench{exe}", "iibench", "--rows", "20000", "--cache-mb", "64",
-        "--index", "betree", "--seed", "{seed}", "--dir", "{scratch}"]
-timeout = 300
-repetitions = 1
-counter = "instructions"
-metrics = { instructions = "lower" }
-"""
-# Extra hashing over every row: about a fifth more work per insert (iiBench costs ~13,000
-# instructions a row here), so the insert path gets ~20 % slower on any host.
-SLOWDOWN = """            gfe_batch_clear(b);
-        }
-        {
-            volatile uint64_t h = 0;
-            for (int z = 0; z < 160; z++) h = h * 31u + row[z % (int)sizeof row];"""
+BENCH = counted_iibench(rows=20000, repetitions=1)
 
 
 def report_of(state: Path, run_id: str) -> dict:  # type: ignore[type-arg]
@@ -66,12 +51,7 @@ def test_a_20_percent_slower_commit_is_named_as_the_first_bad_revision(perf_farm
     for night in range(1, 7):
         revs[night] = commit(repo, f"night {night}: no performance change")
         nightly(farm, f"p{night}")
-    bench_c = repo / "engine" / "tools" / "bench.c"
-    text = bench_c.read_text()
-    head, sep, body = text.partition("static int iibench(")
-    anchor = "            gfe_batch_clear(b);\n        }"
-    assert sep and anchor in body
-    bench_c.write_text(head + sep + body.replace(anchor, SLOWDOWN + "\n        }", 1))
+    slow_down_inserts(repo)
     revs[7] = commit(repo, "night 7: iibench 20% slower")
     nightly(farm, "p7")
     for night in (8, 9):

@@ -1,0 +1,59 @@
+"""Dashboard accounts: a name and a token. Reading the dashboard needs none; triage, cancel
+and starting runs do. The token is shown once when the account is made (`gearfarm web user
+add NAME`) and only its sha256 is stored, so a copy of the database gives no one a login."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import time
+
+from sqlalchemy import delete, select
+
+from gearfarm.store import ResultsDB, WebUser
+
+NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9._-]{0,63}$")
+
+
+class AccountError(ValueError):
+    """A bad account name, or one that exists (or does not)."""
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def add(db: ResultsDB, name: str) -> str:
+    """Make an account; its token (shown once)."""
+    if not NAME_RE.match(name):
+        raise AccountError(f"account name {name!r}: use letters, digits, '.', '_' or '-', starting with a letter")
+    token = secrets.token_urlsafe(24)
+    with db.writing() as conn:
+        stmt = db.insert(WebUser).values(name=name, token_sha256=_digest(token), created_at=time.time())
+        if conn.execute(stmt.on_conflict_do_nothing(index_elements=["name"]).returning(WebUser.name)).first() is None:
+            raise AccountError(f"account {name!r} exists; remove it first (gearfarm web user remove {name})")
+    return token
+
+
+def remove(db: ResultsDB, name: str) -> None:
+    with db.writing() as conn:
+        if conn.execute(delete(WebUser).where(WebUser.name == name)).rowcount == 0:
+            raise AccountError(f"no account {name!r}")
+
+
+def names(db: ResultsDB) -> list[str]:
+    with db.session() as s:
+        return list(s.scalars(select(WebUser.name).order_by(WebUser.name)))
+
+
+def who(db: ResultsDB, token: str) -> str | None:
+    """The account a token belongs to, or None."""
+    if not token:
+        return None
+    digest = _digest(token)
+    with db.session() as s:
+        row = s.scalars(select(WebUser).where(WebUser.token_sha256 == digest)).first()
+    # The lookup is by digest; compare again in constant time so the answer's timing says nothing.
+    return row.name if row is not None and hmac.compare_digest(row.token_sha256, digest) else None

@@ -1,0 +1,273 @@
+"""`gearfarm web`: the dashboard, a Flask application served by waitress. Pages are rendered on
+the server from gearfarm.dashboard's dicts, and the same dicts are the JSON under /api/.
+Reading needs no account; triage (and, with them, cancel and self-service runs) needs one:
+a browser logs in with a name and token (a signed session cookie, every form CSRF-protected
+by Flask-WTF), a script sends the token as a bearer header (no cookie, so no CSRF to fear).
+Logs stream from the artifact store, or from the copies on disk when the store is gone (the
+embedded default's MinIO stops with its farm), so the dashboard works with no farm running."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from flask import Flask, Response, abort, jsonify, redirect, render_template, request, session, url_for
+from flask_wtf.csrf import CSRFError, CSRFProtect, generate_csrf
+
+from gearfarm import account, dashboard, joblog, triage
+from gearfarm.config import Config
+from gearfarm.publisher import run_dir
+from gearfarm.s3.store import ArtifactStore, StoreError
+from gearfarm.store import ResultsDB
+
+log = logging.getLogger("gearfarm.web")
+TEMPLATES = Path(__file__).parent / "templates" / "web"
+
+
+def _secret(cfg: Config) -> str:
+    if cfg.web.secret:
+        return cfg.web.secret
+    if cfg.farm.secrets:
+        # Derived, not the signing key itself: a leaked session key must not sign payloads.
+        return hmac.new(cfg.farm.secrets[0].encode(), b"gearfarm web session", hashlib.sha256).hexdigest()
+    log.warning("no [web] secret and no farm secrets: sessions last until the dashboard restarts")
+    return secrets.token_hex(32)
+
+
+def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | None = None) -> Flask:
+    app = Flask("gearfarm.web", template_folder=str(TEMPLATES), static_folder=None)
+    app.config.update(SECRET_KEY=_secret(cfg), WTF_CSRF_CHECK_DEFAULT=False, WTF_CSRF_TIME_LIMIT=None,
+                      SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax",
+                      SESSION_COOKIE_SECURE=bool(cfg.web.url and cfg.web.url.startswith("https://")))
+    csrf = CSRFProtect(app)
+    db = db or ResultsDB(cfg.database.url)
+    if store is None:
+        # One attempt, no waiting: a log the store cannot give now is read from its copy on disk.
+        store = ArtifactStore(cfg.s3, retry_for=0.0, attempts=1)
+    # Flask escapes only templates named .html/.xml; these are .html.j2 and .atom.j2.
+    app.jinja_env.autoescape = True
+    app.jinja_env.trim_blocks = app.jinja_env.lstrip_blocks = True
+    app.jinja_env.filters["utc"] = lambda t: time.strftime("%Y-%m-%d %H:%M", time.gmtime(t)) if t else ""
+    app.jinja_env.filters["short"] = lambda rev: (rev or "")[:10]
+    app.jinja_env.filters["secs"] = lambda s: "" if s is None else (f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min")
+    app.jinja_env.filters["pct"] = lambda x: "" if x is None else f"{x * 100:+.1f} %"
+
+    def user() -> str | None:
+        """Under /api/ only a bearer token counts, never the session cookie: a third-party page
+        can make a browser send the cookie, not the header, so /api/ needs no CSRF token."""
+        auth = request.headers.get("Authorization", "")
+        if auth.startswith("Bearer "):
+            return account.who(db, auth.removeprefix("Bearer ").strip())
+        if request.path.startswith("/api/"):
+            return None
+        name = session.get("user")
+        return name if isinstance(name, str) else None
+
+    @app.before_request
+    def _csrf() -> None:
+        if request.method == "POST" and not request.path.startswith("/api/"):
+            csrf.protect()
+
+    @app.errorhandler(CSRFError)
+    def _csrf_failed(e: CSRFError) -> tuple[str, int]:
+        return page("error.html.j2", {"status": 400, "message": f"The form was refused: {e.description} Reload "
+                                      "the page and send it again."}), 400
+
+    @app.context_processor
+    def _globals() -> dict[str, Any]:
+        return {"user": user(), "csrf_token": generate_csrf, "series_charts": dashboard.series_charts}
+
+    def page(template: str, data: dict[str, Any]) -> str:
+        return render_template(template, d=data)
+
+    def both(path: str, endpoint: str, template: str, methods: list[str] | None = None) -> Callable[..., Any]:
+        """Register ``path`` as an HTML page and ``/api`` + path as its JSON, from one function."""
+        def wrap(fn: Callable[..., dict[str, Any] | None]) -> Callable[..., Any]:
+            def html(**kw: Any) -> Any:
+                data = fn(**kw)
+                if data is None:
+                    abort(404)
+                return page(template, data)
+
+            def api(**kw: Any) -> Any:
+                data = fn(**kw)
+                if data is None:
+                    return jsonify({"error": "not found"}), 404
+                return jsonify(data)
+
+            app.add_url_rule(path, endpoint, html, methods=methods)
+            app.add_url_rule("/api" + (path if path != "/" else "/status"), f"api_{endpoint}", api, methods=methods)
+            return fn
+        return wrap
+
+    @both("/", "status", "status.html.j2")
+    def status() -> dict[str, Any]:
+        nights = request.args.get("nights", dashboard.NIGHTS, type=int)
+        return dashboard.status(db, max(1, min(nights, 100)))
+
+    @both("/runs", "runs", "runs.html.j2")
+    def runs() -> dict[str, Any]:
+        return dashboard.runs(db, request.args.get("project") or None)
+
+    @both("/run/<run_id>", "run", "run.html.j2")
+    def run(run_id: str) -> dict[str, Any] | None:
+        return dashboard.run(db, cfg, run_id, root=url_for("status"))
+
+    @both("/test", "test", "test.html.j2")
+    def test() -> dict[str, Any]:
+        name = request.args.get("name", "").strip()
+        if not name:
+            abort(400, "name the test: /test?name=suite/test")
+        return dashboard.test(db, name, request.args.get("project") or None)
+
+    @both("/regressions", "regressions", "regressions.html.j2")
+    def regressions() -> dict[str, Any]:
+        a = request.args
+        return dashboard.regressions(db, a.get("project") or None, a.get("state") or None, a.get("kind") or None)
+
+    @both("/regression/<int:rid>", "regression", "regression.html.j2")
+    def regression(rid: int) -> dict[str, Any] | None:
+        return dashboard.regression(db, rid)
+
+    def _triage(rid: int) -> tuple[str | None, str | None]:
+        who = user()
+        if who is None:
+            return None, "log in to triage (an account: gearfarm web user add NAME)"
+        body = request.get_json(silent=True) if request.is_json else request.form
+        state = str((body or {}).get("state", ""))
+        note = str((body or {}).get("note", ""))[:2000]
+        try:
+            triage.set_state(db, rid, state, who, note)
+        except triage.TriageError as e:
+            return who, str(e)
+        return who, None
+
+    @app.post("/regression/<int:rid>")
+    def regression_set(rid: int) -> Any:
+        who, err = _triage(rid)
+        if who is None:
+            return page("error.html.j2", {"status": 403, "message": err}), 403
+        if err:
+            return page("error.html.j2", {"status": 400, "message": err}), 400
+        return redirect(url_for("regression", rid=rid), 303)
+
+    @app.post("/api/regression/<int:rid>")
+    def api_regression_set(rid: int) -> Any:
+        who, err = _triage(rid)
+        if who is None:
+            return jsonify({"error": err}), 403
+        if err:
+            return jsonify({"error": err}), 400
+        return jsonify(dashboard.regression(db, rid))
+
+    @both("/perf", "perf_index", "perf.html.j2")
+    def perf_index() -> dict[str, Any]:
+        return dashboard.perf_index(db, request.args.get("project") or None)
+
+    @both("/perf/series", "perf_series", "series.html.j2")
+    def perf_series() -> dict[str, Any]:
+        a = request.args
+        missing = [k for k in ("project", "target", "benchmark", "metric") if not a.get(k)]
+        if missing:
+            abort(400, f"name the series: {', '.join(missing)} missing (the performance page links every series)")
+        nights = max(2, min(a.get("nights", dashboard.SERIES_NIGHTS, type=int), 1000))
+        return dashboard.perf_series(db, a["project"], a["target"], a.get("host_class", ""), a["benchmark"],
+                                     a["metric"], nights, root=url_for("status"))
+
+    @both("/compare", "compare", "compare.html.j2")
+    def compare() -> dict[str, Any] | None:
+        a, b = request.args.get("a", "").strip(), request.args.get("b", "").strip()
+        if not a or not b:
+            abort(400, "name two runs: /compare?a=RUN&b=RUN")
+        return dashboard.compare(db, a, b)
+
+    @app.get("/feed.atom")
+    def feed() -> Response:
+        data = dashboard.regressions(db)
+        updated = max((g["detected_at"] for g in data["regressions"]), default=time.time())
+        body = render_template("feed.atom.j2", d=data, updated=updated, root=request.url_root,
+                               iso=lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)))
+        return Response(body, mimetype="application/atom+xml")
+
+    @app.get("/run/<run_id>/log/<target>/<step>")
+    def job_log(run_id: str, target: str, step: str) -> Response:
+        name = request.args.get("file", "log.txt")
+        try:
+            chunks = joblog.stream(store, run_dir(cfg, run_id), run_id, target, step, name)
+        except ValueError as e:
+            abort(400, str(e))
+        if chunks is None:
+            abort(404, f"no {name} for {target}/{step} of run {run_id}: not in the store, and no copy on disk")
+        mime = "application/xml" if name.endswith(".xml") else "text/plain; charset=utf-8"
+        return Response(_closing(chunks), mimetype=mime)
+
+    @app.get("/run/<run_id>/artifact/<target>/<step>")
+    def job_artifact(run_id: str, target: str, step: str) -> Response:
+        rec = next((r for r in db.jobs(run_id) if r.target == target and r.step == step), None)
+        if rec is None or not rec.artifact_key:
+            abort(404, f"no artifact for {target}/{step} of run {run_id}")
+        try:
+            chunks = store.stream(rec.artifact_key)
+        except StoreError as e:
+            abort(503, f"the artifact store does not answer ({e}); artifacts are not copied to disk")
+        filename = rec.artifact_key.rsplit("/", 1)[-1]
+        return Response(_closing(chunks), mimetype="application/octet-stream",
+                        headers={"Content-Disposition": f'attachment; filename="{target}-{filename}"'})
+
+    @app.route("/login", methods=["GET", "POST"])
+    def login() -> Any:
+        error = None
+        if request.method == "POST":
+            name = account.who(db, request.form.get("token", ""))
+            if name is not None and name == request.form.get("name", "").strip():
+                session.clear()
+                session["user"] = name
+                nxt = request.form.get("next") or ""
+                return redirect(nxt if nxt.startswith("/") and not nxt.startswith("//") else url_for("status"), 303)
+            error = "unknown name or token"
+        return page("login.html.j2", {"error": error, "next": request.args.get("next", "")}), 401 if error else 200
+
+    @app.post("/logout")
+    def logout() -> Any:
+        session.clear()
+        return redirect(url_for("status"), 303)
+
+    @app.get("/healthz")
+    def healthz() -> Any:
+        return jsonify({"ok": True})
+
+    @app.errorhandler(400)
+    @app.errorhandler(404)
+    @app.errorhandler(503)
+    def _http_error(e: Any) -> Any:
+        if request.path.startswith("/api/"):
+            return jsonify({"error": e.description}), e.code
+        return page("error.html.j2", {"status": e.code, "message": e.description}), e.code
+
+    return app
+
+
+def _closing(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """Pass the chunks on and close their source even when the reader goes away mid-way."""
+    try:
+        yield from chunks
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+
+
+def serve(cfg: Config, listen: str | None = None, threads: int = 8) -> None:
+    """Serve until interrupted (waitress: a production WSGI server in pure Python)."""
+    from waitress import serve as waitress_serve
+
+    host, _, port = (listen or cfg.web.listen).rpartition(":")
+    app = create_app(cfg)
+    log.info("dashboard on http://%s:%s/", host, port)
+    waitress_serve(app, host=host, port=int(port), threads=threads, ident="gearfarm")

@@ -1,0 +1,322 @@
+"""The dashboard in a real browser (Debian's chromium driven by Playwright) against the data
+of real nightlies on real gearmand and MinIO: six nights of an engine repository in which the
+fifth commit breaks a unit test and makes iiBench ~20 % slower (instructions, so the change is
+certain). The farm is stopped before the dashboard starts, as on the morning after an embedded
+nightly: every log must come from the copies on disk, not from the MinIO that is gone."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+import urllib.error
+import urllib.request
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gearfarm import catalog as catalog_mod
+from gearfarm import process
+from gearfarm.farm import EmbeddedFarm
+from gearfarm.net import free_port
+from tests.farmkit import ROOT, commit, counted_iibench, gearfarm, make_repo, slow_down_inserts
+
+TARGET = "linux-x86_64"
+BENCH = counted_iibench(rows=4000, repetitions=3)
+BREAK_OLD = 'CHECK(mkidx(db, "", GFE_BTREE, 0, 0, 0) == GFE_EINVAL, "empty index name accepted");'
+BREAK_NEW = 'CHECK(mkidx(db, "", GFE_BTREE, 0, 0, 0) == GFE_OK, "empty index name accepted");'
+BROKEN_TEST = "unit/limits_and_bad_arguments"
+RED = "rgb(247, 179, 179)"
+
+
+@dataclass
+class Site:
+    url: str
+    state: Path
+    config: Path
+    revs: dict[str, str]
+    tokens: dict[str, str]
+
+    def get(self, path: str, token: str | None = None, data: bytes | None = None,
+            content_type: str = "application/json") -> tuple[int, bytes]:
+        req = urllib.request.Request(self.url + path, data=data)
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        if data is not None:
+            req.add_header("Content-Type", content_type)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+
+def _nightly(farm: EmbeddedFarm, run_id: str) -> None:
+    p = gearfarm("nightly", "--config", str(farm.config_path), "--targets", TARGET, "--suites", "unit",
+                 "--benchmarks", "iibench-quick", "--run-id", run_id, timeout=600)
+    assert p.returncode in (0, 1), p.stdout + p.stderr
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    base = tmp_path_factory.mktemp("web")
+    repo = make_repo(base / "repo")
+    cat = repo / "jobs" / "catalog.toml"
+    cat.write_text(cat.read_text() + BENCH)
+    commit(repo, "a quick iibench for the nightly perf job")
+    suite = repo / "engine" / "tools" / "suite.c"
+    assert BREAK_OLD in suite.read_text()
+    farm = EmbeddedFarm(base / "state", repo)
+    revs: dict[str, str] = {}
+    try:
+        farm.start(catalog_mod.load_file(cat), [TARGET], perf=True)
+        for night in range(1, 7):
+            if night == 5:
+                suite.write_text(suite.read_text().replace(BREAK_OLD, BREAK_NEW))
+                slow_down_inserts(repo)
+                revs[f"w{night}"] = commit(repo, "night 5: break limits_and_bad_arguments, slow down inserts")
+            else:
+                revs[f"w{night}"] = commit(repo, f"night {night}: no change that matters")
+            _nightly(farm, f"w{night}")
+    finally:
+        farm.stop()  # the morning after: MinIO and gearmand are gone
+    config = farm.config_path
+    tokens = {}
+    for name in ("alice", "bob"):
+        p = gearfarm("web", "--config", str(config), "user", "add", name)
+        assert p.returncode == 0, p.stderr
+        tokens[name] = p.stdout.strip().rsplit(" ", 1)[-1]
+    port = free_port()
+    proc = process.spawn([sys.executable, "-m", "gearfarm.cli", "web", "--config", str(config), "--listen",
+                          f"127.0.0.1:{port}"], base / "web.log", cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(url + "/healthz", timeout=2).read()
+            break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                process.stop(proc, timeout=5)
+                raise RuntimeError("the dashboard did not start: " + (base / "web.log").read_text()[-2000:]) from None
+            time.sleep(0.2)
+    try:
+        yield Site(url, farm.state, config, revs, tokens)
+    finally:
+        process.stop(proc, timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser):  # type: ignore[no-untyped-def]
+    ctx = browser.new_context()
+    pg = ctx.new_page()
+    yield pg
+    ctx.close()
+
+
+def login(page, site: Site, name: str) -> None:  # type: ignore[no-untyped-def]
+    page.goto(site.url + "/login")
+    page.fill("input[name=name]", name)
+    page.fill("input[name=token]", site.tokens[name])
+    page.click("button[type=submit]")
+    page.wait_for_load_state()
+    assert page.locator("header .me").inner_text().startswith(name)
+
+
+def _regression_id(site: Site, kind: str) -> int:
+    code, body = site.get(f"/api/regressions?kind={kind}")
+    assert code == 200
+    regs = json.loads(body)["regressions"]
+    assert len(regs) == 1, regs
+    return int(regs[0]["id"])
+
+
+# ---------------------------------------------------------------------------------- status
+
+def test_status_shows_the_failing_stage_in_red_and_a_log_line_is_two_clicks_away(site: Site, page) -> None:  # type: ignore[no-untyped-def]
+    page.goto(site.url + "/")
+    cell = page.locator(f"td[data-target='{TARGET}']")
+    assert cell.inner_text().strip() == "failed: test-unit"
+    assert cell.evaluate("e => getComputedStyle(e).backgroundColor") == RED
+    # The strip: six nights, oldest first, four green then two red.
+    strip = page.locator("table.status .strip a")
+    assert [strip.nth(i).get_attribute("class") for i in range(strip.count())] == ["passed"] * 4 + ["failed"] * 2
+
+    cell.locator("a").click()  # 1: the run
+    page.wait_for_load_state()
+    assert page.url.endswith("/run/w6")
+    unit = page.locator(f"td[data-cell='{TARGET}/test-unit']")
+    assert unit.evaluate("e => getComputedStyle(e).backgroundColor") == RED
+    unit.locator("a").click()  # 2: its log, from the copy on disk (MinIO stopped with the farm)
+    page.wait_for_load_state()
+    assert "empty index name accepted" in page.inner_text("body")
+    assert page.url.endswith(f"/run/w6/log/{TARGET}/test-unit")
+
+
+def test_the_static_report_links_the_logs_copied_beside_it(site: Site) -> None:
+    run_dir = site.state / "runs" / "w5"
+    html = (run_dir / "report.html").read_text()
+    links = set(re.findall(r'href="([^"]+)"', html))
+    assert f"logs/{TARGET}/test-unit/log.txt" in links
+    assert not any("X-Amz-Signature" in link for link in links)  # no presigned URL to a dead MinIO
+    for link in links:
+        if not link.startswith(("http", "#", "mailto")):
+            assert (run_dir / link).is_file(), link  # every relative link resolves
+    assert "empty index name accepted" in (run_dir / "logs" / TARGET / "test-unit" / "log.txt").read_text()
+
+
+# ------------------------------------------------------------------------------------- run
+
+def test_run_page_has_the_new_failure_its_log_tail_the_change_set_and_timings(site: Site, page) -> None:  # type: ignore[no-untyped-def]
+    page.goto(site.url + "/run/w5")
+    new = page.locator("div.failure.new")
+    assert new.count() == 1 and BROKEN_TEST in new.locator("h3").inner_text()
+    assert "empty index name accepted" in new.locator("pre.tail").inner_text()
+    changes = page.locator("#changes + table").inner_text()
+    assert "night 5: break limits_and_bad_arguments" in changes and site.revs["w5"][:10] in changes
+    assert "night 4" not in changes  # only what changed since the previous run
+    timings = page.locator("#timings + p + table").inner_text()
+    assert "build" in timings and "test-unit" in timings
+    assert page.locator("#regressions + ul li").count() == 2  # the new failure and the slowdown
+
+    page.goto(site.url + "/run/w6")
+    known = page.locator("#known + ul").inner_text()
+    assert BROKEN_TEST in known and "w5" in known
+    assert page.locator("div.failure.new").count() == 0
+
+
+def test_test_history_shows_the_test_across_runs_with_its_flakiness(site: Site, page) -> None:  # type: ignore[no-untyped-def]
+    page.goto(site.url + "/run/w5")
+    page.locator("div.failure.new h3 a").click()
+    page.wait_for_load_state()
+    rows = page.locator("table tr td:nth-child(4)")
+    statuses = [rows.nth(i).inner_text() for i in range(rows.count())]
+    assert statuses == ["failed", "failed", "passed", "passed", "passed", "passed"]  # newest first
+    assert "2 failures in 6 runs" in page.inner_text("main") and "not flaky" in page.inner_text("main")
+
+
+# ----------------------------------------------------------------------------- performance
+
+def test_the_series_plot_marks_the_change_point_and_hovering_a_point_names_its_run(site: Site, page) -> None:  # type: ignore[no-untyped-def]
+    page.goto(site.url + "/perf")
+    page.get_by_role("link", name="instructions").click()
+    page.wait_for_load_state()
+    mark = page.locator("svg.series g.mark.regression")
+    assert mark.count() == 1
+    assert "+2" in mark.get_attribute("data-tip") or "+1" in mark.get_attribute("data-tip")
+    points = page.locator("svg.series circle.pt")
+    assert points.count() == 6
+    # The mark sits between night 4 and night 5 (index 3.5 of 0..5).
+    xs = [float(points.nth(i).get_attribute("cx")) for i in range(6)]
+    line_x = float(mark.locator("line").get_attribute("x1"))
+    assert xs[3] < line_x < xs[4]
+    points.nth(4).hover()
+    tip = page.locator("#tip")
+    tip.wait_for(state="visible")
+    assert "w5" in tip.inner_text() and site.revs["w5"][:12] in tip.inner_text()
+    assert page.locator("svg.ab line.ci").count() >= 1  # the nights' A/B intervals
+
+
+def test_compare_view_shows_the_slowdown_and_the_test_that_changed(site: Site, page) -> None:  # type: ignore[no-untyped-def]
+    page.goto(site.url + "/compare?a=w4&b=w5")
+    row = page.locator("tr", has_text="instructions")
+    cell = row.locator("td").nth(5)
+    assert cell.get_attribute("class") == "regression"
+    assert 15 < float(cell.inner_text().replace("%", "").strip()) < 35
+    assert BROKEN_TEST in page.locator("h2:has-text('Tests whose status differs') + table").inner_text()
+
+
+# ------------------------------------------------------------------------ triage and /api
+
+def test_triage_survives_a_reload_and_shows_for_another_user(site: Site, browser) -> None:  # type: ignore[no-untyped-def]
+    rid = _regression_id(site, "performance")
+    alice = browser.new_context().new_page()
+    login(alice, site, "alice")
+    alice.goto(f"{site.url}/regression/{rid}")
+    alice.select_option("select[name=state]", "investigating")
+    alice.fill("input[name=note]", "bisecting the insert path")
+    alice.click("#triage-form button")
+    alice.wait_for_load_state()
+    alice.reload()
+    assert "investigating" in alice.locator("#triage-state").inner_text()
+    bob = browser.new_context().new_page()
+    login(bob, site, "bob")
+    bob.goto(f"{site.url}/regressions?kind=performance")
+    assert bob.locator(f"tr[data-regression='{rid}'] td.triage").inner_text() == "investigating (alice)"
+    bob.goto(f"{site.url}/regression/{rid}")
+    assert bob.locator("#triage-by").inner_text() == "alice"
+    assert bob.locator("#triage-note").inner_text() == "bisecting the insert path"
+    alice.context.close()
+    bob.context.close()
+
+
+def test_unauthorized_or_forged_triage_is_refused_and_changes_nothing(site: Site, browser) -> None:  # type: ignore[no-untyped-def]
+    rid = _regression_id(site, "failure")
+    body = json.dumps({"state": "wontfix", "note": "x"}).encode()
+    assert site.get(f"/api/regression/{rid}", data=body)[0] == 403  # no token
+    assert site.get(f"/api/regression/{rid}", token="not-a-token", data=body)[0] == 403
+    # A form post with no CSRF token (what a third-party page could make a browser send).
+    code, _ = site.get(f"/regression/{rid}", data=b"state=wontfix", content_type="application/x-www-form-urlencoded")
+    assert code == 400
+    # A logged-in browser whose form lost its CSRF token is refused too.
+    pg = browser.new_context().new_page()
+    login(pg, site, "bob")
+    pg.goto(f"{site.url}/regression/{rid}")
+    pg.evaluate("document.querySelector('#triage-form input[name=csrf_token]').value = 'forged'")
+    pg.select_option("select[name=state]", "wontfix")
+    pg.click("#triage-form button")
+    pg.wait_for_load_state()
+    assert "refused" in pg.inner_text("#error")
+    pg.context.close()
+    assert json.loads(site.get(f"/api/regression/{rid}")[1])["regression"]["state"] == "untriaged"
+    # The same change with a token is accepted, and recorded with its author.
+    code, got = site.get(f"/api/regression/{rid}", token=site.tokens["bob"],
+                         data=json.dumps({"state": "fixed", "note": "reverted"}).encode())
+    assert code == 200, got
+    reg = json.loads(got)
+    assert (reg["regression"]["state"], reg["regression"]["state_by"]) == ("fixed", "bob")
+    assert [e["state"] for e in reg["trail"]] == ["fixed"]
+
+
+def test_every_page_has_its_json_under_api_and_the_feed_is_atom(site: Site) -> None:
+    status = json.loads(site.get("/api/status")[1])
+    (proj,) = status["projects"]
+    assert proj["latest"]["run_id"] == "w6" and proj["targets"][0]["latest"]["stage"] == "test-unit"
+    run = json.loads(site.get("/api/run/w5")[1])
+    assert [n["test"] for n in run["new"]] == [BROKEN_TEST] and run["changes"][0]["rev"] == site.revs["w5"]
+    assert json.loads(site.get(f"/api/test?name={BROKEN_TEST}")[1])["targets"][0]["failures"] == 2
+    assert len(json.loads(site.get("/api/runs")[1])["runs"]) == 6
+    (series,) = json.loads(site.get("/api/perf")[1])["series"]
+    q = "&".join(f"{k}={series[k]}" for k in ("project", "target", "host_class", "benchmark", "metric"))
+    got = json.loads(site.get(f"/api/perf/series?{q}")[1])
+    assert len(got["nights"]) == 6 and got["changes"][0]["first_bad_rev"] == site.revs["w5"]
+    assert site.get("/api/run/nope")[0] == 404
+    code, feed = site.get("/feed.atom")
+    assert code == 200
+    root = ET.fromstring(feed)
+    ns = {"a": "http://www.w3.org/2005/Atom"}
+    titles = [e.findtext("a:title", namespaces=ns) for e in root.findall("a:entry", ns)]
+    assert len(titles) == 2 and any(BROKEN_TEST in t for t in titles) and any("instructions" in t for t in titles)
+
+
+def test_the_dashboard_answers_with_no_farm_and_says_what_is_missing(site: Site) -> None:
+    code, body = site.get(f"/run/w5/log/{TARGET}/test-nope")
+    assert code == 404 and b"no copy on disk" in body
+    code, body = site.get(f"/run/w5/artifact/{TARGET}/build")
+    assert code == 503 and b"artifacts are not copied to disk" in body

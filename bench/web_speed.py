@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gearfarm import catalog as catalog_mod  # noqa: E402
-from gearfarm import process  # noqa: E402
+from gearfarm import process, publisher  # noqa: E402
 from gearfarm.config import Config, DatabaseConfig, FarmConfig, S3Config, WebConfig, dump  # noqa: E402
 from gearfarm.net import free_port  # noqa: E402
 from gearfarm.result import ResultRecord  # noqa: E402
@@ -165,6 +165,13 @@ def main() -> None:
                     sys.exit("the dashboard did not start: " + (tmp / "web.log").read_text()[-2000:])
                 time.sleep(0.2)
         last, middle = run_ids[-1], run_ids[len(run_ids) // 2]
+        if fresh:  # what publishing each run's report stores (its verdicts), for the two runs shown
+            db = ResultsDB(f"sqlite:///{db_path}")
+            for rid in (last, middle):
+                run = db.get_run(rid)
+                assert run is not None
+                publisher.classify(db, run, db.jobs(rid))
+            db.engine.dispose()
         series = urlencode({"project": "engine", "target": TARGETS[0], "host_class": HOST_CLASS, "benchmark": "oltp",
                             "metric": "tps"})
         pages = ["/", "/runs", f"/run/{last}", f"/run/{middle}", "/test?name=unit/case_01", "/perf",

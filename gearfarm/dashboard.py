@@ -23,6 +23,8 @@ from gearfarm.store import ResultsDB, Run
 log = logging.getLogger("gearfarm.dashboard")
 
 NIGHTS = 10
+# A test's page reads this many of the newest runs.
+TEST_RUNS = 200
 # Worst first: the state a target shows for a run is the worst of its jobs'.
 SEVERITY = ("failed", "infra", "running", "missing", "passed")
 
@@ -118,9 +120,11 @@ def run(db: ResultsDB, cfg: Config, run_id: str, root: str = "/") -> dict[str, A
         return None
     records = db.jobs(run_id)
     reruns = [rec for rid in db.reruns_of([run_id]).get(run_id, []) for rec in db.jobs(rid)]
-    verdicts = history.classify_run(db, r, records)
+    stored = (r.notes or {}).get("verdicts")
+    verdicts = ([history.Verdict.from_dict(v) for v in stored] if isinstance(stored, list)
+                else history.classify_run(db, r, records))  # not reported yet (or by an older gearfarm)
     rep = report.build(r, records, DashboardLinks(root), verdicts, reruns)
-    rep["perf_figures"] = perf.figures(db, r)
+    rep["perf_figures"] = perf.figures(db, r, records)
     rep["state"] = r.state
     rep["parent_run_id"] = r.parent_run_id
     prev = db.runs_before(r.created_at, r.project, limit=1)
@@ -159,9 +163,9 @@ def _git_log(repo: str, old: str, new: str) -> tuple[snapshot.Commit, ...]:
 
 
 def test(db: ResultsDB, name: str, project: str | None = None) -> dict[str, Any]:
-    """One test across runs and targets, newest first, with each result's verdict and how
-    often it changed status (flakiness)."""
-    rows = history.history_of(db, name, project=project)
+    """One test across the newest TEST_RUNS runs and every target, newest first, with each
+    result's verdict and how often it changed status (flakiness)."""
+    rows = history.history_of(db, name, project=project, recent=TEST_RUNS)
     targets: dict[str, list[dict[str, Any]]] = {}
     for run_, target, suite, st, verdict in rows:
         targets.setdefault(f"{run_.project}:{target}", []).append({
@@ -176,7 +180,7 @@ def test(db: ResultsDB, name: str, project: str | None = None) -> dict[str, Any]
                     "failures": fails, "fail_rate": fails / len(results) if results else 0.0,
                     "flips": history.flips(recent), "flaky": history.flips(recent) >= history.FLIP_LIMIT,
                     "results": list(reversed(results))})
-    return {"test": name, "project": project, "targets": out}
+    return {"test": name, "project": project, "runs_read": TEST_RUNS, "targets": out}
 
 
 def regressions(db: ResultsDB, project: str | None = None, state: str | None = None,
@@ -292,8 +296,10 @@ def compare(db: ResultsDB, a: str, b: str) -> dict[str, Any] | None:
     ra, rb = db.get_run(a), db.get_run(b)
     if ra is None or rb is None:
         return None
-    fa = {(f["target"], f["benchmark"], f["metric"]): f for f in perf.figures(db, ra)}
-    fb = {(f["target"], f["benchmark"], f["metric"]): f for f in perf.figures(db, rb)}
+    ja = {(r.target, r.step): r for r in db.jobs(a)}
+    jb = {(r.target, r.step): r for r in db.jobs(b)}
+    fa = {(f["target"], f["benchmark"], f["metric"]): f for f in perf.figures(db, ra, list(ja.values()))}
+    fb = {(f["target"], f["benchmark"], f["metric"]): f for f in perf.figures(db, rb, list(jb.values()))}
     figures = []
     for key in sorted(set(fa) | set(fb)):
         va, vb = (fa.get(key) or {}).get("value"), (fb.get(key) or {}).get("value")
@@ -306,8 +312,6 @@ def compare(db: ResultsDB, a: str, b: str) -> dict[str, Any] | None:
     sb = {(t, s, n): st for _r, t, s, n, st in db.cases_in([b])}
     tests = [{"target": t, "test": f"{s}/{n}", "a": sa.get((t, s, n)), "b": sb.get((t, s, n))}
              for (t, s, n) in sorted(set(sa) | set(sb)) if sa.get((t, s, n)) != sb.get((t, s, n))]
-    ja = {(r.target, r.step): r for r in db.jobs(a)}
-    jb = {(r.target, r.step): r for r in db.jobs(b)}
     jobs = [{"target": k[0], "step": k[1], "a_status": ja[k].status if k in ja else None,
              "b_status": jb[k].status if k in jb else None,
              "a_seconds": ja[k].duration if k in ja else None, "b_seconds": jb[k].duration if k in jb else None}

@@ -76,6 +76,10 @@ class Verdict:
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "test": self.test}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Verdict:
+        return cls(**{k: v for k, v in d.items() if k != "test"})
+
 
 def flips(statuses: Iterable[str]) -> int:
     seq = list(statuses)
@@ -218,12 +222,13 @@ def classify_run(db: ResultsDB, run: Run, records: list[ResultRecord], window: i
     return verdicts
 
 
-def history_of(db: ResultsDB, test: str, window: int = WINDOW,
-               project: str | None = None) -> list[tuple[Run, str, str, str, str]]:
+def history_of(db: ResultsDB, test: str, window: int = WINDOW, project: str | None = None,
+               recent: int | None = None) -> list[tuple[Run, str, str, str, str]]:
     """A test's results across runs and targets (of ``project``, or of every project, each
     judged against its own), each with the verdict it had when its run was classified:
-    (run, target, suite, status, verdict), oldest first; ``run.project`` names the project."""
-    rows = db.cases_of(test, project=project)
+    (run, target, suite, status, verdict), oldest first; ``run.project`` names the project.
+    ``recent``: only the newest that many runs (a streak older than them is judged from them)."""
+    rows = db.cases_of(test, project=project, recent=recent)
     reruns = db.reruns_of({run.run_id for _, run in rows})
     rerun_status: dict[tuple[str, str, str, str], str] = {}
     for parent, children in reruns.items():

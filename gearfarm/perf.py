@@ -17,6 +17,7 @@ from gearfarm.changepoint import RevisionChange, find_changes
 from gearfarm.job import step_name
 from gearfarm.pairs import Paired, paired_test
 from gearfarm.perfplot import plot
+from gearfarm.result import ResultRecord
 from gearfarm.store import ResultsDB, Run
 
 WINDOW = 60
@@ -118,13 +119,13 @@ def paired_changes(series: list[tuple[str, float]], nights: list[Paired], higher
     return out
 
 
-def figures(db: ResultsDB, run: Run) -> list[dict[str, Any]]:
+def figures(db: ResultsDB, run: Run, records: list[ResultRecord] | None = None) -> list[dict[str, Any]]:
     """The night's figures, one per (target, benchmark, metric) the run measured: the median
     of tonight's build, and the paired estimate against its baseline with its 95 % interval
     (the night's figure: what the code change did, the host's state cancelled), with how
     quiet the host was while it measured."""
     higher_is_better = directions(db, run)
-    recs = {(r.target, r.name): r for r in db.jobs(run.run_id) if r.kind == "perf"}
+    recs = {(r.target, r.name): r for r in (db.jobs(run.run_id) if records is None else records) if r.kind == "perf"}
     out = []
     for target, _host_class, benchmark, metric in db.perf_keys(run.run_id):
         rec = recs.get((target, benchmark))

@@ -36,7 +36,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, load_only, mapped_column, sessionmaker
 
 from gearfarm import catalog as catalog_mod
 from gearfarm.catalog import Catalog, CatalogError
@@ -411,14 +411,23 @@ class ResultsDB:
         return {jid for jid, st in self.job_states(run_id).items() if st in TERMINAL}
 
     def cases_of(self, name: str, target: str | None = None, suite: str | None = None,
-                 reruns: bool = False, project: str | None = None) -> list[tuple[Case, Run]]:
+                 reruns: bool = False, project: str | None = None, recent: int | None = None) -> list[tuple[Case, Run]]:
         """Every result of a test case, oldest run first (a name may be "suite/name"), in every
-        project or in ``project``."""
+        project or in ``project``; with ``recent``, only in the newest that many runs. The runs
+        come with their identity only (id, revision, project, time), not their JSON columns."""
         if suite is None and "/" in name:
             suite, name = name.split("/", 1)
         with self.session() as s:
             q = (select(Case, Run).join(Run, Run.run_id == Case.run_id)
+                 .options(load_only(Run.run_id, Run.rev, Run.created_at, Run.project, Run.parent_run_id))
                  .where(Case.name == name).order_by(Run.created_at, Case.id))
+            if recent is not None:
+                newest = select(Run.created_at).where(Run.parent_run_id.is_(None)).order_by(Run.created_at.desc())
+                if project is not None:
+                    newest = newest.where(Run.project == project)
+                cutoff = s.scalar(newest.offset(recent - 1).limit(1))
+                if cutoff is not None:
+                    q = q.where(Run.created_at >= cutoff)
             if target is not None:
                 q = q.where(Case.target == target)
             if suite is not None:

@@ -67,3 +67,4 @@ def test_the_wheel_installs_only_the_gearfarm_package(tmp_path: Path) -> None:
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"gearfarm"}
     assert "gearfarm/workers/build.py" in names and "gearfarm/s3/store.py" in names
+    assert "gearfarm/templates/web/run.html.j2" in names  # the dashboard's pages ship with it

@@ -14,6 +14,8 @@ from typing import Any
 
 from gearfarm import history, perf, report, snapshot, svgplot, triage
 from gearfarm.config import Config
+from gearfarm.connection import ssl_context
+from gearfarm.gearman import GearmanError, admin
 from gearfarm.job import JobId
 from gearfarm.links import DashboardLinks
 from gearfarm.pairs import Paired
@@ -26,7 +28,7 @@ NIGHTS = 10
 # A test's page reads this many of the newest runs.
 TEST_RUNS = 200
 # Worst first: the state a target shows for a run is the worst of its jobs'.
-SEVERITY = ("failed", "infra", "running", "missing", "passed")
+SEVERITY = ("failed", "infra", "cancelled", "running", "missing", "passed")
 
 
 def step_key(step: str) -> tuple[int, str]:
@@ -36,8 +38,8 @@ def step_key(step: str) -> tuple[int, str]:
 
 def target_state(steps: dict[str, str], expected: list[str], running: bool) -> tuple[str, str | None]:
     """(state, failing stage) of one target in one run from its jobs' statuses (step ->
-    status) and the steps it expects: failed (the product), infra (the farm), running,
-    missing (the run ended without them), passed."""
+    status) and the steps it expects: failed (the product), infra (the farm), cancelled (by a
+    person), running, missing (the run ended without them), passed."""
     order = sorted(set(steps) | set(expected), key=step_key)
     for step in order:
         if steps.get(step) in PRODUCT_FAILURES:
@@ -45,6 +47,9 @@ def target_state(steps: dict[str, str], expected: list[str], running: bool) -> t
     for step in order:
         if steps.get(step) in ("infra", "no_worker"):
             return "infra", step
+    for step in order:
+        if steps.get(step) == "cancelled":
+            return "cancelled", step
     pending = [s for s in order if s not in steps]
     if pending:
         return ("running" if running else "missing"), pending[0]
@@ -317,3 +322,62 @@ def compare(db: ResultsDB, a: str, b: str) -> dict[str, Any] | None:
              "a_seconds": ja[k].duration if k in ja else None, "b_seconds": jb[k].duration if k in jb else None}
             for k in sorted(set(ja) | set(jb), key=lambda k: (k[0], step_key(k[1])))]
     return {"a": _run_brief(ra), "b": _run_brief(rb), "figures": figures, "tests": tests, "jobs": jobs}
+
+
+# ------------------------------------------------------------------------------------ live
+
+def gearmand(cfg: Config, timeout: float = 2.0) -> list[dict[str, Any]]:
+    """Each job server's queues and workers per function (its admin protocol), or why not."""
+    out = []
+    for host, port in cfg.gearman.addresses():
+        try:
+            fns = admin.status(host, port, ssl_context=ssl_context(cfg), timeout=timeout)
+            workers = admin.workers(host, port, ssl_context=ssl_context(cfg), timeout=timeout)
+        except (OSError, GearmanError) as e:
+            out.append({"server": f"{host}:{port}", "ok": False, "error": f"{e} (is the farm running?)",
+                        "functions": []})
+            continue
+        out.append({"server": f"{host}:{port}", "ok": True, "error": None, "functions": [
+            {"function": fn, "queued": st.queued, "running": st.running, "workers": st.workers,
+             "worker_ids": sorted({w.client_id for w in workers if fn in w.functions})}
+            for fn, st in sorted(fns.items())]})
+    return out
+
+
+def live(db: ResultsDB, cfg: Config) -> dict[str, Any]:
+    """gearmand's queues and workers, and every run in progress with each job's state: its
+    result when it has one, else what the nightly last saw (waiting for its build, queued,
+    running) and since when, else pending."""
+    runs_ = db.running_runs()
+    done: dict[str, str] = {}
+    for rid, target, step, st, _s, _f in db.job_cells([r.run_id for r in runs_]):
+        done[f"{rid}:{target}:{step}"] = st
+    seen = db.live(r.run_id for r in runs_)
+    cancels = {r.run_id: db.cancellations(r.run_id) for r in runs_}
+    out = []
+    for r in runs_:
+        jobs = []
+        for jid in sorted(r.expected or [], key=lambda j: (j.split(":")[1], step_key(j.split(":")[2]))):
+            _rid, target, step = jid.split(":")
+            lj = seen.get(jid)
+            state = done.get(jid) or (lj.state if lj else "pending")
+            jobs.append({"job_id": jid, "target": target, "step": step, "state": state,
+                         "attempt": lj.attempt if lj else 1, "since": lj.since if lj else None,
+                         "finished": jid in done})
+        out.append({**_run_brief(r), "jobs": jobs, "done": sum(j["finished"] for j in jobs),
+                    "cancelled_by": [{"job_id": c.job_id, "who": c.who, "at": c.at} for c in cancels[r.run_id]]})
+    return {"gearmand": gearmand(cfg), "runs": out, "generated_at": time.time()}
+
+
+def submit_form(db: ResultsDB, cfg: Config) -> dict[str, Any]:
+    """What a self-service run can choose, per configured project: the targets, suites and
+    benchmarks of the catalog its newest run was planned from (the run itself re-reads the
+    catalog at the chosen revision and refuses names it does not have)."""
+    projects = []
+    for p in cfg.project_list():
+        newest = db.runs(1, project=p.name)
+        cat = db.catalog_of(newest[0]) if newest else None
+        projects.append({"project": p.name, "branch": p.branch,
+                         "targets": sorted(cat.targets) if cat else [], "suites": sorted(cat.suites) if cat else [],
+                         "benchmarks": sorted(cat.benchmarks) if cat else []})
+    return {"projects": projects}

@@ -239,13 +239,29 @@ class Watchdog:
         self.beats: dict[JobId, tuple[int, float]] = {}
         self.unknown_since: dict[JobId, float] = {}
         self.spent = 0
+        # What the live page was last told of each unfinished job: (state, attempt).
+        self.live: dict[str, tuple[str, int]] = {}
+        # Cancel requests whose S3 marker is written.
+        self.marked: set[int] = set()
 
     def attempt(self, jid: JobId) -> int:
         return self.attempts.get(jid, 1)
 
     def check(self, pending: list[JobId], states: dict[str, str], now: float) -> None:
+        seen: dict[str, tuple[str, int]] = {}
+        try:
+            self._check(pending, states, now, seen)
+        finally:
+            changed = {jid: s for jid, s in seen.items() if self.live.get(jid) != s}
+            if changed:
+                self.db.set_live(self.plan.run_id, changed)
+                self.live.update(changed)
+
+    def _check(self, pending: list[JobId], states: dict[str, str], now: float,
+               seen: dict[str, tuple[str, int]]) -> None:
         for jid in pending:
             if not self.plan.ready(jid, states):
+                seen[str(jid)] = ("waiting", self.attempt(jid))
                 continue
             try:
                 st = self.client.get_status_unique(jid.unique(self.attempt(jid)))
@@ -254,6 +270,7 @@ class Watchdog:
                 log.warning("cannot ask gearmand about %s: %s", jid, e)
                 return
             if st.known:
+                seen[str(jid)] = ("running" if st.running else "queued", self.attempt(jid))
                 self.unknown_since.pop(jid, None)
                 if not st.running:
                     self.beats.pop(jid, None)
@@ -320,6 +337,8 @@ def wait(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, clien
                 progress(states, table)
             if not pending:
                 break
+            if _cancel(db, ledger, store, p, pending, watchdog):
+                continue
             now = time.time()
             if now > p.deadline:
                 reconcile(ledger, store, cfg.farm.secrets, p.run_id, seen)
@@ -360,6 +379,36 @@ def wait(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, clien
         time.sleep(poll)
     reconcile(ledger, store, cfg.farm.secrets, p.run_id, seen)
     return db.jobs(p.run_id)
+
+
+def _cancel(db: ResultsDB, ledger: Ledger, store: ArtifactStore, p: Plan, pending: list[JobId],
+            watchdog: Watchdog) -> bool:
+    """Record as cancelled the pending jobs a person cancelled (the whole run, or some jobs),
+    and make sure the S3 markers that stop them on the workers are there (the dashboard writes
+    them too, but may not have reached S3). True when it recorded any."""
+    asked = db.cancellations(p.run_id)
+    if not asked:
+        return False
+    for c in asked:
+        if c.id in watchdog.marked:
+            continue
+        target, step = c.job_id.split(":")[1:] if c.job_id else (None, None)
+        try:
+            store.put_bytes(keys.cancel(p.run_id, target, step),
+                            json.dumps({"who": c.who, "at": c.at}).encode(), "application/json")
+            watchdog.marked.add(c.id)
+        except StoreError as e:
+            log.warning("cannot write the cancel marker of %s (%s); trying again", c.job_id or p.run_id, e)
+    whole = next((c for c in asked if c.job_id is None), None)
+    by_job = {c.job_id: c for c in asked if c.job_id is not None}
+    todo = [(j, whole or by_job[str(j)]) for j in pending if whole is not None or str(j) in by_job]
+    # Builds first: a cancelled build ends its tests with it (skipped, saying why).
+    for jid, c in sorted(todo, key=lambda x: x[0].kind != "build"):
+        if str(jid) in db.terminal_ids(p.run_id):
+            continue
+        what = "the run" if c.job_id is None else "the job"
+        expire(ledger, p, [jid], "cancelled", f"{what} was cancelled by {c.who}", watchdog.attempt(jid))
+    return bool(todo)
 
 
 def expire(ledger: Ledger, p: Plan, jids: list[JobId], status: str, message: str, attempt: int = 1) -> None:

@@ -16,9 +16,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -75,6 +77,18 @@ def log_tail(path: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
+class Cancelled(Exception):
+    """The job was cancelled while its command ran; the command's whole tree is gone."""
+
+
+# The cancel flag of the job the calling thread runs (set by gearfarm.workers.base for the
+# job's duration): every command the job starts is stopped when it is set, without passing it
+# through each role's code.
+CANCEL: ContextVar[threading.Event | None] = ContextVar("gearfarm_job_cancel", default=None)
+# How often a running command looks at its job's cancel flag.
+CANCEL_POLL = 0.25
+
+
 REAPER = Path(__file__).resolve().with_name("reaper.py")
 # -I -S: no site, no PYTHON* variables of the job's environment, no job cwd on sys.path (a
 # scratch dir's ctypes.py must not shadow the stdlib), a few milliseconds less per job.
@@ -97,6 +111,9 @@ def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | 
     that left the process group or daemonised included, because suites spawn children (the
     recovery suite's writers, wine's server) that would otherwise outlive the job and hold
     the worker's files. The command runs under gearfarm/reaper.py, see there how.
+
+    When the calling thread's job is cancelled (CANCEL), the command's tree is stopped the same
+    way and Cancelled is raised.
 
     Any thread may call this. The reaper hears of its parent's death through
     PR_SET_PDEATHSIG, which the kernel also fires when only the calling thread exits; the
@@ -121,10 +138,14 @@ def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | 
                 return 127, False
             finally:
                 os.close(status_w)
-            report, wedged = _supervise(reaper, job, timeout, status_r)
+            report, wedged = _supervise(reaper, job, timeout, status_r, CANCEL.get())
             reason, _, detail = report.decode(errors="replace").partition(" ")
         finally:
             os.close(status_r)
+        cancel = CANCEL.get()
+        if cancel is not None and cancel.is_set():
+            log.write(b"\n*** cancelled: the command and everything it started were stopped ***\n")
+            raise Cancelled(f"{argv[0]} stopped: the job was cancelled")
         if reason == "error":
             log.write(f"cannot start {argv[0]}: {detail}\n".encode())
             return 127, False
@@ -138,7 +159,8 @@ def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | 
         return None, False
 
 
-def _supervise(reaper: subprocess.Popen[bytes], job: bytes, timeout: float, status_r: int) -> tuple[bytes, bool]:
+def _supervise(reaper: subprocess.Popen[bytes], job: bytes, timeout: float, status_r: int,
+               cancel: threading.Event | None = None) -> tuple[bytes, bool]:
     """Hand the job to the reaper, wait for its report; (report, True if it had to be stopped
     as wedged). Waits on the report pipe, not with Popen.wait(timeout), which polls with
     sleeps of up to 50 ms and would add them to every job."""
@@ -154,9 +176,14 @@ def _supervise(reaper: subprocess.Popen[bytes], job: bytes, timeout: float, stat
         poller = select.poll()
         poller.register(status_r, select.POLLIN)
         chunks = []
+        stopping = False
         while True:
             left = deadline - time.monotonic()
-            if left > 0 and not poller.poll(min(left, 3600.0) * 1000):
+            if cancel is not None and cancel.is_set() and not stopping:
+                stopping = True
+                reaper.terminate()  # the reaper kills the command's tree, reports and exits
+            wait = min(left, 3600.0, CANCEL_POLL if cancel is not None else 3600.0)
+            if left > 0 and not poller.poll(wait * 1000):
                 continue
             if left <= 0:
                 wedged = True

@@ -68,7 +68,7 @@ def build(run: Run, records: list[ResultRecord], links: Links | None = None,
     }
     failures = []
     for r in sorted(records, key=lambda r: r.job_id):
-        if r.status == "passed" or r.status == "skipped":
+        if r.status in ("passed", "skipped", "cancelled"):
             continue
         bad_cases = [c for c in r.cases if c.status in ("failed", "error")]
         failures.append({
@@ -92,14 +92,17 @@ def build(run: Run, records: list[ResultRecord], links: Links | None = None,
                 f"{flaky} flaky" if flaky else ""]
     else:
         lead, fixed = [f"{product_failed} failed" if product_failed else ""], 0
-    green = not (any(lead) or infra or missing)
+    cancelled = [{"target": r.target, "step": r.step, "message": r.message} for r in records if r.status == "cancelled"]
+    green = not (any(lead) or infra or missing or cancelled)
     headline = _headline(green, lead, fixed, infra, missing, len(records), len(by_target))
+    if cancelled:
+        headline = ", ".join(x for x in (headline, f"{len(cancelled)} cancelled") if x)
     rep: dict[str, Any] = {
         "run_id": run.run_id, "project": run.project, "rev": run.rev, "created_at": run.created_at,
         "finished_at": finished, "wall_seconds": round(finished - run.created_at, 3), "headline": headline,
         "all_green": green, "counts": counts,
         "targets": sorted(by_target), "steps": steps, "matrix": matrix, "failures": failures,
-        "infra": [f for f in failures if not f["product"]],
+        "infra": [f for f in failures if not f["product"]], "cancelled": cancelled,
         "classified": classes is not None,
         "new": classes["new"] if classes else [], "known": classes["known"] if classes else [],
         "fixed": classes["fixed"] if classes else [], "flaky": classes["flaky"] if classes else [],

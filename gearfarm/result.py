@@ -12,11 +12,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gearfarm.seal import SealError, canonical, seal, unseal
 
-Status = Literal["passed", "failed", "skipped", "timed_out", "no_worker", "infra"]
-TERMINAL: frozenset[str] = frozenset({"passed", "failed", "skipped", "timed_out", "no_worker", "infra"})
+Status = Literal["passed", "failed", "skipped", "timed_out", "no_worker", "infra", "cancelled"]
+TERMINAL: frozenset[str] = frozenset({"passed", "failed", "skipped", "timed_out", "no_worker", "infra", "cancelled"})
 # What the product did (the job ran to an answer) as opposed to what the farm decided.
 PRODUCT: frozenset[str] = frozenset({"passed", "failed", "timed_out"})
-FARM_MADE: frozenset[str] = frozenset({"skipped", "no_worker", "infra"})
+# "cancelled": a person stopped the job (gearfarm web); neither the product's result nor a fault.
+FARM_MADE: frozenset[str] = frozenset({"skipped", "no_worker", "infra", "cancelled"})
 # Statuses that mean the product is broken, as opposed to the farm.
 PRODUCT_FAILURES: frozenset[str] = frozenset({"failed", "timed_out"})
 

@@ -249,6 +249,31 @@ class WebUser(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
 
+class Cancellation(Base):
+    """A person's request to cancel a run (job_id None) or one job: the nightly that owns the
+    run records the jobs it stops as cancelled; workers learn of it from the S3 marker."""
+
+    __tablename__ = "cancellations"
+    __table_args__ = (UniqueConstraint("run_id", "job_id", name="uq_cancellation"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(96), index=True)
+    job_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    who: Mapped[str] = mapped_column(String(64))
+    at: Mapped[float] = mapped_column(Float)
+
+
+class LiveJob(Base):
+    """What the nightly last saw of a job not yet finished: waiting (for its build), queued
+    (in gearmand, no worker has it) or running, and its attempt. The live page reads it."""
+
+    __tablename__ = "live_jobs"
+    job_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(96), index=True)
+    state: Mapped[str] = mapped_column(String(16))
+    attempt: Mapped[int] = mapped_column(Integer)
+    since: Mapped[float] = mapped_column(Float)
+
+
 class ResultsDB:
     def __init__(self, url: str) -> None:
         self.url = url
@@ -476,6 +501,48 @@ class ResultsDB:
                  .join(Run, Run.run_id == SampleRow.run_id)
                  .where(SampleRow.run_id.in_(ids), SampleRow.variant == "new").distinct())
             return sorted(tuple(r) for r in s.execute(q))  # type: ignore[misc]
+
+    def request_cancel(self, run_id: str, job_id: str | None, who: str) -> bool:
+        """Record a cancel request; False when the same one was made already."""
+        with self.writing() as conn:
+            if job_id is None:
+                # NULL never equals NULL in a unique constraint: look first, under the write lock.
+                exists = conn.execute(select(Cancellation.id).where(Cancellation.run_id == run_id,
+                                                                    Cancellation.job_id.is_(None))).first()
+                if exists is not None:
+                    return False
+            stmt = self.insert(Cancellation).values(run_id=run_id, job_id=job_id, who=who, at=time.time())
+            return conn.execute(stmt.on_conflict_do_nothing(index_elements=["run_id", "job_id"])
+                                .returning(Cancellation.id)).first() is not None
+
+    def cancellations(self, run_id: str) -> list[Cancellation]:
+        with self.session() as s:
+            return list(s.scalars(select(Cancellation).where(Cancellation.run_id == run_id)
+                                  .order_by(Cancellation.id)))
+
+    def set_live(self, run_id: str, states: dict[str, tuple[str, int]]) -> None:
+        """{job id: (state, attempt)} of jobs whose state changed, as the nightly sees them now."""
+        if not states:
+            return
+        now = time.time()
+        with self.writing() as conn:
+            for jid, (state, attempt) in states.items():
+                stmt = self.insert(LiveJob).values(job_id=jid, run_id=run_id, state=state, attempt=attempt, since=now)
+                conn.execute(stmt.on_conflict_do_update(index_elements=["job_id"],
+                                                        set_={"state": state, "attempt": attempt, "since": now}))
+
+    def live(self, run_ids: Iterable[str]) -> dict[str, LiveJob]:
+        ids = list(run_ids)
+        if not ids:
+            return {}
+        with self.session() as s:
+            return {j.job_id: j for j in s.scalars(select(LiveJob).where(LiveJob.run_id.in_(ids)))}
+
+    def running_runs(self, limit: int = 20) -> list[Run]:
+        """Runs not finished yet (re-runs included), newest first."""
+        with self.session() as s:
+            return list(s.scalars(select(Run).where(Run.state == "running").order_by(Run.created_at.desc())
+                                  .limit(limit)))
 
     def runs_before(self, created_at: float, project: str, target: str | None = None,
                     limit: int = 50) -> list[Run]:

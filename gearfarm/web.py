@@ -11,19 +11,23 @@ from __future__ import annotations
 import gc
 import hashlib
 import hmac
+import json
 import logging
 import secrets
+import subprocess
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from flask import Flask, Response, abort, jsonify, redirect, render_template, request, session, url_for
 from flask_wtf.csrf import CSRFError, CSRFProtect, generate_csrf
 
-from gearfarm import account, dashboard, joblog, triage
+from gearfarm import account, dashboard, joblog, process, selfservice, triage
 from gearfarm.config import Config
 from gearfarm.publisher import run_dir
+from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError
 from gearfarm.store import ResultsDB
 
@@ -188,6 +192,84 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
             abort(400, "name two runs: /compare?a=RUN&b=RUN")
         return dashboard.compare(db, a, b)
 
+    @both("/live", "live", "live.html.j2")
+    def live() -> dict[str, Any]:
+        data = dashboard.live(db, cfg)
+        data["started_here"] = [s.as_dict() for s in reversed(started.values())]
+        return data
+
+    def _cancel(run_id: str, body: Any) -> tuple[int, str]:
+        who = user()
+        if who is None:
+            return 403, "log in to cancel (an account: gearfarm web user add NAME)"
+        run = db.get_run(run_id)
+        if run is None:
+            return 404, f"no run {run_id}"
+        if run.state != "running":
+            return 409, f"run {run_id} is {run.state}: nothing to cancel"
+        job = str((body or {}).get("job") or "") or None
+        if job is not None and job not in (run.expected or []):
+            return 400, f"run {run_id} has no job {job!r}"
+        db.request_cancel(run_id, job, who)
+        # The nightly that owns the run writes the marker too (and retries); writing it here
+        # stops running jobs sooner, and a store that does not answer now is not an error.
+        target, step = job.split(":")[1:] if job else (None, None)
+        try:
+            store.put_bytes(keys.cancel(run_id, target, step), json.dumps({"who": who, "at": time.time()}).encode(),
+                            "application/json")
+        except StoreError as e:
+            log.warning("cancel of %s recorded; its S3 marker not written now: %s", job or run_id, e)
+        return 200, f"cancelled {job or 'run ' + run_id}"
+
+    @app.post("/run/<run_id>/cancel")
+    def cancel(run_id: str) -> Any:
+        code, msg = _cancel(run_id, request.form)
+        if code != 200:
+            return page("error.html.j2", {"status": code, "message": msg}), code
+        return redirect(url_for("live") + f"#run-{run_id}", 303)
+
+    @app.post("/api/run/<run_id>/cancel")
+    def api_cancel(run_id: str) -> Any:
+        code, msg = _cancel(run_id, request.get_json(silent=True))
+        return jsonify({"ok": code == 200, "message": msg} if code == 200 else {"error": msg}), code
+
+    started: dict[str, Started] = {}
+
+    def _submit(form: Any) -> tuple[int, str]:
+        who = user()
+        if who is None:
+            return 403, "log in to start a run (an account: gearfarm web user add NAME)"
+        try:
+            argv, run_id = selfservice.command(cfg, form, who)
+        except selfservice.SubmitError as e:
+            return 400, str(e)
+        log_path = cfg.path(cfg.farm.state_dir) / "web" / f"{run_id}.log"
+        proc = process.spawn(argv, log_path, cwd=Path(__file__).resolve().parents[1])
+        started[run_id] = Started(run_id, who, time.time(), proc, log_path)
+        log.info("%s started run %s: %s", who, run_id, " ".join(argv[3:]))
+        return 200, run_id
+
+    @app.route("/submit", methods=["GET", "POST"])
+    def submit() -> Any:
+        if request.method == "GET":
+            return page("submit.html.j2", dashboard.submit_form(db, cfg))
+        code, out = _submit(request.form)
+        if code != 200:
+            return page("error.html.j2", {"status": code, "message": out}), code
+        return redirect(url_for("live") + f"#run-{out}", 303)
+
+    @app.post("/api/submit")
+    def api_submit() -> Any:
+        code, out = _submit(request.get_json(silent=True) or {})
+        return jsonify({"run_id": out} if code == 200 else {"error": out}), code
+
+    @app.get("/submitted/<run_id>/log")
+    def submitted_log(run_id: str) -> Response:
+        s = started.get(run_id)
+        if s is None:
+            abort(404, f"run {run_id} was not started from this dashboard since it started")
+        return Response(s.log_path.read_bytes(), mimetype="text/plain; charset=utf-8")
+
     @app.get("/feed.atom")
     def feed() -> Response:
         data = dashboard.regressions(db)
@@ -252,6 +334,22 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
         return page("error.html.j2", {"status": e.code, "message": e.description}), e.code
 
     return app
+
+
+@dataclass
+class Started:
+    """A self-service run this dashboard started: its nightly process and log."""
+
+    run_id: str
+    who: str
+    at: float
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def as_dict(self) -> dict[str, Any]:
+        code = self.proc.poll()
+        return {"run_id": self.run_id, "who": self.who, "at": self.at, "exit_code": code,
+                "running": code is None, "log_tail": process.log_tail(self.log_path, 8)}
 
 
 def _closing(chunks: Iterator[bytes]) -> Iterator[bytes]:

@@ -9,6 +9,7 @@ projects/<project>/latest.json                         the project's newest cata
 runs/<run>/<target>/<step>/log.txt | junit.xml
 runs/<run>/<target>/<step>/results/<attempt>-<digest>.json   one sealed result record each
 runs/<run>/closed.json                                       the run was reported: drop its jobs
+runs/<run>/cancel.json | runs/<run>/<target>/<step>/cancel.json   a person cancelled the run / the job
 runs/<run>/report.json | report.html
 """
 
@@ -85,3 +86,11 @@ def run_prefix(run_id: str) -> str:
 
 def report(run_id: str, ext: str) -> str:
     return f"runs/{_part(run_id)}/report.{_part(ext)}"
+
+
+def cancel(run_id: str, target: str | None = None, step: str | None = None) -> str:
+    """The marker that a run (or one of its jobs) was cancelled: workers drop a queued job
+    that has one and stop a running one (gearfarm.workers.base)."""
+    if target is None or step is None:
+        return f"runs/{_part(run_id)}/cancel.json"
+    return f"runs/{_part(run_id)}/{_part(target)}/{_part(step)}/cancel.json"

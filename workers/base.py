@@ -150,9 +150,16 @@ class Context:
         try:
             if self.store.exists(keys.run_closed(p.run_id)):
                 return f"run {p.run_id} was reported and closed"
+            if self.cancelled(p):
+                return "it was cancelled"
         except StoreError as e:
             log.warning("cannot check whether run %s is closed (%s); running the job", p.run_id, e)
         return ""
+
+    def cancelled(self, p: Payload) -> bool:
+        """Whether a person cancelled the job or its run (the markers gearfarm web writes)."""
+        return (self.store.exists(keys.cancel(p.run_id, p.target, p.step))
+                or self.store.exists(keys.cancel(p.run_id)))
 
 
 RoleHandler = Callable[[Context, Payload, Job], ResultRecord]
@@ -168,15 +175,22 @@ def _handler(ctx: Context, role_handler: RoleHandler) -> Callable[[Job], bytes]:
             # Refused, never executed; the line names the job so an operator can find it.
             log.error("REJECTED job %s on %s: %s", job.handle, job.function, e)
             raise
-        stop = threading.Event()
+        stop, cancel = threading.Event(), threading.Event()
 
         def beat() -> None:
             # The lease: gearmand sees WORK_STATUS, the farm sees a live job — until the
-            # result is delivered, so a slow S3 during delivery is not a dead worker.
+            # result is delivered, so a slow S3 during delivery is not a dead worker. At each
+            # beat the job also looks whether it was cancelled: its commands stop within a beat.
             n = 0
             while not stop.wait(HEARTBEAT_SECONDS):
                 n += 1
                 job.status(n, 0)
+                try:
+                    if not cancel.is_set() and ctx.cancelled(p):
+                        log.warning("job %s (%s) was cancelled: stopping it", job.handle, p.job_id)
+                        cancel.set()
+                except StoreError as e:
+                    log.warning("cannot check whether job %s was cancelled: %s", p.job_id, e)
 
         hb = threading.Thread(target=beat, daemon=True)
         hb.start()
@@ -188,12 +202,18 @@ def _handler(ctx: Context, role_handler: RoleHandler) -> Callable[[Job], bytes]:
                 return f"dropped: {why}".encode()
             log.info("job %s: %s %s at %s, attempt %d", job.handle, p.function, p.step, p.rev[:12], p.attempt)
             cpu0 = _cpu()
+            token = process.CANCEL.set(cancel)
             try:
                 rec = _run_role(ctx, role_handler, p, job)
+            except process.Cancelled as e:
+                rec = ctx.record(p, "cancelled", message=f"cancelled while running ({e})", started_at=time.time(),
+                                 finished_at=time.time())
             except Exception as e:  # the farm failed, not the product: say so, never lose the job
                 log.exception("job %s failed inside the worker", job.handle)
                 rec = ctx.record(p, "infra", message=f"worker error: {type(e).__name__}: {e}",
                                  started_at=time.time(), finished_at=time.time())
+            finally:
+                process.CANCEL.reset(token)
             # CPU seconds of the job: its commands (every descendant reaped) and this process's
             # own work for it (packing, checksums). The farm's lower bound counts work in it.
             rec.timings["cpu"] = round(_cpu() - cpu0, 3)

@@ -1,0 +1,207 @@
+"""The dashboard's live page, self-service runs and cancel, in Debian's chromium against a
+running embedded farm (real gearmand, MinIO and workers): a logged-in user starts a run of a
+new revision with a suite that would take a minute, watches it on the live page, and cancels
+it; the suite's command is stopped within seconds, the jobs end as cancelled, and the nightly
+that owned the run reports and exits. Without an account nothing can be started or cancelled."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gearfarm import catalog as catalog_mod
+from gearfarm import process
+from gearfarm.farm import EmbeddedFarm
+from gearfarm.net import free_port
+from tests.farmkit import ROOT, commit, edit_catalog, gearfarm, make_repo
+
+TARGET = "linux-x86_64"
+SLEEPY = """
+[suites.sleepy]
+description = "a suite that takes a minute: something to cancel"
+argv = ["sleep", "60"]
+timeout = 300
+"""
+
+
+@dataclass
+class Live:
+    url: str
+    farm: EmbeddedFarm
+    repo: Path
+    token: str
+
+    def call(self, path: str, body: dict | None = None, token: str | None = None) -> tuple[int, dict]:  # type: ignore[type-arg]
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Content-Type": "application/json"})
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    base = tmp_path_factory.mktemp("live")
+    repo = make_repo(base / "repo")
+    cat = repo / "jobs" / "catalog.toml"
+    cat.write_text(cat.read_text() + SLEEPY)
+    edit_catalog(repo, 'suites = ["unit", "model", "recovery"]', 'suites = ["unit", "model", "recovery", "sleepy"]',
+                 "a sleepy suite")
+    farm = EmbeddedFarm(base / "state", repo)
+    proc = None
+    try:
+        farm.start(catalog_mod.load_file(cat), [TARGET])
+        p = gearfarm("nightly", "--config", str(farm.config_path), "--targets", TARGET, "--suites", "unit",
+                     "--benchmarks", "none", "--run-id", "l1", timeout=600)
+        assert p.returncode == 0, p.stdout + p.stderr
+        p = gearfarm("web", "--config", str(farm.config_path), "user", "add", "carol")
+        assert p.returncode == 0, p.stderr
+        token = p.stdout.strip().rsplit(" ", 1)[-1]
+        port = free_port()
+        proc = process.spawn([sys.executable, "-m", "gearfarm.cli", "web", "--config", str(farm.config_path),
+                              "--listen", f"127.0.0.1:{port}"], base / "web.log", cwd=ROOT)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(url + "/healthz", timeout=2).read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, (base / "web.log").read_text()[-2000:]
+                time.sleep(0.2)
+        yield Live(url, farm, repo, token)
+    finally:
+        if proc is not None:
+            process.stop(proc, timeout=10)
+        farm.stop()
+
+
+def _sleepers() -> list[int]:
+    """Processes running the sleepy suite's command (`sleep 60`)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and process.cmdline(int(d.name)) == ["sleep", "60"]:
+            out.append(int(d.name))
+    return out
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def test_the_live_page_shows_gearmand_functions_with_their_workers(live: Live, browser) -> None:  # type: ignore[no-untyped-def]
+    page = browser.new_page()
+    page.goto(live.url + "/live")
+    table = page.locator("table.functions").inner_text()
+    for fn in (f"build:{TARGET}", f"test:{TARGET}", "collect"):
+        row = page.locator("table.functions tr", has_text=fn).first
+        assert int(row.locator("td").nth(3).inner_text()) >= 1, table  # workers registered
+    page.close()
+
+
+def test_nothing_is_started_or_cancelled_without_an_account(live: Live) -> None:
+    assert live.call("/api/submit", {"project": "engine", "targets": [TARGET]})[0] == 403
+    assert live.call("/api/submit", {"project": "engine"}, token="wrong")[0] == 403
+    assert live.call("/api/run/l1/cancel", {})[0] == 403
+    code, body = live.call("/api/submit", {"project": "engine", "rev": "--upload-pack=evil"}, token=live.token)
+    assert code == 400 and "revision" in body["error"]
+    code, body = live.call("/api/submit", {"project": "nope"}, token=live.token)
+    assert code == 400 and "no project 'nope'" in body["error"]
+    code, body = live.call("/api/run/l1/cancel", {}, token=live.token)
+    assert code == 409 and "finished" in body["error"]  # a finished run has nothing to cancel
+    req = urllib.request.Request(live.url + "/submit", data=b"project=engine",
+                                 headers={"Content-Type": "application/x-www-form-urlencoded"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert e.value.code == 400  # no CSRF token
+
+
+def test_a_self_service_run_starts_real_jobs_shows_live_and_cancel_stops_them(live: Live, browser) -> None:  # type: ignore[no-untyped-def]
+    rev = commit(live.repo, "a revision to try from the dashboard")
+    page = browser.new_page()
+    page.goto(live.url + "/login")
+    page.fill("input[name=name]", "carol")
+    page.fill("input[name=token]", live.token)
+    page.click("button[type=submit]")
+    page.goto(live.url + "/submit")
+    form = page.locator("form.submit[data-project=engine]")
+    form.locator("input[name=rev]").fill(rev)
+    for box in form.locator("input[name=targets]").all():
+        box.set_checked(box.get_attribute("value") == TARGET)
+    for box in form.locator("input[name=suites]").all():
+        box.set_checked(box.get_attribute("value") == "sleepy")
+    form.locator("button[type=submit]").click()
+    page.wait_for_load_state()
+    assert "/live" in page.url
+    run_id = page.url.rsplit("#run-", 1)[1]
+    assert re.fullmatch(r"\d{8}-\d{6}-engine-by-carol", run_id)
+
+    # The run appears, and its suite starts running on a real worker.
+    job = f"{run_id}:{TARGET}:test-sleepy"
+    deadline = time.monotonic() + 240
+    while True:
+        page.goto(f"{live.url}/live")
+        cell = page.locator(f"tr[data-job='{job}'] td.state")
+        if cell.count() and cell.inner_text() == "running":
+            break
+        assert time.monotonic() < deadline, page.inner_text("main")
+        time.sleep(1)
+    assert page.locator(f"tr[data-job='{run_id}:{TARGET}:build'] td.state").inner_text() == "passed"
+    started = time.time()
+    assert _sleepers(), "the suite's command is not running"
+
+    page.locator(f"#run-{run_id} form.cancel-run button").click()
+    page.wait_for_load_state()
+    assert "was cancelled by carol" in page.inner_text(f"#run-{run_id}")
+    deadline = time.monotonic() + 60
+    while True:
+        code, run = live.call(f"/api/run/{run_id}")
+        if code == 200 and run["state"] != "running":
+            break
+        assert time.monotonic() < deadline, run
+        time.sleep(0.5)
+    sleepy = next(j for j in run["jobs"] if j["step"] == "test-sleepy")
+    assert sleepy["status"] == "cancelled"
+    assert sleepy["finished_at"] - started < 20  # stopped within seconds, not after sleep's 60
+    assert run["matrix"][TARGET]["build"]["status"] == "passed"
+    assert "1 cancelled" in run["headline"]
+    # The worker stopped the command itself, within a heartbeat or two (not just the ledger's
+    # record): the command is gone long before its minute, and the worker's log says why.
+    deadline = time.monotonic() + 20
+    while _sleepers():
+        assert time.monotonic() < deadline, "the suite's command outlived the cancel"
+        time.sleep(0.2)
+    assert time.time() - started < 20
+    logs = "".join(p.read_text(errors="replace") for p in (live.farm.state / "logs").glob("*.log"))
+    assert f"({job}) was cancelled: stopping it" in logs
+    # The nightly that owned the run ended; the live page lists it as exited.
+    deadline = time.monotonic() + 60
+    while True:
+        page.goto(f"{live.url}/live")
+        text = page.inner_text("main")
+        if "exited" in text:
+            break
+        assert time.monotonic() < deadline, text
+        time.sleep(0.5)
+    page.close()

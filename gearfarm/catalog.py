@@ -172,6 +172,17 @@ class Suite(Step):
 DEFAULT_PAIRS = 5
 
 
+class Curve(_Strict):
+    """A curve the benchmark records while it runs, from the JSON objects it prints one per
+    line: ``y`` against ``x``, one line per value of ``split`` when set (e.g. OLTP throughput
+    per second, one line per thread count). Lines without both keys are not points."""
+
+    title: str = Field(min_length=1, max_length=80)
+    x: str = Field(min_length=1, max_length=64)
+    y: str = Field(min_length=1, max_length=64)
+    split: str | None = Field(default=None, min_length=1, max_length=64)
+
+
 class Benchmark(Step):
     # A/B pairs (tonight's build and the last good one, interleaved), or plain runs unpaired.
     repetitions: int = Field(default=DEFAULT_PAIRS, ge=1, le=100)
@@ -190,6 +201,9 @@ class Benchmark(Step):
     metrics_file: str | None = None
     metrics_pattern: str | None = None
     runner: bool = True
+    # Curves kept with the run (the first pair's, tonight's build and the baseline's) for the
+    # dashboard: iiBench's insert rate against rows inserted, OLTP's throughput per second.
+    curves: list[Curve] = Field(default_factory=list, max_length=8)
 
     @property
     def most_pairs(self) -> int:

@@ -19,7 +19,7 @@ from gearfarm.gearman import GearmanError, admin
 from gearfarm.job import JobId
 from gearfarm.links import DashboardLinks
 from gearfarm.pairs import Paired
-from gearfarm.result import PRODUCT_FAILURES
+from gearfarm.result import PRODUCT_FAILURES, ResultRecord
 from gearfarm.store import ResultsDB, Run
 
 log = logging.getLogger("gearfarm.dashboard")
@@ -137,10 +137,33 @@ def run(db: ResultsDB, cfg: Config, run_id: str, root: str = "/") -> dict[str, A
     rep["changes"], rep["changes_error"] = (_changes(cfg, r.project, prev[0].rev, r.rev) if prev
                                             else ([], "no earlier run of this project"))
     rep["regressions"] = [triage.as_dict(g) for g in triage.listing(db, run_id=run_id)]
+    rep["curves"] = _curves(records)
     rep["job_timings"] = sorted(({"target": x.target, "step": x.step, "status": x.status,
                                   "duration": x.duration, **x.timings} for x in records),
                                 key=lambda d: (d["target"], step_key(d["step"])))
     return rep
+
+
+def _curves(records: list[ResultRecord]) -> list[dict[str, Any]]:
+    """Per perf job and curve, its lines: tonight's build and the baseline, one per split value."""
+    out: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for rec in records:
+        for c in rec.curves:
+            entry = out.setdefault((rec.target, c.benchmark, c.title), {
+                "target": rec.target, "benchmark": c.benchmark, "title": c.title, "x": c.x, "y": c.y,
+                "baseline_rev": rec.baseline_rev, "lines": []})
+            side = "tonight" if c.variant == "new" else f"baseline {(rec.baseline_rev or '')[:10]}"
+            for key, pts in sorted(c.lines.items(), key=lambda kv: (len(kv[0]), kv[0])):
+                entry["lines"].append({"name": f"{side}, {key} {c.split_name}" if key else side,
+                                       "variant": c.variant, "split": key, "points": pts})
+    return list(out.values())
+
+
+def curve_charts(d: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    return [(c, str(svgplot.lines([(ln["name"], ln["points"]) for ln in c["lines"]],
+                                  title=f"{c['benchmark']} on {c['target']}: {c['title']}",
+                                  x_label=c["x"], y_label=c["y"], css="chart curve")))
+            for c in d.get("curves", [])]
 
 
 def _changes(cfg: Config, project: str, old: str, new: str) -> tuple[list[dict[str, Any]], str | None]:

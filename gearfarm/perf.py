@@ -29,6 +29,8 @@ PAIRED_ALPHA = 0.001
 PAIRED_MIN_CHANGE = 0.02
 # A change is an alarm in the report of each of the first runs that can see it, not forever.
 ALARM_RUNS = 5
+# Nights in each figure's trend in the report and the mail.
+TREND_NIGHTS = 14
 
 
 def directions(db: ResultsDB, run: Run) -> dict[tuple[str, str], bool]:
@@ -127,18 +129,22 @@ def figures(db: ResultsDB, run: Run, records: list[ResultRecord] | None = None) 
     higher_is_better = directions(db, run)
     recs = {(r.target, r.name): r for r in (db.jobs(run.run_id) if records is None else records) if r.kind == "perf"}
     out = []
-    for target, _host_class, benchmark, metric in db.perf_keys(run.run_id):
+    for target, host_class, benchmark, metric in db.perf_keys(run.run_id):
         rec = recs.get((target, benchmark))
         if rec is None:
             continue
         new = [s.value for s in rec.samples if s.metric == metric and s.variant == "new"]
         night = Paired.of([s.value for s in rec.samples if s.metric == metric and s.variant == "ratio"])
         fig: dict[str, Any] = {
-            "target": target, "benchmark": benchmark, "metric": metric,
+            "target": target, "benchmark": benchmark, "metric": metric, "host_class": host_class,
             "higher_is_better": higher_is_better.get((benchmark, metric), True),
             "value": statistics.median(new) if new else None, "runs": len(new), "pairs": night.k,
             "baseline_rev": rec.baseline_rev, "baseline_identical": rec.baseline_identical,
-            "quietness": dict(rec.quietness)}
+            "quietness": dict(rec.quietness),
+            # The series' last nights up to this one (median of each night's runs of its build).
+            "trend": [statistics.median(v["new"]) if v.get("new") else None
+                      for _, _, v in db.perf_series(run.project, target, host_class, benchmark, metric,
+                                                    run.created_at, TREND_NIGHTS)]}
         if night.k:
             fig["change"] = math.expm1(night.mean)
             fig["ci_low"], fig["ci_high"] = night.interval() or (None, None)

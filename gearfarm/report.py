@@ -18,7 +18,7 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader
 from markupsafe import Markup
 
-from gearfarm import junit
+from gearfarm import junit, trend
 from gearfarm.history import Verdict
 from gearfarm.links import Links
 from gearfarm.result import PRODUCT_FAILURES, ResultRecord
@@ -43,6 +43,8 @@ def image_cid(section: int, index: int) -> str:
 
 
 _env.globals["image_cid"] = image_cid
+_env.globals["spark"] = trend.blocks
+_env.globals["trend_svg"] = trend.svg
 
 
 def build(run: Run, records: list[ResultRecord], links: Links | None = None,

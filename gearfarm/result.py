@@ -47,6 +47,21 @@ class Sample(BaseModel):
     variant: Literal["new", "baseline", "ratio"] = "new"
 
 
+class CurveRecord(BaseModel):
+    """One curve of one benchmark run (gearfarm.catalog.Curve): its lines (split value -> [x, y]
+    points, "" without a split), for tonight's build or its baseline."""
+
+    model_config = ConfigDict(extra="forbid")
+    benchmark: str
+    title: str
+    x: str
+    y: str
+    variant: Literal["new", "baseline"] = "new"
+    # The key whose values split the curve into lines ("threads"), "" when it has one line.
+    split_name: str = ""
+    lines: dict[str, list[tuple[float, float]]] = Field(default_factory=dict)
+
+
 class ResultRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -86,6 +101,8 @@ class ResultRecord(BaseModel):
     baseline_identical: bool | None = None
     # Perf jobs: the revision of the build they were paired with (None: ran unpaired).
     baseline_rev: str | None = None
+    # Perf jobs: the curves the benchmark recorded while it ran (its catalog entry's curves).
+    curves: list[CurveRecord] = Field(default_factory=list)
 
     @property
     def duration(self) -> float | None:

@@ -5,17 +5,19 @@ its catalog is the very code its nightly will run."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from gearfarm import catalog as catalog_mod
 from gearfarm import outcome, process
 from gearfarm.catalog import Benchmark, Catalog, Suite, Target
 from gearfarm.outcome import OutcomeError
-from gearfarm.result import CaseResult
+from gearfarm.result import CaseResult, CurveRecord
 
 
 class OutputsMissing(RuntimeError):
@@ -139,8 +141,10 @@ def run_suite(cat: Catalog, target: Target, suite: Suite, tree: Path, scratch: P
 
 
 def run_benchmark(cat: Catalog, target: Target, bench: Benchmark, tree: Path, work: Path, tag: str, seed: int,
-                  log_path: Path) -> dict[str, float]:
-    """One run of ``bench`` in ``tree``: its declared metrics, or BenchmarkFailed."""
+                  log_path: Path, curves: list[CurveRecord] | None = None,
+                  variant: Literal["new", "baseline"] = "new") -> dict[str, float]:
+    """One run of ``bench`` in ``tree``: its declared metrics, or BenchmarkFailed. With
+    ``curves``, the curves the catalog declares are read from its output and appended."""
     scratch = work / f"scratch-{tag}"
     scratch.mkdir()
     out_path = work / f"out-{tag}.log"
@@ -173,7 +177,41 @@ def run_benchmark(cat: Catalog, target: Target, bench: Benchmark, tree: Path, wo
         raise BenchmarkFailed("failed", f"benchmark {bench.name}: {e}") from e
     if bench.counter == "instructions":
         metrics["instructions"] = instructions(counted, bench.name)
+    if curves is not None:
+        curves += curves_of(bench, text, variant)
     return {m: v for m, v in metrics.items() if m in bench.metrics}
+
+
+MAX_POINTS = 2000
+
+
+def curves_of(bench: Benchmark, text: str, variant: Literal["new", "baseline"]) -> list[CurveRecord]:
+    """The catalog's curves from a benchmark's output: every line that is a JSON object with
+    the curve's keys is a point (other output is ignored), at most MAX_POINTS a line."""
+    rows = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                rows.append(obj)
+    out = []
+    for c in bench.curves:
+        lines: dict[str, list[tuple[float, float]]] = {}
+        for obj in rows:
+            x, y = obj.get(c.x), obj.get(c.y)
+            if isinstance(x, int | float) and isinstance(y, int | float) and not isinstance(x, bool):
+                key = str(obj.get(c.split, "")) if c.split else ""
+                pts = lines.setdefault(key, [])
+                if len(pts) < MAX_POINTS:
+                    pts.append((float(x), float(y)))
+        if lines:
+            out.append(CurveRecord(benchmark=bench.name, title=c.title, x=c.x, y=c.y, variant=variant,
+                                   split_name=c.split or "", lines=lines))
+    return out
 
 
 def instructions(callgrind_out: Path, bench: str) -> float:

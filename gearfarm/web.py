@@ -24,7 +24,7 @@ from typing import Any
 from flask import Flask, Response, abort, jsonify, redirect, render_template, request, session, url_for
 from flask_wtf.csrf import CSRFError, CSRFProtect, generate_csrf
 
-from gearfarm import account, dashboard, joblog, process, selfservice, triage
+from gearfarm import account, dashboard, joblog, process, selfservice, trend, triage
 from gearfarm.config import Config
 from gearfarm.publisher import run_dir
 from gearfarm.s3 import keys
@@ -86,7 +86,9 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
 
     @app.context_processor
     def _globals() -> dict[str, Any]:
-        return {"user": user(), "csrf_token": generate_csrf, "series_charts": dashboard.series_charts}
+        return {"user": user(), "csrf_token": generate_csrf, "series_charts": dashboard.series_charts,
+                "curve_charts": dashboard.curve_charts,
+                "trend_svg": trend.svg}
 
     def page(template: str, data: dict[str, Any]) -> str:
         return render_template(template, d=data)

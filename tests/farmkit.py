@@ -57,6 +57,7 @@ timeout = 300
 repetitions = {repetitions}
 counter = "instructions"
 metrics = {{ instructions = "lower" }}
+curves = [{{ title = "insert rate by rows inserted", x = "rows", y = "interval_rate" }}]
 """
 
 

@@ -320,3 +320,69 @@ def test_the_dashboard_answers_with_no_farm_and_says_what_is_missing(site: Site)
     assert code == 404 and b"no copy on disk" in body
     code, body = site.get(f"/run/w5/artifact/{TARGET}/build")
     assert code == 503 and b"artifacts are not copied to disk" in body
+
+
+# ------------------------------------------------------------- figures in every night's mail
+
+def test_a_quiet_nights_report_and_mail_carry_every_figure_with_its_trend(site: Site) -> None:
+    import email
+    from email import policy
+
+    from gearfarm.trend import BLOCKS
+
+    run_dir = site.state / "runs" / "w4"
+    rep = json.loads((run_dir / "report.json").read_text())
+    assert rep["performance"] == []  # nothing moved that night ...
+    (fig,) = [f for f in rep["perf_figures"] if f["metric"] == "instructions"]  # ... yet its figure is there
+    assert len(fig["trend"]) == 4 and fig["trend"][-1] == fig["value"] and fig["pairs"] == 3
+    assert 'class="trend"' in (run_dir / "report.html").read_text()
+    msg = email.message_from_bytes((run_dir / "report.eml").read_bytes(), policy=policy.default)
+    html = msg.get_body(("html",)).get_content()
+    text = msg.get_body(("plain",)).get_content()
+    spark = re.search(f"[{BLOCKS}]{{4}}", html)
+    assert "Tonight's figures" in html and spark and spark.group(0) in text
+    assert 'name="viewport"' in html  # laid out for a phone
+    # Night 5's figure shows the step: its last night is the top of its trend.
+    w5 = json.loads((site.state / "runs" / "w5" / "report.json").read_text())
+    (fig5,) = [f for f in w5["perf_figures"] if f["metric"] == "instructions"]
+    assert fig5["change"] > 0.15 and fig5["ci_low"] is not None
+
+
+def test_trend_blocks_scale_to_the_nights_shown() -> None:
+    from gearfarm.trend import blocks
+
+    assert blocks([1.0, 2.0, 3.0, 4.0]) == "▁▃▆█"
+    assert blocks([5.0, 5.0, 5.0]) == "▄▄▄"  # flat is the middle, not a fall
+    assert blocks([1.0, None, 2.0]) == "▁ █"
+    assert blocks([]) == ""
+
+
+def test_the_run_page_plots_the_curves_the_benchmark_recorded_while_it_ran(site: Site, page) -> None:  # type: ignore[no-untyped-def]
+    page.goto(site.url + "/run/w5")
+    chart = page.locator("div.curve[data-benchmark=iibench-quick] svg")
+    assert chart.count() == 1 and "insert rate by rows inserted" in chart.get_attribute("aria-label")
+    lines = chart.locator("g.line")
+    assert lines.count() == 2  # tonight's build and the baseline, from the first pair
+    names = sorted(lines.nth(i).get_attribute("data-line") for i in range(2))
+    assert names[0].startswith("baseline") and names[1] == "tonight"
+    assert all(lines.nth(i).locator("circle.pt").count() == 20 for i in range(2))  # 4000 rows, a point per 200
+    run = json.loads(site.get("/api/run/w5")[1])
+    (curve,) = run["curves"]
+    xs = [x for x, _ in curve["lines"][0]["points"]]
+    assert xs == sorted(xs) and xs[-1] == 4000
+
+
+def test_curves_are_read_from_the_benchmarks_json_lines_one_line_per_split_value() -> None:
+    from gearfarm.catalog import Benchmark, Curve
+    from gearfarm.step import curves_of
+
+    bench = Benchmark(name="oltp", argv=["x"], metrics={"tps": "higher"},
+                      metrics_pattern='"(?P<metric>tps)":(?P<value>[0-9.]+)',
+                      curves=[Curve(title="tps", x="second", y="tps", split="threads")])
+    out = "\n".join([
+        'warming up', '{"type":"interval","phase":"prepare","rows":5,"seconds":0.1}',
+        '{"type":"interval","threads":1,"second":1,"tps":100.0}', '{"type":"interval","threads":1,"second":2,"tps":90}',
+        '{"type":"interval","threads":4,"second":1,"tps":300.5}', '{not json', '{"type":"summary","tps":97}'])
+    (c,) = curves_of(bench, out, "baseline")
+    assert c.variant == "baseline" and c.split_name == "threads"
+    assert c.lines == {"1": [(1.0, 100.0), (2.0, 90.0)], "4": [(1.0, 300.5)]}

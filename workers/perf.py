@@ -18,7 +18,7 @@ from gearfarm.catalog import Benchmark, Catalog, Target
 from gearfarm.gearman import Job
 from gearfarm.job import Payload
 from gearfarm.pairs import Paired
-from gearfarm.result import ResultRecord, Sample
+from gearfarm.result import CurveRecord, ResultRecord, Sample
 from gearfarm.s3 import keys
 from gearfarm.s3.artifact import MANIFEST, ArtifactError
 from gearfarm.workers.base import Context
@@ -50,6 +50,7 @@ def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
     bench = cat.benchmark(p.name)
     log_key = keys.job_file(p.run_id, p.target, p.step, "log.txt")
     samples: list[Sample] = []
+    curves: list[CurveRecord] = []
     status, message = "passed", ""
     # Under the worker's own work dir, so a worker killed mid-job has it swept on restart.
     with process.job_dir(ctx.work, "perf") as tmpd:
@@ -78,7 +79,7 @@ def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
                 t0 = time.monotonic()
                 ctx.started(p)
                 with activity:
-                    _measure(cat, target, bench, p, new_tree, base_tree, tmpd, log_path, samples)
+                    _measure(cat, target, bench, p, new_tree, base_tree, tmpd, log_path, samples, curves)
         except step.BenchmarkFailed as e:
             status, message = e.status, str(e)
         quietness.update(activity.summary)
@@ -86,13 +87,14 @@ def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
         ctx.store.put_bytes(log_key, log_path.read_bytes(), "text/plain; charset=utf-8")
         return ctx.record(p, status, started_at=started, finished_at=time.time(), timings=timings,
                           log_key=log_key, artifact_key=p.artifact_key, artifact_sha256=p.artifact_sha256,
-                          samples=samples, message=message, quietness=quietness, baseline_identical=same,
+                          samples=samples, curves=curves, message=message, quietness=quietness,
+                          baseline_identical=same,
                           baseline_rev=p.baseline_rev if base_tree is not None else None,
                           log_tail="" if status == "passed" else process.log_tail(log_path, 40))
 
 
 def _measure(cat: Catalog, target: Target, bench: Benchmark, p: Payload, new_tree: Path, base_tree: Path | None,
-             tmpd: Path, log_path: Path, samples: list[Sample]) -> None:
+             tmpd: Path, log_path: Path, samples: list[Sample], curves: list[CurveRecord] | None = None) -> None:
     """The pairs, appended to ``samples`` as they come (a failure keeps the ones before it):
     `repetitions` of them, then, when the catalog sets a precision, more until every metric's
     paired estimate is that precise (or `max_repetitions` ran)."""
@@ -102,15 +104,18 @@ def _measure(cat: Catalog, target: Target, bench: Benchmark, p: Payload, new_tre
         # Same seed for both sides of a pair: the pair differs only in the build.
         seed = p.seed + rep
         assert p.name is not None
+        # The first pair's curves are kept: one of each side is what a person compares.
+        keep = curves if rep == 0 else None
         if base_tree is None:
-            new = step.run_benchmark(cat, target, bench, new_tree, tmpd, f"new{rep}", seed, log_path)
+            new = step.run_benchmark(cat, target, bench, new_tree, tmpd, f"new{rep}", seed, log_path, keep)
             samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep) for m, v in new.items()]
         else:
             # A B, B A, A B ...: whichever side runs first in a pair (colder caches, a freshly
             # unpacked binary) is not always the same one.
             order = ("new", "base") if rep % 2 == 0 else ("base", "new")
             got = {side: step.run_benchmark(cat, target, bench, new_tree if side == "new" else base_tree, tmpd,
-                                            f"{side}{rep}", seed, log_path) for side in order}
+                                            f"{side}{rep}", seed, log_path, keep,
+                                            "new" if side == "new" else "baseline") for side in order}
             new, old = got["new"], got["base"]
             samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep) for m, v in new.items()]
             samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep, variant="baseline")

@@ -14,7 +14,7 @@ DEB_PACKAGES := gearman-job-server gearman-tools libgearman-dev build-essential 
 # Foreign architectures only so `apt-get download` can fetch their zlib (see cross-zlib).
 FOREIGN_ARCHS := i386 arm64
 
-.PHONY: setup test test-fast lint engine engine-test clean farm-stop
+.PHONY: setup test test-fast lint engine engine-test clean farm-stop screenshots
 setup: .setup/debian.stamp .setup/cross-zlib.stamp .setup/minio.stamp .setup/venv.stamp
 
 # Checks first and calls apt only for what is missing, so a ready machine downloads nothing.
@@ -72,7 +72,11 @@ test: setup
 	$(PY) -m pytest -q tests
 
 lint: setup
-	$(VENV)/bin/ruff check gearfarm workers s3 tests bench
+	$(VENV)/bin/ruff check gearfarm workers s3 tests bench docs
+
+# The dashboard's screenshots in docs/screenshots/, from six real nightlies (~2 minutes).
+screenshots: setup
+	$(PY) docs/screenshots/take.py
 
 engine:
 	$(MAKE) -C engine

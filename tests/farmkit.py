@@ -8,6 +8,10 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gearfarm.farm import EmbeddedFarm
 
 ROOT = Path(__file__).resolve().parents[1]
 GIT = ["git", "-c", "user.name=gearfarm-test", "-c", "user.email=test@gearfarm.local"]
@@ -78,3 +82,74 @@ def slow_down_inserts(repo: Path) -> None:
     head, sep, body = bench.read_text().partition("static int iibench(")
     assert sep and SLOW_ANCHOR in body, "engine/tools/bench.c changed: update tests/farmkit.py's SLOW_ANCHOR"
     bench.write_text(head + sep + body.replace(SLOW_ANCHOR, SLOWDOWN, 1))
+
+
+# ------------------------------------------------------------------ the dashboard's history
+
+TARGET = "linux-x86_64"
+BREAK_OLD = 'CHECK(mkidx(db, "", GFE_BTREE, 0, 0, 0) == GFE_EINVAL, "empty index name accepted");'
+BREAK_NEW = 'CHECK(mkidx(db, "", GFE_BTREE, 0, 0, 0) == GFE_OK, "empty index name accepted");'
+
+
+def six_nights(base: Path) -> tuple[EmbeddedFarm, Path, dict[str, str]]:
+    """Six real nightlies (w1..w6: build, unit suite, a counted iiBench) of an engine repository
+    whose fifth commit breaks a unit test and makes inserts ~20 % slower. Returns the farm,
+    still running (the caller stops it), the repository and each run's revision."""
+    from gearfarm import catalog as catalog_mod
+    from gearfarm.farm import EmbeddedFarm
+
+    repo = make_repo(base / "repo")
+    cat = repo / "jobs" / "catalog.toml"
+    cat.write_text(cat.read_text() + counted_iibench(rows=4000, repetitions=3))
+    commit(repo, "a quick iibench for the nightly perf job")
+    suite = repo / "engine" / "tools" / "suite.c"
+    assert BREAK_OLD in suite.read_text(), "engine/tools/suite.c changed: update tests/farmkit.py's BREAK_OLD"
+    farm = EmbeddedFarm(base / "state", repo)
+    revs: dict[str, str] = {}
+    try:
+        farm.start(catalog_mod.load_file(cat), [TARGET], perf=True)
+        for night in range(1, 7):
+            if night == 5:
+                suite.write_text(suite.read_text().replace(BREAK_OLD, BREAK_NEW))
+                slow_down_inserts(repo)
+                revs[f"w{night}"] = commit(repo, "night 5: break limits_and_bad_arguments, slow down inserts")
+            else:
+                revs[f"w{night}"] = commit(repo, f"night {night}: no change that matters")
+            p = gearfarm("nightly", "--config", str(farm.config_path), "--targets", TARGET, "--suites", "unit",
+                         "--benchmarks", "iibench-quick", "--run-id", f"w{night}", timeout=600)
+            assert p.returncode in (0, 1), p.stdout + p.stderr
+    except BaseException:
+        farm.stop()
+        raise
+    return farm, repo, revs
+
+
+def add_user(config: Path, name: str) -> str:
+    """A dashboard account; its token."""
+    p = gearfarm("web", "--config", str(config), "user", "add", name)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip().rsplit(" ", 1)[-1]
+
+
+def start_web(config: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """`gearfarm web` on a free loopback port, answering; (its process, its URL)."""
+    import time
+    import urllib.request
+
+    from gearfarm import process
+    from gearfarm.net import free_port
+
+    port = free_port()
+    proc = process.spawn([sys.executable, "-m", "gearfarm.cli", "web", "--config", str(config), "--listen",
+                          f"127.0.0.1:{port}"], log, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(url + "/healthz", timeout=2).read()
+            return proc, url
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                process.stop(proc, timeout=5)
+                raise RuntimeError("the dashboard did not start: " + log.read_text()[-2000:]) from None
+            time.sleep(0.2)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-import time
 import urllib.error
 import urllib.request
 import xml.etree.ElementTree as ET
@@ -19,16 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from gearfarm import catalog as catalog_mod
 from gearfarm import process
-from gearfarm.farm import EmbeddedFarm
-from gearfarm.net import free_port
-from tests.farmkit import ROOT, commit, counted_iibench, gearfarm, make_repo, slow_down_inserts
+from tests.farmkit import TARGET, add_user, six_nights, start_web
 
-TARGET = "linux-x86_64"
-BENCH = counted_iibench(rows=4000, repetitions=3)
-BREAK_OLD = 'CHECK(mkidx(db, "", GFE_BTREE, 0, 0, 0) == GFE_EINVAL, "empty index name accepted");'
-BREAK_NEW = 'CHECK(mkidx(db, "", GFE_BTREE, 0, 0, 0) == GFE_OK, "empty index name accepted");'
 BROKEN_TEST = "unit/limits_and_bad_arguments"
 RED = "rgb(247, 179, 179)"
 
@@ -55,57 +46,15 @@ class Site:
             return e.code, e.read()
 
 
-def _nightly(farm: EmbeddedFarm, run_id: str) -> None:
-    p = gearfarm("nightly", "--config", str(farm.config_path), "--targets", TARGET, "--suites", "unit",
-                 "--benchmarks", "iibench-quick", "--run-id", run_id, timeout=600)
-    assert p.returncode in (0, 1), p.stdout + p.stderr
-
-
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     base = tmp_path_factory.mktemp("web")
-    repo = make_repo(base / "repo")
-    cat = repo / "jobs" / "catalog.toml"
-    cat.write_text(cat.read_text() + BENCH)
-    commit(repo, "a quick iibench for the nightly perf job")
-    suite = repo / "engine" / "tools" / "suite.c"
-    assert BREAK_OLD in suite.read_text()
-    farm = EmbeddedFarm(base / "state", repo)
-    revs: dict[str, str] = {}
+    farm, _repo, revs = six_nights(base)
+    farm.stop()  # the morning after: MinIO and gearmand are gone
+    tokens = {name: add_user(farm.config_path, name) for name in ("alice", "bob")}
+    proc, url = start_web(farm.config_path, base / "web.log")
     try:
-        farm.start(catalog_mod.load_file(cat), [TARGET], perf=True)
-        for night in range(1, 7):
-            if night == 5:
-                suite.write_text(suite.read_text().replace(BREAK_OLD, BREAK_NEW))
-                slow_down_inserts(repo)
-                revs[f"w{night}"] = commit(repo, "night 5: break limits_and_bad_arguments, slow down inserts")
-            else:
-                revs[f"w{night}"] = commit(repo, f"night {night}: no change that matters")
-            _nightly(farm, f"w{night}")
-    finally:
-        farm.stop()  # the morning after: MinIO and gearmand are gone
-    config = farm.config_path
-    tokens = {}
-    for name in ("alice", "bob"):
-        p = gearfarm("web", "--config", str(config), "user", "add", name)
-        assert p.returncode == 0, p.stderr
-        tokens[name] = p.stdout.strip().rsplit(" ", 1)[-1]
-    port = free_port()
-    proc = process.spawn([sys.executable, "-m", "gearfarm.cli", "web", "--config", str(config), "--listen",
-                          f"127.0.0.1:{port}"], base / "web.log", cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(url + "/healthz", timeout=2).read()
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                process.stop(proc, timeout=5)
-                raise RuntimeError("the dashboard did not start: " + (base / "web.log").read_text()[-2000:]) from None
-            time.sleep(0.2)
-    try:
-        yield Site(url, farm.state, config, revs, tokens)
+        yield Site(url, farm.state, farm.config_path, revs, tokens)
     finally:
         process.stop(proc, timeout=10)
 
@@ -386,3 +335,14 @@ def test_curves_are_read_from_the_benchmarks_json_lines_one_line_per_split_value
     (c,) = curves_of(bench, out, "baseline")
     assert c.variant == "baseline" and c.split_name == "threads"
     assert c.lines == {"1": [(1.0, 100.0), (2.0, 90.0)], "4": [(1.0, 300.5)]}
+
+
+def test_the_runs_page_lists_every_run_newest_first_with_its_result(site: Site, page) -> None:  # type: ignore[no-untyped-def]
+    page.goto(site.url + "/runs")
+    rows = page.locator("main table tr")
+    got = [(rows.nth(i).locator("td").nth(0).inner_text(), rows.nth(i).locator("td").nth(4).inner_text())
+           for i in range(1, rows.count())]
+    assert got == [("w6", "failed"), ("w5", "failed")] + [(f"w{n}", "passed") for n in (4, 3, 2, 1)]
+    rows.nth(2).locator("a").first.click()
+    page.wait_for_load_state()
+    assert page.url.endswith("/run/w5")

@@ -6,9 +6,9 @@ that owned the run reports and exits. Without an account nothing can be started 
 
 from __future__ import annotations
 
+import http.client as http_client
 import json
 import re
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -21,10 +21,8 @@ import pytest
 from gearfarm import catalog as catalog_mod
 from gearfarm import process
 from gearfarm.farm import EmbeddedFarm
-from gearfarm.net import free_port
-from tests.farmkit import ROOT, commit, edit_catalog, gearfarm, make_repo
+from tests.farmkit import TARGET, add_user, commit, edit_catalog, gearfarm, make_repo, start_web
 
-TARGET = "linux-x86_64"
 SLEEPY = """
 [suites.sleepy]
 description = "a suite that takes a minute: something to cancel"
@@ -67,21 +65,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         p = gearfarm("nightly", "--config", str(farm.config_path), "--targets", TARGET, "--suites", "unit",
                      "--benchmarks", "none", "--run-id", "l1", timeout=600)
         assert p.returncode == 0, p.stdout + p.stderr
-        p = gearfarm("web", "--config", str(farm.config_path), "user", "add", "carol")
-        assert p.returncode == 0, p.stderr
-        token = p.stdout.strip().rsplit(" ", 1)[-1]
-        port = free_port()
-        proc = process.spawn([sys.executable, "-m", "gearfarm.cli", "web", "--config", str(farm.config_path),
-                              "--listen", f"127.0.0.1:{port}"], base / "web.log", cwd=ROOT)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(url + "/healthz", timeout=2).read()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, (base / "web.log").read_text()[-2000:]
-                time.sleep(0.2)
+        token = add_user(farm.config_path, "carol")
+        proc, url = start_web(farm.config_path, base / "web.log")
         yield Live(url, farm, repo, token)
     finally:
         if proc is not None:
@@ -205,3 +190,25 @@ def test_a_self_service_run_starts_real_jobs_shows_live_and_cancel_stops_them(li
         assert time.monotonic() < deadline, text
         time.sleep(0.5)
     page.close()
+
+
+def test_the_dashboard_behind_the_farms_tls_answers_only_verified_https(live: Live, tmp_path: Path) -> None:
+    import ssl
+    from urllib.parse import urlparse
+
+    from gearfarm.tls import Stunnel, client_context, create_ca, create_server_cert
+
+    ca = create_ca(tmp_path / "ca")
+    server = create_server_cert(ca, ["127.0.0.1"], tmp_path / "web.crt", tmp_path / "web.key")
+    other = create_ca(tmp_path / "other")  # a CA that is not the farm's
+    web = urlparse(live.url)
+    with Stunnel(tmp_path / "stunnel", (web.hostname or "", web.port or 0), server.cert, server.key) as st:
+        host, port = st.address
+        with urllib.request.urlopen(f"https://{host}:{port}/api/live", context=client_context(ca.cert),
+                                    timeout=30) as r:
+            assert r.status == 200 and "gearmand" in json.loads(r.read())
+        with pytest.raises(urllib.error.URLError) as e:
+            urllib.request.urlopen(f"https://{host}:{port}/api/status", context=client_context(other.cert), timeout=30)
+        assert isinstance(e.value.reason, ssl.SSLCertVerificationError)
+        with pytest.raises((urllib.error.URLError, ConnectionError, http_client.RemoteDisconnected)):
+            urllib.request.urlopen(f"http://{host}:{port}/api/status", timeout=30)  # plaintext gets no page

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from gearfarm import history, perf, report, snapshot, svgplot, triage
-from gearfarm.config import Config
+from gearfarm.config import Config, ConfigError
 from gearfarm.connection import ssl_context
 from gearfarm.gearman import GearmanError, admin
 from gearfarm.job import JobId
@@ -171,8 +171,8 @@ def _changes(cfg: Config, project: str, old: str, new: str) -> tuple[list[dict[s
         return [], None
     try:
         repo = snapshot.local_repository(cfg, cfg.project(project))
-    except Exception as e:  # a project no longer configured: say so on the page, never fail it
-        return [], f"{e}"
+    except ConfigError as e:  # a project no longer configured: say so on the page, never fail it
+        return [], str(e)
     if repo is None:
         return [], f"the repository of {project} is not on this host"
     try:

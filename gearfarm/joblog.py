@@ -66,8 +66,8 @@ def stream(store: ArtifactStore | None, run_dir: Path, run_id: str, target: str,
     disk; None when neither has it."""
     if name not in FILES:
         raise ValueError(f"{name!r} is not a job file ({', '.join(FILES)})")
+    key = keys.job_file(run_id, target, step, name)  # ValueError for a name that is not a safe component
     if store is not None:
-        key = keys.job_file(run_id, target, step, name)
         try:
             return store.stream(key, CHUNK)
         except StoreError as e:

@@ -269,6 +269,9 @@ def test_the_dashboard_answers_with_no_farm_and_says_what_is_missing(site: Site)
     assert code == 404 and b"no copy on disk" in body
     code, body = site.get(f"/run/w5/artifact/{TARGET}/build")
     assert code == 503 and b"artifacts are not copied to disk" in body
+    # A path component that is not a run, target or step name reads nothing outside the runs.
+    assert site.get(f"/run/%2E%2E/log/{TARGET}/test-unit")[0] == 400
+    assert site.get(f"/run/w5/log/{TARGET}/test-unit?file=../../farm.toml")[0] == 400
 
 
 # ------------------------------------------------------------- figures in every night's mail

@@ -212,3 +212,34 @@ def test_the_dashboard_behind_the_farms_tls_answers_only_verified_https(live: Li
         assert isinstance(e.value.reason, ssl.SSLCertVerificationError)
         with pytest.raises((urllib.error.URLError, ConnectionError, http_client.RemoteDisconnected)):
             urllib.request.urlopen(f"http://{host}:{port}/api/status", timeout=30)  # plaintext gets no page
+
+
+def test_cancelling_one_job_stops_it_and_lets_the_rest_of_the_run_finish(live: Live) -> None:
+    rev = commit(live.repo, "a revision whose sleepy suite is cancelled alone")
+    code, got = live.call("/api/submit", {"project": "engine", "rev": rev, "targets": [TARGET],
+                                          "suites": ["unit", "sleepy"], "benchmarks": "none"}, token=live.token)
+    assert code == 200, got
+    run_id = got["run_id"]
+    job = f"{run_id}:{TARGET}:test-sleepy"
+    deadline = time.monotonic() + 240
+    while True:
+        code, state = live.call("/api/live")
+        jobs = {j["job_id"]: j["state"] for r in state["runs"] if r["run_id"] == run_id for j in r["jobs"]}
+        if jobs.get(job) == "running":
+            break
+        assert time.monotonic() < deadline, state
+        time.sleep(0.5)
+    assert live.call(f"/api/run/{run_id}/cancel", {"job": f"{run_id}:{TARGET}:nope"}, token=live.token)[0] == 400
+    code, got = live.call(f"/api/run/{run_id}/cancel", {"job": job}, token=live.token)
+    assert code == 200, got
+    deadline = time.monotonic() + 90
+    while True:
+        code, run = live.call(f"/api/run/{run_id}")
+        if code == 200 and run["state"] != "running":
+            break
+        assert time.monotonic() < deadline, run
+        time.sleep(0.5)
+    steps = {j["step"]: j["status"] for j in run["jobs"]}
+    assert steps == {"build": "passed", "test-unit": "passed", "test-sleepy": "cancelled"}
+    assert run["headline"] == "1 cancelled"
+    assert "the job was cancelled by carol" in next(j for j in run["jobs"] if j["step"] == "test-sleepy")["message"]

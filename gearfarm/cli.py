@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -344,7 +345,8 @@ def _watch(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, cli
 @main.command("worker")
 @click.option("--role", required=True,
               help="build, test, perf or collector; or several of build, test and perf, comma-separated: one "
-                   "worker slot (one job at a time) serving them all.")
+                   "worker slot (one job at a time) serving them all ('-' separates them too). A trailing .N "
+                   "names the slot and is otherwise ignored (systemd: gearfarm-worker@build-test.1, @perf.1).")
 @click.option("--targets", help="Comma-separated targets to serve (default: all this host can serve).")
 @click.option("--config", "config_path", help="Farm config (TOML); default $GEARFARM_CONFIG.")
 def worker_cmd(role: str, targets: str | None, config_path: str | None) -> None:
@@ -353,7 +355,9 @@ def worker_cmd(role: str, targets: str | None, config_path: str | None) -> None:
     cfg = _load_config(config_path)
     if cfg is None:
         _fail(f"a worker needs a farm config: pass --config or set ${config_mod.ENV_VAR}")
-    roles = _csv(role) or []
+    # "build-test.2" (systemd's instance names cannot hold a comma) is "build,test" in slot 2:
+    # the slot's number is for the unit's instance name only.
+    roles = _csv(re.sub(r"\.[0-9]+$", "", role).replace("-", ",")) or []
     if roles == ["collector"]:
         from gearfarm.workers import collector
 

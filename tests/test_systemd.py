@@ -98,3 +98,29 @@ def test_a_workers_slot_number_names_the_unit_and_nothing_else(tmp_path: Path) -
     assert p.returncode == 2 and "--role 'bogus.1': give build, test, perf or collector" in p.stderr
     p = gearfarm("worker", "--role", "build,test.x", "--config", str(config), timeout=60)
     assert p.returncode == 2  # only a trailing .N is a slot number
+
+
+def test_the_gearmand_units_command_line_runs_a_job_server(tmp_path: Path) -> None:
+    from gearfarm import process
+    from gearfarm.gearman import admin
+    from gearfarm.net import free_port
+
+    text = (UNITS / "gearfarm-gearmand.service").read_text().replace("\\\n", " ")
+    (exec_line,) = [ln for ln in text.splitlines() if ln.startswith("ExecStart=")]
+    port = free_port()
+    argv = [a.replace("--port=4730", f"--port={port}").replace("/var/lib/gearfarm/gearmand", str(tmp_path))
+            for a in shlex.split(exec_line.removeprefix("ExecStart="))]
+    assert argv[0] == "/usr/sbin/gearmand" and f"--libsqlite3-db={tmp_path}/queue.db" in argv
+    proc = process.spawn(argv, tmp_path / "gearmand.log")
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                assert admin.status("127.0.0.1", port) == {}  # a job server, with nothing queued yet
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "gearmand.log").read_text()
+                time.sleep(0.1)
+        assert (tmp_path / "queue.db").exists()  # the persistent queue the unit asks for
+    finally:
+        process.stop(proc, timeout=5)

@@ -43,6 +43,11 @@ def remove(db: ResultsDB, name: str) -> None:
             raise AccountError(f"no account {name!r}")
 
 
+def exists(db: ResultsDB, name: str) -> bool:
+    with db.session() as s:
+        return s.get(WebUser, name) is not None
+
+
 def names(db: ResultsDB) -> list[str]:
     with db.session() as s:
         return list(s.scalars(select(WebUser.name).order_by(WebUser.name)))

@@ -72,7 +72,8 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
         if request.path.startswith("/api/"):
             return None
         name = session.get("user")
-        return name if isinstance(name, str) else None
+        # A removed account's sessions end with it.
+        return name if isinstance(name, str) and account.exists(db, name) else None
 
     @app.before_request
     def _csrf() -> None:

@@ -349,3 +349,20 @@ def test_the_runs_page_lists_every_run_newest_first_with_its_result(site: Site, 
     rows.nth(2).locator("a").first.click()
     page.wait_for_load_state()
     assert page.url.endswith("/run/w5")
+
+
+def test_a_removed_accounts_session_and_token_stop_working(site: Site, browser) -> None:  # type: ignore[no-untyped-def]
+    from tests.farmkit import gearfarm
+
+    site.tokens["dave"] = add_user(site.config, "dave")
+    pg = browser.new_context().new_page()
+    login(pg, site, "dave")
+    rid = _regression_id(site, "failure")
+    pg.goto(f"{site.url}/regression/{rid}")
+    assert pg.locator("#triage-form").count() == 1
+    assert gearfarm("web", "--config", str(site.config), "user", "remove", "dave").returncode == 0
+    pg.reload()
+    assert pg.locator("#triage-form").count() == 0 and pg.locator("header a.me").inner_text() == "log in"
+    body = json.dumps({"state": "wontfix"}).encode()
+    assert site.get(f"/api/regression/{rid}", token=site.tokens["dave"], data=body)[0] == 403
+    pg.context.close()

@@ -102,6 +102,7 @@ def test_the_live_page_shows_gearmand_functions_with_their_workers(live: Live, b
     for fn in (f"build:{TARGET}", f"test:{TARGET}", "collect"):
         row = page.locator("table.functions tr", has_text=fn).first
         assert int(row.locator("td").nth(3).inner_text()) >= 1, table  # workers registered
+    assert page.locator("meta[http-equiv=refresh]").count() == 0  # nothing running: no reloading
     page.close()
 
 
@@ -153,6 +154,7 @@ def test_a_self_service_run_starts_real_jobs_shows_live_and_cancel_stops_them(li
         assert time.monotonic() < deadline, page.inner_text("main")
         time.sleep(1)
     assert page.locator(f"tr[data-job='{run_id}:{TARGET}:build'] td.state").inner_text() == "passed"
+    assert page.locator("meta[http-equiv=refresh]").count() == 1  # the page follows the run by itself
     started = time.time()
     assert _sleepers(), "the suite's command is not running"
 

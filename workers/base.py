@@ -6,6 +6,7 @@ copy, then to the collector through Gearman, spooling locally when that fails)."
 from __future__ import annotations
 
 import fcntl
+import functools
 import itertools
 import logging
 import os
@@ -156,10 +157,17 @@ class Context:
             log.warning("cannot check whether run %s is closed (%s); running the job", p.run_id, e)
         return ""
 
-    def cancelled(self, p: Payload) -> bool:
+    @functools.cached_property
+    def quick_store(self) -> ArtifactStore:
+        """For looks that must not wait out an outage: the heartbeat's check for a cancel (its
+        thread is the job's lease; five minutes of S3 retries would cost the job its lease).
+        Made on first use: a boto3 client is tens of milliseconds of a worker's start."""
+        return ArtifactStore(self.cfg.s3, retry_for=0.0, attempts=1)
+
+    def cancelled(self, p: Payload, quick: bool = False) -> bool:
         """Whether a person cancelled the job or its run (the markers gearfarm web writes)."""
-        return (self.store.exists(keys.cancel(p.run_id, p.target, p.step))
-                or self.store.exists(keys.cancel(p.run_id)))
+        store = self.quick_store if quick else self.store
+        return store.exists(keys.cancel(p.run_id, p.target, p.step)) or store.exists(keys.cancel(p.run_id))
 
 
 RoleHandler = Callable[[Context, Payload, Job], ResultRecord]
@@ -186,7 +194,7 @@ def _handler(ctx: Context, role_handler: RoleHandler) -> Callable[[Job], bytes]:
                 n += 1
                 job.status(n, 0)
                 try:
-                    if not cancel.is_set() and ctx.cancelled(p):
+                    if not cancel.is_set() and ctx.cancelled(p, quick=True):
                         log.warning("job %s (%s) was cancelled: stopping it", job.handle, p.job_id)
                         cancel.set()
                 except StoreError as e:
@@ -201,12 +209,12 @@ def _handler(ctx: Context, role_handler: RoleHandler) -> Callable[[Job], bytes]:
                 log.warning("DROPPED job %s (%s): %s", job.handle, p.job_id, why)
                 return f"dropped: {why}".encode()
             log.info("job %s: %s %s at %s, attempt %d", job.handle, p.function, p.step, p.rev[:12], p.attempt)
-            cpu0 = _cpu()
+            cpu0, began = _cpu(), time.time()
             token = process.CANCEL.set(cancel)
             try:
                 rec = _run_role(ctx, role_handler, p, job)
             except process.Cancelled as e:
-                rec = ctx.record(p, "cancelled", message=f"cancelled while running ({e})", started_at=time.time(),
+                rec = ctx.record(p, "cancelled", message=f"cancelled while running ({e})", started_at=began,
                                  finished_at=time.time())
             except Exception as e:  # the farm failed, not the product: say so, never lose the job
                 log.exception("job %s failed inside the worker", job.handle)

@@ -48,3 +48,28 @@ def test_undeliverable_results_are_spooled_and_delivered_later(tmp_path: Path) -
         assert admin.status(*gm.address)["collect"].queued == 1
         ctx.client.close()
         later.client.close()
+
+
+def test_the_heartbeats_look_for_a_cancel_does_not_wait_out_an_s3_outage(tmp_path: Path) -> None:
+    """The heartbeat is the job's lease (WORK_STATUS every 5 s, lease_timeout 60 s): its look
+    for a cancel marker must give up at once when S3 is away, while the job's own S3 calls
+    (the normal store) keep waiting the outage out."""
+    from gearfarm.config import S3Config
+    from gearfarm.job import Payload
+    from gearfarm.net import free_port
+    from gearfarm.s3.store import StoreError
+
+    dead = S3Config(endpoint=f"http://127.0.0.1:{free_port()}", secret_key="x")  # nothing listens
+    cfg = Config(gearman=GearmanConfig(servers=["127.0.0.1:1"]), s3=dead,
+                 farm=FarmConfig(repo=str(tmp_path), state_dir=str(tmp_path / "state"), secrets=["k"]))
+    ctx = Context(cfg, "test")
+    p = Payload.model_construct(run_id="r1", target="linux-x86_64", kind="test", name="unit")
+    t0 = time.monotonic()
+    try:
+        ctx.cancelled(p, quick=True)
+    except StoreError as e:
+        assert "127.0.0.1" in str(e)
+    else:
+        raise AssertionError("a dead S3 answered")
+    assert time.monotonic() - t0 < 10
+    assert ctx.store.retry_for >= 60 and ctx.quick_store.retry_for == 0

@@ -213,7 +213,7 @@ def test(db: ResultsDB, name: str, project: str | None = None) -> dict[str, Any]
 
 def regressions(db: ResultsDB, project: str | None = None, state: str | None = None,
                 kind: str | None = None) -> dict[str, Any]:
-    return {"states": list(triage.STATES), "labels": triage.LABELS,
+    return {"states": list(triage.STATES), "labels": triage.LABELS, "kinds": list(triage.KINDS),
             "filter": {"project": project, "state": state, "kind": kind},
             "regressions": [triage.as_dict(g) for g in triage.listing(db, project, state, kind)]}
 

@@ -94,7 +94,7 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
     def page(template: str, data: dict[str, Any]) -> str:
         return render_template(template, d=data)
 
-    def both(path: str, endpoint: str, template: str, methods: list[str] | None = None) -> Callable[..., Any]:
+    def both(path: str, endpoint: str, template: str) -> Callable[..., Any]:
         """Register ``path`` as an HTML page and ``/api`` + path as its JSON, from one function."""
         def wrap(fn: Callable[..., dict[str, Any] | None]) -> Callable[..., Any]:
             def html(**kw: Any) -> Any:
@@ -109,8 +109,8 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
                     return jsonify({"error": "not found"}), 404
                 return jsonify(data)
 
-            app.add_url_rule(path, endpoint, html, methods=methods)
-            app.add_url_rule("/api" + (path if path != "/" else "/status"), f"api_{endpoint}", api, methods=methods)
+            app.add_url_rule(path, endpoint, html)
+            app.add_url_rule("/api" + (path if path != "/" else "/status"), f"api_{endpoint}", api)
             return fn
         return wrap
 

@@ -21,9 +21,16 @@ def test_a_5_percent_wall_clock_slowdown_is_flagged_on_its_first_night_and_no_qu
     sc.start()
     try:
         res = sc.repetition(quiet=3, after=1)
+        story = "\n".join(describe(n) for n in res["nights"])
+        if not res["flagged"]:
+            # The goal is 9 flagged in 10 (bench/perf_scenario.py measures it): one miss in a
+            # single repetition is within it, two in a row are not (and no quiet night of
+            # either may alarm).
+            assert not res["false_alarms"], story
+            res = sc.repetition(quiet=2, after=1)
+            story += "\n(missed; a second repetition)\n" + "\n".join(describe(n) for n in res["nights"])
     finally:
         sc.stop()
-    story = "\n".join(describe(n) for n in res["nights"])
     print(story)
     assert res["flagged"], story
     assert not res["false_alarms"], story

@@ -10,6 +10,7 @@ import logging
 import math
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 from gearfarm import history, perf, report, snapshot, svgplot, triage
@@ -185,8 +186,6 @@ def _changes(cfg: Config, project: str, old: str, new: str) -> tuple[list[dict[s
 @functools.lru_cache(maxsize=512)
 def _git_log(repo: str, old: str, new: str) -> tuple[snapshot.Commit, ...]:
     # Revisions are immutable: the commits between two never change, so they are read once.
-    from pathlib import Path
-
     return tuple(snapshot.changes(Path(repo), old, new))
 
 

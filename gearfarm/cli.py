@@ -608,6 +608,15 @@ def _config_or_embedded(config_path: str | None, state_dir: Path | None) -> Conf
     return config_mod.load(path)
 
 
+@main.command("tls", context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def tls_cmd(args: tuple[str, ...]) -> None:
+    """The farm CA: ca, server, client, revoke, crl, list (as python -m gearfarm.tls)."""
+    from gearfarm import tls
+
+    sys.exit(tls.main(list(args), prog="gearfarm tls"))
+
+
 @main.command("status")
 @click.option("--config", "config_path")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))

@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ENV_VAR = "GEARFARM_CONFIG"
 DEFAULT_CATALOG = "jobs/catalog.toml"
@@ -31,6 +31,18 @@ class GearmanConfig(_Section):
     # CA file to verify the job server's TLS certificate (stunnel in front of gearmand).
     tls_ca: str | None = None
     tls_server_name: str | None = None
+    # This host's client certificate and key from the farm CA (python -m gearfarm.tls client):
+    # a lab's stunnel admits no one without them (docs/tls.md).
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+    @model_validator(mode="after")
+    def _pair(self) -> GearmanConfig:
+        if (self.tls_key is None) != (self.tls_cert is None):
+            raise ValueError("set tls_cert and tls_key together (the host's client certificate and its key)")
+        if self.tls_key is not None and not self.tls_ca:
+            raise ValueError("a client certificate needs tls_ca too (the farm CA that verifies the server)")
+        return self
 
     @field_validator("servers")
     @classmethod

@@ -11,10 +11,13 @@ from gearfarm.tls import client_context
 
 
 def ssl_context(cfg: Config) -> ssl.SSLContext | None:
-    """TLS to the job servers (stunnel in front of gearmand) when the config names a CA."""
-    if not cfg.gearman.tls_ca:
+    """TLS to the job servers (stunnel in front of gearmand) when the config names a CA, with
+    this host's client certificate when it names one."""
+    g = cfg.gearman
+    if not g.tls_ca:
         return None
-    return client_context(cfg.path(cfg.gearman.tls_ca))
+    return client_context(cfg.path(g.tls_ca), cfg.path(g.tls_cert) if g.tls_cert else None,
+                          cfg.path(g.tls_key) if g.tls_key else None)
 
 
 def gearman_client(cfg: Config) -> Client:

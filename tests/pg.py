@@ -31,9 +31,15 @@ class PostgresError(RuntimeError):
 
 
 class PostgresServer:
-    """One throw-away cluster. start() returns self; stop() kills it and removes its files."""
+    """One throw-away cluster. start() returns self; stop() kills it and removes its files.
 
-    def __init__(self) -> None:
+    With ``tls`` (server certificate, key, and the CA that client certificates must come
+    from) it is a lab's server: TCP clients must use TLS and present a certificate from that
+    CA (``hostssl ... clientcert=verify-ca``, no plain ``host`` line); the superuser still
+    reaches it over its Unix socket, which is how databases get created."""
+
+    def __init__(self, tls: tuple[Path, Path, Path] | None = None) -> None:
+        self.tls = tls
         self.dir: Path | None = None
         self.port: int | None = None
         self.user: str | None = None  # the OS user the server runs as (None: ourselves)
@@ -68,6 +74,8 @@ class PostgresServer:
         if p.returncode != 0:
             self.stop()
             raise PostgresError(f"initdb failed: {p.stderr.strip() or p.stdout.strip()}")
+        if self.tls:
+            self._require_tls(data)
         for _ in range(3):  # a free port can be taken between probing and binding
             self.port = free_port()
             self._opts = (f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
@@ -79,6 +87,19 @@ class PostgresServer:
         log = server_log.read_text(errors="replace")[-2000:] if server_log.exists() else ""
         self.stop()
         raise PostgresError(f"PostgreSQL did not start: {p.stderr.strip()}\n{log}")
+
+    def _require_tls(self, data: Path) -> None:
+        assert self.tls is not None
+        for src, name in zip(self.tls, ("server.crt", "server.key", "ca.crt"), strict=True):
+            shutil.copyfile(src, data / name)
+            os.chmod(data / name, 0o600)  # PostgreSQL refuses a key others can read
+            if self.user:
+                shutil.chown(data / name, self.user)
+        with open(data / "postgresql.conf", "a") as f:
+            f.write("ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n"
+                    "ssl_ca_file = 'ca.crt'\n")
+        (data / "pg_hba.conf").write_text("local all all trust\n"
+                                          "hostssl all all 127.0.0.1/32 trust clientcert=verify-ca\n")
 
     def _pg_ctl_start(self) -> subprocess.CompletedProcess[str]:
         assert self.dir is not None
@@ -107,7 +128,8 @@ class PostgresServer:
     def create_database(self, name: str) -> str:
         import psycopg
 
-        with psycopg.connect(f"host=127.0.0.1 port={self.port} user={SUPERUSER} dbname=postgres",
+        # Over the Unix socket: a TLS-only server admits no TCP client without a certificate.
+        with psycopg.connect(f"host={self.dir} port={self.port} user={SUPERUSER} dbname=postgres",
                              autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')  # type: ignore[arg-type]
         return f"postgresql+psycopg://{SUPERUSER}@127.0.0.1:{self.port}/{name}"

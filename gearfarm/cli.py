@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from gearfarm import catalog as catalog_mod
 from gearfarm import config as config_mod
-from gearfarm import process
+from gearfarm import process, sandbox
 from gearfarm.catalog import CatalogError
 from gearfarm.config import Config, ConfigError, FarmConfig, ProjectConfig
 from gearfarm.connection import gearman_client, ssl_context
@@ -522,7 +522,9 @@ def project_check(config_path: str | None, name: str | None, repo: str | None, c
         scratch.mkdir()
         artifact.safe_extract(archive, root, sha256_file(archive), "source snapshot")
         log_path = tmp / "build.log"
-        run = step.run_build(cat, tgt, root, scratch, log_path)
+        # Confined as a worker would confine it (the project's code runs on the user's machine).
+        box = sandbox.for_config(cfg)
+        run = step.run_build(cat, tgt, root, scratch, log_path, box)
         if run.status != "passed":
             click.echo(process.log_tail(log_path, 40))
             console.print(f"[bold red]build {run.status}:[/] {escape(run.message(cat.build.timeout))} (log above)",
@@ -549,7 +551,7 @@ def project_check(config_path: str | None, name: str | None, repo: str | None, c
             artifact.unpack(packed_path, tree, packed["archive_sha256"])
             (tmp / f"scratch-{sname}").mkdir()
             slog = tmp / f"{sname}.log"
-            res = step.run_suite(cat, tgt, suite, tree, tmp / f"scratch-{sname}", slog, 1, dict(os.environ))
+            res = step.run_suite(cat, tgt, suite, tree, tmp / f"scratch-{sname}", slog, 1, box)
             counts = {st: sum(1 for c in res.cases if c.status == st)
                       for st in ("passed", "failed", "error", "skipped")}
             click.echo(f"suite {sname} ({suite.format}): {res.status}, {len(res.cases)} test cases "

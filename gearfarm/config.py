@@ -172,6 +172,11 @@ class FarmConfig(_Section):
     # Seconds a benchmark lets its host's builds and tests go first (it takes the host when
     # none runs); past it, new ones wait for the benchmark (gearfarm/hostlock.py).
     perf_patience: float = Field(default=600.0, ge=0)
+    # How workers confine a job's commands (gearfarm/sandbox.py): "bwrap" (bubblewrap; the
+    # worker refuses to start if it cannot) or "none" (unconfined, on purpose).
+    sandbox: str = Field(default="bwrap", pattern=r"^(bwrap|none)$")
+    # Read-only trees jobs may see besides /usr and /etc, for toolchains installed elsewhere.
+    sandbox_readonly: list[str] = Field(default_factory=list)
 
 
 class Config(_Section):
@@ -205,6 +210,16 @@ class Config(_Section):
                 return p
         raise ConfigError(f"no project {name!r} in the config; configured: "
                           f"{', '.join(p.name for p in self.project_list())}")
+
+    def secret_files(self) -> list[Path]:
+        """Every file this config names that a job must never read: the config itself (keys,
+        passwords) and the TLS files."""
+        out = [Path(self.source).resolve()] if self.source else []
+        g = self.gearman
+        for name in (g.tls_ca, g.tls_cert, g.tls_key, self.s3.ca_bundle):
+            if name:
+                out.append(self.path(name))
+        return out
 
     def path(self, p: str) -> Path:
         base = Path(self.source).parent if self.source else Path.cwd()

@@ -36,8 +36,10 @@ class FarmError(RuntimeError):
 class EmbeddedFarm:
     def __init__(self, state_dir: Path, repo: Path, job_retries: int = 3,
                  projects: list[ProjectConfig] | None = None, worker_env: dict[str, str] | None = None,
-                 slots: int = 0) -> None:
+                 slots: int = 0, sandbox: str = "bwrap") -> None:
         self.state = state_dir.resolve()
+        # How workers confine the jobs' commands ([farm] sandbox).
+        self.sandbox = sandbox
         # The default project's repository: only the nightly reads it, never a worker.
         self.repo = repo.resolve()
         self.projects = projects or []
@@ -103,7 +105,7 @@ class EmbeddedFarm:
             s3=self.minio.s3_config(),
             database=DatabaseConfig(url=f"sqlite:///{self.state / 'results.db'}"),
             farm=FarmConfig(repo=str(self.repo), state_dir=str(self.state), secrets=hmac_keys,
-                            no_worker_wait=30.0, slots=self.slots),
+                            no_worker_wait=30.0, slots=self.slots, sandbox=self.sandbox),
         )
         config_mod.dump(self.cfg, self.config_path)
         self.cfg = config_mod.load(self.config_path)

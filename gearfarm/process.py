@@ -102,7 +102,7 @@ REAPER_GRACE = 60.0
 
 
 def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | None = None,
-               env: Mapping[str, str] | None = None) -> tuple[int | None, bool]:
+               env: Mapping[str, str] | None = None, shown: Sequence[str] | None = None) -> tuple[int | None, bool]:
     """Run a catalog command with its output appended to ``log_path``.
 
     Returns (exit code, timed_out); the exit code is Popen's returncode (negative: killed by
@@ -112,6 +112,9 @@ def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | 
     recovery suite's writers, wine's server) that would otherwise outlive the job and hold
     the worker's files. The command runs under gearfarm/reaper.py, see there how.
 
+    ``shown`` is what the log says was run, when that is not all of ``argv`` (the catalog's
+    command without the sandbox's wrapping).
+
     When the calling thread's job is cancelled (CANCEL), the command's tree is stopped the same
     way and Cancelled is raised.
 
@@ -120,7 +123,7 @@ def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | 
     reaper then checks getppid() and goes on while the worker process lives.
     """
     with log_path.open("ab") as log:
-        log.write(("$ " + " ".join(argv) + "\n").encode())
+        log.write(("$ " + " ".join(shown if shown is not None else argv) + "\n").encode())
         log.flush()
         # argv and env go through a pipe, not the reaper's own argv and environment: Python
         # would add LC_CTYPE=C.UTF-8 to a C-locale environment at startup (PEP 538), and the
@@ -134,7 +137,7 @@ def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | 
                     stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
                     start_new_session=True, pass_fds=(status_w,))
             except OSError as e:
-                log.write(f"cannot start {argv[0]}: {e}\n".encode())
+                log.write(f"cannot start {(shown or argv)[0]}: {e}\n".encode())
                 return 127, False
             finally:
                 os.close(status_w)

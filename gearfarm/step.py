@@ -6,7 +6,6 @@ its catalog is the very code its nightly will run."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from gearfarm import outcome, process
 from gearfarm.catalog import Benchmark, Catalog, Suite, Target
 from gearfarm.outcome import OutcomeError
 from gearfarm.result import CaseResult, CurveRecord
+from gearfarm.sandbox import Sandbox
 
 
 class OutputsMissing(RuntimeError):
@@ -65,19 +65,27 @@ class BuildRun:
         return self.error or ("" if self.rc == 0 else f"build failed (exit {self.rc})")
 
 
-def run_build(cat: Catalog, target: Target, root: Path, scratch: Path, log_path: Path,
+def _run(sandbox: Sandbox, argv: list[str], log_path: Path, timeout: float, cwd: Path, env: dict[str, str],
+         writable: list[Path]) -> tuple[int | None, bool]:
+    """Every catalog command starts here: confined by the worker's sandbox, writing only to
+    the job's own directories."""
+    full, env = sandbox.command(argv, env, cwd, writable)
+    return process.run_logged(full, log_path, timeout, cwd=cwd, env=env, shown=argv)
+
+
+def run_build(cat: Catalog, target: Target, root: Path, scratch: Path, log_path: Path, sandbox: Sandbox,
               started: Callable[[], None] | None = None) -> BuildRun:
     """Run the catalog's build of ``target`` in the snapshot at ``root``."""
     vals = catalog_mod.values(cat, target, {"root": str(root), "scratch": str(scratch), "junit": "", "seed": "1"})
     argv = catalog_mod.expand(cat.build.argv, vals, target.runner)
-    env = catalog_mod.environment(dict(os.environ), target, cat.build, vals)
+    env = catalog_mod.environment(sandbox.environment(), target, cat.build, vals)
     cwd = root / cat.build.cwd.format_map(vals)
     if not cwd.is_dir():
         return BuildRun(None, False, error=f"build.cwd {cat.build.cwd!r} is not a directory of the source tree: "
                                            "fix the catalog's build.cwd (relative to the repository's root)")
     if started is not None:
         started()
-    rc, timed_out = process.run_logged(argv, log_path, cat.build.timeout, cwd=cwd, env=env)
+    rc, timed_out = _run(sandbox, argv, log_path, cat.build.timeout, cwd, env, [scratch, root])
     run = BuildRun(rc, timed_out)
     if rc == 0 and not timed_out:
         try:
@@ -99,13 +107,14 @@ class SuiteRun:
 
 
 def run_suite(cat: Catalog, target: Target, suite: Suite, tree: Path, scratch: Path, log_path: Path, seed: int,
-              base_env: dict[str, str]) -> SuiteRun:
-    """Run one suite in ``tree`` (the artifact's files, over the source when the suite asks)."""
+              sandbox: Sandbox, extra_env: dict[str, str] | None = None) -> SuiteRun:
+    """Run one suite in ``tree`` (the artifact's files, over the source when the suite asks);
+    ``extra_env`` is the host's addition for the runner (a wine prefix)."""
     junit = scratch.parent / f"{scratch.name}-junit.xml"
     vals = catalog_mod.values(cat, target, {"root": str(tree), "scratch": str(scratch), "junit": str(junit),
                                             "seed": str(seed)})
     argv = (target.runner if suite.runner else []) + catalog_mod.expand(suite.argv, vals, target.runner)
-    env = catalog_mod.environment(base_env, target, suite, vals)
+    env = catalog_mod.environment(sandbox.environment(extra_env), target, suite, vals)
     cwd = tree / suite.cwd.format_map(vals)
     results = Path(suite.results_file.format_map(vals)) if suite.results_file else None
     if results is not None and not results.is_absolute():
@@ -120,7 +129,8 @@ def run_suite(cat: Catalog, target: Target, suite: Suite, tree: Path, scratch: P
         except OutcomeError as e:
             return SuiteRun("failed", f"suite {suite.name}: {e}", [], None, 0.0)
     t0 = time.monotonic()
-    rc, timed_out = process.run_logged(argv, log_path, suite.timeout, cwd=cwd, env=env)
+    # The JUnit file is written beside the scratch directory.
+    rc, timed_out = _run(sandbox, argv, log_path, suite.timeout, cwd, env, [scratch, scratch.parent, tree])
     seconds = time.monotonic() - t0
     cases: list[CaseResult] = []
     message = ""
@@ -141,7 +151,7 @@ def run_suite(cat: Catalog, target: Target, suite: Suite, tree: Path, scratch: P
 
 
 def run_benchmark(cat: Catalog, target: Target, bench: Benchmark, tree: Path, work: Path, tag: str, seed: int,
-                  log_path: Path, curves: list[CurveRecord] | None = None,
+                  log_path: Path, sandbox: Sandbox, curves: list[CurveRecord] | None = None,
                   variant: Literal["new", "baseline"] = "new") -> dict[str, float]:
     """One run of ``bench`` in ``tree``: its declared metrics, or BenchmarkFailed. With
     ``curves``, the curves the catalog declares are read from its output and appended."""
@@ -154,9 +164,9 @@ def run_benchmark(cat: Catalog, target: Target, bench: Benchmark, tree: Path, wo
     counted = work / f"callgrind-{tag}.out"
     if bench.counter == "instructions":
         argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={counted}", *argv]
-    env = catalog_mod.environment(dict(os.environ), target, bench, vals)
+    env = catalog_mod.environment(sandbox.environment(), target, bench, vals)
     cwd = tree / bench.cwd.format_map(vals)
-    rc, timed_out = process.run_logged(argv, out_path, bench.timeout, cwd=cwd, env=env)
+    rc, timed_out = _run(sandbox, argv, out_path, bench.timeout, cwd, env, [scratch, work, tree])
     text = out_path.read_text(errors="replace")
     with log_path.open("a") as f:
         f.write(f"--- {tag} ---\n{text}")

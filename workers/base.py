@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from gearfarm import host, process
+from gearfarm import host, process, sandbox
 from gearfarm.config import Config
 from gearfarm.connection import gearman_client, gearman_worker
 from gearfarm.gearman import GearmanError, Job
@@ -55,6 +55,8 @@ class Context:
         # How long this host's jobs take, for the order its slots take them in next time.
         self.durations = Durations.of_host(self.state)
         self._spool_lock = threading.Lock()
+        # Checked now: a worker that cannot confine its jobs refuses to start.
+        self.sandbox = sandbox.for_config(cfg)
 
     def deliver(self, rec: ResultRecord) -> None:
         """Report a result; never loses it: on failure it waits in the local spool."""
@@ -118,10 +120,11 @@ class Context:
 
     @contextmanager
     def runner_env(self, runner: list[str], extra: dict[str, str]) -> Iterator[dict[str, str]]:
-        """The environment a job's command runs in. A wine runner gets a prefix of its own for
-        the job's duration (flock'ed, reused by later jobs): the reaper kills the job's
-        wineserver when the job ends, which would break another job sharing that prefix."""
-        env = dict(os.environ, **extra)
+        """What this host adds to a job's environment for its runner. A wine runner gets a
+        prefix of its own for the job's duration (flock'ed, reused by later jobs): the reaper
+        kills the job's wineserver when the job ends, which would break another job sharing
+        that prefix. (The sandbox makes the prefix writable to the job.)"""
+        env = dict(extra)
         if not runner or not Path(runner[0]).name.startswith("wine") or "WINEPREFIX" in extra:
             yield env
             return

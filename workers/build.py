@@ -101,7 +101,7 @@ def build(ctx: Context, p: Payload, cat: Catalog, target: Target, started: float
             with log_path.open("a") as f:
                 f.write(f"source snapshot {keys.source(p.rev)}: {size} bytes, sha256 verified\n")
             t0 = time.monotonic()
-            run = step.run_build(cat, target, root, scratch, log_path, lambda: ctx.started(p))
+            run = step.run_build(cat, target, root, scratch, log_path, ctx.sandbox, lambda: ctx.started(p))
             timings["build"] = time.monotonic() - t0
             status, message = run.status, run.message(cat.build.timeout)
             if status == "passed":

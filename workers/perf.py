@@ -21,6 +21,7 @@ from gearfarm.pairs import Paired
 from gearfarm.result import CurveRecord, ResultRecord, Sample
 from gearfarm.s3 import keys
 from gearfarm.s3.artifact import MANIFEST, ArtifactError
+from gearfarm.sandbox import Sandbox
 from gearfarm.workers.base import Context
 from gearfarm.workers.test import fetch_artifact
 
@@ -79,7 +80,8 @@ def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
                 t0 = time.monotonic()
                 ctx.started(p)
                 with activity:
-                    _measure(cat, target, bench, p, new_tree, base_tree, tmpd, log_path, samples, curves)
+                    _measure(cat, target, bench, p, new_tree, base_tree, tmpd, log_path, samples, ctx.sandbox,
+                             curves)
         except step.BenchmarkFailed as e:
             status, message = e.status, str(e)
         quietness.update(activity.summary)
@@ -94,7 +96,8 @@ def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
 
 
 def _measure(cat: Catalog, target: Target, bench: Benchmark, p: Payload, new_tree: Path, base_tree: Path | None,
-             tmpd: Path, log_path: Path, samples: list[Sample], curves: list[CurveRecord] | None = None) -> None:
+             tmpd: Path, log_path: Path, samples: list[Sample], sandbox: Sandbox,
+             curves: list[CurveRecord] | None = None) -> None:
     """The pairs, appended to ``samples`` as they come (a failure keeps the ones before it):
     `repetitions` of them, then, when the catalog sets a precision, more until every metric's
     paired estimate is that precise (or `max_repetitions` ran)."""
@@ -107,14 +110,14 @@ def _measure(cat: Catalog, target: Target, bench: Benchmark, p: Payload, new_tre
         # The first pair's curves are kept: one of each side is what a person compares.
         keep = curves if rep == 0 else None
         if base_tree is None:
-            new = step.run_benchmark(cat, target, bench, new_tree, tmpd, f"new{rep}", seed, log_path, keep)
+            new = step.run_benchmark(cat, target, bench, new_tree, tmpd, f"new{rep}", seed, log_path, sandbox, keep)
             samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep) for m, v in new.items()]
         else:
             # A B, B A, A B ...: whichever side runs first in a pair (colder caches, a freshly
             # unpacked binary) is not always the same one.
             order = ("new", "base") if rep % 2 == 0 else ("base", "new")
             got = {side: step.run_benchmark(cat, target, bench, new_tree if side == "new" else base_tree, tmpd,
-                                            f"{side}{rep}", seed, log_path, keep,
+                                            f"{side}{rep}", seed, log_path, sandbox, keep,
                                             "new" if side == "new" else "baseline") for side in order}
             new, old = got["new"], got["base"]
             samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep) for m, v in new.items()]

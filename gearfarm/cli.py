@@ -378,7 +378,7 @@ def worker_cmd(role: str, targets: str | None, config_path: str | None) -> None:
     # No repository here: what the projects' targets are comes from the catalogs the nightly
     # stored in S3. Each job's own catalog decides what runs.
     # With --targets given, the check is a courtesy: an S3 that is away does not hold the worker up.
-    cats, notes = _latest_catalogs(cfg, retry_for=2.0 if wanted else 30.0)
+    cats, notes = _latest_catalogs(cfg, retry_for=2.0 if wanted else 30.0, role=roles[0])
     for note in notes:
         console.print(f"[yellow]{escape(note)}[/]", highlight=False)
     if not cats and not wanted:
@@ -428,14 +428,15 @@ def _exit_now(code: int = EXIT_OK) -> NoReturn:
     os._exit(code)
 
 
-def _latest_catalogs(cfg: Config, retry_for: float) -> tuple[list[catalog_mod.Catalog], list[str]]:
-    """The newest catalog of every configured project, from S3 (see gearfarm.snapshot)."""
+def _latest_catalogs(cfg: Config, retry_for: float, role: str) -> tuple[list[catalog_mod.Catalog], list[str]]:
+    """The newest catalog of every configured project, from S3 (see gearfarm.snapshot), read
+    with ``role``'s keys."""
     import json
 
     from gearfarm import snapshot
     from gearfarm.s3 import keys
 
-    store = ArtifactStore(cfg.s3, retry_for=retry_for)
+    store = ArtifactStore(cfg.s3.for_role(role), retry_for=retry_for)
     cats, notes = [], []
     for project in cfg.project_list():
         try:
@@ -617,6 +618,45 @@ def tls_cmd(args: tuple[str, ...]) -> None:
     from gearfarm import tls
 
     sys.exit(tls.main(list(args), prog="gearfarm tls"))
+
+
+@main.group("store")
+def store_group() -> None:
+    """The farm's S3 store."""
+
+
+@store_group.command("roles")
+@click.option("--config", "config_path",
+              help="A config whose [s3] keys are a MinIO admin's (default: $GEARFARM_CONFIG).")
+@click.option("--roles", "role_names", default="build,test,perf,collector", show_default=True,
+              help="Comma-separated worker roles to make users for.")
+def store_roles_cmd(config_path: str | None, role_names: str) -> None:
+    """Make each worker role's MinIO user, with a policy that allows only what the role does
+    (builds write artifacts, tests and benchmarks their own steps' files, the collector reads
+    results), and print the [s3.roles.*] sections for the hosts' configs."""
+    import secrets as secrets_mod
+
+    from gearfarm.config import S3Keys
+    from gearfarm.s3.keys import ROLE_WRITES
+    from gearfarm.s3.minio import MinioError, make_role_users
+
+    cfg = _load_config(config_path)
+    if cfg is None:
+        _fail(f"store roles needs a config with a MinIO admin's keys in [s3]: pass --config or set "
+              f"${config_mod.ENV_VAR}")
+    wanted = _csv(role_names) or []
+    bad = [r for r in wanted if r not in ROLE_WRITES]
+    if bad or not wanted:
+        _fail(f"--roles {role_names!r}: give some of {', '.join(ROLE_WRITES)}")
+    roles = {r: S3Keys(access_key=f"gearfarm-{r}-{secrets_mod.token_hex(3)}", secret_key=secrets_mod.token_hex(20))
+             for r in wanted}
+    try:
+        make_role_users(cfg.s3, roles)
+    except MinioError as e:
+        _fail(str(e))
+    click.echo("# Put each role's section into the config of the hosts that run that role (and no other).")
+    for r, k in roles.items():
+        click.echo(f'[s3.roles.{r}]\naccess_key = "{k.access_key}"\nsecret_key = "{k.secret_key}"\n')
 
 
 @main.command("status")

@@ -63,14 +63,40 @@ class GearmanConfig(_Section):
         return out
 
 
+class S3Keys(_Section):
+    access_key: str
+    secret_key: str
+
+
 class S3Config(_Section):
     endpoint: str = "http://127.0.0.1:9000"
     bucket: str = "gearfarm"
+    # The farm's own keys: the nightly and the dashboard.
     access_key: str = "gearfarm"
     secret_key: str = ""
     region: str = "us-east-1"
     ca_bundle: str | None = None
     presign_expiry: int = 7 * 24 * 3600
+    # Each worker role's own MinIO user ([s3.roles.build] access_key/secret_key), whose
+    # policy allows only what the role does (gearfarm.s3.keys.role_policy). A lab host lists
+    # only the roles it runs.
+    roles: dict[str, S3Keys] = Field(default_factory=dict)
+
+    @field_validator("roles")
+    @classmethod
+    def _known_roles(cls, v: dict[str, S3Keys]) -> dict[str, S3Keys]:
+        for role in v:
+            if role not in ("build", "test", "perf", "collector"):
+                raise ValueError(f"[s3.roles.{role}]: not a worker role (build, test, perf, collector)")
+        return v
+
+    def for_role(self, role: str) -> S3Config:
+        """This config with ``role``'s keys (the farm's own when the role has none, with a
+        warning from the worker: it then can do more than its role needs)."""
+        keys = self.roles.get(role)
+        if keys is None:
+            return self
+        return self.model_copy(update={"access_key": keys.access_key, "secret_key": keys.secret_key, "roles": {}})
 
 
 class DatabaseConfig(_Section):
@@ -282,4 +308,6 @@ def _toml_value(v: object) -> str:
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(v, list):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):  # an inline table; keys are the model's plain names
+        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + "}"
     raise TypeError(f"cannot write {type(v).__name__} to TOML")

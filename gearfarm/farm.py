@@ -20,9 +20,10 @@ from typing import Any
 from gearfarm import config as config_mod
 from gearfarm import probe, process
 from gearfarm.catalog import Catalog
-from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig, ProjectConfig
+from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig, ProjectConfig, S3Keys
 from gearfarm.gearman import admin
 from gearfarm.gearmand import Gearmand
+from gearfarm.s3.keys import ROLE_WRITES
 from gearfarm.s3.minio import MinioServer
 
 log = logging.getLogger("gearfarm.farm")
@@ -63,13 +64,16 @@ class EmbeddedFarm:
     def config_path(self) -> Path:
         return self.state / "farm.toml"
 
-    def _previous_secrets(self) -> tuple[str, list[str]]:
-        """Keep MinIO's key and the signing keys across nightlies: the bucket and the
-        history persist in the state directory, so must the credentials."""
+    def _previous_secrets(self) -> tuple[str, list[str], dict[str, S3Keys]]:
+        """Keep MinIO's keys (the root's and each worker role's) and the signing keys across
+        nightlies: the bucket and the history persist in the state directory, so must the
+        credentials."""
+        roles = {role: S3Keys(access_key=f"gearfarm-{role}", secret_key=secrets.token_hex(20))
+                 for role in ROLE_WRITES}
         if self.config_path.exists():
             old = config_mod.load(self.config_path)
-            return old.s3.secret_key, old.farm.secrets
-        return secrets.token_hex(20), [secrets.token_hex(32)]
+            return old.s3.secret_key, old.farm.secrets, {**roles, **old.s3.roles}
+        return secrets.token_hex(20), [secrets.token_hex(32)], roles
 
     def start(self, cats: Catalog | list[Catalog], targets: list[str] | None = None,
               roles: tuple[str, ...] = ("build", "test"), perf: bool = False) -> Config:
@@ -86,7 +90,7 @@ class EmbeddedFarm:
                perf: bool) -> Config:
         self.state.mkdir(parents=True, exist_ok=True)
         stop_from_state(self.state)  # a farm left by --keep or a crash would hold the queue
-        s3_secret, hmac_keys = self._previous_secrets()
+        s3_secret, hmac_keys, role_keys = self._previous_secrets()
         self.gearmand = Gearmand(self.state / "gearmand", queue_db=self.state / "gearmand" / "queue.db",
                                  job_retries=self.job_retries)
         self.gearmand.start()
@@ -97,12 +101,13 @@ class EmbeddedFarm:
             probes = {role: pool.submit(probe.servable, cats, role, perf_targets if role == "perf" else wanted)
                       for role in roles + (("perf",) if perf else ())}
             self.minio = MinioServer(self.state / "minio", secret_key=s3_secret).start()
+            self.minio.add_role_users(role_keys)
             servable = {role: f.result() for role, f in probes.items()}
         host, port = self.gearmand.address
         self.cfg = Config(
             projects=self.projects,
             gearman=GearmanConfig(servers=[f"{host}:{port}"]),
-            s3=self.minio.s3_config(),
+            s3=self.minio.s3_config().model_copy(update={"roles": role_keys}),
             database=DatabaseConfig(url=f"sqlite:///{self.state / 'results.db'}"),
             farm=FarmConfig(repo=str(self.repo), state_dir=str(self.state), secrets=hmac_keys,
                             no_worker_wait=30.0, slots=self.slots, sandbox=self.sandbox),

@@ -94,3 +94,35 @@ def cancel(run_id: str, target: str | None = None, step: str | None = None) -> s
     if target is None or step is None:
         return f"runs/{_part(run_id)}/cancel.json"
     return f"runs/{_part(run_id)}/{_part(target)}/{_part(step)}/cancel.json"
+
+
+# -- who may touch what: each worker role's MinIO user gets exactly this (s3/minio.py) ----
+
+# Object patterns under the bucket ('*' spans '/'). Every worker role reads the whole
+# bucket (sources, catalogs, artifacts, cancel markers); each writes only its own steps'
+# files, and only builds write artifacts. The collector takes results over Gearman and may
+# read the runs' files. The nightly and the dashboard use the farm's own [s3] keys.
+ROLE_WRITES: dict[str, tuple[str, ...]] = {
+    "build": ("artifacts/*", "runs/*/build/*"),
+    "test": ("runs/*/test-*",),
+    "perf": ("runs/*/perf-*",),
+    "collector": (),
+}
+ROLE_READS: dict[str, tuple[str, ...]] = {"build": ("*",), "test": ("*",), "perf": ("*",), "collector": ("runs/*",)}
+
+
+def role_policy(bucket: str, role: str) -> dict[str, object]:
+    """The S3 policy (IAM JSON) of ``role``'s MinIO user on ``bucket``."""
+    if role not in ROLE_WRITES:
+        raise ValueError(f"no S3 policy for role {role!r}; roles: {', '.join(ROLE_WRITES)}")
+    arn = f"arn:aws:s3:::{bucket}"
+    statements: list[dict[str, object]] = [
+        # Listing is needed for a missing key to answer 404 rather than 403.
+        {"Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetBucketLocation"], "Resource": [arn]},
+        {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [f"{arn}/{p}" for p in ROLE_READS[role]]},
+    ]
+    if ROLE_WRITES[role]:
+        statements.append({"Effect": "Allow", "Action": ["s3:PutObject", "s3:AbortMultipartUpload",
+                                                           "s3:ListMultipartUploadParts"],
+                           "Resource": [f"{arn}/{p}" for p in ROLE_WRITES[role]]})
+    return {"Version": "2012-10-17", "Statement": statements}

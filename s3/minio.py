@@ -8,31 +8,39 @@ With ``certs_dir`` (holding ``public.crt`` and ``private.key``, e.g. from
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import secrets
 import shutil
 import ssl
 import subprocess
+import tempfile
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import quote
 
 from gearfarm import process
-from gearfarm.config import S3Config
+from gearfarm.config import S3Config, S3Keys
 from gearfarm.net import free_port
+from gearfarm.s3.keys import role_policy
 
 
 class MinioError(RuntimeError):
     pass
 
 
-def find_binary() -> str:
+def find_binary(name: str = "minio") -> str:
+    """MinIO's server (``minio``) or client (``mc``), as s3/install-minio.bash built them."""
     cache = Path(os.environ.get("GEARFARM_CACHE", Path.home() / ".cache" / "gearfarm"))
-    for cand in (os.environ.get("GEARFARM_MINIO"), str(cache / "bin" / "minio"), shutil.which("minio")):
+    override = os.environ.get("GEARFARM_MINIO") if name == "minio" else os.environ.get("GEARFARM_MC")
+    for cand in (override, str(cache / "bin" / name), shutil.which(name)):
         if cand and Path(cand).exists():
             return cand
-    raise MinioError("MinIO server binary not found; run 'make setup' (it builds MinIO into "
-                     f"{cache}/bin) or set GEARFARM_MINIO")
+    raise MinioError(f"MinIO's {name} binary not found; run 'make setup' (it builds MinIO and mc into "
+                     f"{cache}/bin) or set {'GEARFARM_MINIO' if name == 'minio' else 'GEARFARM_MC'}")
 
 
 class MinioServer:
@@ -116,6 +124,20 @@ class MinioServer:
 
         ArtifactStore(self.s3_config(), retry_for=30).ensure_bucket()
 
+    def add_role_users(self, roles: dict[str, S3Keys]) -> None:
+        """Give each worker role its own MinIO user (make_role_users). Accounts live in
+        MinIO's data, so a restart with the same keys and policies makes none."""
+        marker = self.state_dir / "role-users.json"
+        wanted = {role: [k.access_key, hashlib.sha256(k.secret_key.encode()).hexdigest(),
+                         role_policy(self.bucket, role)] for role, k in roles.items()}
+        try:
+            if json.loads(marker.read_text()) == wanted:
+                return
+        except (OSError, ValueError):
+            pass
+        make_role_users(self.s3_config(), roles)
+        marker.write_text(json.dumps(wanted))
+
     def stop(self) -> None:
         if self.proc is not None:
             process.stop(self.proc)
@@ -126,3 +148,38 @@ class MinioServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def make_role_users(admin: S3Config, roles: dict[str, S3Keys]) -> None:
+    """Make each role's MinIO user on the MinIO ``admin`` reaches (with an admin's keys): a
+    service account of that admin with the role's policy inline (gearfarm.s3.keys.role_policy),
+    one ``mc`` call per role, in parallel. A user that exists is made again with these keys and
+    this policy."""
+    mc = find_binary("mc")
+    scheme, rest = admin.endpoint.split("://", 1)
+    with tempfile.TemporaryDirectory(prefix="gearfarm-mc-") as tmp:
+        # The admin keys go to mc in its environment (MC_HOST_<alias>), never on a command line.
+        env = dict(os.environ, MC_HOST_farm=f"{scheme}://{quote(admin.access_key, safe='')}:"
+                                            f"{quote(admin.secret_key, safe='')}@{rest}")
+        if admin.ca_bundle:
+            env["SSL_CERT_FILE"] = admin.ca_bundle
+
+        def make(role: str, keys: S3Keys) -> None:
+            policy = Path(tmp) / f"{role}.json"
+            policy.write_text(json.dumps(role_policy(admin.bucket, role)))
+            common = ["--config-dir", str(Path(tmp) / f"mc-{role}"), "--json"]
+            add = [mc, "admin", "user", "svcacct", "add", "farm", admin.access_key, "--access-key",
+                   keys.access_key, "--secret-key", keys.secret_key, "--policy", str(policy), *common]
+            p = subprocess.run(add, env=env, capture_output=True, text=True, timeout=60)
+            if p.returncode != 0 and "already taken" in p.stdout + p.stderr:
+                # Made before with other keys or another policy: replace it.
+                subprocess.run([mc, "admin", "user", "svcacct", "rm", "farm", keys.access_key, *common],
+                               env=env, capture_output=True, timeout=60)
+                p = subprocess.run(add, env=env, capture_output=True, text=True, timeout=60)
+            if p.returncode != 0:
+                raise MinioError(f"cannot make the {role} role's MinIO user {keys.access_key} at {admin.endpoint}: "
+                                 f"{(p.stdout + p.stderr).strip()[-500:]}")
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            for f in [pool.submit(make, role, keys) for role, keys in roles.items()]:
+                f.result()

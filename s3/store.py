@@ -87,9 +87,14 @@ class ArtifactStore:
                 return fn()
             except ClientError as e:
                 code = e.response.get("Error", {}).get("Code", "")
-                # A failed precondition is an answer, not an outage: retrying cannot change it.
-                if code in ("NoSuchKey", "404", "NoSuchBucket", "AccessDenied", "InvalidAccessKeyId",
-                            "SignatureDoesNotMatch", "PreconditionFailed", "412"):
+                # A refusal is an answer, not an outage: retrying cannot change it.
+                if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "Forbidden"):
+                    raise StoreError(
+                        f"S3 at {self.cfg.endpoint} refused to {what} for access key {self.cfg.access_key!r} "
+                        f"({code}): a worker role's user may do only what the role does "
+                        "(gearfarm.s3.keys.ROLE_WRITES); otherwise check the keys in the config") from e
+                # Nor is a missing key or a failed precondition, which callers look for.
+                if code in ("NoSuchKey", "404", "NoSuchBucket", "PreconditionFailed", "412"):
                     raise
                 err: Exception = e
             except SSLError as e:

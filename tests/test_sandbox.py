@@ -1,8 +1,9 @@
-"""Least privilege for jobs (issue #15): a build or a suite is the project's code, and a commit
+"""Least privilege (issue #15): a build or a suite is the project's code, and a commit
 can be hostile. A project whose build and suite go looking for the farm's secrets runs on a
 real embedded farm (gearmand, MinIO, workers): every attempt fails, and none of the secrets
 shows up in what the job could print. The same project on a farm with ``sandbox = "none"`` does
-find them, so the test can fail."""
+find them, so the test can fail. And each worker role's MinIO user can do only what the role
+does: with the test role's keys no artifact can be written."""
 
 from __future__ import annotations
 
@@ -15,8 +16,11 @@ import pytest
 from gearfarm import catalog as catalog_mod
 from gearfarm import config as config_mod
 from gearfarm import process
-from gearfarm.config import ProjectConfig
+from gearfarm.config import ProjectConfig, S3Keys
 from gearfarm.farm import EmbeddedFarm
+from gearfarm.s3 import keys
+from gearfarm.s3.minio import MinioServer
+from gearfarm.s3.store import ArtifactStore, StoreError
 from gearfarm.sandbox import Sandbox, SandboxError
 from tests.farmkit import gearfarm
 from tests.projects import _init
@@ -165,3 +169,69 @@ def test_a_sandbox_that_cannot_start_stops_the_worker_with_the_fix(monkeypatch: 
     with pytest.raises(SandboxError, match="apt-get install bubblewrap"):
         Sandbox("bwrap").check()
     Sandbox("none").check()  # unconfined on purpose needs nothing
+
+
+def test_each_role_s3_user_can_do_only_what_its_role_does(tmp_path: Path) -> None:
+    """Per-role MinIO users with the policies of gearfarm.s3.keys, on a real MinIO: with the
+    test role's keys no artifact (or source, catalog, build log) can be written, while the test
+    role reads artifacts and writes its own step's files."""
+    roles = {r: S3Keys(access_key=f"t-{r}", secret_key=f"{r}-secret-0123456789") for r in keys.ROLE_WRITES}
+    with MinioServer(tmp_path / "minio") as minio:
+        minio.add_role_users(roles)
+        base = minio.s3_config().model_copy(update={"roles": roles})
+        farm_store = ArtifactStore(base, retry_for=0)
+        art = keys.artifact("a" * 40, "linux-x86_64", "tc1")
+        farm_store.put_bytes(art, b"the real artifact")
+        store = {r: ArtifactStore(base.for_role(r), retry_for=0, attempts=1) for r in roles}
+        run = "20261123-engine-aaaa"
+        writes = {  # key: roles that may write it
+            keys.artifact("b" * 40, "linux-x86_64", "tc1"): {"build"},
+            keys.manifest("b" * 40, "linux-x86_64", "tc1"): {"build"},
+            keys.source("c" * 40): set(),
+            keys.catalog("d" * 64): set(),
+            keys.project_latest("engine"): set(),
+            keys.job_file(run, "linux-x86_64", "build", "log.txt"): {"build"},
+            keys.job_file(run, "linux-x86_64", "test-unit", "log.txt"): {"test"},
+            keys.result(run, "linux-x86_64", "test-unit", 1, "e" * 64): {"test"},
+            keys.job_file(run, "linux-x86_64", "perf-oltp", "log.txt"): {"perf"},
+            keys.report(run, "html"): set(),
+            keys.cancel(run): set(),
+        }
+        for key, allowed in writes.items():
+            for role, s in store.items():
+                if role in allowed:
+                    s.put_bytes(key, b"ok")
+                else:
+                    with pytest.raises(StoreError, match="AccessDenied"):
+                        s.put_bytes(key, b"forged")
+        assert farm_store.get_bytes(art) == b"the real artifact"
+        assert not farm_store.exists(keys.source("c" * 40)) and not farm_store.exists(keys.report(run, "html"))
+        # Reading: workers read everything they need; the collector only the runs' files.
+        for role in ("build", "test", "perf"):
+            assert store[role].get_bytes(art) == b"the real artifact"
+            assert not store[role].exists(keys.source("f" * 40))  # a missing key is a 404, not a 403
+        with pytest.raises(StoreError, match="AccessDenied"):
+            store["collector"].get_bytes(art)
+        assert store["collector"].get_bytes(keys.job_file(run, "linux-x86_64", "test-unit", "log.txt")) == b"ok"
+        # Wrong keys are refused outright.
+        bogus = ArtifactStore(base.model_copy(update={"secret_key": "wrong-secret-123"}), retry_for=0, attempts=1)
+        with pytest.raises(StoreError):
+            bogus.put_bytes(keys.artifact("9" * 40, "linux-x86_64", "tc1"), b"forged")
+
+
+def test_store_roles_makes_the_users_and_prints_their_config(tmp_path: Path) -> None:
+    with MinioServer(tmp_path / "minio") as minio:
+        admin = tmp_path / "admin.toml"
+        config_mod.dump(config_mod.Config(s3=minio.s3_config()), admin)
+        p = gearfarm("store", "roles", "--config", str(admin), "--roles", "test", timeout=120)
+        assert p.returncode == 0, p.stderr
+        section = config_mod.tomllib.loads(p.stdout)["s3"]["roles"]
+        assert set(section) == {"test"}
+        cfg = config_mod.Config(s3=minio.s3_config().model_copy(update={"roles": {
+            "test": S3Keys(**section["test"])}}))
+        test_store = ArtifactStore(cfg.s3.for_role("test"), retry_for=0, attempts=1)
+        test_store.put_bytes(keys.job_file("r1", "linux-x86_64", "test-unit", "log.txt"), b"mine")
+        with pytest.raises(StoreError, match="AccessDenied"):
+            test_store.put_bytes(keys.artifact("a" * 40, "linux-x86_64", "tc"), b"forged")
+        bad = gearfarm("store", "roles", "--config", str(admin), "--roles", "janitor", timeout=60)
+        assert bad.returncode != 0 and "give some of build, test, perf, collector" in bad.stderr

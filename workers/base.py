@@ -47,7 +47,12 @@ class Context:
         self.spool = self.state / "spool" / f"{socket.gethostname()}-{role}"
         # Job directories, one owner directory per worker process (gearfarm.process.job_dir).
         self.work = self.state / "work"
-        self.store = ArtifactStore(cfg.s3)
+        # The role's own MinIO user: a build may write artifacts, a test may not (s3.keys).
+        self.s3 = cfg.s3.for_role(role)
+        if role not in cfg.s3.roles:
+            log.warning("no [s3.roles.%s] keys in the config: the %s role uses the farm's own S3 keys, which "
+                        "allow more than it needs", role, role)
+        self.store = ArtifactStore(self.s3)
         self.client = gearman_client(cfg)
         self.host = host.fingerprint()
         # Builds and tests share the host; a perf job has it to itself while it measures.
@@ -165,7 +170,7 @@ class Context:
         """For looks that must not wait out an outage: the heartbeat's check for a cancel (its
         thread is the job's lease; five minutes of S3 retries would cost the job its lease).
         Made on first use: a boto3 client is tens of milliseconds of a worker's start."""
-        return ArtifactStore(self.cfg.s3, retry_for=0.0, attempts=1)
+        return ArtifactStore(self.s3, retry_for=0.0, attempts=1)
 
     def cancelled(self, p: Payload, quick: bool = False) -> bool:
         """Whether a person cancelled the job or its run (the markers gearfarm web writes)."""

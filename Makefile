@@ -10,12 +10,12 @@ CACHE ?= $(or $(GEARFARM_CACHE),$(HOME)/.cache/gearfarm)
 DEB_PACKAGES := gearman-job-server gearman-tools libgearman-dev build-essential git \
 	zlib1g-dev gcc-i686-linux-gnu gcc-aarch64-linux-gnu mingw-w64 libz-mingw-w64-dev \
 	qemu-user wine wine64 stunnel4 postgresql postgresql-client python3-venv valgrind \
-	procps iproute2 cmake chromium systemd bubblewrap
+	procps iproute2 cmake chromium systemd bubblewrap libxml2-utils
 # Foreign architectures only so `apt-get download` can fetch their zlib (see cross-zlib).
 FOREIGN_ARCHS := i386 arm64
 
 .PHONY: setup test test-fast lint engine engine-test clean farm-stop screenshots
-setup: .setup/debian.stamp .setup/cross-zlib.stamp .setup/minio.stamp .setup/venv.stamp
+setup: .setup/debian.stamp .setup/cross-zlib.stamp .setup/minio.stamp .setup/venv.stamp .setup/junit-xsd.stamp
 
 # Checks first and calls apt only for what is missing, so a ready machine downloads nothing.
 # Recommended packages are kept: wine and qemu were tested with them.
@@ -63,6 +63,22 @@ PIP_INSTALL = $(PY) -m pip install -q --disable-pip-version-check -r requirement
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@$(PIP_INSTALL) || { echo "setup: the virtualenv is broken; recreating $(VENV)" >&2; \
 	  rm -rf $(VENV) && python3 -m venv $(VENV) && $(PIP_INSTALL); }
+	@touch $@
+
+# The schema Jenkins' xUnit plugin validates JUnit files against (junit-10.xsd), for the test
+# that the farm's JUnit loads in Jenkins. pytest's source release carries a copy for its own
+# tests: fetched from PyPI at a pinned version and sha256 into the cache, never committed.
+JUNIT_XSD_FROM := pytest==9.0.1
+JUNIT_XSD_SHA256 := 3e9c069ea73583e255c3b21cf46b8d3c56f6e3a1a8f6da94ccb0fcf57b9d73c8
+.setup/junit-xsd.stamp: .setup/venv.stamp
+	@mkdir -p .setup $(CACHE)
+	@test -s $(CACHE)/junit-10.xsd || { tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	  $(PY) -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: -d "$$tmp" $(JUNIT_XSD_FROM) && \
+	  echo "$(JUNIT_XSD_SHA256)  $$(ls "$$tmp"/*.tar.gz)" | sha256sum -c --quiet && \
+	  tar -xzf "$$tmp"/*.tar.gz -C "$$tmp" --wildcards '*/testing/example_scripts/junit-10.xsd' && \
+	  cp "$$tmp"/*/testing/example_scripts/junit-10.xsd $(CACHE)/junit-10.xsd.tmp && \
+	  mv $(CACHE)/junit-10.xsd.tmp $(CACHE)/junit-10.xsd; } \
+	  || { echo "error: cannot fetch Jenkins' JUnit schema from PyPI ($(JUNIT_XSD_FROM)); run make setup again" >&2; exit 2; }
 	@touch $@
 
 # The whole suite: engine suites natively, lint, then every Python test (integration included).

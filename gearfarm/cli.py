@@ -100,10 +100,12 @@ def main(verbose: bool) -> None:
               help="Embedded farm: build and test jobs run at once (default: one per core).")
 @click.option("--no-worker-wait", type=float, help="Seconds before a job with no worker is recorded so.")
 @click.option("--deadline", type=float, help="Seconds by which the run must end.")
+@click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Also copy each run's report, JUnit XML and logs to DIR/<run id>/ (e.g. a Jenkins workspace).")
 def nightly_cmd(config_path: str | None, project_names: str | None, rev: str | None, targets: str | None,
                 suites: str | None, benchmarks: str | None, run_id: str | None, seed: int, repo: Path | None,
                 state_dir: Path | None, keep: bool, slots: int | None, no_worker_wait: float | None,
-                deadline: float | None) -> None:
+                deadline: float | None, report_dir: Path | None) -> None:
     """Run a whole nightly: every project's build on every target, tests, collect, one report."""
     from gearfarm import nightly
 
@@ -167,7 +169,7 @@ def nightly_cmd(config_path: str | None, project_names: str | None, rev: str | N
     if deadline is not None:
         cfg.farm.run_deadline = deadline
     try:
-        code = _run_nightly(cfg, todo, seed)
+        code = _run_nightly(cfg, todo, seed, report_dir)
     finally:
         if farm is not None and not keep:
             farm.stop()
@@ -208,7 +210,8 @@ def _check_known(loaded: list[nightly.Loaded], targets: list[str] | None, suites
                                    f"known {kind}: {', '.join(sorted(known)) or 'none'}")
 
 
-def _run_nightly(cfg: Config, todo: list[tuple[nightly.Loaded, str, nightly.Selection]], seed: int) -> int:
+def _run_nightly(cfg: Config, todo: list[tuple[nightly.Loaded, str, nightly.Selection]], seed: int,
+                 report_dir: Path | None = None) -> int:
     import importlib
     import threading
 
@@ -289,6 +292,14 @@ def _run_nightly(cfg: Config, todo: list[tuple[nightly.Loaded, str, nightly.Sele
     for run in runs:
         click.echo(report.render_text(reports[run.run_id]))
         click.echo(f"report: {paths[run.run_id]['html']}")
+        if report_dir is not None:
+            import shutil
+
+            try:
+                shutil.copytree(paths[run.run_id]["html"].parent, report_dir / run.run_id, dirs_exist_ok=True)
+                click.echo(f"report copied to {report_dir / run.run_id}")
+            except OSError as e:
+                problems.append(f"cannot copy the report of {run.run_id} to {report_dir}: {e}")
     for _, p in plans:
         builds = [r for r in by_run[p.run_id] if r.kind == "build"]
         click.echo(f"project {p.project}: moved {p.source_bytes} bytes of source and "

@@ -203,6 +203,12 @@ class FarmConfig(_Section):
     sandbox: str = Field(default="bwrap", pattern=r"^(bwrap|none)$")
     # Read-only trees jobs may see besides /usr and /etc, for toolchains installed elsewhere.
     sandbox_readonly: list[str] = Field(default_factory=list)
+    # Directories every job may write besides its own, e.g. a ccache the builds share (a job
+    # can then leave things there for the next one: share only what is meant to be shared).
+    sandbox_shared: list[str] = Field(default_factory=list)
+    # Names of variables of the worker's environment that jobs get (e.g. CCACHE_DIR); nothing
+    # else of it reaches them.
+    sandbox_env: list[str] = Field(default_factory=list)
 
 
 class Config(_Section):

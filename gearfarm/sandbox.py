@@ -62,6 +62,10 @@ class Sandbox:
     hidden: tuple[Path, ...] = field(default_factory=tuple)
     # Extra read-only trees for toolchains that live outside /usr (e.g. /opt/cross).
     readonly: tuple[Path, ...] = field(default_factory=tuple)
+    # Directories every job may write besides its own (e.g. a ccache shared by the builds).
+    shared: tuple[Path, ...] = field(default_factory=tuple)
+    # Variables of the worker's environment passed on besides ENV_PASSED (e.g. CCACHE_DIR).
+    env_names: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -69,7 +73,8 @@ class Sandbox:
 
     def environment(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """The base environment of a job's command: ENV_PASSED from this process, then ``extra``."""
-        env = {k: v for k, v in os.environ.items() if k in ENV_PASSED or k.startswith(ENV_PREFIXES)}
+        env = {k: v for k, v in os.environ.items()
+               if k in ENV_PASSED or k in self.env_names or k.startswith(ENV_PREFIXES)}
         env.setdefault("PATH", os.defpath)
         env.update(extra or {})
         return env
@@ -82,6 +87,7 @@ class Sandbox:
         dirs = [Path(p).resolve() for p in writable]
         if "WINEPREFIX" in env:
             dirs.append(Path(env["WINEPREFIX"]).resolve())
+        dirs += [d for d in self.shared if d.is_dir()]
         out_env = dict(env)
         if dirs:
             out_env["HOME"] = str(dirs[0])
@@ -155,7 +161,8 @@ def for_config(cfg: Config) -> Sandbox:
     worker that cannot confine its jobs refuses to start rather than run them with its keys in
     reach."""
     box = Sandbox(cfg.farm.sandbox, tuple(cfg.secret_files()),
-                  tuple(cfg.path(p) for p in cfg.farm.sandbox_readonly))
+                  tuple(cfg.path(p) for p in cfg.farm.sandbox_readonly),
+                  tuple(cfg.path(p) for p in cfg.farm.sandbox_shared), tuple(cfg.farm.sandbox_env))
     box.check()
     if box.mode == "none":
         log.warning("jobs run unconfined ([farm] sandbox = \"none\"): a hostile commit can read this "

@@ -285,7 +285,9 @@ class LabFarm:
         from gearfarm.s3.minio import MinioServer
 
         self.base, self.procs = base, []  # type: ignore[var-annotated]
-        self.token = base / "flaky.token"
+        # Jobs run confined: the token's directory and variable are shared with them on purpose.
+        (base / "flaky").mkdir()
+        self.token = base / "flaky" / "flaky.token"
         self.gearmand = Gearmand(base / "gearmand").start()
         self.minio = MinioServer(base / "minio").start()
         host, port = self.gearmand.address
@@ -294,7 +296,8 @@ class LabFarm:
                           mail=MailConfig(host="127.0.0.1", port=smtp_port, sender="farm@example.org",
                                           recipients=["dev@example.org", "qa@example.org"], retries=1),
                           farm=FarmConfig(repo=str(repo), state_dir=str(base / "state"), secrets=["k" * 32],
-                                          no_worker_wait=30.0))
+                                          no_worker_wait=30.0, sandbox_shared=[str(base / "flaky")],
+                                          sandbox_env=["GFE_FLAKY_TOKEN"]))
         self.config = base / "lab.toml"
         dump(self.cfg, self.config)
 

@@ -14,7 +14,7 @@ DEB_PACKAGES := gearman-job-server gearman-tools libgearman-dev build-essential 
 # Foreign architectures only so `apt-get download` can fetch their zlib (see cross-zlib).
 FOREIGN_ARCHS := i386 arm64
 
-.PHONY: setup test test-fast lint engine engine-test clean farm-stop screenshots
+.PHONY: setup test test-fast lint engine engine-test clean farm-stop screenshots images
 setup: .setup/debian.stamp .setup/cross-zlib.stamp .setup/minio.stamp .setup/venv.stamp .setup/junit-xsd.stamp
 
 # Checks first and calls apt only for what is missing, so a ready machine downloads nothing.
@@ -80,6 +80,35 @@ JUNIT_XSD_SHA256 := 3e9c069ea73583e255c3b21cf46b8d3c56f6e3a1a8f6da94ccb0fcf57b9d
 	  mv $(CACHE)/junit-10.xsd.tmp $(CACHE)/junit-10.xsd; } \
 	  || { echo "error: cannot fetch Jenkins' JUnit schema from PyPI ($(JUNIT_XSD_FROM)); run make setup again" >&2; exit 2; }
 	@touch $@
+
+# Container images of the lab's roles (docs/lab.md, "Images"), built with podman. No registry is
+# reachable here, so the debian:bookworm base is made locally with debootstrap (its root
+# filesystem is cached, so a second machine sharing the cache imports it in seconds).
+PODMAN ?= podman
+export CONTAINERS_CONF ?= $(CURDIR)/docker/containers.conf
+DEBIAN_MIRROR ?= http://deb.debian.org/debian
+BASE_TAR := $(CACHE)/debian-bookworm-minbase.tar
+# The host's CA bundle, lent to build steps that fetch over HTTPS (an egress proxy's CA).
+HOST_CA ?= $(firstword $(wildcard /etc/ssl/certs/ca-certificates.crt))
+# Docker format: OCI images drop HEALTHCHECK.
+BUILD = $(PODMAN) build -q --format docker --network host $(if $(HOST_CA),-v $(HOST_CA):/run/host-ca.crt:ro)
+images: .setup/minio.stamp
+	@command -v $(PODMAN) >/dev/null || { echo "error: $(PODMAN) not found: apt-get install podman runc debootstrap" >&2; exit 2; }
+	@if ! $(PODMAN) image exists docker.io/library/debian:bookworm; then \
+	  if [ ! -s $(BASE_TAR) ]; then \
+	    echo "images: making the debian:bookworm base with debootstrap (no registry needed)"; \
+	    root=$$(mktemp -d) && trap 'rm -rf "$$root"' EXIT && \
+	    debootstrap --variant=minbase bookworm "$$root" $(DEBIAN_MIRROR) >/dev/null && \
+	    tar -C "$$root" -cf $(BASE_TAR).tmp . && mv $(BASE_TAR).tmp $(BASE_TAR) || exit 2; \
+	  fi; \
+	  $(PODMAN) import -q $(BASE_TAR) docker.io/library/debian:bookworm >/dev/null || exit 2; \
+	fi
+	@ctx=$$(mktemp -d) && trap 'rm -rf "$$ctx"' EXIT && cp -L $(CACHE)/bin/minio $(CACHE)/bin/mc "$$ctx"/ && \
+	  $(BUILD) -t localhost/gearfarm-minio -f docker/Dockerfile.minio "$$ctx" >/dev/null
+	$(BUILD) -t localhost/gearfarm-gearmand -f docker/Dockerfile.gearmand .
+	$(BUILD) -t localhost/gearfarm-base -f docker/Dockerfile.base .
+	$(BUILD) -t localhost/gearfarm-worker -f docker/Dockerfile.worker .
+	@$(PODMAN) images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep gearfarm
 
 # The whole suite: engine suites natively, lint, then every Python test (integration included).
 test: setup

@@ -673,7 +673,9 @@ def store_roles_cmd(config_path: str | None, role_names: str) -> None:
 @main.command("status")
 @click.option("--config", "config_path")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
-def status_cmd(config_path: str | None, state_dir: Path | None) -> None:
+@click.option("--job-servers", is_flag=True,
+              help="Only the job servers (a worker host's health check: it has no database to read).")
+def status_cmd(config_path: str | None, state_dir: Path | None, job_servers: bool) -> None:
     """gearmand's queues and workers per function, the runs in progress, and the result
     records the ledger rejected (forged, unknown job, malformed)."""
     from rich.table import Table
@@ -700,6 +702,10 @@ def status_cmd(config_path: str | None, state_dir: Path | None) -> None:
             ids = sorted({w.client_id for w in workers if fn in w.functions})
             t.add_row(fn, str(fns[fn].queued), str(fns[fn].running), str(fns[fn].workers), " ".join(ids))
         out.print(t)
+    if job_servers:
+        if not answered:
+            _fail(f"no gearmand answered (tried {', '.join(cfg.gearman.servers)})")
+        return
     db = ResultsDB(cfg.database.url)
     t = Table(title="runs")
     for col in ("run", "project", "rev", "state", "done", "expected", "failed"):

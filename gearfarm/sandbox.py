@@ -98,7 +98,7 @@ class Sandbox:
 
     def _bwrap(self, writable: list[Path], cwd: Path) -> list[str]:
         args = [find_bwrap(), "--unshare-all", "--die-with-parent", "--new-session",
-                "--uid", UNPRIVILEGED, "--gid", UNPRIVILEGED, "--hostname", "gearfarm-job"]
+                "--uid", UNPRIVILEGED, "--gid", UNPRIVILEGED]
         # First: what is mounted later (a toolchain or a job directory under /tmp) must not be
         # covered by the empty /tmp.
         args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
@@ -143,9 +143,9 @@ class Sandbox:
             raise SandboxError(
                 f"bubblewrap cannot confine jobs on this host ({p.stderr.strip() or f'exit {p.returncode}'}). "
                 "Jobs would be able to read this worker's keys. Fix: allow unprivileged user namespaces "
-                "(sysctl kernel.unprivileged_userns_clone=1; in a container, run it with --security-opt "
-                "seccomp=unconfined or give it a user namespace), or set [farm] sandbox = \"none\" to run "
-                "jobs unconfined on purpose")
+                "(sysctl kernel.unprivileged_userns_clone=1); in a container, let it mount a /proc of its own "
+                "(podman run --security-opt unmask=ALL, docker run --security-opt systempaths=unconfined); or "
+                "set [farm] sandbox = \"none\" to run jobs unconfined on purpose")
 
 
 def find_bwrap() -> str:

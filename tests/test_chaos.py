@@ -461,11 +461,13 @@ def test_collector_killed_mid_run_loses_no_result(farm: EmbeddedFarm) -> None:
     kills = held = 0
     target = int(SIZE["collector_kills"])
     for trial in range(2 * target + 2):
-        if kills >= target:
+        if held >= target:
             break
         watch = StartWatch(farm.state / "logs")
         with Nightly(farm.config_path, f"coll{trial}") as run:
-            while kills < target:
+            # Counted by kills with a result waiting: a job quick enough to be collected before
+            # the SIGSTOP landed leaves nothing queued, and that kill proves less.
+            while held < target:
                 if watch.next(run, run.run_id) is None:
                     break
                 victim = farm.procs["collector"].pid  # type: ignore[attr-defined]
@@ -484,7 +486,7 @@ def test_collector_killed_mid_run_loses_no_result(farm: EmbeddedFarm) -> None:
     view.count(tally)
     tally.report("collector-kill-9", kills=kills, kills_with_result_waiting=held,
                  restarts=farm.restarts.get("collector", 0))
-    assert kills == target and held == kills
+    assert held == target and kills >= held
 
 
 def test_postgresql_restarted_mid_run_loses_no_result(farm: EmbeddedFarm, pg_server: PostgresServer,  # noqa: F811

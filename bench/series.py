@@ -26,12 +26,23 @@ when there is one, is on night STEP_AT = 60), with the farm's side information f
   exactly 1 (the same binary on both sides); only u_t is left. A spike in the values is a bad
   night of the host and does not show in the ratio. Night 0 has no ratio (None).
 * ratio_se[t]: se, the standard error of log(ratios[t]) the farm reports with it.
+* ref_ratios[t]: the third side of the night's runs (issue #12): night t's build against the
+  target's reference build, a build the farm pins and keeps for REF_NIGHTS nights (Chromium's perf
+  bots run a pinned reference build beside every test for the same reason), then re-pins to the
+  last good build of that night. The pins fall every REF_NIGHTS nights from a phase drawn per
+  series (a re-pin is not aligned with anything the code does). reference[t] is the night whose
+  build was the reference (the series' first build before the first re-pin). The same runs of
+  night t's build serve both sides, so the ratio's noise shares their part with ratios[t]: with
+  per-side run noise of variance se^2/2, log ref_ratio_t = B_t - B_ref + e_T - e_R (B the build's
+  level: it moves only on nights whose build changed) has standard error se and correlation 1/2
+  with log ratio_t. ref_se[t] = se. Night 0 has none.
 
 Everything is a pure function of the seed.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +53,7 @@ KINDS = ("gaussian", "heavy", "outliers", "drift")
 NOISES = (0.01, 0.03)
 STEPS = (0.02, 0.03, 0.05, 0.10)
 UNCHANGED_P = 0.3
+REF_NIGHTS = 28
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,9 @@ class Series:
     unchanged: list[bool]
     ratios: list[float | None]
     ratio_se: list[float | None]
+    ref_ratios: list[float | None]
+    ref_se: list[float | None]
+    reference: list[int | None]
 
     @property
     def step_at(self) -> int | None:
@@ -98,5 +113,25 @@ def make_series(kind: str, noise: float, step: float, seed: tuple[int, ...]) -> 
     ratios: list[float | None] = [None]
     for t in range(1, n):
         ratios.append(float(np.exp(u[t - 1] + (0.0 if unchanged[t] else true_log_ratio[t - 1]))))
+    # The reference side draws from a stream of its own, so values, unchanged and ratios stay
+    # what they were before it existed (and with them Otava's figures).
+    ref_rng = np.random.default_rng([*seed, 1 + KINDS.index(kind), int(round(noise * 1e4)),
+                                     int(round(abs(step) * 1e4)), 2])
+    build = log_level + drift
+    for t in range(1, n):
+        if unchanged[t]:
+            build[t] = build[t - 1]
+    phase = int(ref_rng.integers(1, REF_NIGHTS + 1))
+    reference: list[int | None] = [None]
+    ref_ratios: list[float | None] = [None]
+    for t in range(1, n):
+        pins = [p for p in range(phase, t + 1, REF_NIGHTS)]
+        ref = pins[-1] - 1 if pins else 0
+        # e_T given e_T - e_G = u (both of variance se^2/2): mean u/2, variance se^2/4.
+        e_t = u[t - 1] / 2 + ref_rng.normal(0.0, se / 2)
+        e_r = ref_rng.normal(0.0, se / math.sqrt(2))
+        reference.append(ref)
+        ref_ratios.append(float(np.exp(build[t] - build[ref] + e_t - e_r)))
     return Series(kind=kind, noise=noise, step=signed, values=np.exp(y).tolist(), unchanged=unchanged,
-                  ratios=ratios, ratio_se=[None] + [se] * (n - 1))
+                  ratios=ratios, ratio_se=[None] + [se] * (n - 1), ref_ratios=ref_ratios,
+                  ref_se=[None] + [se] * (n - 1), reference=reference)

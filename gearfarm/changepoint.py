@@ -168,7 +168,10 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
            paired_ratios: Sequence[float | None] | None = None,
            min_persist: int = DEFAULT_MIN_PERSIST,
            paired_se: Sequence[float | None] | None = None,
-           unchanged: Sequence[bool] | None = None) -> list[ChangePoint]:
+           unchanged: Sequence[bool] | None = None,
+           reference_ratios: Sequence[float | None] | None = None,
+           reference_se: Sequence[float | None] | None = None,
+           reference: Sequence[object | None] | None = None) -> list[ChangePoint]:
     """Change points of `values` (oldest first, one per night), oldest first.
 
     None/NaN nights are skipped (indices still refer to `values`). Values must be positive.
@@ -176,6 +179,11 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
     night's build, run interleaved on one host; `paired_se[i]` the standard error of its log
     (None = unknown: estimated from the ratios' spread). `unchanged[i]` is True when night i's build
     is identical to night i-1's: no regime can start on such a night.
+    `reference_ratios[i]` is night i's build against the reference build `reference[i]` (any
+    hashable naming it; None = not measured), measured in the same interleaved runs, with
+    `reference_se[i]` the standard error of its log: nights that share a reference form a second
+    series of the build's level with the host's noise cancelled, so a step is measured by every
+    night on either side of it, not by its first night's ratio alone.
     """
     if min_persist < 1:
         raise ValueError("min_persist must be >= 1")
@@ -197,12 +205,37 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
     else:
         fill = np.isnan(se) & ~np.isnan(lr)
         se[fill] = max(sigma, _SE_FLOOR)  # no se and too few ratios to estimate one: a night's noise
+    ref = _Reference.of(idx, reference_ratios, reference_se, reference, sigma)
+    if lr is None and ref is not None:
+        # The paired ratios' roles (confirm, veto, the young searches' level) fall to the
+        # reference series; where it cannot measure a step (a reference's first night) there
+        # is no ratio.
+        lr, se = np.full(len(idx), np.nan), np.full(len(idx), np.nan)
+
+    def ratio_side(taus: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The builds' own measurement of a step at each of `taus` (window [lo, hi)): its log
+        size, standard error (inf: none) and whether it comes from the reference series. The
+        reference series' step (every night of the window that shares the reference) where it has
+        nights on both sides, else the night's paired ratio."""
+        has = np.zeros(len(taus), dtype=bool) if lr is None else ~np.isnan(lr[taus])
+        r = np.where(has, 0.0 if lr is None else lr[taus], 0.0)
+        s = np.where(has, 1.0 if se is None else se[taus], np.inf)
+        if ref is None:
+            return r, s, np.zeros(len(taus), dtype=bool)
+        dq, vq = ref.step(taus, lo, hi)
+        use = ~np.isnan(dq)
+        return np.where(use, dq, r), np.where(use, np.sqrt(np.where(use, vq, 1.0)), s), use
 
     def confirmed(k: int, d: float) -> bool:
-        """The paired ratio of night k says, on its own, that a regime moving by `d` starts there."""
-        if lr is None or not can_start[k] or math.isnan(lr[k]):
+        """The builds' measurement of a step on night k alone (its paired ratio, or the reference
+        series' jump that night) says that a regime moving by `d` starts there."""
+        if lr is None or not can_start[k]:
             return False
-        return lr[k] * d > 0 and abs(lr[k]) >= _CONFIRM_Z * se[k]
+        one = np.array([k])
+        r, s, _ = ratio_side(one, np.array([0]), one + 1)
+        if not math.isfinite(s[0]):
+            return False
+        return r[0] * d > 0 and abs(r[0]) >= _CONFIRM_Z * s[0]
 
     # Persistence: the newest night, if it jumps away from the night before, may be a one-night
     # spike or the first night of a new regime; hold it back until tomorrow tells which (unless a
@@ -232,14 +265,17 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
         return dy / dd, 1 / dd
 
     def stat(a: int, b: int, taus: np.ndarray, cap: int, rcap: int, ratios: bool,
-             support: bool = False, trend: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+             support: bool = False, trend: bool = False,
+             reference: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Signed standardised change z, its estimate d (log) and whether the paired ratio
         contradicts it, for regimes starting at `taus` in y[a:b]: the difference of the values'
         means on either side (at most `cap` nights before and `rcap` after, 0 = all) over the pooled
         within-regime SD of the split (a two-sample t statistic), combined with the paired ratio of
-        the night where one exists (precision-weighted: two measurements of one step) if `ratios`;
-        a contradicting ratio vetoes the position either way, and so does, if `trend`, a step that
-        a straight line through the window explains (_TREND_Z)."""
+        the night where one exists (precision-weighted: two measurements of one step) if `ratios`,
+        and with the reference series' step always (it measures an old regime as well as a young
+        one); a contradicting ratio vetoes the position either way, and so does, if `trend`, a step
+        that a straight line through the window explains (_TREND_Z). Also returns where the
+        builds' measurement came from the reference series."""
         lo = np.maximum(a, taus - cap) if cap else np.full(len(taus), a)
         hi = np.minimum(b, taus + rcap) if rcap else np.full(len(taus), b)
         n1, n2 = taus - lo, hi - taus
@@ -249,10 +285,10 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
         ssw = (c2[taus] - c2[a]) - sl * sl / na + (c2[b] - c2[taus]) - sr * sr / nb
         s2 = np.maximum(ssw / (b - a - 2), _SIGMA_FLOOR**2)
         var = s2 * (1 / n1 + 1 / n2)
-        has = np.zeros(len(taus), dtype=bool) if lr is None else ~np.isnan(lr[taus])
         # A night without a ratio: r = 0 with an infinite standard error, i.e. no weight.
-        r = np.where(has, 0.0 if lr is None else lr[taus], 0.0)
-        s = np.where(has, 1.0 if se is None else se[taus], np.inf)
+        r, s, from_ref = ratio_side(taus, lo, hi)
+        has = np.isfinite(s)
+        weigh = has if ratios else from_ref & reference
         # The values moved but the builds, measured side by side, did not (or the other way
         # round): whatever moved is not a change of the build on that night.
         veto = has & (np.abs(dv - r) > _VETO_Z * np.sqrt(var + s**2))
@@ -264,14 +300,22 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
             # is not a step), combined with the night's paired ratio where the search uses it.
             dt, vt = trend_step(lo, hi, taus)
             vt = vt * s2
-            w = 1 / s**2 if ratios else np.zeros(len(taus))
-            zt = (dt / vt + r * w) / np.sqrt(1 / vt + w)
+            # The builds' measurement, with the same line through the reference series' window
+            # where it comes from there (a reference too short for a line has no say).
+            rt, st2 = r, s**2
+            if ref is not None and from_ref.any():
+                qt, qv = ref.trend_step(taus, lo, hi)
+                rt = np.where(from_ref, np.nan_to_num(qt), r)
+                st2 = np.where(from_ref, np.where(np.isnan(qv), np.inf, qv), st2)
+            w = np.where(weigh & np.isfinite(st2), 1 / st2, 0.0)
+            zt = (dt / vt + rt * w) / np.sqrt(1 / vt + w)
             veto |= (np.sign(zt) != np.sign(dv)) | (np.abs(zt) < _TREND_Z)
-        if lr is None or not ratios:
-            return dv / np.sqrt(var), dv, veto
-        prec = 1 / var + 1 / s**2
-        d = (dv / var + r / s**2) / prec
-        return d * np.sqrt(prec), d, veto
+        if not weigh.any():
+            return dv / np.sqrt(var), dv, veto, from_ref
+        w = np.where(weigh, 1 / s**2, 0.0)
+        prec = 1 / var + w
+        d = (dv / var + r * w) / prec
+        return d * np.sqrt(prec), d, veto, from_ref
 
     def q_of(taus: np.ndarray) -> int | None:
         """Quantised 2 log2(sigma / se) of the positions, for the null (None: no ratios there)."""
@@ -300,7 +344,8 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
             return None
         taus = np.arange(b - right_max, b - right_min + 1)
         # The paired ratios inform the young tiers: an old regime's step is measured by its nights.
-        z, _, veto = stat(a, b, taus, cap, rcap, young, young and tier in _SUPPORT_TIERS, tier in _TREND_TIERS)
+        z, _, veto, from_ref = stat(a, b, taus, cap, rcap, young, young and tier in _SUPPORT_TIERS,
+                                    tier in _TREND_TIERS)
         ok = can_start[taus] & ~veto
         if only is not None:
             ok &= taus == only
@@ -316,7 +361,10 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
         if right_max - right_min < _MASK_MAX:
             mask = sum(1 << k for k in range(right_max - right_min + 1) if can_start[b - right_min - k])
         null_len = min(length, max(_NULL_LENGTH, right_max + cap + 2))
-        p = _p_max(float(abs(z[j])), null_len, right_min, right_max, cap, q_of(taus), mask)
+        # A step measured by the reference series is a two-sample statistic of a second series
+        # of the same shape as the values': the values' null. A night's own ratio is an
+        # independent draw per position: the null with a ratio at every position.
+        p = _p_max(float(abs(z[j])), null_len, right_min, right_max, cap, q_of(taus[~from_ref]), mask)
         if mask == -1:
             # A larger tier's null counts every position; its tail scales nearly with the number
             # of positions that could start a regime, so scale it by the allowed fraction.
@@ -333,11 +381,12 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
             if only is not None and k != only:
                 continue
             taus = np.array([k])
-            z, _, veto = stat(a, n, taus, _LEFT, 0, False, trend=-2 in _TREND_TIERS)
+            z, _, veto, _ = stat(a, n, taus, _LEFT, 0, False, trend=-2 in _TREND_TIERS, reference=False)
             zv = float(z[0])
             if veto[0] or not confirmed(k, zv) or abs(zv) < _SHORT_Z:
                 continue
-            zr = abs(float(lr[k] / se[k]))
+            r, s, _ = ratio_side(taus, np.array([a]), np.array([n]))
+            zr = abs(float(r[0] / s[0]))
             p = 2 * float(stats.t.sf(abs(zv), n - a - 2)) * float(stats.norm.sf(zr))
             if best is None or p < best[1]:
                 best = (k, p)
@@ -496,6 +545,116 @@ def _ratios(idx: list[int], paired_ratios: Sequence[float | None] | None,
         se[have & np.isnan(se)] = spread
         se[have] = np.maximum(se[have], _SE_SPREAD * spread)
     return lr, se
+
+
+@dataclass(frozen=True)
+class _Reference:
+    """The nights' log ratios against a reference build, per present night, as prefix sums
+    within each run of nights that share one reference (a span): a step's size on either side of
+    it is measured only against the same reference."""
+
+    sums: np.ndarray  # prefix sums of the log ratios (0 where missing)
+    counts: np.ndarray  # prefix counts of nights with a ratio
+    variances: np.ndarray  # prefix sums of their squared standard errors
+    start: np.ndarray  # first night of each night's span (-1: no reference that night)
+    end: np.ndarray  # one past its last night
+    ksums: np.ndarray  # prefix sums of k, k*k and k*log ratio over the nights with a ratio
+    k2sums: np.ndarray
+    kqsums: np.ndarray
+
+    @classmethod
+    def of(cls, idx: list[int], ratios: Sequence[float | None] | None, ses: Sequence[float | None] | None,
+           refs: Sequence[object | None] | None, sigma: float) -> _Reference | None:
+        if ratios is None or refs is None:
+            return None
+        m = len(idx)
+        q, qs = np.full(m, np.nan), np.full(m, np.nan)
+        who: list[object | None] = [None] * m
+        for k, i in enumerate(idx):
+            r = ratios[i] if i < len(ratios) else None
+            w = refs[i] if i < len(refs) else None
+            if w is None or r is None or not (r > 0 and math.isfinite(r)):
+                continue
+            q[k], who[k] = math.log(r), w
+            e = ses[i] if ses is not None and i < len(ses) else None
+            if e is not None and e > 0 and math.isfinite(e):
+                qs[k] = max(float(e), _SE_FLOOR)
+        have = ~np.isnan(q)
+        if not have.any():
+            return None
+        start, end = np.full(m, -1), np.full(m, -1)
+        diffs: list[np.ndarray] = []
+        k = 0
+        while k < m:
+            e = k + 1
+            if who[k] is not None:
+                while e < m and who[e] == who[k]:
+                    e += 1
+                start[k:e], end[k:e] = k, e
+                diffs.append(np.diff(q[k:e]))
+            k = e
+        # A missing standard error: the scatter of the spans' night-to-night differences (a step
+        # moves one of them), each the difference of two nights' errors.
+        d = np.concatenate(diffs)
+        spread = _MAD_TO_SD * float(np.median(np.abs(d - np.median(d)))) / math.sqrt(2) if len(d) >= _MIN_RATIOS \
+            else sigma
+        qs[have & np.isnan(qs)] = max(spread, _SE_FLOOR)
+        ks = np.arange(m, dtype=float)
+        qz = np.where(have, q, 0.0)
+
+        def prefix(v: np.ndarray) -> np.ndarray:
+            return np.concatenate(([0.0], np.cumsum(v)))
+
+        return cls(sums=prefix(qz), counts=np.concatenate(([0], np.cumsum(have))),
+                   variances=prefix(np.where(have, qs * qs, 0.0)), start=start, end=end,
+                   ksums=prefix(np.where(have, ks, 0.0)), k2sums=prefix(np.where(have, ks * ks, 0.0)),
+                   kqsums=prefix(ks * qz))
+
+    def _window(self, taus: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Each tau's window clipped to its span: (usable, start, tau, end, nights before, after)."""
+        taus = np.asarray(taus)
+        n = len(self.start)
+        t = np.minimum(taus, n - 1)
+        ok = (taus < n) & (self.start[t] >= 0)
+        a = np.where(ok, np.maximum(lo, self.start[t]), 0)
+        b = np.where(ok, np.minimum(hi, self.end[t]), 0)
+        tt = np.where(ok, taus, 0)
+        n1 = self.counts[tt] - self.counts[a]
+        n2 = self.counts[b] - self.counts[tt]
+        return ok & (n1 > 0) & (n2 > 0), a, tt, b, np.maximum(n1, 1), np.maximum(n2, 1)
+
+    def step(self, taus: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Log size of a step at each of `taus` measured in windows [lo, hi) of the reference series
+        (the mean after minus the mean before, both within tau's span) and its variance; NaN where
+        the span has no night with a ratio on one side."""
+        ok, a, tt, b, n1, n2 = self._window(taus, lo, hi)
+        d = (self.sums[b] - self.sums[tt]) / n2 - (self.sums[tt] - self.sums[a]) / n1
+        v = (self.variances[b] - self.variances[tt]) / n2**2 + (self.variances[tt] - self.variances[a]) / n1**2
+        return np.where(ok, d, np.nan), np.where(ok, v, np.nan)
+
+    def trend_step(self, taus: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The same step fitted together with one straight line through the window (least squares
+        on the nights that have a ratio): a slow drift of the builds shows in this series too, and
+        only what the line cannot explain is a step. NaN where the window cannot fit both."""
+        ok, a, tt, b, _, n2 = self._window(taus, lo, hi)
+        ok &= self.counts[b] - self.counts[a] >= 4
+        xtx = np.empty((len(tt), 3, 3))
+        xty = np.empty((len(tt), 3))
+        c, k1, k2 = self.counts, self.ksums, self.k2sums
+        right0, right1 = (c[b] - c[tt]).astype(float), k1[b] - k1[tt]
+        xtx[:, 0] = np.stack([c[b] - c[a], k1[b] - k1[a], right0], axis=1)
+        xtx[:, 1] = np.stack([k1[b] - k1[a], k2[b] - k2[a], right1], axis=1)
+        xtx[:, 2] = np.stack([right0, right1, right0], axis=1)
+        xty[:, 0] = self.sums[b] - self.sums[a]
+        xty[:, 1] = self.kqsums[b] - self.kqsums[a]
+        xty[:, 2] = self.sums[b] - self.sums[tt]
+        det = np.linalg.det(xtx)
+        ok &= np.abs(det) > 1e-9
+        xtx[~ok] = np.eye(3)
+        inv = np.linalg.inv(xtx)
+        d = np.einsum("ij,ij->i", inv[:, 2], xty)
+        noise = (self.variances[b] - self.variances[a]) / np.maximum(c[b] - c[a], 1)
+        return np.where(ok, d, np.nan), np.where(ok, inv[:, 2, 2] * noise, np.nan)
 
 
 def _p_max(z: float, length: int, right_min: int, right_max: int, cap: int = 0, q: int | None = None,

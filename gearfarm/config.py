@@ -198,6 +198,9 @@ class FarmConfig(_Section):
     # Seconds a benchmark lets its host's builds and tests go first (it takes the host when
     # none runs); past it, new ones wait for the benchmark (gearfarm/hostlock.py).
     perf_patience: float = Field(default=600.0, ge=0)
+    # Nights a target's reference build stays pinned before the last good build replaces it (the
+    # perf jobs' third side: docs/performance.md, "The reference build"); 0: no reference.
+    reference_nights: int = Field(default=28, ge=0, le=366)
     # How workers confine a job's commands (gearfarm/sandbox.py): "bwrap" (bubblewrap; the
     # worker refuses to start if it cannot) or "none" (unconfined, on purpose).
     sandbox: str = Field(default="bwrap", pattern=r"^(bwrap|none)$")

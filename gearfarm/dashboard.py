@@ -266,13 +266,16 @@ def perf_series(db: ResultsDB, project: str, target: str, host_class: str, bench
     for i, (rid, rev, values) in enumerate(rows):
         new = values.get("new", [])
         night = Paired.of(values.get("ratio", []))
+        ref = Paired.of(values.get("ref_ratio", []))
         ci = night.interval() if night.k else None
         points.append({
             "index": i, "run_id": rid, "rev": rev, "created_at": when.get(rid),
             "value": statistics.median(new) if new else None, "runs": len(new),
             "low": min(new) if new else None, "high": max(new) if new else None,
             "pairs": night.k, "ab_change": math.expm1(night.mean) if night.k else None,
-            "ab_low": ci[0] if ci else None, "ab_high": ci[1] if ci else None})
+            "ab_low": ci[0] if ci else None, "ab_high": ci[1] if ci else None,
+            # Against the target's pinned reference build (gearfarm.perf), when it ran one.
+            "ref_change": math.expm1(ref.mean) if ref.k else None})
     at = {p["run_id"]: p["index"] for p in points}
     by_rev = {p["rev"]: p["index"] for p in points}
     changes = [triage.as_dict(g) for g in triage.listing(

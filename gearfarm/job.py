@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gearfarm.seal import SealError, seal, unseal
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 Kind = Literal["build", "test", "perf"]
 KINDS: tuple[str, ...] = ("build", "test", "perf")
 COLLECT_FUNCTION = "collect"
@@ -109,7 +109,7 @@ class Artifact:
 class Payload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    schema_version: Literal[3] = SCHEMA_VERSION
+    schema_version: Literal[4] = SCHEMA_VERSION
     kind: Kind
     run_id: str = Field(pattern=_RUN_ID)
     project: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")
@@ -130,6 +130,12 @@ class Payload(BaseModel):
     baseline_rev: str | None = Field(default=None, pattern=_HEX40)
     baseline_key: str | None = Field(default=None, max_length=512)
     baseline_sha256: str | None = Field(default=None, pattern=_SHA256)
+    # perf (and its build): the target's pinned reference build, run as a third side beside the
+    # two above (gearfarm.reference): every night measured against one build, so a step shows in
+    # every night after it, not only in its first night's pairs.
+    reference_rev: str | None = Field(default=None, pattern=_HEX40)
+    reference_key: str | None = Field(default=None, max_length=512)
+    reference_sha256: str | None = Field(default=None, pattern=_SHA256)
     seed: int = Field(default=1, ge=0, lt=2**31)
     attempt: int = Field(default=1, ge=1, le=100)
     submitted_at: float
@@ -174,20 +180,27 @@ class Payload(BaseModel):
             return Artifact(self.baseline_key, self.baseline_sha256, self.baseline_rev)
         return None
 
+    @property
+    def reference(self) -> Artifact | None:
+        if self.reference_key and self.reference_sha256 and self.reference_rev:
+            return Artifact(self.reference_key, self.reference_sha256, self.reference_rev)
+        return None
+
 
 def make_payload(job: JobId, *, source: Source, deadline: float, attempt: int = 1, seed: int = 1,
                  suites: Sequence[str] = (), benchmarks: Sequence[str] = (), artifact: Artifact | None = None,
-                 baseline: Artifact | None = None) -> Payload:
+                 baseline: Artifact | None = None, reference: Artifact | None = None) -> Payload:
     """Every payload the farm sends (build, test, perf; first attempts, resubmissions, re-runs)
     is made here, so no path can drop a field another path sets. A build carries what its
     dependents need (suites, benchmarks, baseline); a test or perf job carries its artifact;
-    only perf jobs carry the baseline they are paired with."""
+    only perf jobs carry the baseline and the reference they are measured against."""
     kind = job.kind
     if kind == "build" and artifact is not None:
         raise ValueError("a build payload names no artifact")
     if kind != "build" and artifact is None:
         raise ValueError(f"a {kind} payload needs the artifact it runs on")
     base = baseline if kind in ("build", "perf") else None
+    ref = reference if kind in ("build", "perf") else None
     return Payload(
         kind=kind, run_id=job.run_id, project=source.project, rev=source.rev, source_sha256=source.sha256,
         catalog_sha256=source.catalog_sha256, target=job.target, name=job.name,
@@ -195,13 +208,16 @@ def make_payload(job: JobId, *, source: Source, deadline: float, attempt: int = 
         artifact_key=artifact.key if artifact else None, artifact_sha256=artifact.sha256 if artifact else None,
         baseline_rev=base.rev if base else None, baseline_key=base.key if base else None,
         baseline_sha256=base.sha256 if base else None,
+        reference_rev=ref.rev if ref else None, reference_key=ref.key if ref else None,
+        reference_sha256=ref.sha256 if ref else None,
         seed=seed, attempt=attempt, submitted_at=time.time(), deadline=deadline)
 
 
 def dependent(build: Payload, step: str, artifact: Artifact, attempt: int = 1) -> Payload:
     """The payload of a test or perf job of ``build``'s run and target."""
     return make_payload(JobId(build.run_id, build.target, step), source=build.source, deadline=build.deadline,
-                        attempt=attempt, seed=build.seed, artifact=artifact, baseline=build.baseline)
+                        attempt=attempt, seed=build.seed, artifact=artifact, baseline=build.baseline,
+                        reference=build.reference)
 
 
 def sign(payload: Payload, keys: list[str]) -> bytes:

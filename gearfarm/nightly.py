@@ -52,6 +52,8 @@ class Plan:
     deadline: float = 0.0
     # target -> the baseline build (last good), for paired perf runs.
     baselines: dict[str, Artifact] = field(default_factory=dict)
+    # target -> the pinned reference build, the perf jobs' third side (gearfarm.reference).
+    references: dict[str, Artifact] = field(default_factory=dict)
     # A re-run has no build step: target -> the build its test jobs run on.
     artifacts: dict[str, Artifact] = field(default_factory=dict)
     parent: str | None = None
@@ -93,9 +95,11 @@ class Plan:
         t = jid.target
         if jid.kind == "build":
             return make_payload(jid, source=self.source, deadline=self.deadline, attempt=attempt, seed=self.seed,
-                                suites=self.suites[t], benchmarks=self.benchmarks[t], baseline=self.baselines.get(t))
+                                suites=self.suites[t], benchmarks=self.benchmarks[t], baseline=self.baselines.get(t),
+                                reference=self.references.get(t))
         return make_payload(jid, source=self.source, deadline=self.deadline, attempt=attempt, seed=self.seed,
-                            artifact=artifact or self.artifacts.get(t), baseline=self.baselines.get(t))
+                            artifact=artifact or self.artifacts.get(t), baseline=self.baselines.get(t),
+                            reference=self.references.get(t))
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,11 @@ def submit(cfg: Config, db: ResultsDB, client: Client, p: Plan) -> bool:
                 base = db.last_good_build(p.project, t, p.rev)
                 if base is not None and base.artifact_key and base.artifact_sha256:
                     p.baselines[t] = Artifact(base.artifact_key, base.artifact_sha256, base.rev)
+                    ref = db.reference_build(p.project, t, cfg.farm.reference_nights)
+                    if ref is not None:
+                        p.references[t] = ref
+                    elif cfg.farm.reference_nights:
+                        p.references[t] = p.baselines[t]  # (re-)pinned tonight: the last good build
     created = db.create_run(p.run_id, p.rev, p.targets, [str(j) for j in p.expected],
                             notes={"suites": p.suites, "benchmarks": p.benchmarks, "seed": p.seed,
                                    "source_sha256": p.source.sha256, "source_uploaded_bytes": p.source_bytes},

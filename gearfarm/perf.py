@@ -58,9 +58,15 @@ def series_changes(db: ResultsDB, run: Run, target: str, host_class: str, benchm
     unchanged = [i > 0 and (series[i][0] == series[i - 1][0] or (
         records.get(rid) is not None and records[rid].baseline_identical is True
         and records[rid].baseline_rev == series[i - 1][0])) for i, rid in enumerate(run_ids)]
+    # Each night's build against the target's pinned reference: nights that share one form a
+    # second series of the build's level with the host's noise cancelled (gearfarm.changepoint).
+    refs = [Paired.of(v.get("ref_ratio", [])) for _, _, v in rows]
+    pinned = [records[rid].reference_rev if rid in records and refs[i].k else None for i, rid in enumerate(run_ids)]
     changes = [c for c in find_changes(series, higher, expected=expected,
                                        paired_ratios=[math.exp(n.mean) if n.k else None for n in nights],
-                                       paired_se=[n.se for n in nights], unchanged=unchanged)
+                                       paired_se=[n.se for n in nights], unchanged=unchanged,
+                                       reference_ratios=[math.exp(r.mean) if r.k else None for r in refs],
+                                       reference_se=[r.se for r in refs], reference=pinned)
                if not _contradicted(c, nights[c.index])]
     seen = {c.index for c in changes}
     revs = [rev for rev, _ in series]
@@ -148,6 +154,10 @@ def figures(db: ResultsDB, run: Run, records: list[ResultRecord] | None = None) 
         if night.k:
             fig["change"] = math.expm1(night.mean)
             fig["ci_low"], fig["ci_high"] = night.interval() or (None, None)
+        ref = Paired.of([s.value for s in rec.samples if s.metric == metric and s.variant == "ref_ratio"])
+        if ref.k and rec.reference_rev:
+            fig["reference_rev"] = rec.reference_rev
+            fig["reference_change"] = math.expm1(ref.mean)
         out.append(fig)
     return out
 

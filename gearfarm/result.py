@@ -43,8 +43,9 @@ class Sample(BaseModel):
     metric: str
     value: float
     repetition: int = 0
-    # "ratio" is new/baseline of one A/B pair: the paired measure of tonight's change.
-    variant: Literal["new", "baseline", "ratio"] = "new"
+    # "ratio" is new/baseline of one A/B pair: the paired measure of tonight's change;
+    # "ref_ratio" new/reference of the same runs: tonight's build against the pinned reference.
+    variant: Literal["new", "baseline", "reference", "ratio", "ref_ratio"] = "new"
 
 
 class CurveRecord(BaseModel):
@@ -101,6 +102,8 @@ class ResultRecord(BaseModel):
     baseline_identical: bool | None = None
     # Perf jobs: the revision of the build they were paired with (None: ran unpaired).
     baseline_rev: str | None = None
+    # Perf jobs: the revision of the reference build they were measured against (None: none).
+    reference_rev: str | None = None
     # Perf jobs: the curves the benchmark recorded while it ran (its catalog entry's curves).
     curves: list[CurveRecord] = Field(default_factory=list)
 

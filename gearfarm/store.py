@@ -41,6 +41,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, load_only, mapped_c
 from gearfarm import catalog as catalog_mod
 from gearfarm.catalog import Catalog, CatalogError
 from gearfarm.config import DEFAULT_PROJECT
+from gearfarm.job import Artifact
 from gearfarm.result import TERMINAL, ResultRecord
 
 log = logging.getLogger("gearfarm.store")
@@ -574,6 +575,37 @@ class ResultsDB:
             if (build is not None and build.status == "passed" and build.artifact_key and build.artifact_sha256
                     and all(r.status == "passed" for r in recs if r.kind == "test")):
                 return build
+        return None
+
+    def reference_build(self, project: str, target: str, nights: int) -> Artifact | None:
+        """The reference build ``target``'s perf jobs keep measuring against (the perf jobs' third
+        side, docs/performance.md): the one the newest nights used, while fewer than ``nights``
+        nights have used it and its build is on record; None when it is time to pin a new one (the
+        nightly then pins tonight's baseline) or ``nights`` is 0. A night that measured nothing
+        (its build failed) neither uses nor ends a reference."""
+        if nights <= 0:
+            return None
+        rev, used = None, 0
+        for run in self.runs_before(time.time(), project, target, limit=2 * nights + 10):
+            refs = {r.reference_rev for r in self.jobs(run.run_id)
+                    if r.target == target and r.kind == "perf" and r.reference_rev}
+            if not refs:
+                continue
+            if rev is None:
+                rev = sorted(refs)[0]
+            if rev not in refs:
+                break
+            used += 1
+            if used >= nights:
+                return None
+        if rev is None:
+            return None
+        for run in self.runs_before(time.time(), project, target, limit=400):
+            if run.rev != rev:
+                continue
+            build = next((r for r in self.jobs(run.run_id) if r.target == target and r.step == "build"), None)
+            if build is not None and build.status == "passed" and build.artifact_key and build.artifact_sha256:
+                return Artifact(build.artifact_key, build.artifact_sha256, rev)
         return None
 
     def annotate(self, benchmark: str, metric: str, target: str, rev: str, note: str) -> bool:

@@ -71,10 +71,26 @@ def test_a_20_percent_slower_commit_is_named_as_the_first_bad_revision(perf_farm
     assert counted and all(0.15 < e["change"] < 0.35 for e in counted), counted
     last = report_of(farm.state, "p9")
     assert last["headline"].startswith("1 performance regression")
-    # Paired A/B: the perf job ran tonight's build against the last good one.
+    # Paired A/B: the perf job ran tonight's build against the last good one, and against the
+    # reference build pinned on night 2 (night 1's, the last good build then) as a third side.
     job = next(j for j in last["jobs"] if j["step"] == "perf-iibench-quick")
     variants = {s["variant"] for s in job["samples"]}
-    assert variants == {"new", "baseline", "ratio"}
+    assert variants == {"new", "baseline", "reference", "ratio", "ref_ratio"}
+    assert job["baseline_rev"] == revs[8] and job["reference_rev"] == revs[1]
+    pinned = next(j for j in report_of(farm.state, "p2")["jobs"] if j["step"] == "perf-iibench-quick")
+    # Pinned tonight: the reference is the baseline, measured once, its pairs' ratios both ways.
+    assert pinned["reference_rev"] == pinned["baseline_rev"] == revs[1]
+    assert {s["variant"] for s in pinned["samples"]} == {"new", "baseline", "ratio", "ref_ratio"}
+
+    def ref_ratio(run_id: str) -> float:
+        rec = next(j for j in report_of(farm.state, run_id)["jobs"] if j["step"] == "perf-iibench-quick")
+        [r] = [s["value"] for s in rec["samples"] if s["variant"] == "ref_ratio" and s["metric"] == "instructions"]
+        return r
+
+    # Every night after the slow commit measures it again against the same reference.
+    assert all(abs(ref_ratio(f"p{n}") - 1) < 0.05 for n in range(2, 7))
+    assert all(1.15 < ref_ratio(f"p{n}") < 1.35 for n in (7, 8, 9))
+    assert any("vs reference" in f for f in [(farm.state / "runs" / "p9" / "report.txt").read_text()])
     html = (farm.state / "runs" / "p9" / "report.html").read_text()
     assert 'id="performance"' in html and "<svg" in html
     msg = email.message_from_bytes((farm.state / "runs" / "p9" / "report.eml").read_bytes(), policy=policy.default)

@@ -170,6 +170,43 @@ def test_the_last_good_build_is_the_projects_own(db_url: str) -> None:
     db.engine.dispose()
 
 
+def test_the_reference_build_stays_pinned_for_its_nights_then_is_replaced(db_url: str) -> None:
+    # issue #12: the perf jobs' third side. The nightly pins the last good build when there is no
+    # reference yet; the next nights keep it until `nights` nights have used it; a night whose
+    # build failed (no perf record) neither uses nor ends it; then it is time to pin anew.
+    db = ResultsDB(db_url)
+    ledger = Ledger(db)
+
+    def night(rid: str, at: float, reference: str | None, build_ok: bool = True) -> None:
+        jids = [f"{rid}:{T}:build"] + ([f"{rid}:{T}:perf-iibench"] if reference else [])
+        db.create_run(rid, rev_of(rid), [T], jids, created_at=at)
+        assert ledger.apply(ResultRecord(job_id=jids[0], run_id=rid, target=T, kind="build", step="build",
+                                         rev=rev_of(rid), status="passed" if build_ok else "failed",
+                                         artifact_key=f"artifacts/{rid}" if build_ok else None,
+                                         artifact_sha256="a" * 64 if build_ok else None), "collect") == "applied"
+        if reference:
+            assert ledger.apply(ResultRecord(job_id=jids[1], run_id=rid, target=T, kind="perf", step="perf-iibench",
+                                             name="iibench", rev=rev_of(rid), status="passed",
+                                             reference_rev=rev_of(reference)), "collect") == "applied"
+
+    assert db.reference_build("engine", T, 3) is None  # nothing pinned yet
+    night("r1", 1.0, None)
+    night("r2", 2.0, "r1")  # pinned tonight: r1's build
+    ref = db.reference_build("engine", T, 3)
+    assert ref is not None and (ref.rev, ref.key) == (rev_of("r1"), "artifacts/r1")
+    night("r3", 3.0, None, build_ok=False)
+    night("r4", 4.0, "r1")
+    assert db.reference_build("engine", T, 3) == ref
+    assert db.reference_build("engine", T, 0) is None  # no reference at all
+    night("r5", 5.0, "r1")  # the third night on r1
+    assert db.reference_build("engine", T, 3) is None
+    assert db.reference_build("engine", T, 4) == ref
+    night("r6", 6.0, "r5")
+    ref6 = db.reference_build("engine", T, 3)
+    assert ref6 is not None and ref6.rev == rev_of("r5")
+    db.engine.dispose()
+
+
 # ----------------------------------------------------------------------------- performance
 
 def _perf_run(db: ResultsDB, rid: str, at: float, project: str, value: float,

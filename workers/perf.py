@@ -1,6 +1,7 @@
 """The perf worker: run one catalog benchmark on tonight's artifact and, when the nightly names
 one, on the last good build of the same target, alternately (A B, B A, ...) on this host, as
-many pairs as the catalog's `repetitions` (5 by default). It measures alone: it holds the host
+many pairs as the catalog's `repetitions` (5 by default), and on the target's pinned reference
+build as a third side when it is another build (A B C, B C A, ...). It measures alone: it holds the host
 lock exclusive (gearfarm.hostlock) while the pairs run, so no build or test of any farm on the
 host runs beside it, and it records how quiet the host was (gearfarm.host.Activity). Every
 figure is reported as a sample with this host's fingerprint, and each A/B pair also as a
@@ -70,6 +71,21 @@ def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
                 note = f"the last good build {p.baseline_rev} cannot be used ({e}); running unpaired"
             with log_path.open("a") as f:
                 f.write(note + "\n")
+        # The reference: the baseline's own runs when it is the same build, else a third side.
+        ref_tree, ref_rev = None, None
+        if base_tree is not None and p.reference is not None:
+            if p.reference_rev == p.baseline_rev:
+                ref_tree, ref_rev = base_tree, p.reference_rev
+            else:
+                ref = p.model_copy(update={"rev": p.reference_rev, "artifact_key": p.reference_key,
+                                           "artifact_sha256": p.reference_sha256})
+                try:
+                    ref_tree, ref_rev = fetch_artifact(ctx, ref, tmpd / "ref", {}), p.reference_rev
+                    note = f"and with the reference build {p.reference_rev}"
+                except ArtifactError as e:
+                    note = f"the reference build {p.reference_rev} cannot be used ({e}); running without it"
+                with log_path.open("a") as f:
+                    f.write(note + "\n")
         same = identical(new_tree, base_tree) if base_tree is not None else None
         t0 = time.monotonic()
         quietness: dict[str, float] = {}
@@ -81,7 +97,7 @@ def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
                 ctx.started(p)
                 with activity:
                     _measure(cat, target, bench, p, new_tree, base_tree, tmpd, log_path, samples, ctx.sandbox,
-                             curves)
+                             curves, ref_tree)
         except step.BenchmarkFailed as e:
             status, message = e.status, str(e)
         quietness.update(activity.summary)
@@ -92,15 +108,18 @@ def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
                           samples=samples, curves=curves, message=message, quietness=quietness,
                           baseline_identical=same,
                           baseline_rev=p.baseline_rev if base_tree is not None else None,
+                          reference_rev=ref_rev,
                           log_tail="" if status == "passed" else process.log_tail(log_path, 40))
 
 
 def _measure(cat: Catalog, target: Target, bench: Benchmark, p: Payload, new_tree: Path, base_tree: Path | None,
              tmpd: Path, log_path: Path, samples: list[Sample], sandbox: Sandbox,
-             curves: list[CurveRecord] | None = None) -> None:
+             curves: list[CurveRecord] | None = None, ref_tree: Path | None = None) -> None:
     """The pairs, appended to ``samples`` as they come (a failure keeps the ones before it):
     `repetitions` of them, then, when the catalog sets a precision, more until every metric's
-    paired estimate is that precise (or `max_repetitions` ran)."""
+    paired estimate is that precise (or `max_repetitions` ran). With a reference build each
+    pair also runs it (a triple), and tonight's runs are divided by its runs too ("ref_ratio");
+    a reference that is the baseline's build gets the pair's own ratio."""
     rep = 0
     while rep < bench.repetitions or (base_tree is not None and rep < bench.most_pairs
                                       and not _precise(bench, samples)):
@@ -113,11 +132,16 @@ def _measure(cat: Catalog, target: Target, bench: Benchmark, p: Payload, new_tre
             new = step.run_benchmark(cat, target, bench, new_tree, tmpd, f"new{rep}", seed, log_path, sandbox, keep)
             samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep) for m, v in new.items()]
         else:
-            # A B, B A, A B ...: whichever side runs first in a pair (colder caches, a freshly
-            # unpacked binary) is not always the same one.
-            order = ("new", "base") if rep % 2 == 0 else ("base", "new")
-            got = {side: step.run_benchmark(cat, target, bench, new_tree if side == "new" else base_tree, tmpd,
-                                            f"{side}{rep}", seed, log_path, sandbox, keep,
+            # A B, B A, A B ... (A B C, B C A, C A B ... with a reference of its own): whichever
+            # side runs first (colder caches, a freshly unpacked binary) is not always the same.
+            trees = {"new": new_tree, "base": base_tree}
+            if ref_tree is not None and ref_tree != base_tree:
+                trees["ref"] = ref_tree
+            sides = list(trees)
+            k = rep % len(sides)
+            order = sides[k:] + sides[:k] if len(sides) == 3 else (sides if k == 0 else sides[::-1])
+            got = {side: step.run_benchmark(cat, target, bench, trees[side], tmpd, f"{side}{rep}", seed, log_path,
+                                            sandbox, keep if side != "ref" else None,
                                             "new" if side == "new" else "baseline") for side in order}
             new, old = got["new"], got["base"]
             samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep) for m, v in new.items()]
@@ -125,6 +149,13 @@ def _measure(cat: Catalog, target: Target, bench: Benchmark, p: Payload, new_tre
                         for m, v in old.items()]
             samples += [Sample(benchmark=p.name, metric=m, value=new[m] / old[m], repetition=rep, variant="ratio")
                         for m in new if old.get(m)]
+            if ref_tree is not None:
+                ref = got.get("ref", old)
+                if "ref" in got:
+                    samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep, variant="reference")
+                                for m, v in ref.items()]
+                samples += [Sample(benchmark=p.name, metric=m, value=new[m] / ref[m], repetition=rep,
+                                   variant="ref_ratio") for m in new if ref.get(m)]
         rep += 1
     if base_tree is not None and bench.precision is not None:
         with log_path.open("a") as f:

@@ -274,6 +274,13 @@ def load(path: str | os.PathLike[str]) -> Config:
     except ValidationError as e:
         raise ConfigError(f"config file {p} is invalid: {describe(e)}") from None
     cfg.source = str(p.resolve())
+    # A relative SQLite file is relative to the config's folder like every other path in it, not
+    # to wherever the command happened to run (a nightly started from a checkout left its
+    # results database in the checkout).
+    prefix = "sqlite:///"
+    db = cfg.database.url
+    if db.startswith(prefix) and not db[len(prefix):].startswith(("/", ":memory:")) and db[len(prefix):]:
+        cfg.database.url = prefix + str(cfg.path(db[len(prefix):]))
     return cfg
 
 

@@ -260,6 +260,20 @@ def test_config_errors_name_the_file_and_the_problem(tmp_path: Path) -> None:
         config.load(tmp_path / "typo.toml")
 
 
+def test_a_relative_results_database_is_beside_the_config_not_in_the_working_directory(tmp_path: Path) -> None:
+    # A lab config without [database] once left gearfarm.db in whatever folder the nightly ran in
+    # (a checkout: it was committed by accident).
+    from gearfarm import config
+
+    (tmp_path / "lab").mkdir()
+    (tmp_path / "lab" / "farm.toml").write_text("[farm]\n")
+    assert config.load(tmp_path / "lab" / "farm.toml").database.url == f"sqlite:///{tmp_path}/lab/gearfarm.db"
+    (tmp_path / "lab" / "farm.toml").write_text('[database]\nurl = "sqlite:///db/results.db"\n')
+    assert config.load(tmp_path / "lab" / "farm.toml").database.url == f"sqlite:///{tmp_path}/lab/db/results.db"
+    (tmp_path / "lab" / "farm.toml").write_text('[database]\nurl = "sqlite:////var/lib/gearfarm/r.db"\n')
+    assert config.load(tmp_path / "lab" / "farm.toml").database.url == "sqlite:////var/lib/gearfarm/r.db"
+
+
 def test_the_documented_catalogs_are_valid() -> None:
     """docs/projects.md's LMDB example (kept as docs/catalogs/lmdb.toml, the file the example
     lab config names) and the engine's own catalog both load."""

@@ -107,6 +107,12 @@ _CONFIRM_Z = 2.0
 # combined p-value to be at most alpha * _SHORT_ALPHA.
 _SHORT_Z = 3.0
 _SHORT_ALPHA = 1.0
+# The newest night alone is a new regime, without its paired ratio's _CONFIRM_Z, when its jump is
+# _JUMP_Z noise SDs, larger than every one-night deviation of at least _JUMP_HISTORY nights before
+# it, and the builds' measurement that night agrees by _JUMP_CONFIRM standard errors.
+_JUMP_Z = 4.0
+_JUMP_HISTORY = 20
+_JUMP_CONFIRM = 1.0
 # A paired ratio this many standard errors (of the difference) away from the values' step vetoes
 # the position: the builds, measured side by side, did not make that move. Heavy-tailed noise
 # (Student-t 3) raises false alarms whose values' step is 3-5 SDs while the ratio is within one
@@ -196,6 +202,7 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
     if n < 4:
         return []
     y = np.log(x)
+    raw_y = y
     can_start = _can_start(idx, unchanged)
     lr, se = _ratios(idx, paired_ratios, paired_se)
     sigma = float(_noise(y))
@@ -237,11 +244,34 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
             return False
         return r[0] * d > 0 and abs(r[0]) >= _CONFIRM_Z * s[0]
 
+    def unprecedented(k: int) -> tuple[float, float] | None:
+        """The newest night's jump from the level of the nights before it, when it is extreme
+        (_JUMP_Z noise SDs), larger than every such one-night deviation in the series' history
+        (at least _JUMP_HISTORY nights, spikes included: a series whose host has had nights that
+        wild cannot be judged by one night), and the builds' own measurement that night points
+        the same way (_JUMP_CONFIRM standard errors): (its z, the builds' z), else None. The
+        history is what makes one night enough: a 5-SD jump on a series that never jumped
+        that far is a new regime far more often than a spike of a kind it has never had."""
+        if lr is None or k != len(raw_y) - 1 or not can_start[k] or k < _LEFT + _JUMP_HISTORY:
+            return None
+        c = np.concatenate(([0.0], np.cumsum(raw_y)))
+        i = np.arange(_LEFT, k + 1)
+        dev = raw_y[i] - (c[i] - c[i - _LEFT]) / _LEFT
+        zj = float(dev[-1]) / (sigma * math.sqrt(1 + 1 / _LEFT))
+        if abs(zj) < _JUMP_Z or abs(dev[-1]) <= float(np.max(np.abs(dev[:-1]))):
+            return None
+        one = np.array([k])
+        r, sd, _ = ratio_side(one, np.array([0]), one + 1)
+        if not math.isfinite(sd[0]) or r[0] * zj <= 0 or abs(r[0]) < _JUMP_CONFIRM * sd[0]:
+            return None
+        return zj, abs(float(r[0] / sd[0]))
+
     # Persistence: the newest night, if it jumps away from the night before, may be a one-night
     # spike or the first night of a new regime; hold it back until tomorrow tells which (unless a
-    # paired A/B ratio already says it is real). Without it a spike would pass as a 2-night regime.
+    # paired A/B ratio already says it is real, or the jump is unprecedented). Without it a spike
+    # would pass as a 2-night regime.
     if min_persist >= 2 and abs(y[-1] - y[-2]) > _HOLD_Z * sigma * math.sqrt(2) \
-            and not confirmed(n - 1, y[-1] - y[-2]):
+            and not confirmed(n - 1, y[-1] - y[-2]) and unprecedented(n - 1) is None:
         n -= 1
     if n < 4:
         return []
@@ -383,11 +413,16 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
             taus = np.array([k])
             z, _, veto, _ = stat(a, n, taus, _LEFT, 0, False, trend=-2 in _TREND_TIERS, reference=False)
             zv = float(z[0])
-            if veto[0] or not confirmed(k, zv) or abs(zv) < _SHORT_Z:
+            if veto[0]:
                 continue
-            r, s, _ = ratio_side(taus, np.array([a]), np.array([n]))
-            zr = abs(float(r[0] / s[0]))
-            p = 2 * float(stats.t.sf(abs(zv), n - a - 2)) * float(stats.norm.sf(zr))
+            if confirmed(k, zv) and abs(zv) >= _SHORT_Z:
+                r, s, _ = ratio_side(taus, np.array([a]), np.array([n]))
+                zr = abs(float(r[0] / s[0]))
+                p = 2 * float(stats.t.sf(abs(zv), n - a - 2)) * float(stats.norm.sf(zr))
+            elif (jump := unprecedented(k)) is not None:
+                p = 2 * float(stats.norm.sf(abs(jump[0]))) * float(stats.norm.sf(jump[1]))
+            else:
+                continue
             if best is None or p < best[1]:
                 best = (k, p)
         return best

@@ -26,13 +26,20 @@ Method (docs/performance.md has the why and the comparison with Apache Otava):
   previous build (host noise cancels in it) is a second, independent measurement of a step that
   starts that night, combined with the values' step by precision, and it vetoes a position whose
   values moved while the builds, side by side, did not (2.5 standard errors of the difference).
+* The ratios against the target's pinned reference build (issue #12), when given: nights that
+  share a reference are a second series of the build's level with the host's noise cancelled; a
+  step's size in it (the nights after it against the nights before, within one reference, so a
+  re-pin is never a change) replaces the night's single ratio wherever it can be measured, in
+  every search, with the values' null (it is a two-sample statistic of the same shape).
 * A slow drift is not a step: outside the 9-20 night search, a position is vetoed unless its
   step, fitted together with one straight line through its window (and combined with the
   night's paired ratio where that search uses it), is at least 2 standard errors.
 * Young regimes (2-4, 5-8 and 9-20 nights old) are searched on their own, each with its share of
   alpha: a new regression is found within days instead of waiting to dominate a 60-night search.
 * A new regime at the end of the series must persist `min_persist` nights, unless the night's
-  paired A/B ratio (same host, tonight's build vs last good build) confirms the direction.
+  paired A/B ratio (same host, tonight's build vs last good build) confirms the direction, or
+  the night's jump is extreme (4 noise SDs), beyond every one-night deviation of the series'
+  history, and the builds agree: a series that never jumped that far has no spikes to fear.
 * Only changes of at least `min_change` (relative) are reported: significant but negligible moves
   are real, yet not worth a mail.
 

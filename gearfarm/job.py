@@ -131,7 +131,7 @@ class Payload(BaseModel):
     baseline_key: str | None = Field(default=None, max_length=512)
     baseline_sha256: str | None = Field(default=None, pattern=_SHA256)
     # perf (and its build): the target's pinned reference build, run as a third side beside the
-    # two above (gearfarm.reference): every night measured against one build, so a step shows in
+    # two above (ResultsDB.reference_build): every night measured against one build, so a step shows in
     # every night after it, not only in its first night's pairs.
     reference_rev: str | None = Field(default=None, pattern=_HEX40)
     reference_key: str | None = Field(default=None, max_length=512)

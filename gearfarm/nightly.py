@@ -52,7 +52,7 @@ class Plan:
     deadline: float = 0.0
     # target -> the baseline build (last good), for paired perf runs.
     baselines: dict[str, Artifact] = field(default_factory=dict)
-    # target -> the pinned reference build, the perf jobs' third side (gearfarm.reference).
+    # target -> the pinned reference build, the perf jobs' third side (ResultsDB.reference_build).
     references: dict[str, Artifact] = field(default_factory=dict)
     # A re-run has no build step: target -> the build its test jobs run on.
     artifacts: dict[str, Artifact] = field(default_factory=dict)

@@ -97,12 +97,29 @@ class EmbeddedFarm:
         wanted = targets or sorted({t for c in cats for t in c.targets})
         perf_targets = [t for t in wanted if any(c.targets[t].perf for c in cats if t in c.targets)]
         # The probes (compilers, emulators) run while MinIO starts; neither waits for the other.
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            probes = {role: pool.submit(probe.servable, cats, role, perf_targets if role == "perf" else wanted)
-                      for role in roles + (("perf",) if perf else ())}
-            self.minio = MinioServer(self.state / "minio", secret_key=s3_secret).start()
-            self.minio.add_role_users(role_keys)
-            servable = {role: f.result() for role, f in probes.items()}
+        # The roles' MinIO users (a second on a new state directory) are made while the workers
+        # start: no process touches S3 before its first job, and start() returns, so the first
+        # job is submitted, only once they exist.
+        background = ThreadPoolExecutor(max_workers=1)
+        try:
+            with ThreadPoolExecutor(max_workers=4) as pool:
+                probes = {role: pool.submit(probe.servable, cats, role, perf_targets if role == "perf" else wanted)
+                          for role in roles + (("perf",) if perf else ())}
+                self.minio = MinioServer(self.state / "minio", secret_key=s3_secret).start()
+                users = background.submit(self.minio.add_role_users, role_keys)
+                servable = {role: f.result() for role, f in probes.items()}
+            self._spawn_all(roles, perf, servable, hmac_keys, role_keys)
+            users.result()
+        finally:
+            background.shutdown(wait=True)
+        self.supervise()
+        return self.cfg
+
+    def _spawn_all(self, roles: tuple[str, ...], perf: bool, servable: dict[str, tuple[list[str], dict[str, str]]],
+                   hmac_keys: list[str], role_keys: dict[str, S3Keys]) -> None:
+        """Write the farm's config, then start the collector and the workers and wait until
+        every worker has registered."""
+        assert self.gearmand is not None and self.minio is not None
         host, port = self.gearmand.address
         self.cfg = Config(
             projects=self.projects,
@@ -131,8 +148,6 @@ class EmbeddedFarm:
             self.spawn("perf", ["worker", "--role", "perf", "--targets", ",".join(servable["perf"][0])])
         self._record()
         self.wait_ready(timeout=120)
-        self.supervise()
-        return self.cfg
 
     def wait_ready(self, timeout: float) -> None:
         """Wait until every spawned worker has registered, so the run's preflight reports

@@ -85,7 +85,8 @@ def main(verbose: bool) -> None:
 @click.option("--config", "config_path", help="Lab config (TOML); default: $GEARFARM_CONFIG, else embedded.")
 @click.option("--project", "project_names", help="Comma-separated projects to build (default: every configured one).")
 @click.option("--rev", help="Revision to build (default: each project's branch); needs one project.")
-@click.option("--targets", help="Comma-separated targets (default: all in each project's catalog).")
+@click.option("--targets", help="Comma-separated targets (default: each project's [[projects]] targets, else all "
+                                "in its catalog).")
 @click.option("--suites", help="Comma-separated suites (default: each target's list; 'none' for build only).")
 @click.option("--benchmarks", help="Comma-separated benchmarks for perf targets (default: all; 'none').")
 @click.option("--run-id", help="Run id (default: time, project and revision); needs one project. "
@@ -130,10 +131,12 @@ def nightly_cmd(config_path: str | None, project_names: str | None, rev: str | N
         stamp = time.strftime("%Y%m%d-%H%M%S")
         # Checked now, before anything starts; planned once the sources are in S3.
         todo: list[tuple[nightly.Loaded, str, nightly.Selection]] = []
+        wanted = _csv(targets)
         for lp in loaded:
+            # --targets, else the project's own [[projects]] targets, else all of its catalog's.
             narrowed = [_narrow(lp.catalog, kind, names, len(loaded) > 1)
-                        for kind, names in (("targets", _csv(targets)), ("suites", _csv(suites)),
-                                            ("benchmarks", _csv(benchmarks)))]
+                        for kind, names in (("targets", lp.targets if wanted is None else wanted),
+                                            ("suites", _csv(suites)), ("benchmarks", _csv(benchmarks)))]
             sel = nightly.select(lp.catalog, *narrowed)
             if sel.targets:
                 todo.append((lp, run_id or f"{stamp}-{lp.name}-{lp.rev[:12]}", sel))

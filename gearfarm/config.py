@@ -70,6 +70,9 @@ class S3Keys(_Section):
 
 class S3Config(_Section):
     endpoint: str = "http://127.0.0.1:9000"
+    # Further endpoints of the same storage (the other nodes of a distributed MinIO), tried in
+    # order when the one in use does not answer: one node down then costs no outage wait.
+    endpoints: list[str] = Field(default_factory=list)
     bucket: str = "gearfarm"
     # The farm's own keys: the nightly and the dashboard.
     access_key: str = "gearfarm"
@@ -81,6 +84,28 @@ class S3Config(_Section):
     # policy allows only what the role does (gearfarm.s3.keys.role_policy). A lab host lists
     # only the roles it runs.
     roles: dict[str, S3Keys] = Field(default_factory=dict)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"S3 endpoint {v!r} must start with http:// or https://")
+        return v
+
+    @field_validator("endpoints")
+    @classmethod
+    def _urls(cls, v: list[str], info: Any) -> list[str]:
+        seen = [info.data.get("endpoint")]
+        for e in v:
+            cls._url(e)
+            if e in seen:
+                raise ValueError(f"S3 endpoint {e!r} is listed twice (endpoint and endpoints are one list)")
+            seen.append(e)
+        return v
+
+    def endpoint_list(self) -> list[str]:
+        """Every endpoint of the storage, the one to use first first."""
+        return [self.endpoint, *self.endpoints]
 
     @field_validator("roles")
     @classmethod
@@ -155,6 +180,9 @@ class ProjectConfig(_Section):
     catalog: str | None = None
     # ... or a file beside this config, for repositories that cannot carry one.
     catalog_file: str | None = None
+    # The catalog's targets the farm builds (default: all): a lab with no worker for some of
+    # them names the others, so its nightly does not wait for workers that will never come.
+    targets: list[str] | None = None
 
     @field_validator("catalog_file")
     @classmethod
@@ -162,6 +190,19 @@ class ProjectConfig(_Section):
         if v is not None and info.data.get("catalog") is not None:
             raise ValueError("set catalog (a path in the repository) or catalog_file (a file beside the config), "
                              "not both")
+        return v
+
+    @field_validator("targets")
+    @classmethod
+    def _some_targets(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("targets lists no target: name some, or leave targets out to build every target "
+                             "of the catalog")
+        for t in v:
+            if v.count(t) > 1:
+                raise ValueError(f"target {t!r} is listed twice")
         return v
 
     @property

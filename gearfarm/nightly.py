@@ -111,6 +111,8 @@ class Loaded:
     rev: str
     catalog: Catalog
     catalog_text: str
+    # The project's [[projects]] targets, each defined by the catalog; None: all of them.
+    targets: list[str] | None = None
 
 
 def load_project(cfg: Config, project: ProjectConfig, rev: str | None = None) -> Loaded:
@@ -122,7 +124,13 @@ def load_project(cfg: Config, project: ProjectConfig, rev: str | None = None) ->
     except snapshot.SourceError as e:
         raise RunError(f"project {project.name}: {e}") from e
     text, origin = snapshot.catalog_text(cfg, project, repo, full)
-    return Loaded(project.name, repo, full, catalog_mod.parse(text, origin), text)
+    cat = catalog_mod.parse(text, origin)
+    for t in project.targets or []:
+        try:
+            cat.target(t)
+        except catalog_mod.CatalogError as e:
+            raise RunError(f"project {project.name}: [[projects]] targets: {e}") from e
+    return Loaded(project.name, repo, full, cat, text, project.targets)
 
 
 def prepare(store: ArtifactStore, loaded: Loaded) -> tuple[Source, int]:

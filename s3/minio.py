@@ -150,13 +150,30 @@ class MinioServer:
         self.stop()
 
 
+def answering_endpoint(s3: S3Config, timeout: float = 5.0) -> str:
+    """The first of ``s3``'s endpoints whose MinIO answers its liveness probe; MinioError naming
+    every endpoint tried when none does. Any node of a distributed MinIO serves its admin API."""
+    ctx = ssl.create_default_context(cafile=s3.ca_bundle) if s3.ca_bundle else None
+    errors = []
+    for endpoint in s3.endpoint_list():
+        try:
+            with urllib.request.urlopen(f"{endpoint}/minio/health/live", timeout=timeout, context=ctx) as r:
+                if r.status == 200:
+                    return endpoint
+                errors.append(f"{endpoint} (HTTP {r.status})")
+        except OSError as e:
+            errors.append(f"{endpoint} ({getattr(e, 'reason', e)})")
+    raise MinioError(f"no MinIO endpoint answers: tried {', '.join(errors)}")
+
+
 def make_role_users(admin: S3Config, roles: dict[str, S3Keys]) -> None:
-    """Make each role's MinIO user on the MinIO ``admin`` reaches (with an admin's keys): a
-    service account of that admin with the role's policy inline (gearfarm.s3.keys.role_policy),
-    one ``mc`` call per role, in parallel. A user that exists is made again with these keys and
-    this policy."""
+    """Make each role's MinIO user on the MinIO ``admin`` reaches (with an admin's keys), at the
+    first of its endpoints that answers: a service account of that admin with the role's policy
+    inline (gearfarm.s3.keys.role_policy), one ``mc`` call per role, in parallel. A user that
+    exists is made again with these keys and this policy."""
     mc = find_binary("mc")
-    scheme, rest = admin.endpoint.split("://", 1)
+    endpoint = answering_endpoint(admin) if admin.endpoints else admin.endpoint
+    scheme, rest = endpoint.split("://", 1)
     with tempfile.TemporaryDirectory(prefix="gearfarm-mc-") as tmp:
         # The admin keys go to mc in its environment (MC_HOST_<alias>), never on a command line.
         env = dict(os.environ, MC_HOST_farm=f"{scheme}://{quote(admin.access_key, safe='')}:"
@@ -177,7 +194,7 @@ def make_role_users(admin: S3Config, roles: dict[str, S3Keys]) -> None:
                                env=env, capture_output=True, timeout=60)
                 p = subprocess.run(add, env=env, capture_output=True, text=True, timeout=60)
             if p.returncode != 0:
-                raise MinioError(f"cannot make the {role} role's MinIO user {keys.access_key} at {admin.endpoint}: "
+                raise MinioError(f"cannot make the {role} role's MinIO user {keys.access_key} at {endpoint}: "
                                  f"{(p.stdout + p.stderr).strip()[-500:]}")
 
         with ThreadPoolExecutor(max_workers=4) as pool:

@@ -10,20 +10,31 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import boto3
 from botocore.config import Config as BotoConfig
-from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, SSLError
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, SSLError
+from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from gearfarm.config import S3Config
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+S3Client = Any  # boto3's client class is made at run time
+
+# The endpoint did not answer: refused, timed out, or dropped the connection (EndpointConnection-,
+# ConnectTimeout-, ConnectionClosed-, ReadTimeoutError...). SSLError is a ConnectionError too,
+# but is caught before these: a certificate the CA does not vouch for is not an outage.
+_UNREACHABLE = (BotoConnectionError, HTTPClientError)
+# Guards making clients (boto3's default session is not safe to make them from in parallel) and
+# the switch to another endpoint.
+_MAKING = threading.RLock()
 
 # S3's limit for one PUT, and for one part of a multipart upload.
 MAX_SINGLE_PUT = 5 * 1024**3
@@ -55,34 +66,73 @@ def sha256_file(path: Path) -> str:
 class ArtifactStore:
     def __init__(self, cfg: S3Config, retry_for: float = 300.0, attempts: int = 3) -> None:
         """``retry_for`` seconds of outage are waited out; a reader that has somewhere else to
-        look (the dashboard, with the copies on disk) passes 0 and ``attempts`` 1."""
+        look (the dashboard, with the copies on disk) passes 0 and ``attempts`` 1. Either way
+        every endpoint of [s3] is tried once before anything is waited for."""
         self.cfg = cfg
         self.bucket = cfg.bucket
         self.retry_for = retry_for
-        # Path-style + s3v4 + checksums only when required: what MinIO accepts with current
-        # boto3 (measured; without s3v4, presigned URLs come out as SigV2).
-        self.s3 = boto3.client(
-            "s3",
-            endpoint_url=cfg.endpoint,
-            aws_access_key_id=cfg.access_key,
-            aws_secret_access_key=cfg.secret_key,
-            region_name=cfg.region,
-            verify=cfg.ca_bundle if cfg.ca_bundle else None,
-            config=BotoConfig(
-                signature_version="s3v4",
-                s3={"addressing_style": "path"},
-                request_checksum_calculation="when_required",
-                response_checksum_validation="when_required",
-                retries={"mode": "standard", "max_attempts": attempts},
-                connect_timeout=5,
-                read_timeout=60,
-            ),
-        )
+        self.endpoints = cfg.endpoint_list()
+        # botocore's retries after the first try (its max_attempts counts only those). With
+        # another node to go to, one that does not answer is left at once rather than asked
+        # again after botocore's backoff: retrying is then only the outer loop's, per round.
+        self.retries = attempts if len(self.endpoints) == 1 else 0
+        self._clients: dict[str, S3Client] = {}
+        # The client calls go through, and its endpoint; the next endpoint's client is made only
+        # when this one fails (each costs ~50 ms, and most stores never need a second).
+        self.endpoint = self.endpoints[0]
+        self.s3 = self._client(self.endpoint)
+
+    def _client(self, endpoint: str) -> S3Client:
+        with _MAKING:
+            if endpoint not in self._clients:
+                cfg = self.cfg
+                # Path-style + s3v4 + checksums only when required: what MinIO accepts with
+                # current boto3 (measured; without s3v4, presigned URLs come out as SigV2).
+                self._clients[endpoint] = boto3.client(
+                    "s3",
+                    endpoint_url=endpoint,
+                    aws_access_key_id=cfg.access_key,
+                    aws_secret_access_key=cfg.secret_key,
+                    region_name=cfg.region,
+                    verify=cfg.ca_bundle if cfg.ca_bundle else None,
+                    config=BotoConfig(
+                        signature_version="s3v4",
+                        s3={"addressing_style": "path"},
+                        request_checksum_calculation="when_required",
+                        response_checksum_validation="when_required",
+                        retries={"mode": "standard", "max_attempts": self.retries},
+                        connect_timeout=5,
+                        read_timeout=60,
+                    ),
+                )
+            return self._clients[endpoint]
+
+    def _fail_over(self, at: str, failed: list[str], err: Exception) -> bool:
+        """After ``err`` from endpoint ``at``, go on at the next one (in [s3] order, wrapping
+        around) that has not failed in this round; False when every endpoint has."""
+        if at not in failed:
+            failed.append(at)
+        with _MAKING:
+            if self.endpoint not in failed:
+                return True  # another thread of this store has moved on already
+            i = self.endpoints.index(at)
+            for nxt in self.endpoints[i + 1:] + self.endpoints[:i + 1]:
+                if nxt not in failed:
+                    log.warning("S3 endpoint %s does not answer (%s); going on at %s", at, err, nxt)
+                    self.s3, self.endpoint = self._client(nxt), nxt
+                    return True
+        return False
+
+    def _where(self, failed: list[str]) -> str:
+        """The endpoints a failure is about: every one tried, else the one in use."""
+        return ", ".join(failed) if len(failed) > 1 else self.endpoint
 
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
         deadline = time.monotonic() + self.retry_for
         delay = 0.5
+        failed: list[str] = []  # endpoints that did not answer in this round
         while True:
+            at = self.endpoint
             try:
                 return fn()
             except ClientError as e:
@@ -90,7 +140,7 @@ class ArtifactStore:
                 # A refusal is an answer, not an outage: retrying cannot change it.
                 if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "Forbidden"):
                     raise StoreError(
-                        f"S3 at {self.cfg.endpoint} refused to {what} for access key {self.cfg.access_key!r} "
+                        f"S3 at {at} refused to {what} for access key {self.cfg.access_key!r} "
                         f"({code}): a worker role's user may do only what the role does "
                         "(gearfarm.s3.keys.ROLE_WRITES); otherwise check the keys in the config") from e
                 # Nor is a missing key or a failed precondition, which callers look for.
@@ -98,28 +148,43 @@ class ArtifactStore:
                     raise
                 err: Exception = e
             except SSLError as e:
-                # A certificate problem does not heal by waiting: say so now, not in 5 minutes.
-                raise StoreError(f"S3 at {self.cfg.endpoint}: TLS verification failed ({e}); check [s3] "
+                # A certificate problem does not heal by waiting, nor by another node of the
+                # same storage with the same CA: say so now, not in 5 minutes.
+                raise StoreError(f"S3 at {at}: TLS verification failed ({e}); check [s3] "
                                  "ca_bundle") from e
-            except (BotoCoreError, EndpointConnectionError) as e:
+            except _UNREACHABLE as e:
+                # This node is away; another node of the same storage may not be.
+                if self._fail_over(at, failed, e):
+                    continue
+                err = e
+            except BotoCoreError as e:
                 err = e
             if time.monotonic() + delay > deadline:
-                raise StoreError(f"S3 at {self.cfg.endpoint}: {what} failed: {err}") from err
-            log.warning("S3 %s failed (%s); retrying in %.1fs", what, err, delay)
+                raise StoreError(f"S3 at {self._where(failed)}: {what} failed: {err}") from err
+            log.warning("S3 %s failed at %s (%s); retrying in %.1fs", what, self._where(failed), err, delay)
             time.sleep(delay)
             delay = min(delay * 2, 10.0)
+            failed = []
 
     def check(self) -> None:
-        """Fail fast, naming the endpoint, when S3 is unreachable or the bucket is missing."""
-        try:
-            self.s3.head_bucket(Bucket=self.bucket)
-        except ClientError as e:
-            raise StoreError(
-                f"S3 at {self.cfg.endpoint}: bucket {self.bucket!r} is not usable: {e}; "
-                "create it or fix [s3] in the config"
-            ) from e
-        except (BotoCoreError, EndpointConnectionError) as e:
-            raise StoreError(f"S3 endpoint {self.cfg.endpoint} is unreachable: {e}") from e
+        """Fail fast, naming the endpoints, when S3 is unreachable or the bucket is missing:
+        every endpoint is tried once, without waiting."""
+        failed: list[str] = []
+        while True:
+            at = self.endpoint
+            try:
+                self.s3.head_bucket(Bucket=self.bucket)
+                return
+            except ClientError as e:
+                raise StoreError(
+                    f"S3 at {at}: bucket {self.bucket!r} is not usable: {e}; "
+                    "create it or fix [s3] in the config"
+                ) from e
+            except _UNREACHABLE as e:
+                if not self._fail_over(at, failed, e):
+                    raise StoreError(f"S3 endpoint {self._where(failed)} is unreachable: {e}") from e
+            except BotoCoreError as e:
+                raise StoreError(f"S3 endpoint {at} is unreachable: {e}") from e
 
     def ensure_bucket(self) -> None:
         def make() -> None:
@@ -312,6 +377,7 @@ class ArtifactStore:
         yield from self._retry(f"list {prefix}", page_all)
 
     def presign(self, key: str) -> str:
+        """A URL at the endpoint in use (the last that answered): every node serves any object."""
         return str(self.s3.generate_presigned_url(
             "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=self.cfg.presign_expiry))
 

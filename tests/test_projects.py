@@ -62,8 +62,8 @@ class Lab:
     def config(self) -> Path:
         return self.farm.config_path
 
-    def nightly(self, *args: str) -> tuple[int, str]:
-        p = gearfarm("nightly", "--config", str(self.config), "--benchmarks", "none", *args, timeout=600)
+    def nightly(self, *args: str, config: Path | None = None) -> tuple[int, str]:
+        p = gearfarm("nightly", "--config", str(config or self.config), "--benchmarks", "none", *args, timeout=600)
         return p.returncode, p.stdout + p.stderr
 
     def runs(self) -> list[tuple[str, str, str]]:
@@ -247,3 +247,33 @@ def test_project_check_names_the_file_the_key_and_the_fix(tmp_path: Path) -> Non
     assert code == 1 and "build output 'bin/t_kv' (catalog key build.outputs) matched nothing" in out, out
     code, out = check("--repo", str(repo))
     assert code == 2 and "no catalog at jobs/catalog.toml" in out and "catalog / catalog_file" in out, out
+
+
+def test_a_projects_targets_are_all_its_nightly_builds_and_must_be_in_its_catalog(lab: Lab) -> None:
+    """[[projects]] targets: a lab serving only some of the catalog's targets names them, and
+    the nightly runs those targets' jobs and no other (nor waits for their workers)."""
+    cfg = config_mod.load(lab.config)
+    cmring = cfg.project("cmring")
+    cfg.projects = [cmring.model_copy(update={"targets": ["linux-x86_64"]})]
+    only = lab.config.with_name("linux-only.toml")  # beside the farm's: its relative paths hold
+    config_mod.dump(cfg, only)
+    code, out = lab.nightly(config=only)
+    assert code == 0, out
+    run_id, project, _ = lab.runs()[-1]
+    assert project == "cmring"
+    assert set(lab.jobs(run_id)) == {f"{run_id}:linux-x86_64:{s}" for s in ("build", "test-ctest")}
+    report = json.loads((lab.farm.state / "runs" / run_id / "report.json").read_text())
+    assert report["targets"] == ["linux-x86_64"], report["targets"]
+    # --targets still decides when given.
+    code, out = lab.nightly("--targets", "linux-i686", config=only)
+    assert code == 0, out
+    assert {j.split(":")[1] for j in lab.jobs(lab.runs()[-1][0])} == {"linux-i686"}
+
+    cfg.projects = [cmring.model_copy(update={"targets": ["linux-x86_64", "windows-x86_64"]})]
+    config_mod.dump(cfg, only)
+    code, out = lab.nightly(config=only)
+    assert code == 2, out
+    assert ("project cmring: [[projects]] targets: unknown target 'windows-x86_64'; known targets: "
+            f"{', '.join(sorted(TARGETS))}") in out, out
+    code, out = check("--config", str(only), "--no-run")
+    assert code == 2 and "unknown target 'windows-x86_64'" in out, out

@@ -10,7 +10,8 @@ CACHE ?= $(or $(GEARFARM_CACHE),$(HOME)/.cache/gearfarm)
 DEB_PACKAGES := gearman-job-server gearman-tools libgearman-dev build-essential git \
 	zlib1g-dev gcc-i686-linux-gnu gcc-aarch64-linux-gnu mingw-w64 libz-mingw-w64-dev \
 	qemu-user wine wine64 stunnel4 postgresql postgresql-client python3-venv valgrind \
-	procps iproute2 cmake chromium systemd bubblewrap libxml2-utils
+	procps iproute2 cmake chromium systemd bubblewrap libxml2-utils \
+	podman runc podman-compose debootstrap
 # Foreign architectures only so `apt-get download` can fetch their zlib (see cross-zlib).
 FOREIGN_ARCHS := i386 arm64
 
@@ -106,6 +107,7 @@ images: .setup/minio.stamp
 	@ctx=$$(mktemp -d) && trap 'rm -rf "$$ctx"' EXIT && cp -L $(CACHE)/bin/minio $(CACHE)/bin/mc "$$ctx"/ && \
 	  $(BUILD) -t localhost/gearfarm-minio -f docker/Dockerfile.minio "$$ctx" >/dev/null
 	$(BUILD) -t localhost/gearfarm-gearmand -f docker/Dockerfile.gearmand .
+	$(BUILD) -t localhost/gearfarm-postgres -f docker/Dockerfile.postgres .
 	$(BUILD) -t localhost/gearfarm-base -f docker/Dockerfile.base .
 	$(BUILD) -t localhost/gearfarm-worker -f docker/Dockerfile.worker .
 	@$(PODMAN) images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep gearfarm
@@ -117,7 +119,7 @@ test: setup
 	$(PY) -m pytest -q tests
 
 lint: setup
-	$(VENV)/bin/ruff check gearfarm workers s3 tests bench docs
+	$(VENV)/bin/ruff check gearfarm workers s3 tests bench docs docker
 
 # The dashboard's screenshots in docs/screenshots/, from six real nightlies (~2 minutes).
 screenshots: setup

@@ -21,7 +21,7 @@ from gearfarm import history, snapshot
 from gearfarm.catalog import Catalog
 from gearfarm.config import Config, ProjectConfig
 from gearfarm.connection import ssl_context
-from gearfarm.gearman import Client, GearmanError, admin
+from gearfarm.gearman import Client, GearmanError, JobStatus, StatusUnknown, admin
 from gearfarm.job import Artifact, JobId, Payload, Source, make_payload, sign, step_name
 from gearfarm.ledger import Ledger, farm_record
 from gearfarm.result import TERMINAL, ResultRecord
@@ -280,10 +280,17 @@ class Watchdog:
             if not self.plan.ready(jid, states):
                 seen[str(jid)] = ("waiting", self.attempt(jid))
                 continue
+            away = ""
             try:
                 st = self.client.get_status_unique(jid.unique(self.attempt(jid)))
+            except StatusUnknown as e:
+                # Unknown to every server that answered; it may be on one that did not. A
+                # server away for the lost grace is taken as lost with its queue (a lab's second
+                # gearmand goes on): the job is submitted again to those that answer, and if the
+                # server comes back and replays it, the ledger keeps one result (rule 3).
+                st, away = JobStatus(e.key, False, False, 0, 0), ", ".join(e.addresses)
             except GearmanError as e:
-                # Includes "a server did not answer": the job may be there, so no verdict now.
+                # No server answered: no verdict on any job now.
                 log.warning("cannot ask gearmand about %s: %s", jid, e)
                 return
             if st.known:
@@ -304,7 +311,9 @@ class Watchdog:
                 reconcile(self.ledger, self.store, self.cfg.farm.secrets, self.plan.run_id, self.seen)
                 if str(jid) in self.db.terminal_ids(self.plan.run_id):
                     continue
-                self.resubmit(jid, "gearmand no longer holds the job and no result arrived")
+                self.resubmit(jid, f"gearmand at {away} has not answered for {now - since:.0f}s, no other server "
+                                   "holds the job and no result arrived" if away else
+                                   "gearmand no longer holds the job and no result arrived")
 
     def resubmit(self, jid: JobId, why: str) -> None:
         self.beats.pop(jid, None)

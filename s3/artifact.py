@@ -3,7 +3,7 @@ without races, and unpacking one safely.
 
 The manifest lists the sha256 of every file; unpack() checks the archive's own sha256 and then
 every file before a caller may run anything from it, and refuses absolute paths, `..` and
-links that point outside (tarfile's "data" filter, which does exactly this).
+links that point outside (the rules of tarfile's "data" filter; see _checked).
 
 pack() is byte-reproducible: the same file contents and meta give the same archive on any host,
 at any time, under any user or umask (given the same zstd library version; see publish() for
@@ -239,13 +239,46 @@ def safe_extract(archive: Path, dest: Path, expected_sha256: str, what: str) -> 
     if actual != expected_sha256:
         raise ArtifactError(f"{what} sha256 is {actual}, expected {expected_sha256}: corrupt or tampered")
     dest.mkdir(parents=True, exist_ok=True)
+    root = os.path.realpath(dest)
     try:
         with open_tar(archive) as tar:
-            for m in tar.getmembers():
-                # The "data" filter would quietly make an absolute name relative; an archive
-                # the farm made never has one, so its presence means tampering: refuse it.
-                if m.name.startswith("/") or ".." in Path(m.name).parts:
-                    raise tarfile.OutsideDestinationError(m, m.name)
-            tar.extractall(dest, filter="data")
+            for m in tar:
+                # Owners and times are not restored (the job's user owns its tree); modes are
+                # set as the data filter sets them (tarfile makes directories 0700 until then).
+                tar.extract(_checked(m, root, what), root, set_attrs=False)
+                if m.isfile() or m.isdir():
+                    os.chmod(os.path.join(root, m.name), _mode(m))
     except (tarfile.TarError, OSError) as e:
         raise ArtifactError(f"{what} cannot be unpacked safely: {e}") from e
+
+
+# Why by hand: tarfile's "data" extraction filter (PEP 706) applies exactly these rules, but it
+# came in Python 3.11.4, and Debian 12's own Python, which lab hosts and the farm's images run,
+# is 3.11.2 (extractall(filter=...) is a TypeError there). Where the filter would quietly make an
+# absolute name relative, this refuses it: an archive the farm made never has one, so its
+# presence means tampering. Each member is checked against the tree as extracted so far, so a
+# link made by one member cannot carry a later one outside.
+def _checked(m: tarfile.TarInfo, root: str, what: str) -> tarfile.TarInfo:
+    def inside(path: str) -> bool:
+        return os.path.commonpath([root, os.path.realpath(path)]) == root
+
+    def refuse(why: str) -> ArtifactError:
+        return ArtifactError(f"{what} cannot be unpacked safely: member {m.name!r} {why}; "
+                             "the archive is not one the farm made")
+
+    if os.path.isabs(m.name) or ".." in Path(m.name).parts or not inside(os.path.join(root, m.name)):
+        raise refuse("would be written outside the destination")
+    if not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
+        raise refuse("is a device, fifo or other special file")
+    if m.issym() or m.islnk():
+        base = os.path.dirname(m.name) if m.issym() else ""
+        if os.path.isabs(m.linkname) or not inside(os.path.join(root, base, m.linkname)):
+            raise refuse(f"links outside the destination ({m.linkname!r})")
+    return m
+
+
+def _mode(m: tarfile.TarInfo) -> int:
+    """The data filter's modes: a file keeps no setuid, setgid or sticky bit and nothing writable
+    by group or others, and its owner (the job's own user) can always read and write it; a
+    directory is 0755, as the filter leaves it to the umask."""
+    return (m.mode & 0o755) | 0o600 if m.isfile() else 0o755

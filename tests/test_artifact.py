@@ -12,6 +12,8 @@ import hashlib
 import io
 import json
 import os
+import re
+import stat
 import tarfile
 import threading
 import time
@@ -363,3 +365,63 @@ def test_publish_refuses_a_manifest_that_is_not_for_the_archive(store: ArtifactS
         artifact.publish(store, "t/wrong/artifact.tar.zst", "t/wrong/manifest.json", path,
                          {**man, "archive_sha256": "f" * 64})
     assert not store.exists("t/wrong/artifact.tar.zst")
+
+
+def _tar_gz(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> str:
+    with tarfile.open(path, "w:gz") as tar:
+        for info, data in members:
+            if data is not None:
+                info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _member(name: str, kind: bytes = tarfile.REGTYPE, linkname: str = "", mode: int = 0o644) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.mode = kind, linkname, mode
+    return info
+
+
+@pytest.mark.parametrize("members, named", [
+    ([(_member("/tmp/gearfarm-escape-abs"), b"x")], "/tmp/gearfarm-escape-abs"),
+    ([(_member("a/../../escape"), b"x")], "a/../../escape"),
+    # A link to outside, then a file written through it.
+    ([(_member("etc", tarfile.SYMTYPE, "{outside}"), None), (_member("etc/planted"), b"x")], "etc"),
+    ([(_member("up", tarfile.SYMTYPE, "../.."), None)], "up"),
+    ([(_member("passwd", tarfile.LNKTYPE, "{outside}/secret"), None)], "passwd"),
+    ([(_member("dev-null", tarfile.CHRTYPE), None)], "dev-null"),
+    ([(_member("pipe", tarfile.FIFOTYPE), None)], "pipe"),
+])
+def test_a_hostile_archive_is_refused_naming_its_member_and_writes_nothing_outside(
+        tmp_path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]], named: str) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("the worker's")
+    for info, _ in members:
+        info.linkname = info.linkname.replace("{outside}", str(outside))
+    archive = tmp_path / "hostile.tar.gz"
+    sha = _tar_gz(archive, members)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(artifact.ArtifactError, match=f"member {re.escape(repr(named))}"):
+        artifact.safe_extract(archive, tmp_path / "tree", sha, "source snapshot")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*before, "tree"])
+    assert [p.name for p in outside.iterdir()] == ["secret"] and not Path("/tmp/gearfarm-escape-abs").exists()
+    assert (outside / "secret").read_text() == "the worker's"
+
+
+def test_links_inside_the_tree_unpack_and_modes_are_the_data_filters(tmp_path: Path) -> None:
+    """A project's source may hold links within itself; set-id bits and group/other write never
+    survive, and directories are readable by the sandbox's user (not tarfile's interim 0700)."""
+    archive = tmp_path / "source.tar.gz"
+    sha = _tar_gz(archive, [(_member("src", tarfile.DIRTYPE, mode=0o700), None),
+                            (_member("src/tool", mode=0o6777), b"#!/bin/sh\n"),
+                            (_member("src/data", mode=0o000), b"d"),
+                            (_member("include", tarfile.SYMTYPE, "src"), None),
+                            (_member("src/again", tarfile.LNKTYPE, "src/data"), None)])
+    tree = tmp_path / "tree"
+    artifact.safe_extract(archive, tree, sha, "source snapshot")
+    assert (tree / "include" / "tool").read_text() == "#!/bin/sh\n"
+    assert (tree / "include").is_symlink() and (tree / "src" / "again").read_text() == "d"
+    assert stat.S_IMODE((tree / "src" / "tool").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tree / "src" / "data").stat().st_mode) == 0o600
+    assert stat.S_IMODE((tree / "src").stat().st_mode) == 0o755

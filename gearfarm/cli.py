@@ -886,6 +886,61 @@ def history_cmd(test: str, config_path: str | None, state_dir: Path | None, targ
         t.add_row(run.run_id, run.project, run.rev[:12], tgt, suite, status, verdict)
     Console(width=200).print(t)
 
+@main.command("bisect")
+@click.argument("range_", metavar="GOOD..BAD")
+@click.option("--test", "test", required=True, help="The failing test, as SUITE/NAME.")
+@click.option("--target", required=True, help="The target it fails on.")
+@click.option("--project", help="The project (default: the config's first).")
+@click.option("--config", "config_path")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--builds", type=int, default=8, show_default=True, help="Budget: builds made (reused ones are free).")
+@click.option("--jobs", "max_jobs", type=int, default=60, show_default=True, help="Budget: test runs.")
+@click.option("--hours", type=float, default=4.0, show_default=True, help="Budget: wall time.")
+@click.option("--confirm", type=int, default=4, show_default=True, help="Runs of each end before searching.")
+@click.option("--repeat", type=int, default=2, show_default=True, help="Runs of each middle revision.")
+@click.option("--seed", type=int, default=1, show_default=True, help="The {seed} the suite runs with.")
+def bisect_cmd(range_: str, test: str, target: str, project: str | None, config_path: str | None,
+               state_dir: Path | None, builds: int, max_jobs: int, hours: float, confirm: int, repeat: int,
+               seed: int) -> None:
+    """Find the commit in GOOD..BAD that broke TEST on TARGET, on the farm's own workers (a lab's
+    config, or an embedded farm kept running with './nightly.bash --keep'). Exit 0 with a
+    culprit, 1 without one (flaky, no change, budget spent, unbuildable), 2 if the farm cannot."""
+    from gearfarm import bisect, bisection
+    from gearfarm.store import ResultsDB
+
+    good, sep, bad = range_.partition("..")
+    suite, slash, case = test.partition("/")
+    if not sep or not good or not bad:
+        _fail(f"range {range_!r}: give it as GOOD..BAD (the last good revision, then the first bad one)")
+    if not slash or not suite or not case:
+        _fail(f"test {test!r}: give it as SUITE/NAME (for example unit/limits_and_bad_arguments)")
+    if min(builds, max_jobs, confirm, repeat) < 1 or hours <= 0:
+        _fail("--builds, --jobs, --confirm, --repeat and --hours must be positive")
+    cfg = _config_or_embedded(config_path, state_dir)
+    try:
+        proj = cfg.project(project) if project else cfg.project_list()[0]
+    except ConfigError as e:
+        _fail(str(e))
+    db = ResultsDB(cfg.database.url)
+    settings = bisection.Settings(bisect.Budget(builds, max_jobs, hours * 3600), confirm, repeat, seed)
+    runner = bisection.TestBisection(cfg, db, ArtifactStore(cfg.s3, retry_for=60), proj, target,
+                                     bisection.TestSubject(suite, case), settings,
+                                     say=lambda m: console.print(m, highlight=False))
+    try:
+        row = runner.run(good, bad)
+    except bisection.BisectionError as e:
+        _fail(str(e))
+    d = row.detail
+    if row.culprit_rev:
+        click.echo(f"culprit: {row.culprit_rev} {d['subject']}\nauthor:  {d['author']}\n"
+                   f"confidence: {d['confidence']:.3f}")
+    click.echo(f"{row.state}: {d['message']} ({d['builds']} builds, {d['jobs']} test runs)")
+    for p in d["probes"]:
+        click.echo(f"  {p['rev'][:12]}  {p['verdict']:<5}  {', '.join(p['statuses']) or p['why']}"
+                   f"{'  (built)' if p['built'] else ''}")
+    _exit_now(EXIT_OK if row.culprit_rev else EXIT_FAILED)
+
+
 @main.group("perf")
 def perf_group() -> None:
     """Performance history: change points and annotations."""

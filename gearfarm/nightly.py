@@ -56,7 +56,11 @@ class Plan:
     references: dict[str, Artifact] = field(default_factory=dict)
     # A re-run has no build step: target -> the build its test jobs run on.
     artifacts: dict[str, Artifact] = field(default_factory=dict)
+    # A child run is linked to its parent (a nightly for a re-run, ``bisect-<id>`` for a
+    # bisection's probe), which keeps it out of nightly history, series and last good builds.
     parent: str | None = None
+    # False for a re-run: its test jobs run on the builds in ``artifacts``.
+    build: bool = True
     # The catalog's text, recorded with the run (history and reports read it, not a repository).
     catalog_text: str = ""
     # Bytes of source and catalog this nightly uploaded for the run (0: already in S3).
@@ -72,7 +76,7 @@ class Plan:
 
     @property
     def rerun(self) -> bool:
-        return self.parent is not None
+        return not self.build
 
     def steps(self, target: str) -> list[str]:
         return (([] if self.rerun else [step_name("build")]) + [step_name("test", s) for s in self.suites[target]]
@@ -493,7 +497,7 @@ def rerun_new_failures(cfg: Config, db: ResultsDB, ledger: Ledger, store: Artifa
         timeout = max(cat.suite(r.name or "").timeout for r in todo.values())
     rp = Plan(run_id=rerun_id(p.run_id), source=p.source, targets=targets,
               suites={t: sorted(r.name or "" for j, r in todo.items() if j.target == t) for t in targets},
-              benchmarks={t: [] for t in targets}, seed=p.seed, parent=p.run_id,
+              benchmarks={t: [] for t in targets}, seed=p.seed, parent=p.run_id, build=False,
               deadline=min(p.deadline, time.time() + timeout + 120) if p.deadline else time.time() + timeout + 120,
               artifacts={r.target: Artifact(r.artifact_key, r.artifact_sha256)  # type: ignore[arg-type]
                          for r in todo.values()})

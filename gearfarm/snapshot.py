@@ -229,3 +229,28 @@ def changes(repo: Path, old: str, new: str, limit: int = 200) -> list[Commit]:
         rev, author, at, subject = line.split("\x1f", 3)
         out.append(Commit(rev, author, float(at), subject))
     return out
+
+
+def first_parent_range(repo: Path, good: str, bad: str) -> list[str]:
+    """``good`` then every commit after it on ``bad``'s first-parent line up to ``bad``, oldest
+    first: what a bisection searches (a merge is judged as one commit, as the nightly built it).
+    SourceError unless ``good`` is an ancestor of ``bad``."""
+    good, bad = resolve(repo, good), resolve(repo, bad)
+    if _git(["merge-base", "--is-ancestor", good, bad], cwd=repo, timeout=30).returncode != 0:
+        raise SourceError(f"{good[:12]} is not an ancestor of {bad[:12]}: give the last good revision first "
+                          "(GOOD..BAD)")
+    proc = _git(["rev-list", "--first-parent", "--reverse", f"{good}..{bad}"], cwd=repo, timeout=60)
+    if proc.returncode != 0:
+        raise SourceError(f"git rev-list {good[:12]}..{bad[:12]} in {repo}: {_err(proc)}")
+    revs = proc.stdout.decode().split()
+    if not revs or revs[-1] != bad:
+        raise SourceError(f"{bad[:12]} is not on the first-parent line from {good[:12]}")
+    return [good, *revs]
+
+
+def commit_of(repo: Path, rev: str) -> Commit:
+    proc = _git(["show", "-s", "--format=%H%x1f%an <%ae>%x1f%at%x1f%s", rev, "--"], cwd=repo, timeout=30)
+    if proc.returncode != 0:
+        raise SourceError(f"git show {rev[:12]} in {repo}: {_err(proc)}")
+    full, author, at, subject = proc.stdout.decode(errors="replace").strip().split("\x1f", 3)
+    return Commit(full, author, float(at), subject)

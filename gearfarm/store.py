@@ -275,6 +275,37 @@ class LiveJob(Base):
     since: Mapped[float] = mapped_column(Float)
 
 
+class Bisection(Base):
+    """A search for the commit that broke a test or moved a benchmark (gearfarm.bisection).
+    Its probes are runs of their own whose parent_run_id is ``bisect-<id>``, so nightly history,
+    series and last-good-build queries never count them."""
+
+    __tablename__ = "bisections"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    project: Mapped[str] = mapped_column(String(64), index=True)
+    target: Mapped[str] = mapped_column(String(64))
+    # "test" (subject: suite, case) or "perf" (subject: benchmark, metric).
+    kind: Mapped[str] = mapped_column(String(16))
+    subject: Mapped[dict[str, Any]] = mapped_column(JSON)
+    good_rev: Mapped[str] = mapped_column(String(40))
+    bad_rev: Mapped[str] = mapped_column(String(40))
+    # The nightly run that found the regression; None for one started by hand.
+    origin_run_id: Mapped[str | None] = mapped_column(String(96), nullable=True, index=True)
+    # running, then gearfarm.bisect.State (found, no_culprit, flaky, budget, unbuildable) or error.
+    state: Mapped[str] = mapped_column(String(16))
+    culprit_rev: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    # The evidence: every revision judged, the suspects left, builds and jobs spent, the
+    # culprit's author and subject, the confidence, the message.
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+    @property
+    def run_prefix(self) -> str:
+        """The parent_run_id of its probe runs."""
+        return f"bisect-{self.id}"
+
+
 class ResultsDB:
     def __init__(self, url: str) -> None:
         self.url = url
@@ -538,6 +569,43 @@ class ResultsDB:
             return {}
         with self.session() as s:
             return {j.job_id: j for j in s.scalars(select(LiveJob).where(LiveJob.run_id.in_(ids)))}
+
+    def create_bisection(self, project: str, target: str, kind: str, subject: dict[str, Any], good_rev: str,
+                         bad_rev: str, origin_run_id: str | None = None) -> Bisection:
+        with self.session(write=True) as s:
+            b = Bisection(project=project, target=target, kind=kind, subject=subject, good_rev=good_rev,
+                          bad_rev=bad_rev, origin_run_id=origin_run_id, state="running", detail={},
+                          created_at=time.time())
+            s.add(b)
+            s.flush()
+            s.expunge(b)
+            return b
+
+    def update_bisection(self, bid: int, state: str | None = None, culprit_rev: str | None = None,
+                         **detail: Any) -> None:
+        """Merge keys into its detail; a state other than running ends it."""
+        with self.session(write=True) as s:
+            b = s.get(Bisection, bid)
+            if b is None:
+                raise KeyError(f"no bisection {bid}")
+            b.detail = {**(b.detail or {}), **detail}
+            if state is not None:
+                b.state = state
+                if state != "running":
+                    b.finished_at = time.time()
+            if culprit_rev is not None:
+                b.culprit_rev = culprit_rev
+
+    def bisections(self, origin_run_ids: Iterable[str] | None = None, project: str | None = None,
+                   limit: int = 100) -> list[Bisection]:
+        """Newest first: of the given nightly runs, or of a project, or all."""
+        with self.session() as s:
+            q = select(Bisection).order_by(Bisection.id.desc()).limit(limit)
+            if origin_run_ids is not None:
+                q = q.where(Bisection.origin_run_id.in_(list(origin_run_ids)))
+            if project is not None:
+                q = q.where(Bisection.project == project)
+            return list(s.scalars(q))
 
     def running_runs(self, limit: int = 20) -> list[Run]:
         """Runs not finished yet (re-runs included), newest first."""

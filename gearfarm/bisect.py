@@ -146,3 +146,14 @@ def judge_test(statuses: list[str]) -> Verdict:
     if failed == 0:
         return "good"
     return "bad" if failed == len(ran) else "flaky"
+
+
+def evidence_line(ev: dict[str, object]) -> str:
+    """One revision's evidence as a person reads it (report, mail, command line): the test's
+    statuses, or the benchmark's change against the known-good build over its pairs."""
+    if "statuses" in ev:
+        return ", ".join(str(s) for s in ev["statuses"]) or str(ev.get("why", ""))  # type: ignore[attr-defined]
+    if "change" in ev:
+        return (f"{float(ev['change']):+.2%} over {ev['pairs']} pairs against the known-good build "  # type: ignore[arg-type]
+                f"(p={float(ev['p']):.3g}, {ev['result']})")  # type: ignore[arg-type]
+    return "the known-good build" if ev.get("known_good") else str(ev.get("why", ""))

@@ -311,6 +311,8 @@ def _run_nightly(cfg: Config, todo: list[tuple[nightly.Loaded, str, nightly.Sele
     if pub.delivery is not None and not pub.delivery.error:
         d = pub.delivery
         click.echo(f"mail: {'sent to ' + ', '.join(d.recipients) if d.sent else d.eml}")
+    if cfg.bisect.auto:
+        problems += _bisect_after(cfg, db, store, runs, by_run, seed)
     for problem in problems:
         console.print(f"[bold red]farm problem:[/] {escape(problem)}", highlight=False)
     bad = [r for recs in by_run.values() for r in recs if r.status not in ("passed", "skipped")]
@@ -318,6 +320,35 @@ def _run_nightly(cfg: Config, todo: list[tuple[nightly.Loaded, str, nightly.Sele
         return EXIT_FARM
     missing = any((reports[r.run_id] or {}).get("missing") for r in runs)
     return EXIT_FAILED if bad or missing else EXIT_OK
+
+
+def _bisect_after(cfg: Config, db: ResultsDB, store: ArtifactStore, runs: list, by_run: dict[str, list],
+                  seed: int) -> list[str]:
+    """After the nightly's mail: bisect what its reports found ([bisect] auto), then write the
+    reports again with the culprits and send the follow-up mail. Returns the farm's problems."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from gearfarm import bisection, publisher
+    from gearfarm.snapshot import SourceError
+
+    try:
+        found = [c for run in runs for c in bisection.candidates(cfg, db, run.run_id)]
+    except (SQLAlchemyError, SourceError) as e:
+        return [f"regressions not bisected: {e}"]
+    if not found:
+        return []
+    console.print(f"bisecting {len(found)} regression(s), {cfg.bisect.parallel} at a time", highlight=False)
+    done = bisection.run_all(cfg, db, store, found, seed, say=lambda m: console.print(m, highlight=False))
+    problems = [str(e) for e in done if isinstance(e, bisection.BisectionError)]
+    for b in done:
+        if not isinstance(b, bisection.BisectionError):
+            click.echo(bisection.describe(b))
+    with_bisections = [r for r in runs if any(c.origin_run_id == r.run_id for c in found)]
+    pub = publisher.follow_up(cfg, db, store, with_bisections, by_run)
+    if pub.delivery is not None and not pub.delivery.error:
+        d = pub.delivery
+        click.echo(f"bisection mail: {'sent to ' + ', '.join(d.recipients) if d.sent else d.eml}")
+    return problems + pub.problems
 
 
 def _watch(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, client: Client,
@@ -888,56 +919,73 @@ def history_cmd(test: str, config_path: str | None, state_dir: Path | None, targ
 
 @main.command("bisect")
 @click.argument("range_", metavar="GOOD..BAD")
-@click.option("--test", "test", required=True, help="The failing test, as SUITE/NAME.")
-@click.option("--target", required=True, help="The target it fails on.")
+@click.option("--test", "test", help="A failing test, as SUITE/NAME.")
+@click.option("--benchmark", help="A benchmark that moved (with --metric).")
+@click.option("--metric", help="The benchmark's metric that moved.")
+@click.option("--target", required=True, help="The target it happened on.")
 @click.option("--project", help="The project (default: the config's first).")
 @click.option("--config", "config_path")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--builds", type=int, default=8, show_default=True, help="Budget: builds made (reused ones are free).")
-@click.option("--jobs", "max_jobs", type=int, default=60, show_default=True, help="Budget: test runs.")
-@click.option("--hours", type=float, default=4.0, show_default=True, help="Budget: wall time.")
-@click.option("--confirm", type=int, default=4, show_default=True, help="Runs of each end before searching.")
-@click.option("--repeat", type=int, default=2, show_default=True, help="Runs of each middle revision.")
-@click.option("--seed", type=int, default=1, show_default=True, help="The {seed} the suite runs with.")
-def bisect_cmd(range_: str, test: str, target: str, project: str | None, config_path: str | None,
-               state_dir: Path | None, builds: int, max_jobs: int, hours: float, confirm: int, repeat: int,
-               seed: int) -> None:
-    """Find the commit in GOOD..BAD that broke TEST on TARGET, on the farm's own workers (a lab's
-    config, or an embedded farm kept running with './nightly.bash --keep'). Exit 0 with a
-    culprit, 1 without one (flaky, no change, budget spent, unbuildable), 2 if the farm cannot."""
+@click.option("--builds", type=int, help="Budget: builds made (reused ones are free); default [bisect] builds.")
+@click.option("--jobs", "max_jobs", type=int, help="Budget: test or benchmark jobs.")
+@click.option("--hours", type=float, help="Budget: wall time.")
+@click.option("--confirm", type=int, help="Tests: runs of each end before searching.")
+@click.option("--repeat", type=int, help="Tests: runs of each middle revision.")
+@click.option("--change", type=float, default=0.05, show_default=True,
+              help="Benchmarks: the relative change sought at BAD (0.05 = 5 %, either direction).")
+@click.option("--max-pairs", type=int,
+              help="Benchmarks: A/B pairs per revision, at most.")
+@click.option("--seed", type=int, default=1, show_default=True, help="The {seed} the suite or benchmark runs with.")
+def bisect_cmd(range_: str, test: str | None, benchmark: str | None, metric: str | None, target: str,
+               project: str | None, config_path: str | None, state_dir: Path | None, builds: int | None,
+               max_jobs: int | None, hours: float | None, confirm: int | None, repeat: int | None, change: float,
+               max_pairs: int | None, seed: int) -> None:
+    """Find the commit in GOOD..BAD that broke TEST, or moved BENCHMARK's METRIC, on TARGET,
+    with the farm's own workers (a lab's config, or an embedded farm kept running with
+    './nightly.bash --keep'). Exit 0 with a culprit, 1 without one (flaky, no change, budget
+    spent, unbuildable), 2 if the farm cannot bisect. Budgets and repetitions not given come
+    from the config's [bisect] section."""
     from gearfarm import bisect, bisection
     from gearfarm.store import ResultsDB
 
     good, sep, bad = range_.partition("..")
-    suite, slash, case = test.partition("/")
     if not sep or not good or not bad:
         _fail(f"range {range_!r}: give it as GOOD..BAD (the last good revision, then the first bad one)")
-    if not slash or not suite or not case:
-        _fail(f"test {test!r}: give it as SUITE/NAME (for example unit/limits_and_bad_arguments)")
-    if min(builds, max_jobs, confirm, repeat) < 1 or hours <= 0:
-        _fail("--builds, --jobs, --confirm, --repeat and --hours must be positive")
+    subject: bisection.Subject
+    if test is not None and benchmark is None and metric is None:
+        suite, slash, case = test.partition("/")
+        if not slash or not suite or not case:
+            _fail(f"test {test!r}: give it as SUITE/NAME (for example unit/limits_and_bad_arguments)")
+        subject = bisection.TestSubject(suite, case)
+    elif test is None and benchmark and metric:
+        subject = bisection.PerfSubject(benchmark, metric)
+    else:
+        _fail("say what to bisect: --test SUITE/NAME, or --benchmark NAME with --metric METRIC")
     cfg = _config_or_embedded(config_path, state_dir)
+    b = cfg.bisect
+    builds = b.builds if builds is None else builds
+    max_jobs = b.jobs if max_jobs is None else max_jobs
+    hours = b.hours if hours is None else hours
+    confirm = b.confirm if confirm is None else confirm
+    repeat = b.repeat if repeat is None else repeat
+    max_pairs = b.max_pairs if max_pairs is None else max_pairs
+    if min(builds, max_jobs, confirm, repeat, max_pairs) < 1 or hours <= 0 or not 0 < abs(change) < 10:
+        _fail("--builds, --jobs, --confirm, --repeat, --max-pairs and --hours must be positive, "
+              "--change a relative change such as 0.05")
     try:
         proj = cfg.project(project) if project else cfg.project_list()[0]
     except ConfigError as e:
         _fail(str(e))
     db = ResultsDB(cfg.database.url)
-    settings = bisection.Settings(bisect.Budget(builds, max_jobs, hours * 3600), confirm, repeat, seed)
-    runner = bisection.TestBisection(cfg, db, ArtifactStore(cfg.s3, retry_for=60), proj, target,
-                                     bisection.TestSubject(suite, case), settings,
-                                     say=lambda m: console.print(m, highlight=False))
+    settings = bisection.Settings(bisect.Budget(builds, max_jobs, hours * 3600), confirm, repeat, seed,
+                                  abs(change), max_pairs)
+    runner = bisection.Runner(cfg, db, ArtifactStore(cfg.s3, retry_for=60), proj, target, subject, settings,
+                              say=lambda m: console.print(m, highlight=False))
     try:
         row = runner.run(good, bad)
     except bisection.BisectionError as e:
         _fail(str(e))
-    d = row.detail
-    if row.culprit_rev:
-        click.echo(f"culprit: {row.culprit_rev} {d['subject']}\nauthor:  {d['author']}\n"
-                   f"confidence: {d['confidence']:.3f}")
-    click.echo(f"{row.state}: {d['message']} ({d['builds']} builds, {d['jobs']} test runs)")
-    for p in d["probes"]:
-        click.echo(f"  {p['rev'][:12]}  {p['verdict']:<5}  {', '.join(p['statuses']) or p['why']}"
-                   f"{'  (built)' if p['built'] else ''}")
+    click.echo(bisection.describe(row))
     _exit_now(EXIT_OK if row.culprit_rev else EXIT_FAILED)
 
 

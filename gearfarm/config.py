@@ -255,9 +255,29 @@ class FarmConfig(_Section):
     sandbox_env: list[str] = Field(default_factory=list)
 
 
+class BisectConfig(_Section):
+    """Bisection of what a nightly finds (gearfarm/bisection.py, docs/bisection.md)."""
+
+    # After a nightly's mail, bisect its new failures and performance regressions whose range
+    # holds more than one commit; a follow-up mail names the culprits.
+    auto: bool = True
+    # Bisections at once: each runs one job at a time, so two keep two worker slots busy.
+    parallel: int = Field(default=2, ge=1, le=32)
+    # The budget of one bisection: builds made (reused ones are free), jobs run, wall time.
+    builds: int = Field(default=8, ge=1, le=1000)
+    jobs: int = Field(default=60, ge=1, le=10000)
+    hours: float = Field(default=4.0, gt=0, le=168)
+    # Tests: runs of each end of the range before searching, and of each middle revision.
+    confirm: int = Field(default=4, ge=1, le=100)
+    repeat: int = Field(default=2, ge=1, le=100)
+    # Benchmarks: the most A/B pairs measured at one revision.
+    max_pairs: int = Field(default=40, ge=2, le=1000)
+
+
 class Config(_Section):
     projects: list[ProjectConfig] = Field(default_factory=list)
     gearman: GearmanConfig = Field(default_factory=GearmanConfig)
+    bisect: BisectConfig = Field(default_factory=BisectConfig)
     s3: S3Config = Field(default_factory=S3Config)
     database: DatabaseConfig = Field(default_factory=DatabaseConfig)
     mail: MailConfig = Field(default_factory=MailConfig)

@@ -138,6 +138,7 @@ def run(db: ResultsDB, cfg: Config, run_id: str, root: str = "/") -> dict[str, A
     rep["changes"], rep["changes_error"] = (_changes(cfg, r.project, prev[0].rev, r.rev) if prev
                                             else ([], "no earlier run of this project"))
     rep["regressions"] = [triage.as_dict(g) for g in triage.listing(db, run_id=run_id)]
+    report.add_bisections(rep, db.bisections(origin_run_ids=[run_id]))
     rep["curves"] = _curves(records)
     rep["job_timings"] = sorted(({"target": x.target, "step": x.step, "status": x.status,
                                   "duration": x.duration, **x.timings} for x in records),

@@ -135,11 +135,12 @@ def _send_once(msg: EmailMessage, cfg: MailConfig, timeout: float) -> None:
         smtp.send_message(msg, from_addr=cfg.sender, to_addrs=cfg.recipients)
 
 
-def deliver(letter: Letter, out_dir: Path, cfg: MailConfig, send_mail: bool = True, **send_args: Any) -> Delivery:
-    """Write the message as ``out_dir``/report.eml, then send it when [mail] has a host (and
+def deliver(letter: Letter, out_dir: Path, cfg: MailConfig, send_mail: bool = True, name: str = "report.eml",
+            **send_args: Any) -> Delivery:
+    """Write the message as ``out_dir``/``name``, then send it when [mail] has a host (and
     ``send_mail``). Never raises for a mail problem: the Delivery says what happened."""
     msg = compose(letter, cfg)
-    eml = out_dir / "report.eml"
+    eml = out_dir / name
     out_dir.mkdir(parents=True, exist_ok=True)
     eml.write_bytes(bytes(msg))
     d = Delivery(eml=str(eml), runs=list(letter.runs), recipients=list(cfg.recipients))

@@ -194,8 +194,9 @@ def submit(cfg: Config, db: ResultsDB, client: Client, p: Plan) -> bool:
     resubmission then only re-sends jobs that are not terminal (gearmand dedupes queued ones
     by unique id), under the deadline the run was first given."""
     if not p.rerun:
+        # A baseline set by the caller stays (a bisection's probe measures against its known-good build).
         for t in p.targets:
-            if p.benchmarks[t]:
+            if p.benchmarks[t] and t not in p.baselines:
                 base = db.last_good_build(p.project, t, p.rev)
                 if base is not None and base.artifact_key and base.artifact_sha256:
                     p.baselines[t] = Artifact(base.artifact_key, base.artifact_sha256, base.rev)

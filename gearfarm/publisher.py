@@ -83,6 +83,27 @@ def publish(cfg: Config, db: ResultsDB, store: ArtifactStore | None, runs: list[
     return Publication(reports[first.run_id], paths_by_run[first.run_id], delivery, problems, reports, paths_by_run)
 
 
+def follow_up(cfg: Config, db: ResultsDB, store: ArtifactStore | None, runs: list[Run],
+              records: dict[str, list[ResultRecord]]) -> Publication:
+    """After the bisections of the runs' regressions ended (after the nightly's mail): the
+    reports again, now with their bisections (the nightly's message stays as it was sent), and
+    a short follow-up message naming the culprits, written as bisection.eml beside report.eml
+    and sent like it; every run's notes record its fate under "bisection_mail"."""
+    pub = publish(cfg, db, store, runs, records, send_mail=False, write_mail=False)
+    reports = list(pub.reports.values())
+    note = mail.Letter(subject=report.bisection_subject(reports), runs=[r["run_id"] for r in reports],
+                       text=report.render_bisection_text(reports), html=report.render_bisection_html(reports))
+    pub.delivery = mail.deliver(note, run_dir(cfg, runs[0].run_id), cfg.mail, name="bisection.eml")
+    if pub.delivery.error:
+        pub.problems.append(f"the bisection mail was not sent: {pub.delivery.error}; it is in {pub.delivery.eml}")
+    try:
+        for run in runs:
+            db.update_notes(run.run_id, bisection_mail=pub.delivery.as_dict())
+    except SQLAlchemyError as e:
+        pub.problems.append(_db_down("the bisection mail's fate is not in the runs' notes", e))
+    return pub
+
+
 def letter(reports: list[dict[str, Any]]) -> mail.Letter:
     """The one message for these runs' reports, in the order given."""
     return mail.Letter(subject=report.mail_subject(reports), runs=[r["run_id"] for r in reports],
@@ -124,6 +145,11 @@ def _publish_run(cfg: Config, db: ResultsDB, store: ArtifactStore | None, run: R
         triage.record(db, run, triage.detected(run, verdicts, rep["performance"]))
     except SQLAlchemyError as e:
         problems.append(_db_down("the run's regressions are not on the dashboard", e))
+    try:
+        report.add_bisections(rep, db.bisections(origin_run_ids=[run.run_id]))
+    except SQLAlchemyError as e:
+        report.add_bisections(rep, [])
+        problems.append(_db_down("bisections not shown", e))
     try:
         report.add_late(rep, db.late_results(run.run_id))
     except SQLAlchemyError as e:

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, FileSystemLoader
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
-from gearfarm import junit, trend
+from gearfarm import bisect, junit, trend
 from gearfarm.history import Verdict
 from gearfarm.links import Links
 from gearfarm.result import PRODUCT_FAILURES, ResultRecord
@@ -291,3 +291,48 @@ def upload(report: dict[str, Any], paths: dict[str, Path], store: ArtifactStore)
     for ext, ctype in (("json", "application/json"), ("html", "text/html; charset=utf-8"),
                        ("txt", "text/plain; charset=utf-8")):
         store.put_file(keys.report(report["run_id"], ext), paths[ext], ctype)
+
+
+def add_bisections(rep: dict[str, Any], rows: Sequence[Any]) -> None:
+    """The bisections of the regressions the run found (gearfarm.store.Bisection rows), each
+    with its culprit, confidence and the evidence per revision, oldest revision first."""
+    out = []
+    for b in rows:
+        d = b.detail or {}
+        order = {rev: i for i, rev in enumerate(d.get("revs", []))}
+        out.append({
+            "id": b.id, "kind": b.kind, "target": b.target, "what": "/".join(str(v) for v in b.subject.values()),
+            "state": b.state, "good_rev": b.good_rev, "bad_rev": b.bad_rev,
+            "commits": max(len(d.get("revs", [])) - 1, 0),
+            "culprit": b.culprit_rev, "culprit_subject": d.get("subject", ""), "author": d.get("author", ""),
+            "confidence": d.get("confidence"), "message": d.get("message", ""), "builds": d.get("builds", 0),
+            "jobs": d.get("jobs", 0), "suspects": d.get("suspects", []),
+            "evidence": [{"rev": e["rev"], "verdict": e["verdict"], "built": bool(e.get("built")),
+                          "figures": bisect.evidence_line(e)}
+                         for e in sorted(d.get("probes", []), key=lambda e: order.get(e["rev"], -1))],
+        })
+    rep["bisections"] = out
+
+
+def bisection_subject(reports: Sequence[dict[str, Any]]) -> str:
+    """The follow-up message's subject: the culprits found, by project and test or benchmark."""
+    found = [f"{b['what']} on {b['target']}: {b['culprit'][:10]}" for r in reports for b in r.get("bisections", [])
+             if b["culprit"]]
+    done = sum(len(r.get("bisections", [])) for r in reports)
+    runs = ", ".join(r["run_id"] for r in reports)
+    return (f"gearfarm bisection ({runs}): " + ("; ".join(found) if found else f"no culprit in {done} bisections"))
+
+
+def render_bisection_text(reports: Sequence[dict[str, Any]]) -> str:
+    """The follow-up message's text: each run's bisections, under its project and run."""
+    return bisection_subject(reports) + "\n" + "".join(
+        f"\n{r['project']}: run {r['run_id']} at {r['rev'][:12]}\n" + _env.get_template("bisection.txt.j2").render(r=r)
+        for r in reports if r.get("bisections"))
+
+
+def render_bisection_html(reports: Sequence[dict[str, Any]]) -> str:
+    subject = bisection_subject(reports)
+    sections = [Markup(f"<h2>{escape(r['project'])}: run {escape(r['run_id'])}</h2>")
+                + Markup(_env.get_template("bisection.html.j2").render(r=r, pre=f"{r['project']}-", base=""))
+                for r in reports if r.get("bisections")]
+    return _env.get_template("report.html.j2").render(title=subject, heading=subject, sections=sections)

@@ -23,6 +23,7 @@ from typing import Any
 
 from flask import Flask, Response, abort, jsonify, redirect, render_template, request, session, url_for
 from flask_wtf.csrf import CSRFError, CSRFProtect, generate_csrf
+from jinja2 import ChoiceLoader, FileSystemLoader
 
 from gearfarm import account, dashboard, joblog, process, selfservice, trend, triage
 from gearfarm.config import Config
@@ -47,6 +48,8 @@ def _secret(cfg: Config) -> str:
 
 def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | None = None) -> Flask:
     app = Flask("gearfarm.web", template_folder=str(TEMPLATES), static_folder=None)
+    # The dashboard's own pages first, then the report's partials it shares (bisection.html.j2).
+    app.jinja_loader = ChoiceLoader([FileSystemLoader(TEMPLATES), FileSystemLoader(TEMPLATES.parent)])
     app.config.update(SECRET_KEY=_secret(cfg), WTF_CSRF_CHECK_DEFAULT=False, WTF_CSRF_TIME_LIMIT=None,
                       SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax",
                       SESSION_COOKIE_SECURE=bool(cfg.web.url and cfg.web.url.startswith("https://")))

@@ -1,0 +1,98 @@
+"""Same or different: the comparison that judges one revision's benchmark figures against the
+known-good build's, in the way Chromium's Pinpoint does (catapult, pinpoint/models/compare).
+
+p = min(Kolmogorov-Smirnov p, Mann-Whitney U p) over the two samples. At or below the low
+threshold (0.01) they differ. Above the high threshold they are the same: the threshold is the
+p-value that samples differing by the change sought would exceed only 1 % of the time, so a
+p-value above it says the change is not there. In between, more samples are needed. The high
+threshold falls as the samples grow, so the number of repetitions is bounded. The change
+sought is measured in interquartile ranges (IQR) of the figures: a 5 % change under 1 % noise
+takes a few pairs, under 5 % noise many.
+
+Pinpoint ships its high thresholds as a table made by a simulation script; here the same kind of
+simulation (normal samples shifted by the magnitude, 4,000 draws, a fixed seed) runs on first
+use for each (magnitude, size) and is cached, so any size the farm's cap allows is covered.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import warnings
+from dataclasses import dataclass
+from typing import Literal
+
+LOW_THRESHOLD = 0.01
+# The probability that samples differing by the change sought give a p-value above the high
+# threshold (calling them "same" wrongly).
+MISS = 0.01
+# A normal distribution's IQR in standard deviations.
+_IQR_SD = 1.3489795
+_DRAWS = 4000
+
+Result = Literal["different", "same", "unknown"]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    result: Result
+    p_value: float
+    high_threshold: float
+    # The change sought, in IQRs of the known-good figures (rounded to tenths, as looked up).
+    magnitude: float
+    # Relative change of the medians: sample over known-good.
+    change: float
+    size: int
+
+
+def p_value(a: list[float], b: list[float]) -> float:
+    from scipy import stats  # a second to import: only where figures are compared
+
+    with warnings.catch_warnings():
+        # Ties make KS's exact p-value fall back to the asymptotic one, as intended here.
+        warnings.filterwarnings("ignore", message="ks_2samp: Exact calculation unsuccessful")
+        ks = stats.ks_2samp(a, b).pvalue
+    mwu = stats.mannwhitneyu(a, b, alternative="two-sided").pvalue
+    return float(min(ks, mwu))
+
+
+@functools.lru_cache(maxsize=512)
+def high_threshold(magnitude_tenths: int, size: int) -> float:
+    """The p-value that two samples of ``size`` values, differing by ``magnitude_tenths``/10
+    IQRs, exceed with probability MISS (simulated with normal figures)."""
+    import numpy as np
+    from scipy import stats
+
+    if size < 2:
+        return 1.0
+    rng = np.random.default_rng(20261124 + 1000 * magnitude_tenths + size)
+    a = rng.standard_normal((_DRAWS, size))
+    b = rng.standard_normal((_DRAWS, size)) + magnitude_tenths / 10 * _IQR_SD
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="ks_2samp: Exact calculation unsuccessful")
+        ks = stats.ks_2samp(a, b, axis=1).pvalue
+    mwu = stats.mannwhitneyu(a, b, alternative="two-sided", axis=1).pvalue
+    return float(np.quantile(np.minimum(ks, mwu), 1.0 - MISS))
+
+
+def iqr(values: list[float]) -> float:
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[2] - q[0]
+
+
+def compare(sample: list[float], good: list[float], change: float) -> Comparison:
+    """Is ``sample`` (a revision's figures) the same as ``good`` (the known-good build's,
+    interleaved with them on one host), looking for a relative change of ``change``?"""
+    n = min(len(sample), len(good))
+    med = statistics.median(good)
+    spread = iqr(good) if len(good) >= 2 else 0.0
+    est = statistics.median(sample) / med - 1.0 if med else 0.0
+    if n < 2:
+        return Comparison("unknown", 1.0, 1.0, 0.0, est, n)
+    # A spread of nothing (figures that are counts) makes any change huge: capped at 10 IQRs.
+    magnitude = min(abs(change) * abs(med) / spread, 10.0) if spread > 0 else 10.0
+    tenths = max(1, round(magnitude * 10))
+    p = p_value(sample, good)
+    high = high_threshold(tenths, n)
+    result: Result = "different" if p <= LOW_THRESHOLD else "same" if p > high else "unknown"
+    return Comparison(result, p, high, tenths / 10, est, n)

@@ -42,6 +42,10 @@ from gearfarm.s3.store import ArtifactStore, StoreError
 from gearfarm.store import Bisection, ResultsDB
 
 log = logging.getLogger("gearfarm.bisection")
+# Pairs before a revision may be called the same as the known-good build (Pinpoint starts with
+# 10 repetitions): with 5 a side, one outlier lifts the rank tests' p from 0.008 to 0.08, above
+# the high threshold of a change of several IQRs (measured: a -5.2 % revision called "same").
+MIN_SAME_PAIRS = 10
 
 
 class BisectionError(RuntimeError):
@@ -213,8 +217,8 @@ class Runner:
 
     def _judge_perf(self, rev: str, change: float, either: bool = False) -> bisect.Probe:
         """A/B pairs of ``rev`` against the known-good build until the comparison decides (or
-        max_pairs): bad when it differs in the direction of ``change`` (``either``: in any
-        direction, at the first bad end, where the direction is not known yet)."""
+        max_pairs): bad when it differs by at least half of ``change``, in its direction
+        (``either``: in any direction, at the first bad end, where it is not known yet)."""
         assert isinstance(self.subject, PerfSubject)
         new: list[float] = []
         base: list[float] = []
@@ -232,19 +236,18 @@ class Runner:
             new += got["new"]
             base += got["baseline"]
             cmp = compare.compare(new, base, change)
-            if cmp.result != "unknown":
+            like = _like(cmp.change, change, either)
+            if (cmp.result == "different" and like) or (cmp.result == "same" and not like and
+                                                        cmp.size >= MIN_SAME_PAIRS):
                 break
         if cmp is None:
             self._record({"rev": rev, "verdict": "skip", "built": built, "runs": runs, "why": why}, why)
             return bisect.Probe(rev, "skip", built=built, jobs=jobs)
-        toward = cmp.change * change > 0 or either
-        if cmp.result == "different":
-            verdict: bisect.Verdict = "bad" if toward else "good"
-        elif cmp.result == "same":
-            verdict = "good"
-        else:
-            # Undecided within max_pairs: the nearer of no change and the change sought.
-            verdict = "bad" if toward and abs(cmp.change) > abs(change) / 2 else "good"
+        # Different and like the change sought: bad; the same, and not like it: good. Anything else
+        # (a difference the other way or under half the change sought, or "same" while the estimate
+        # shows the change: the host's noise either way) was measured further; at max_pairs, the
+        # nearer of no change and the change sought decides.
+        verdict: bisect.Verdict = "bad" if _like(cmp.change, change, either) else "good"
         ev = {"rev": rev, "verdict": verdict, "built": built, "runs": runs, "pairs": cmp.size,
               "change": cmp.change, "p": cmp.p_value, "high_threshold": cmp.high_threshold,
               "magnitude_iqr": cmp.magnitude, "result": cmp.result, "why": why}
@@ -313,6 +316,11 @@ class Runner:
             raise nightly.RunError(f"the last good revision {rev[:12]} did not build in {run_id}: "
                                    f"{b.status + ': ' + b.message if b else 'no record'}")
         return Artifact(b.artifact_key, b.artifact_sha256, rev), not b.reused_artifact
+
+
+def _like(measured: float, sought: float, either: bool) -> bool:
+    """A change at least half the size of the one sought, in its direction (``either``: any)."""
+    return abs(measured) >= abs(sought) / 2 and (either or measured * sought > 0)
 
 
 def _built(records: list[ResultRecord]) -> tuple[ResultRecord | None, bool, str]:

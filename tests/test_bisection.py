@@ -231,6 +231,35 @@ def test_a_test_broken_at_commit_11_is_bisected_to_it_with_at_most_6_builds(farm
     assert not db.runs(limit=500)
 
 
+def test_a_5_percent_wall_clock_slowdown_is_bisected_to_its_commit(farm: Farm) -> None:
+    f, repos = farm
+    revs = repos["spin"]
+    code, out = _bisect(f, "spin", revs[0], revs[-1], "--benchmark", "spin", "--metric", "ops_per_sec")
+    print(out)
+    assert code == 0, out
+    db = ResultsDB(config_mod.load(f.config_path).database.url)
+    b = db.bisections(project="spin")[0]
+    assert b.state == "found" and b.culprit_rev == revs[5], out
+    assert b.detail["subject"] == "work: one more mixing step per round (safer)"
+    by_rev = {p["rev"]: p for p in b.detail["probes"]}
+    # The first bad end differs from the known-good build by about the planted 5 % (slower).
+    assert by_rev[revs[-1]]["result"] == "different" and -0.09 < by_rev[revs[-1]]["change"] < -0.02
+    assert by_rev[revs[5]]["verdict"] == "bad" and by_rev[revs[4]]["verdict"] == "good"
+
+
+def test_a_range_with_no_change_has_no_culprit(farm: Farm) -> None:
+    f, repos = farm
+    revs = repos["spin"]
+    code, out = _bisect(f, "spin", revs[0], revs[4], "--benchmark", "spin", "--metric", "ops_per_sec")
+    print(out)
+    assert code == 1, out
+    db = ResultsDB(config_mod.load(f.config_path).database.url)
+    b = db.bisections(project="spin")[0]
+    assert b.state == "no_culprit" and b.culprit_rev is None, out
+    # Nothing in between was judged: the first bad end is the same as the good build.
+    assert {p["rev"] for p in b.detail["probes"]} == {revs[0], revs[4]}
+
+
 def test_a_nightly_bisects_its_two_regressions_at_once_on_two_workers(farm: Farm) -> None:
     """Nightly n1 at commit 2, nightly n2 at commit 16: mul (broken at 5) and add (broken at 11)
     are new failures, confirmed by their re-runs; the nightly bisects both, two at a time,

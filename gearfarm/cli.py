@@ -670,6 +670,102 @@ def store_group() -> None:
     """The farm's S3 store."""
 
 
+def _as_of(value: str | None) -> float | None:
+    """--as-of: epoch seconds or an ISO date/time (UTC when it names no zone)."""
+    import datetime
+
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        at = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        _fail(f"--as-of {value!r}: give epoch seconds or an ISO date such as 2027-01-31")
+    return (at if at.tzinfo else at.replace(tzinfo=datetime.UTC)).timestamp()
+
+
+def _retention(config_path: str | None, state_dir: Path | None, days: float | None, as_of: str | None) -> tuple:
+    from gearfarm import retention
+    from gearfarm.store import ResultsDB
+
+    now = _as_of(as_of)
+    cfg = _config_or_embedded(config_path, state_dir)
+    if days is not None:
+        if days < 1:
+            _fail("--days must be at least 1")
+        cfg.retention.days = days
+    db = ResultsDB(cfg.database.url)
+    store = ArtifactStore(cfg.s3, retry_for=60)
+    try:
+        return cfg, db, store, retention.survey(cfg, db, store, now)
+    except (retention.RetentionError, StoreError) as e:
+        _fail(str(e))
+
+
+def _mib(n: int) -> str:
+    return f"{n / 1048576:.1f} MiB"
+
+
+@store_group.command("usage")
+@click.option("--config", "config_path")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--days", type=float, help="The age limit to show (default [retention] days).")
+@click.option("--all", "show_all", is_flag=True, help="List every entry, not only what is kept for a reason.")
+@click.option("--as-of", help="Apply the policy as of this date (ISO, or epoch seconds) instead of now.")
+def store_usage_cmd(config_path: str | None, state_dir: Path | None, days: float | None, show_all: bool,
+                    as_of: str | None) -> None:
+    """What the store holds, what the retention policy keeps and why, and what `gearfarm store
+    prune` would delete."""
+    from rich.table import Table
+
+    cfg, _, _, entries = _retention(config_path, state_dir, days, as_of)
+    kept = [e for e in entries if not e.expired]
+    gone = [e for e in entries if e.expired]
+    t = Table(title=f"kept by the retention policy ([retention] days = {cfg.retention.days:g})")
+    for col in ("kind", "what", "size", "last used", "why kept"):
+        t.add_column(col)
+    for e in entries if show_all else [e for e in kept if not e.young]:
+        t.add_row(e.kind, e.name[:40], _mib(e.size), time.strftime("%Y-%m-%d", time.gmtime(e.last_used)),
+                  "EXPIRED" if e.expired else "; ".join(e.reasons))
+    Console(width=200).print(t)
+    young = [e for e in kept if e.young]
+    valued = [e for e in kept if not e.young]
+    click.echo(f"kept for a reason: {len(valued)} entries, {_mib(sum(e.size for e in valued))}; "
+               f"younger than {cfg.retention.days:g} days: {len(young)}, {_mib(sum(e.size for e in young))}; "
+               f"expired (gearfarm store prune deletes them): {len(gone)}, {_mib(sum(e.size for e in gone))}")
+
+
+@store_group.command("prune")
+@click.option("--config", "config_path")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--days", type=float, help="Prune what was not used for this many days (default [retention] days).")
+@click.option("--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
+@click.option("--as-of", help="Apply the policy as of this date (ISO, or epoch seconds) instead of now.")
+def store_prune_cmd(config_path: str | None, state_dir: Path | None, days: float | None, dry_run: bool,
+                    as_of: str | None) -> None:
+    """Delete the builds, sources and run files the retention policy no longer keeps (see
+    `gearfarm store usage`). Run it by hand or daily (docker/systemd/gearfarm-prune.timer)."""
+    from gearfarm import retention
+
+    _, db, store, entries = _retention(config_path, state_dir, days, as_of)
+    gone = [e for e in entries if e.expired]
+    for e in gone:
+        click.echo(f"{'would prune' if dry_run else 'pruning'} {e.prefix} ({len(e.keys)} objects, {_mib(e.size)}, "
+                   f"last used {time.strftime('%Y-%m-%d', time.gmtime(e.last_used))})")
+    if dry_run:
+        click.echo(f"dry run: {len(gone)} entries, {_mib(sum(e.size for e in gone))} would be deleted")
+        return
+    try:
+        deleted, freed = retention.prune(db, store, entries)
+    except (retention.RetentionError, StoreError) as e:
+        _fail(str(e))
+    click.echo(f"pruned {len(gone)} entries: {deleted} objects, {_mib(freed)} freed; "
+               f"{sum(1 for e in entries if not e.expired)} entries kept")
+
+
 @store_group.command("roles")
 @click.option("--config", "config_path",
               help="A config whose [s3] keys are a MinIO admin's (default: $GEARFARM_CONFIG).")

@@ -274,10 +274,22 @@ class BisectConfig(_Section):
     max_pairs: int = Field(default=40, ge=2, le=1000)
 
 
+class RetentionConfig(_Section):
+    """What `gearfarm store prune` keeps (gearfarm/retention.py, docs/bisection.md "Retention")."""
+
+    # Builds, sources and run files (logs, results, reports) not used for this many days expire,
+    # unless the policy keeps them: the last good and first bad builds of every regression, every
+    # revision a bisection judged, tagged revisions, each target's last good and reference build.
+    days: float = Field(default=30.0, ge=1.0, le=3650.0)
+    # Keep the builds of revisions a tag of the project's repository points at.
+    keep_tags: bool = True
+
+
 class Config(_Section):
     projects: list[ProjectConfig] = Field(default_factory=list)
     gearman: GearmanConfig = Field(default_factory=GearmanConfig)
     bisect: BisectConfig = Field(default_factory=BisectConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
     s3: S3Config = Field(default_factory=S3Config)
     database: DatabaseConfig = Field(default_factory=DatabaseConfig)
     mail: MailConfig = Field(default_factory=MailConfig)

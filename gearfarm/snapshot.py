@@ -254,3 +254,17 @@ def commit_of(repo: Path, rev: str) -> Commit:
         raise SourceError(f"git show {rev[:12]} in {repo}: {_err(proc)}")
     full, author, at, subject = proc.stdout.decode(errors="replace").strip().split("\x1f", 3)
     return Commit(full, author, float(at), subject)
+
+
+def tags(repo: Path) -> dict[str, list[str]]:
+    """Commit -> the names of the tags pointing at it (annotated tags peeled to their commit)."""
+    proc = _git(["for-each-ref", "refs/tags", "--format=%(objectname) %(*objectname) %(refname:short)"],
+                cwd=repo, timeout=60)
+    if proc.returncode != 0:
+        raise SourceError(f"git for-each-ref refs/tags in {repo}: {_err(proc)}")
+    out: dict[str, list[str]] = {}
+    for line in proc.stdout.decode(errors="replace").splitlines():
+        parts = line.split(" ")
+        obj, peeled, name = parts[0], parts[1], " ".join(parts[2:])
+        out.setdefault(peeled or obj, []).append(name)
+    return out

@@ -607,6 +607,16 @@ class ResultsDB:
                 q = q.where(Bisection.project == project)
             return list(s.scalars(q))
 
+    def revisions_last_used(self) -> dict[str, float]:
+        """Each revision's newest run of any kind (nightly, re-run, bisection probe), by start."""
+        with self.session() as s:
+            return {rev: at for rev, at in s.execute(select(Run.rev, func.max(Run.created_at)).group_by(Run.rev))}
+
+    def run_ages(self) -> dict[str, tuple[float, str]]:
+        """Every run id -> (created_at, state)."""
+        with self.session() as s:
+            return {rid: (at, state) for rid, at, state in s.execute(select(Run.run_id, Run.created_at, Run.state))}
+
     def running_runs(self, limit: int = 20) -> list[Run]:
         """Runs not finished yet (re-runs included), newest first."""
         with self.session() as s:

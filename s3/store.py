@@ -376,6 +376,36 @@ class ArtifactStore:
 
         yield from self._retry(f"list {prefix}", page_all)
 
+    def objects(self, prefix: str = "") -> list[tuple[str, int, float]]:
+        """(key, size, last modified as epoch seconds) of every object under ``prefix``."""
+        def page_all() -> list[tuple[str, int, float]]:
+            out: list[tuple[str, int, float]] = []
+            for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+                out.extend((o["Key"], int(o["Size"]), o["LastModified"].timestamp()) for o in page.get("Contents", []))
+            return out
+
+        return self._retry(f"list {prefix or 'the bucket'}", page_all)
+
+    def delete(self, keys: list[str]) -> int:
+        """Delete ``keys`` (1,000 a request, S3's most); returns how many the store deleted.
+        StoreError naming the first key it refused."""
+        done = 0
+        for start in range(0, len(keys), 1000):
+            batch = keys[start:start + 1000]
+
+            def send(batch: list[str] = batch) -> dict[str, Any]:
+                return self.s3.delete_objects(Bucket=self.bucket, Delete={
+                    "Objects": [{"Key": k} for k in batch], "Quiet": True})
+
+            answer = self._retry(f"delete {len(batch)} objects", send)
+            errors = answer.get("Errors") or []
+            if errors:
+                e = errors[0]
+                raise StoreError(f"S3 refused to delete {e.get('Key')}: {e.get('Code')} {e.get('Message')} "
+                                 f"({len(errors)} of {len(batch)} refused)")
+            done += len(batch)
+        return done
+
     def presign(self, key: str) -> str:
         """A URL at the endpoint in use (the last that answered): every node serves any object."""
         return str(self.s3.generate_presigned_url(

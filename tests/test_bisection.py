@@ -11,6 +11,7 @@ from __future__ import annotations
 import email
 import email.policy
 import json
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from gearfarm import config as config_mod
 from gearfarm import process
 from gearfarm.config import ProjectConfig
 from gearfarm.farm import EmbeddedFarm
+from gearfarm.s3.store import ArtifactStore
 from gearfarm.store import ResultsDB
 from tests.farmkit import GIT, commit, gearfarm, start_web
 
@@ -303,3 +305,30 @@ def test_a_nightly_bisects_its_two_regressions_at_once_on_two_workers(farm: Farm
         process.stop(proc, timeout=10)
     assert {b["what"]: b["culprit"] for b in api["bisections"]} == {"tap/add": revs[10], "tap/mul": revs[4]}
     assert 'id="bisection"' in page and "calc: mul rounds (faster)" in page and revs[10][:12] in page
+
+
+def test_a_bisection_after_pruning_finds_its_culprit_from_kept_builds_and_rebuilds(farm: Farm) -> None:
+    """Pruned as of two months from now, the store keeps the revisions earlier bisections judged
+    and loses the rest; bisecting spin again over another range (from commit 2) reuses the kept
+    builds, rebuilds the pruned ones from the repository, and names commit 6 again."""
+    f, repos = farm
+    revs = repos["spin"]
+    cfg = config_mod.load(f.config_path)
+    db = ResultsDB(cfg.database.url)
+    if not db.bisections(project="spin"):  # run alone (-k): judge some revisions first
+        assert _bisect(f, "spin", revs[0], revs[-1], "--benchmark", "spin", "--metric", "ops_per_sec")[0] == 0
+    judged = {p["rev"] for b in db.bisections(project="spin") for p in b.detail["probes"]}
+    p = gearfarm("store", "prune", "--config", str(f.config_path), "--as-of", str(time.time() + 60 * 86400))
+    assert p.returncode == 0, p.stdout + p.stderr
+    store = ArtifactStore(cfg.s3, retry_for=10)
+    stored = {rev for rev in revs if any(store.list(f"artifacts/{rev}/"))}
+    assert stored == judged & set(revs), f"after pruning, builds of {sorted(stored)}; judged {sorted(judged)}"
+    assert revs[1] not in stored
+    code, out = _bisect(f, "spin", revs[1], revs[-1], "--benchmark", "spin", "--metric", "ops_per_sec")
+    assert code == 0, out
+    b = db.bisections(project="spin")[0]
+    assert b.state == "found" and b.culprit_rev == revs[5], out
+    built, reused = _probe_builds(db, b.run_prefix)
+    print(f"after pruning: {len(set(built))} revisions rebuilt, {len(set(reused))} kept builds reused\n{out}")
+    assert set(built) and set(built).isdisjoint(stored) and revs[1] in built
+    assert set(reused) and set(reused) <= stored | set(built)

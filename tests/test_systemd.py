@@ -42,6 +42,7 @@ def test_every_unit_verifies_with_nothing_to_say(tmp_path: Path) -> None:
     assert {p.name for p in paths} >= {"gearfarm-gearmand.service", "gearfarm-stunnel.service",
                                        "gearfarm-collector.service", "gearfarm-web.service",
                                        "gearfarm-nightly.service", "gearfarm-nightly.timer",
+                                       "gearfarm-prune.service", "gearfarm-prune.timer",
                                        "gearfarm-worker@build-test.1.service"}
     got = _verify(paths)
     assert got.returncode == 0 and got.stdout == "" and got.stderr == "", got.stdout + got.stderr
@@ -63,7 +64,11 @@ def test_every_unit_verifies_with_nothing_to_say(tmp_path: Path) -> None:
 
 
 def test_the_crontab_line_cannot_start_a_second_nightly_while_one_runs(tmp_path: Path) -> None:
-    (line,) = [ln for ln in (UNITS / "crontab").read_text().splitlines() if ln and not ln.startswith("#")]
+    lines = [ln for ln in (UNITS / "crontab").read_text().splitlines() if ln and not ln.startswith("#")]
+    (line,) = [ln for ln in lines if ln.endswith("/nightly.bash")]
+    # The daily prune waits for the same lock (no --nonblock): it never runs beside a nightly.
+    (prune,) = [shlex.split(ln.split(None, 5)[5]) for ln in lines if ln.endswith("store prune")]
+    assert prune[1:3] == ["/usr/bin/flock", "/run/lock/gearfarm-nightly.lock"]
     fields = line.split(None, 5)
     assert fields[:5] == ["0", "2", "*", "*", "*"]
     argv = shlex.split(fields[5])

@@ -1,4 +1,5 @@
-"""Shared pytest fixtures.  The ``gearmand`` fixture runs a real job server per test."""
+"""Shared pytest fixtures: a real gearmand per test (``gearmand``, ``second_gearmand``), and a
+real MinIO per test module (``minio``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gearfarm.gearmand import Gearmand
+from gearfarm.s3.minio import MinioServer
 
 
 @pytest.fixture
@@ -21,4 +23,12 @@ def gearmand(tmp_path: Path) -> Iterator[Gearmand]:
 def second_gearmand(tmp_path: Path) -> Iterator[Gearmand]:
     """Another real gearmand, for failover and multi-server status tests; always stopped."""
     with Gearmand(tmp_path / "second-gearmand") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
+    """A real MinIO on a free loopback port, data in a tmp dir, shared by a module's tests;
+    always stopped."""
+    with MinioServer(tmp_path_factory.mktemp("minio")) as server:
         yield server

@@ -17,7 +17,7 @@ import stat
 import tarfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -129,17 +129,6 @@ def test_archive_is_zstd_naming_nothing_and_archives_in_gzip_still_unpack(tmp_pa
     junk.write_bytes(b"PK\x03\x04 not an archive of ours")
     with pytest.raises(artifact.ArtifactError, match="neither zstd nor gzip"):
         artifact.unpack(junk, tmp_path / "junk", hashlib.sha256(junk.read_bytes()).hexdigest())
-
-
-@pytest.fixture(scope="module")
-def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
-    """A real MinIO on a free loopback port, data in a tmp dir; always stopped."""
-    server = MinioServer(tmp_path_factory.mktemp("minio"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,16 +29,6 @@ NIGHTS = 60
 TARGET = "linux-x86_64"
 # Nights whose tests fail (a known failure from night 50 on: the last good build is night 49's).
 FAILING_FROM = 50
-
-
-@pytest.fixture(scope="module")
-def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
-    server = MinioServer(tmp_path_factory.mktemp("minio"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _repo(dest: Path) -> list[str]:

@@ -12,7 +12,6 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 from pydantic import ValidationError
@@ -25,12 +24,6 @@ from gearfarm.s3.store import ArtifactStore, StoreError
 
 # Well under the first outage wait: the store's default retry_for is 300 s.
 QUICK = 10.0
-
-
-@pytest.fixture(scope="module")
-def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
-    with MinioServer(tmp_path_factory.mktemp("minio")) as server:
-        yield server
 
 
 def dead() -> str:

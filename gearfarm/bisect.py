@@ -100,6 +100,9 @@ def search(revs: list[str], judge: Judge, budget: Budget | None = None, ends: tu
             return outcome("flaky", f"{end.rev[:12]} both passes and fails: the failure is flaky, not bisected")
         if end.verdict != want:
             state: State = unreproduced if end is bad else "flaky"
+            if end is bad and state == "flaky":
+                return outcome(state, f"the failure at {end.rev[:12]} did not come back in {end.jobs} runs: "
+                                      "flaky, not bisected")
             return outcome(state, f"{end.rev[:12]} ({'first bad' if end is bad else 'last good'}) judged "
                                   f"{end.verdict} on repetition: nothing to bisect")
     skipped: set[int] = set()

@@ -300,6 +300,9 @@ class Runner:
         source, moved = nightly.prepare(self.store, nightly.Loaded(self.project.name, self.repo, rev, cat, text))
         p = nightly.plan(run_id, source, sel, self.settings.seed, text, moved)
         p.parent = self.row.run_prefix
+        if isinstance(self.subject, TestSubject) and not build_only:
+            # Only the failing case, where the suite says how (its `only`); else the whole suite.
+            p.cases = [self.subject.case]
         if baseline is not None:
             p.baselines[self.target] = baseline
         nightly.submit(self.cfg, self.db, self.client, p)

@@ -36,6 +36,7 @@ BUILTINS = {
     "seed": "the run's seed",
     "jobs": "the number of CPUs of the host (for make -j)",
     "runner": "the target's runner command (e.g. qemu-aarch64), empty when native",
+    "case": "a test case to run alone (in a suite's `only` items only)",
 }
 CTEST_ARGV = ["ctest", "--output-on-failure", "--output-junit", "{junit}"]
 
@@ -133,6 +134,16 @@ class Suite(Step):
     # Put the target's runner in front of argv; false when argv starts a driver (make, ctest,
     # sh) that runs the programs itself (it finds the runner in $GEARFARM_RUNNER).
     runner: bool = True
+    # How to run only some of the suite's cases (a bisection runs only the failing one): argv
+    # items appended once per case, with {case} the case's name, e.g. ["--only", "{case}"].
+    # A suite without it runs whole, and the case is read from its results.
+    only: list[str] = Field(default_factory=list, max_length=8)
+
+    @model_validator(mode="after")
+    def _only_names_the_case(self) -> Suite:
+        if self.only and not any("{case}" in item for item in self.only):
+            raise ValueError(f"only {self.only!r} must name the case with {{case}}, e.g. [\"--only\", \"{{case}}\"]")
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -164,7 +175,8 @@ class Suite(Step):
         return None if self.results in (None, "stdout") else self.results
 
     def templates(self) -> list[tuple[str, str]]:
-        return super().templates() + ([("results", self.results_file)] if self.results_file else [])
+        return (super().templates() + ([("results", self.results_file)] if self.results_file else [])
+                + [("only", o) for o in self.only])
 
 
 # Pairs a benchmark runs by default: each night's paired estimate needs a handful to have a
@@ -310,6 +322,9 @@ def _check_templates(cat: Catalog, origin: str) -> None:
                 if name == "runner" and not (key.startswith("env.") or template == "{runner}" and key == "argv"):
                     raise CatalogError(f"{origin}: [{section}] {key} {template!r}: {{runner}} must be an argv item "
                                        "of its own (it expands to zero or more items) or in env (space-separated)")
+                if name == "case" and key != "only":
+                    raise CatalogError(f"{origin}: [{section}] {key} {template!r}: {{case}} is only known in a "
+                                       "suite's `only` items (how to run one case alone)")
                 if name in BUILTINS:
                     continue
                 lacking = [t.name for t in targets if name not in t.vars]

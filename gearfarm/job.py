@@ -9,13 +9,13 @@ import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from gearfarm.seal import SealError, seal, unseal
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 Kind = Literal["build", "test", "perf"]
 KINDS: tuple[str, ...] = ("build", "test", "perf")
 COLLECT_FUNCTION = "collect"
@@ -109,7 +109,7 @@ class Artifact:
 class Payload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    schema_version: Literal[4] = SCHEMA_VERSION
+    schema_version: Literal[5] = SCHEMA_VERSION
     kind: Kind
     run_id: str = Field(pattern=_RUN_ID)
     project: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")
@@ -136,6 +136,11 @@ class Payload(BaseModel):
     reference_rev: str | None = Field(default=None, pattern=_HEX40)
     reference_key: str | None = Field(default=None, max_length=512)
     reference_sha256: str | None = Field(default=None, pattern=_SHA256)
+    # test (and the build that fans it out): run only these cases of the suite, by the catalog's
+    # `only` items (a bisection's probe); empty: the whole suite. Each name goes into single argv
+    # items, never a shell: no control characters.
+    cases: list[Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f]{1,200}$")]] = Field(
+        default_factory=list, max_length=16)
     seed: int = Field(default=1, ge=0, lt=2**31)
     attempt: int = Field(default=1, ge=1, le=100)
     submitted_at: float
@@ -189,7 +194,8 @@ class Payload(BaseModel):
 
 def make_payload(job: JobId, *, source: Source, deadline: float, attempt: int = 1, seed: int = 1,
                  suites: Sequence[str] = (), benchmarks: Sequence[str] = (), artifact: Artifact | None = None,
-                 baseline: Artifact | None = None, reference: Artifact | None = None) -> Payload:
+                 baseline: Artifact | None = None, reference: Artifact | None = None,
+                 cases: Sequence[str] = ()) -> Payload:
     """Every payload the farm sends (build, test, perf; first attempts, resubmissions, re-runs)
     is made here, so no path can drop a field another path sets. A build carries what its
     dependents need (suites, benchmarks, baseline); a test or perf job carries its artifact;
@@ -209,7 +215,7 @@ def make_payload(job: JobId, *, source: Source, deadline: float, attempt: int = 
         baseline_rev=base.rev if base else None, baseline_key=base.key if base else None,
         baseline_sha256=base.sha256 if base else None,
         reference_rev=ref.rev if ref else None, reference_key=ref.key if ref else None,
-        reference_sha256=ref.sha256 if ref else None,
+        reference_sha256=ref.sha256 if ref else None, cases=list(cases) if kind in ("build", "test") else [],
         seed=seed, attempt=attempt, submitted_at=time.time(), deadline=deadline)
 
 
@@ -217,7 +223,7 @@ def dependent(build: Payload, step: str, artifact: Artifact, attempt: int = 1) -
     """The payload of a test or perf job of ``build``'s run and target."""
     return make_payload(JobId(build.run_id, build.target, step), source=build.source, deadline=build.deadline,
                         attempt=attempt, seed=build.seed, artifact=artifact, baseline=build.baseline,
-                        reference=build.reference)
+                        reference=build.reference, cases=build.cases)
 
 
 def sign(payload: Payload, keys: list[str]) -> bytes:

@@ -61,6 +61,8 @@ class Plan:
     parent: str | None = None
     # False for a re-run: its test jobs run on the builds in ``artifacts``.
     build: bool = True
+    # Run only these cases of the suites (a bisection's probe); empty: the whole suites.
+    cases: list[str] = field(default_factory=list)
     # The catalog's text, recorded with the run (history and reports read it, not a repository).
     catalog_text: str = ""
     # Bytes of source and catalog this nightly uploaded for the run (0: already in S3).
@@ -100,10 +102,10 @@ class Plan:
         if jid.kind == "build":
             return make_payload(jid, source=self.source, deadline=self.deadline, attempt=attempt, seed=self.seed,
                                 suites=self.suites[t], benchmarks=self.benchmarks[t], baseline=self.baselines.get(t),
-                                reference=self.references.get(t))
+                                reference=self.references.get(t), cases=self.cases)
         return make_payload(jid, source=self.source, deadline=self.deadline, attempt=attempt, seed=self.seed,
                             artifact=artifact or self.artifacts.get(t), baseline=self.baselines.get(t),
-                            reference=self.references.get(t))
+                            reference=self.references.get(t), cases=self.cases)
 
 
 @dataclass(frozen=True)

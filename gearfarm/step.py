@@ -107,13 +107,16 @@ class SuiteRun:
 
 
 def run_suite(cat: Catalog, target: Target, suite: Suite, tree: Path, scratch: Path, log_path: Path, seed: int,
-              sandbox: Sandbox, extra_env: dict[str, str] | None = None) -> SuiteRun:
+              sandbox: Sandbox, extra_env: dict[str, str] | None = None, cases: list[str] | None = None) -> SuiteRun:
     """Run one suite in ``tree`` (the artifact's files, over the source when the suite asks);
-    ``extra_env`` is the host's addition for the runner (a wine prefix)."""
+    ``extra_env`` is the host's addition for the runner (a wine prefix). ``cases``: only these,
+    by the suite's `only` items (a suite without them runs whole)."""
     junit = scratch.parent / f"{scratch.name}-junit.xml"
     vals = catalog_mod.values(cat, target, {"root": str(tree), "scratch": str(scratch), "junit": str(junit),
                                             "seed": str(seed)})
     argv = (target.runner if suite.runner else []) + catalog_mod.expand(suite.argv, vals, target.runner)
+    for case in (cases or []) if suite.only else []:
+        argv += catalog_mod.expand(suite.only, {**vals, "case": case})
     env = catalog_mod.environment(sandbox.environment(extra_env), target, suite, vals)
     cwd = tree / suite.cwd.format_map(vals)
     results = Path(suite.results_file.format_map(vals)) if suite.results_file else None

@@ -88,5 +88,5 @@ def test_a_test_is_judged_by_all_its_repetitions() -> None:
 
 
 def test_a_test_failure_that_does_not_come_back_is_flaky_not_no_culprit() -> None:
-    out = search(REVS, _judge(10), ends=(Probe(REVS[0], "good"), Probe(REVS[-1], "good")), unreproduced="flaky")
-    assert out.state == "flaky" and out.culprit is None
+    out = search(REVS, _judge(10), ends=(Probe(REVS[0], "good"), Probe(REVS[-1], "good", jobs=4)), unreproduced="flaky")
+    assert out.state == "flaky" and out.culprit is None and "did not come back in 4 runs" in out.message

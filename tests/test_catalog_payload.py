@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from gearfarm import catalog
 from gearfarm.job import (
@@ -99,6 +100,8 @@ def test_catalog_rejects_unknown_placeholders_and_undefined_suites() -> None:
     (('[suites.unit]', '[benchmarks.b]\nargv = ["x"]\nmetrics_pattern = "(?P<metric>ops)=(?P<value>[0-9]+)"\n'
                        'metrics = { ops = "higher" }\nmax_repetitions = 20\n[suites.unit]'),
      r"max_repetitions only applies with precision .*: set precision, or drop max_repetitions"),
+    (('format = "tap"', 'format = "tap"\nonly = ["--only"]'), r"only \['--only'\] must name the case with \{case\}"),
+    (('"{root}/t"', '"{root}/t", "{case}"'), r"\{case\} is only known in a suite's `only` items"),
 ])
 def test_catalog_errors_name_the_file_the_key_and_the_fix(edit: tuple[str, str], message: str) -> None:
     text = BASE.replace('argv = ["{root}/t"]', 'argv = ["{root}/t"]\ntimeout = 120\nformat = "tap"\ncwd = "."')
@@ -151,6 +154,23 @@ def test_one_factory_makes_every_payload() -> None:
     assert test.unique == JobId.parse(test.job_id).unique(3)
     with pytest.raises(ValueError, match="needs the artifact"):
         make_payload(JobId("r1", "linux-x86_64", "test-unit"), source=SOURCE, deadline=1.0)
+
+
+
+def test_a_build_passes_the_cases_to_run_alone_to_its_tests_and_only_to_them() -> None:
+    """A bisection's probe runs one case: its build payload carries it, the test job it fans out
+    gets it, a perf job does not; the case reaches the suite as single argv items of its `only`."""
+    build = make_payload(JobId("r1", "linux-x86_64", "build"), source=SOURCE, deadline=123.0, suites=["unit"],
+                         cases=["limits; rm -rf /"])
+    art = Artifact("artifacts/new", "e" * 64)
+    assert dependent(build, "test-unit", art).cases == ["limits; rm -rf /"]
+    assert dependent(build, "perf-oltp", art).cases == []
+    with pytest.raises(ValidationError, match="cases"):
+        _payload(cases=["bad\nname"])
+    cat = catalog.parse(BASE.replace('argv = ["{root}/t"]', 'argv = ["{root}/t"]\nonly = ["--only", "{case}"]'), "c")
+    vals = catalog.values(cat, cat.target("linux-x86_64"), {"root": "/r"})
+    hostile = "limits; rm -rf /"
+    assert catalog.expand(cat.suite("unit").only, {**vals, "case": hostile}) == ["--only", hostile]
 
 
 def test_signed_payload_roundtrip_and_rotation() -> None:

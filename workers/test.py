@@ -63,7 +63,7 @@ def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
         scratch.mkdir()
         ctx.started(p)
         with ctx.runner_env(target.runner, target.runner_env) as env:
-            run = step.run_suite(cat, target, suite, tree, scratch, log_path, p.seed, ctx.sandbox, env)
+            run = step.run_suite(cat, target, suite, tree, scratch, log_path, p.seed, ctx.sandbox, env, p.cases)
         timings["test"] = run.seconds
         status, message, cases = run.status, run.message, run.cases
         has_junit = suite.format in ("junit", "ctest") and run.results is not None and run.results.is_file()

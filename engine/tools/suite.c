@@ -647,9 +647,34 @@ static const ucase units[] = {
     { "single_process_lock", t_single_process_lock },
 };
 
+/* --only NAME (repeatable): the unit tests to run, none meaning all. A bisection runs only the
+   test it bisects (the farm's catalog passes its name); names are checked before anything runs. */
+#define MAX_ONLY 16
+static const char *g_only[MAX_ONLY];
+static int g_n_only;
+
+static int unit_selected(const char *name)
+{
+    if (!g_n_only) return 1;
+    for (int i = 0; i < g_n_only; i++)
+        if (!strcmp(g_only[i], name)) return 1;
+    return 0;
+}
+
+static const char *unknown_unit(void)
+{
+    for (int i = 0; i < g_n_only; i++) {
+        size_t k = 0;
+        while (k < sizeof units / sizeof units[0] && strcmp(units[k].name, g_only[i])) k++;
+        if (k == sizeof units / sizeof units[0]) return g_only[i];
+    }
+    return NULL;
+}
+
 static void run_unit(junit *j)
 {
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (!unit_selected(units[i].name)) continue;
         double t0 = now_sec();
         const char *f = units[i].fn();
         junit_add(j, units[i].name, now_sec() - t0, f);
@@ -1072,7 +1097,7 @@ static void run_recovery(junit *j, int argc0, char **argv0)
 static int usage(const char *msg)
 {
     fprintf(stderr, "gfe-suite: %s\nusage: gfe-suite <unit|model|recovery> --junit FILE [--dir SCRATCHDIR] [--seed N] "
-                    "[--ops N] [--kills N]\n", msg);
+                    "[--ops N] [--kills N] [--only UNIT-TEST]...\n", msg);
     return 2;
 }
 
@@ -1094,9 +1119,21 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--seed")) { g_seed = strtoull(v, &end, 10); have_seed = 1; if (*end) return usage("bad --seed"); }
         else if (!strcmp(a, "--ops")) { g_ops = strtol(v, &end, 10); if (*end || g_ops < 1) return usage("bad --ops"); }
         else if (!strcmp(a, "--kills")) { g_kills = strtol(v, &end, 10); if (*end || g_kills < 1) return usage("bad --kills"); }
+        else if (!strcmp(a, "--only")) {
+            if (g_n_only == MAX_ONLY) return usage("at most 16 --only");
+            g_only[g_n_only++] = v;
+        }
         else return usage("unknown option");
     }
     if (!jpath) return usage("--junit FILE is required");
+    if (g_n_only && strcmp(suite, "unit")) return usage("--only selects unit tests: it applies to the unit suite only");
+    const char *unknown = unknown_unit();
+    if (unknown) {
+        fprintf(stderr, "gfe-suite: no unit test named '%s'; the unit tests are:", unknown);
+        for (size_t k = 0; k < sizeof units / sizeof units[0]; k++) fprintf(stderr, " %s", units[k].name);
+        fprintf(stderr, "\n");
+        return 2;
+    }
     if (!have_seed) g_seed = (port_now_ns() ^ ((uint64_t)port_pid() << 32)) % 1000000007u;
     if (!g_dir[0]) {
         const char *t = getenv("TMPDIR");

@@ -30,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from gearfarm import bisect, compare, nightly, snapshot
 from gearfarm import catalog as catalog_mod
 from gearfarm.config import Config, ProjectConfig
@@ -146,11 +148,15 @@ class Runner:
         try:
             with gearman_client(self.cfg) as self.client:
                 out = self._search(revs)
-        except (GearmanError, StoreError, nightly.RunError, snapshot.SourceError) as e:
-            self.db.update_bisection(self.row.id, state="error", message=f"the farm could not go on: {e}",
-                                     probes=self.evidence)
-            raise BisectionError(f"{self.row.run_prefix}: the farm could not go on: {e}") from e
-        return self._finish(out)
+            return self._finish(out)
+        except (GearmanError, StoreError, nightly.RunError, snapshot.SourceError, SQLAlchemyError) as e:
+            why = str(e).splitlines()[0] if isinstance(e, SQLAlchemyError) else str(e)
+            try:
+                self.db.update_bisection(self.row.id, state="error", message=f"the farm could not go on: {why}",
+                                         probes=self.evidence)
+            except SQLAlchemyError:
+                log.warning("%s: the results database is away; its state stays 'running'", self.row.run_prefix)
+            raise BisectionError(f"{self.row.run_prefix}: the farm could not go on: {why}") from e
 
     def _search(self, revs: list[str]) -> bisect.Outcome:
         st = self.settings

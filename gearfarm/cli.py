@@ -325,7 +325,9 @@ def _run_nightly(cfg: Config, todo: list[tuple[nightly.Loaded, str, nightly.Sele
 def _bisect_after(cfg: Config, db: ResultsDB, store: ArtifactStore, runs: list, by_run: dict[str, list],
                   seed: int) -> list[str]:
     """After the nightly's mail: bisect what its reports found ([bisect] auto), then write the
-    reports again with the culprits and send the follow-up mail. Returns the farm's problems."""
+    reports again with the culprits and send the follow-up mail. Returns the farm's problems
+    (a follow-up mail not sent); a bisection that could not go on is said, and recorded with
+    its state "error", but does not change the nightly's exit status."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from gearfarm import bisection, publisher
@@ -334,21 +336,23 @@ def _bisect_after(cfg: Config, db: ResultsDB, store: ArtifactStore, runs: list, 
     try:
         found = [c for run in runs for c in bisection.candidates(cfg, db, run.run_id)]
     except (SQLAlchemyError, SourceError) as e:
-        return [f"regressions not bisected: {e}"]
+        console.print(f"[yellow]regressions not bisected:[/] {escape(str(e).splitlines()[0])}", highlight=False)
+        return []
     if not found:
         return []
     console.print(f"bisecting {len(found)} regression(s), {cfg.bisect.parallel} at a time", highlight=False)
     done = bisection.run_all(cfg, db, store, found, seed, say=lambda m: console.print(m, highlight=False))
-    problems = [str(e) for e in done if isinstance(e, bisection.BisectionError)]
     for b in done:
-        if not isinstance(b, bisection.BisectionError):
+        if isinstance(b, bisection.BisectionError):
+            console.print(f"[yellow]bisection problem:[/] {escape(str(b))}", highlight=False)
+        else:
             click.echo(bisection.describe(b))
     with_bisections = [r for r in runs if any(c.origin_run_id == r.run_id for c in found)]
     pub = publisher.follow_up(cfg, db, store, with_bisections, by_run)
     if pub.delivery is not None and not pub.delivery.error:
         d = pub.delivery
         click.echo(f"bisection mail: {'sent to ' + ', '.join(d.recipients) if d.sent else d.eml}")
-    return problems + pub.problems
+    return pub.problems
 
 
 def _watch(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, client: Client,

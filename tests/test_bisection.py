@@ -183,6 +183,22 @@ def test_a_nightly_bisects_its_two_regressions_at_once_on_two_workers(farm: Farm
     assert 'id="bisection"' in page and "calc: mul rounds (faster)" in page and revs[10][:12] in page
 
 
+def test_a_bisection_that_cannot_start_says_what_to_fix(farm: Farm) -> None:
+    f, repos = farm
+    revs = repos["calc"]
+    cases = [((revs[-1], revs[0], "--test", "tap/add"), "is not an ancestor of"),
+             ((revs[0], revs[-1], "--test", "nosuch/add"), "does not run suite 'nosuch'; its suites: tap, chance"),
+             ((revs[0], revs[-1], "--benchmark", "spin", "--metric", "x"),
+              "unknown benchmark 'spin'; known benchmarks: none"),
+             ((revs[0], revs[-1]), "say what to bisect: --test SUITE/NAME, or --benchmark NAME with --metric")]
+    db = ResultsDB(config_mod.load(f.config_path).database.url)
+    before = len(db.bisections(project="calc"))
+    for args, message in cases:
+        code, out = _bisect(f, "calc", *args)
+        assert code == 2 and message in out, out
+    assert len(db.bisections(project="calc")) == before  # nothing recorded, nothing run
+
+
 def test_a_bisection_after_pruning_finds_its_culprit_from_kept_builds_and_rebuilds(farm: Farm) -> None:
     """Pruned as of two months from now, the store keeps the revisions earlier bisections judged
     and loses the rest; bisecting spin again over another range (from commit 2) reuses the kept

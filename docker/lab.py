@@ -221,6 +221,12 @@ def _functions(cfg: Config) -> set[str]:
     return set.intersection(*seen)
 
 
+def _gearmand_ok(cfg: Config) -> bool:
+    """True once both job servers answer the admin protocol through their stunnel (raises before)."""
+    _functions(cfg)
+    return True
+
+
 def wanted_functions(lab: Path) -> set[str]:
     env = read_env(lab)
     return ({f"build:{t}" for t in env["GF_BUILD_TARGETS"].split(",")} |
@@ -233,8 +239,8 @@ def up(lab: Path, timeout: float = 180.0) -> None:
     compose(lab, "up", "-d", *SERVERS)
     _until("MinIO (cluster health, write quorum)", lambda: _minio_cluster_ok(cfg), timeout)
     _until("PostgreSQL (TLS, client certificate)", lambda: _postgres_ok(cfg), timeout)
-    _until("both gearmand (mutual TLS)", lambda: _functions(cfg) is not None, timeout)
-    make_role_users(cfg.s3, cfg.s3.roles or _role_keys(lab))
+    _until("both gearmand (mutual TLS)", lambda: _gearmand_ok(cfg), timeout)
+    make_role_users(cfg.s3, _role_keys(lab))
     ArtifactStore(cfg.s3, retry_for=30).ensure_bucket()
     compose(lab, "up", "-d", *(h for h, _ in HOSTS))
     want = wanted_functions(lab)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 Verdict = Literal["good", "bad", "skip", "flaky"]
 # How a bisection ended: one culprit; no culprit (the bad end does not differ from the good
@@ -149,6 +149,12 @@ def judge_test(statuses: list[str]) -> Verdict:
     if failed == 0:
         return "good"
     return "bad" if failed == len(ran) else "flaky"
+
+
+def ordered_evidence(detail: dict[str, Any]) -> list[dict[str, Any]]:
+    """A bisection's judged revisions (its detail's probes), oldest revision first."""
+    order = {rev: i for i, rev in enumerate(detail.get("revs", []))}
+    return sorted(detail.get("probes", []), key=lambda p: order.get(p["rev"], -1))
 
 
 def evidence_line(ev: dict[str, object]) -> str:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -138,9 +138,7 @@ class Runner:
         except catalog_mod.CatalogError as e:
             raise BisectionError(f"project {self.project.name} at {revs[-1][:12]}: {e}") from e
         s = self.subject
-        subject = ({"suite": s.suite, "case": s.case} if isinstance(s, TestSubject)
-                   else {"benchmark": s.benchmark, "metric": s.metric})
-        self.row = self.db.create_bisection(self.project.name, self.target, s.kind, subject, revs[0], revs[-1],
+        self.row = self.db.create_bisection(self.project.name, self.target, s.kind, asdict(s), revs[0], revs[-1],
                                             self.origin_run_id)
         self.db.update_bisection(self.row.id, revs=revs)
         self.say(f"{self.row.run_prefix}: {s} on {self.target}, {len(revs) - 1} commits in "
@@ -194,7 +192,7 @@ class Runner:
             detail.update(author=c.author, subject=c.subject, committed_at=c.at, confidence=conf)
         self.db.update_bisection(self.row.id, state=out.state, culprit_rev=out.culprit, **detail)
         self.say(f"{self.row.run_prefix}: {out.state}: {out.message}")
-        return next(b for b in self.db.bisections(project=self.project.name) if b.id == self.row.id)
+        return self.db.get_bisection(self.row.id)
 
     # ------------------------------------------------------------------ judging one revision
 
@@ -423,11 +421,9 @@ def candidates(cfg: Config, db: ResultsDB, run_id: str) -> list[Candidate]:
         if g.kind == "failure":
             suite, _, case = g.subject.partition("/")
             subject = TestSubject(suite, case)
-            prev = db.runs_before(run.created_at, run.project, g.target, limit=1)
-            good = prev[0].rev if prev else None
         else:
             subject = PerfSubject(str(g.detail.get("benchmark")), str(g.detail.get("metric")))
-            good = g.last_good_rev
+        good = triage.last_good_rev(db, g)
         if not good or good == g.first_bad_rev:
             continue
         try:
@@ -435,7 +431,7 @@ def candidates(cfg: Config, db: ResultsDB, run_id: str) -> list[Candidate]:
         except snapshot.SourceError as e:
             log.warning("run %s: %s on %s is not bisected: %s", run_id, subject, g.target, e)
             continue
-        key = (g.target, subject.kind, tuple(vars(subject).values()), good, g.first_bad_rev)
+        key = (g.target, subject.kind, tuple(asdict(subject).values()), good, g.first_bad_rev)
         if commits > 1 and key not in done:
             done.add(key)
             out.append(Candidate(project, g.target, subject, good, g.first_bad_rev, run_id))
@@ -471,8 +467,7 @@ def describe(b: Bisection) -> str:
         lines += [f"culprit: {b.culprit_rev} {d.get('subject', '')}", f"author:  {d.get('author', '')}",
                   f"confidence: {d.get('confidence', 0.0):.3f}"]
     lines.append(f"{d.get('message', '')} ({d.get('builds', 0)} builds made, {d.get('jobs', 0)} jobs)")
-    order = {rev: i for i, rev in enumerate(d.get("revs", []))}
-    for p in sorted(d.get("probes", []), key=lambda p: order.get(p["rev"], -1)):
+    for p in bisect.ordered_evidence(d):
         lines.append(f"  {p['rev'][:12]}  {p['verdict']:<5} {bisect.evidence_line(p)}"
                      f"{'  (built)' if p.get('built') else ''}")
     return "\n".join(lines)

@@ -299,7 +299,6 @@ def add_bisections(rep: dict[str, Any], rows: Sequence[Any]) -> None:
     out = []
     for b in rows:
         d = b.detail or {}
-        order = {rev: i for i, rev in enumerate(d.get("revs", []))}
         out.append({
             "id": b.id, "kind": b.kind, "target": b.target, "what": "/".join(str(v) for v in b.subject.values()),
             "state": b.state, "good_rev": b.good_rev, "bad_rev": b.bad_rev,
@@ -309,7 +308,7 @@ def add_bisections(rep: dict[str, Any], rows: Sequence[Any]) -> None:
             "jobs": d.get("jobs", 0), "suspects": d.get("suspects", []),
             "evidence": [{"rev": e["rev"], "verdict": e["verdict"], "built": bool(e.get("built")),
                           "figures": bisect.evidence_line(e)}
-                         for e in sorted(d.get("probes", []), key=lambda e: order.get(e["rev"], -1))],
+                         for e in bisect.ordered_evidence(d)],
         })
     rep["bisections"] = out
 

@@ -56,7 +56,10 @@ class Entry:
     reasons: list[str] = field(default_factory=list)
     # Kept only because it is younger than the age limit.
     young: bool = False
-    expired: bool = False
+
+    @property
+    def expired(self) -> bool:
+        return not self.reasons
 
 
 def _group(key: str) -> tuple[str, str, str]:
@@ -77,12 +80,7 @@ def kept_revisions(cfg: Config, db: ResultsDB) -> dict[str, list[str]]:
             why.setdefault(rev, []).append(reason)
 
     for g in triage.listing(db, limit=1_000_000):
-        last_good = g.last_good_rev
-        if last_good is None:
-            run = db.get_run(g.first_bad_run)
-            prev = db.runs_before(run.created_at, g.project, g.target, limit=1) if run else []
-            last_good = prev[0].rev if prev else None
-        keep(last_good, f"last good of regression #{g.id} ({g.subject} on {g.target})")
+        keep(triage.last_good_rev(db, g), f"last good of regression #{g.id} ({g.subject} on {g.target})")
         keep(g.first_bad_rev, f"first bad of regression #{g.id} ({g.subject} on {g.target})")
     for b in db.bisections(limit=1_000_000):
         for p in (b.detail or {}).get("probes", []):
@@ -143,7 +141,6 @@ def survey(cfg: Config, db: ResultsDB, store: ArtifactStore, now: float | None =
         if not e.reasons and e.last_used >= limit:
             e.young = True
             e.reasons.append(f"used {(now - e.last_used) / DAY:.1f} days ago (younger than {cfg.retention.days:g})")
-        e.expired = not e.reasons
     return sorted(entries.values(), key=lambda e: (e.kind, -e.last_used, e.name))
 
 

@@ -581,6 +581,13 @@ class ResultsDB:
             s.expunge(b)
             return b
 
+    def get_bisection(self, bid: int) -> Bisection:
+        with self.session() as s:
+            b = s.get(Bisection, bid)
+            if b is None:
+                raise KeyError(f"no bisection {bid}")
+            return b
+
     def update_bisection(self, bid: int, state: str | None = None, culprit_rev: str | None = None,
                          **detail: Any) -> None:
         """Merge keys into its detail; a state other than running ends it."""

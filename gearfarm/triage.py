@@ -58,6 +58,16 @@ def detected(run: Run, verdicts: list[Verdict] | None, perf_entries: list[dict[s
     return out
 
 
+def last_good_rev(db: ResultsDB, g: Regression) -> str | None:
+    """A regression's last good revision: the change point's for a performance change; for a new
+    failure (recorded without one), the previous run's on its target. None when there is none."""
+    if g.last_good_rev is not None:
+        return g.last_good_rev
+    run = db.get_run(g.first_bad_run)
+    prev = db.runs_before(run.created_at, g.project, g.target, limit=1) if run else []
+    return prev[0].rev if prev else None
+
+
 def record(db: ResultsDB, run: Run, found: list[Detected]) -> int:
     """Store what ``run`` found; a regression already stored (the same run published again)
     keeps its row and its triage. Returns how many were new."""

@@ -17,7 +17,9 @@ Sections (all by default; --only picks some):
   same jobs run alone (a nightly with one worker slot, so no job overlaps another): the longest
   chain of jobs (a build, then its longest suite or its benchmarks), or the work spread over the
   cores, whichever is longer; a benchmark counts as holding every core (it has the host to
-  itself, issue #12). --nightly-repeat pairs per variant, taking turns, and their median.
+  itself, issue #12). --nightly-repeat pairs per variant, taking turns, and their median. The
+  nightly starts from the job durations the one-slot run measured on this host, as a farm's
+  nightly does from the night before's (gearfarm/priority.py).
 * scale: the same nightly with 1, 2 and 4 targets.
 * hosts: the nightly on a lab of 1, 2 and 4 simulated hosts (network namespaces, root only)
   sharing this machine's cores, one build-and-test slot each: what more hosts cost.
@@ -34,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -395,6 +398,9 @@ def nightly(variants: list[tuple[str, str | None]], tmp_root: Path, repeat: int 
             alone_wall = run_nightly(alone_state, targets, 1, "alone")
             alone = job_seconds(alone_state, "alone")
             bound, path, work = lower_bound(alone, cores)
+            # The host has run these jobs (the one-slot nightly, just now), as a farm's host has
+            # every night but its first: its slots start the jobs it measured longest first.
+            shutil.copytree(alone_state / "durations", state / "durations")
             wall = run_nightly(state, targets, None, "night")
             jobs = job_seconds(state, "night")
             span = max(j[5] for j in jobs) - min(j[4] for j in jobs)

@@ -5,10 +5,12 @@ start before quick native ones instead of being left for last on a busy host.
 gearmand orders jobs only within one function (priorities) and offers a worker the functions in
 the order it registered them (gearfarm.gearman.Worker.register), so a slot registers its
 functions in this order. Each host learns how long its jobs take: every finished job updates a
-per-host file of durations in the state directory, read at the next start. Until a function has
-been seen, an emulated target's suites count three times a native one's (measured on the default
-nightly: the aarch64 suites under qemu and the Windows suites under wine took 2.5-4 times the
-native ones)."""
+per-host file of durations in the state directory (per function and per job of it: a target's
+model suite took ten times its unit suite), read at the next start; a build worker queues its
+target's suites longest first, since gearmand hands out one function's jobs in the order they
+came. Until a function has been seen, an emulated target's suites count three times a native
+one's (measured on the default nightly: the aarch64 suites under qemu and the Windows suites
+under wine took 2.5-4 times the native ones)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from gearfarm.catalog import Target
+from gearfarm.job import step_name
 
 EMULATED = 3.0
 # Weight of the newest duration in the running average: the engine and the host change.
@@ -62,24 +65,54 @@ class Durations:
             pass  # only the next start's order depends on it
 
 
+def step_key(function: str, step: str) -> str:
+    """The key of one job of a function (``test:linux-x86_64/test-model``): a target's suites
+    differ by ten times and more, so a function's average cannot say which of them goes first."""
+    return f"{function}/{step}"
+
+
+def estimate(durations: Mapping[str, float], targets: Mapping[str, Target], role: str, target: str,
+             step: str | None = None) -> float:
+    """Seconds one job is expected to take on this host: the step as measured, else its
+    function's running average, else 1 (three for an emulated target's suites)."""
+    function = f"{role}:{target}"
+    for key in ([step_key(function, step)] if step else []) + [function]:
+        if key in durations:
+            return durations[key]
+    t = targets.get(target)
+    return EMULATED if role == "test" and t is not None and t.runner else 1.0
+
+
+def longest_first(steps: Iterable[str], function: str, durations: Mapping[str, float]) -> list[str]:
+    """A build's test steps in the order to submit them: gearmand hands out one function's jobs
+    first in, first out, so the suite measured longest must be queued first (steps never
+    measured keep their order, after the measured ones they are not known to be shorter than)."""
+    listed = list(steps)
+
+    def key(i: int) -> tuple[float, int]:
+        seen = durations.get(step_key(function, listed[i]))
+        return (-(seen if seen is not None else durations.get(function, 0.0)), i)
+
+    return [listed[i] for i in sorted(range(len(listed)), key=key)]
+
+
 def order(functions: Iterable[tuple[str, str]], targets: Mapping[str, Target],
           durations: Mapping[str, float]) -> list[tuple[str, str]]:
-    """(role, target) pairs, longest remaining path first. A build's path is its own duration
-    and then its target's suites (they wait for it); a suite job's is its own."""
+    """(role, target) pairs, longest remaining path first. A build's path is its own duration and
+    then its target's longest suite (they wait for it and run side by side); a test function's
+    is its longest suite, which the build queued first (``longest_first``)."""
 
-    def job(role: str, target: str) -> float:
-        seen = durations.get(f"{role}:{target}")
-        if seen is not None:
-            return seen
+    def suites(target: str) -> list[float]:
         t = targets.get(target)
-        return EMULATED if role == "test" and t is not None and t.runner else 1.0
+        names = t.suites if t is not None and t.suites else [""]
+        return [estimate(durations, targets, "test", target, step_name("test", n) if n else None) for n in names]
 
     def path(role: str, target: str) -> float:
         if role == "build":
-            t = targets.get(target)
-            suites = len(t.suites) if t is not None else 1
-            return job("build", target) + suites * job("test", target)
-        return job(role, target)
+            return estimate(durations, targets, "build", target) + max(suites(target))
+        if role == "test":
+            return max(suites(target))
+        return estimate(durations, targets, role, target)
 
     pairs = list(functions)
     return sorted(pairs, key=lambda rt: (-path(*rt), rt))

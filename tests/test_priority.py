@@ -1,13 +1,21 @@
 """The order a worker slot takes queued jobs in: longest remaining path first, from what this
-host measured, with emulated suites counted slow until measured."""
+host measured (per function and per suite), with emulated suites counted slow until measured; a
+build queues its target's suites longest first, and a real one-slot farm runs them so."""
 
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
 from pathlib import Path
 
+from gearfarm import catalog as catalog_mod
+from gearfarm import config as config_mod
 from gearfarm.catalog import Target
-from gearfarm.priority import Durations, order
+from gearfarm.config import ProjectConfig
+from gearfarm.farm import EmbeddedFarm
+from gearfarm.priority import Durations, longest_first, order
+from gearfarm.store import ResultsDB
+from tests.farmkit import GIT, commit, gearfarm
 
 TARGETS = {
     "linux-x86_64": Target(name="linux-x86_64", suites=["unit", "model"]),
@@ -62,3 +70,86 @@ def test_an_unreadable_file_means_unmeasured_and_is_replaced(tmp_path: Path) -> 
     assert d.load() == {}
     d.record("test:windows-x86_64", 7.5)
     assert d.load() == {"test:windows-x86_64": 7.5}
+
+
+def test_a_targets_suites_are_queued_longest_first() -> None:
+    d = {"test:w/test-model": 12.0, "test:w/test-unit": 1.7}
+    assert longest_first(["test-unit", "test-model", "test-recovery"], "test:w", d) == \
+        ["test-model", "test-unit", "test-recovery"]
+    assert longest_first(["test-unit", "test-model"], "test:w", {}) == ["test-unit", "test-model"]
+
+
+def test_a_measured_long_suite_puts_its_target_first() -> None:
+    # Two suites each; aarch64's average is the larger, but Windows holds the longest suite.
+    seen = {"build:linux-aarch64": 2.8, "build:windows-x86_64": 2.0, "build:linux-x86_64": 1.7,
+            "test:linux-aarch64/test-unit": 1.2, "test:linux-aarch64/test-model": 8.1,
+            "test:windows-x86_64/test-unit": 1.7, "test:linux-x86_64/test-model": 3.4}
+    targets = {**TARGETS, "windows-x86_64": Target(name="windows-x86_64", runner=["wine"], suites=["unit", "model"])}
+    seen["test:windows-x86_64/test-model"] = 12.3
+    got = order(PAIRS, targets, seen)
+    assert got[:3] == [("build", "windows-x86_64"), ("test", "windows-x86_64"), ("build", "linux-aarch64")]
+
+
+QUICK_SLOW = r"""#include <stdio.h>
+#include <string.h>
+#include <time.h>
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "slow")) {
+        struct timespec t = { 1, 500000000 };
+        nanosleep(&t, NULL);
+    }
+    printf("1..1\nok 1 - %s\n", argc > 1 ? argv[1] : "none");
+    return 0;
+}
+"""
+QUICK_SLOW_CATALOG = """schema = 2
+
+[build]
+argv = ["make", "CC={cc}"]
+outputs = ["t_s"]
+timeout = 120
+
+[suites.quick]
+argv = ["{root}/t_s", "quick"]
+format = "tap"
+timeout = 60
+
+[suites.slow]
+argv = ["{root}/t_s", "slow"]
+format = "tap"
+timeout = 60
+
+[targets.linux-x86_64]
+tools = ["gcc", "make"]
+vars = { cc = "gcc" }
+suites = ["quick", "slow"]
+"""
+
+
+def test_the_slot_runs_the_suite_it_measured_longest_first_the_next_night(tmp_path: Path) -> None:
+    """One slot, a quick suite listed before a slow one: the first night runs them in the
+    catalog's order; the build worker then knows the slow one takes longer, and the second
+    night queues (so runs) it first."""
+    repo = tmp_path / "qs"
+    (repo / ".gearfarm").mkdir(parents=True)
+    (repo / ".gearfarm" / "catalog.toml").write_text(QUICK_SLOW_CATALOG)
+    (repo / "Makefile").write_text("CC ?= cc\nt_s: t_s.c\n\t$(CC) -std=c11 -D_POSIX_C_SOURCE=200809L "
+                                   "-Wall -Wextra -Werror -o $@ t_s.c\n")
+    (repo / "t_s.c").write_text(QUICK_SLOW)
+    subprocess.run(GIT + ["init", "-q", "-b", "main"], cwd=repo, check=True)
+    rev = commit(repo, "quick and slow")
+    f = EmbeddedFarm(tmp_path / "state", repo, slots=1,
+                     projects=[ProjectConfig(name="qs", repo=str(repo), catalog=".gearfarm/catalog.toml")])
+    f.start([catalog_mod.parse(QUICK_SLOW_CATALOG, "qs")], ["linux-x86_64"])
+    try:
+        first = {}
+        for run_id in ("n1", "n2"):
+            p = gearfarm("nightly", "--config", str(f.config_path), "--project", "qs", "--rev", rev,
+                         "--benchmarks", "none", "--run-id", run_id, timeout=300)
+            assert p.returncode == 0, p.stdout + p.stderr
+            jobs = {r.step: r for r in ResultsDB(config_mod.load(f.config_path).database.url).jobs(run_id)}
+            assert jobs["test-slow"].status == jobs["test-quick"].status == "passed"
+            first[run_id] = min(("test-quick", "test-slow"), key=lambda s: jobs[s].started_at or 0)
+    finally:
+        f.stop()
+    assert first == {"n1": "test-quick", "n2": "test-slow"}

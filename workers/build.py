@@ -15,7 +15,8 @@ from gearfarm import catalog as catalog_mod
 from gearfarm import process, snapshot, step
 from gearfarm.catalog import Catalog, Target
 from gearfarm.gearman import GearmanError, Job
-from gearfarm.job import Artifact, Payload, dependent, sign, step_name
+from gearfarm.job import Artifact, Payload, dependent, function_name, sign, step_name
+from gearfarm.priority import longest_first
 from gearfarm.result import ResultRecord
 from gearfarm.s3 import artifact, keys
 from gearfarm.workers.base import Context
@@ -137,8 +138,9 @@ def fan_out(ctx: Context, p: Payload, suites: list[str], target: Target, build: 
     submits them itself (same payload factory), so a passed build is still reported passed."""
     assert build.artifact_key and build.artifact_sha256
     art = Artifact(build.artifact_key, build.artifact_sha256)
-    steps = [step_name("test", s) for s in suites] + ([step_name("perf", b) for b in p.benchmarks] if target.perf
-                                                      else [])
+    tests = longest_first([step_name("test", s) for s in suites], function_name("test", p.target),
+                          ctx.durations.load())
+    steps = tests + ([step_name("perf", b) for b in p.benchmarks] if target.perf else [])
     for name in steps:
         q = dependent(p, name, art)
         try:

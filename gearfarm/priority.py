@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from gearfarm.catalog import Target
-from gearfarm.job import step_name
+from gearfarm.job import function_name, step_name
 
 EMULATED = 3.0
 # Weight of the newest duration in the running average: the engine and the host change.
@@ -48,15 +48,17 @@ class Durations:
         return {k: float(v) for k, v in data.items() if isinstance(v, (int, float)) and v >= 0} \
             if isinstance(data, dict) else {}
 
-    def record(self, function: str, seconds: float) -> None:
-        """Fold one job's duration in; several slot processes of the host write the file."""
+    def record(self, function: str, seconds: float, step: str | None = None) -> None:
+        """Fold one job's duration into its function's and (given) its step's average, in one
+        write; several slot processes of the host write the file."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path.with_suffix(".lock"), "a") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 data = self.load()
-                old = data.get(function)
-                data[function] = seconds if old is None else RECENT * seconds + (1 - RECENT) * old
+                for key in [function] + ([step_key(function, step)] if step else []):
+                    old = data.get(key)
+                    data[key] = seconds if old is None else RECENT * seconds + (1 - RECENT) * old
                 fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".durations-")
                 with os.fdopen(fd, "w") as f:
                     json.dump(data, f, indent=1, sort_keys=True)
@@ -75,7 +77,7 @@ def estimate(durations: Mapping[str, float], targets: Mapping[str, Target], role
              step: str | None = None) -> float:
     """Seconds one job is expected to take on this host: the step as measured, else its
     function's running average, else 1 (three for an emulated target's suites)."""
-    function = f"{role}:{target}"
+    function = function_name(role, target)  # type: ignore[arg-type]
     for key in ([step_key(function, step)] if step else []) + [function]:
         if key in durations:
             return durations[key]

@@ -52,6 +52,9 @@ def test_durations_are_a_running_average_shared_by_the_slots(tmp_path: Path) -> 
     d.record("build:linux-x86_64", 10.0)
     d.record("build:linux-x86_64", 20.0)
     assert d.load() == {"build:linux-x86_64": 15.0}
+    # A job's step is averaged beside its function, in the same write.
+    d.record("build:linux-x86_64", 30.0, "build")
+    assert d.load() == {"build:linux-x86_64": 22.5, "build:linux-x86_64/build": 30.0}
     # Several slot processes write at once: the file stays whole and holds both functions.
     procs = [multiprocessing.Process(target=_record, args=(str(d.path), s)) for s in (1.0, 3.0)]
     for p in procs:
@@ -59,7 +62,7 @@ def test_durations_are_a_running_average_shared_by_the_slots(tmp_path: Path) -> 
     for p in procs:
         p.join()
     got = d.load()
-    assert set(got) == {"build:linux-x86_64", "test:linux-x86_64"}
+    assert set(got) == {"build:linux-x86_64", "build:linux-x86_64/build", "test:linux-x86_64"}
     assert 1.0 <= got["test:linux-x86_64"] <= 3.0
 
 

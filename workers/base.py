@@ -25,7 +25,7 @@ from gearfarm.connection import gearman_client, gearman_worker
 from gearfarm.gearman import GearmanError, Job
 from gearfarm.hostlock import HostLock
 from gearfarm.job import COLLECT_FUNCTION, Payload, PayloadError, unique_id, verify
-from gearfarm.priority import Durations, step_key
+from gearfarm.priority import Durations
 from gearfarm.result import RecordError, ResultRecord, open_record, seal_record
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError
@@ -237,8 +237,7 @@ def _handler(ctx: Context, role_handler: RoleHandler) -> Callable[[Job], bytes]:
             # What the slots' order learns from: the job's own work, not its waits for the host,
             # and not a job the farm failed before it ran.
             if rec.status != "infra" and rec.work_seconds is not None:
-                ctx.durations.record(p.function, rec.work_seconds)
-                ctx.durations.record(step_key(p.function, p.step), rec.work_seconds)
+                ctx.durations.record(p.function, rec.work_seconds, p.step)
             return f"{rec.job_id} {rec.status}".encode()
         finally:
             stop.set()

@@ -87,8 +87,9 @@ def estimate(durations: Mapping[str, float], targets: Mapping[str, Target], role
 
 def longest_first(steps: Iterable[str], function: str, durations: Mapping[str, float]) -> list[str]:
     """A build's test steps in the order to submit them: gearmand hands out one function's jobs
-    first in, first out, so the suite measured longest must be queued first (steps never
-    measured keep their order, after the measured ones they are not known to be shorter than)."""
+    first in, first out, so the suite measured longest must be queued first. A step never
+    measured counts as its function's average (0 when that too is unknown); ties keep the
+    catalog's order."""
     listed = list(steps)
 
     def key(i: int) -> tuple[float, int]:

@@ -154,6 +154,13 @@ _SUPPORT_Z = 0.0
 # Standard errors of log ratios: floor; ratios needed to estimate one from their spread; and the
 # fraction of that spread a given se is raised to.
 _SE_FLOOR = 0.002
+# The fraction of a night's pair variance that its reference ratio shares (the same runs of
+# tonight's build on both, each of the three sides with half a pair's variance). Measured on
+# bench/otava_compare.py (farm info, seeds 6/7/8): combining the night's pairs with the reference
+# step by GLS instead of using the reference step alone took the rows dominating Otava from
+# 25/22/25 to 28/25/25 of 32 (false alarms on drift 1 % 9/9/7 -> 7/8/5, which won seed 6's four
+# drift 1 % rows; a 10 % step under heavy 3 % noise no longer alarmed 3 nights early on seed 7).
+_SHARED = 0.5
 _MIN_RATIOS = 8
 _SE_SPREAD = 0.8
 
@@ -238,6 +245,16 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
             return r, s, np.zeros(len(taus), dtype=bool)
         dq, vq = ref.step(taus, lo, hi)
         use = ~np.isnan(dq)
+        # Where the night also has its own pairs, both measure the step: combine them by
+        # generalised least squares. They are not independent: the night's pairs and its reference
+        # ratio divide the same runs of tonight's build (workers/perf.py), so they share half a
+        # pair's variance, and that night is 1/n2 of the reference step's after-mean.
+        both = use & has
+        v1, v2 = np.where(both, vq, 1.0), np.where(both, s, 1.0) ** 2
+        c = np.where(both, _SHARED * v2 * ref.share(taus, lo, hi), 0.0)
+        den = np.maximum(v1 + v2 - 2 * c, 1e-12)
+        dq = np.where(both, ((v2 - c) * np.where(both, dq, 0.0) + (v1 - c) * r) / den, dq)
+        vq = np.where(both, (v1 * v2 - c * c) / den, vq)
         return np.where(use, dq, r), np.where(use, np.sqrt(np.where(use, vq, 1.0)), s), use
 
     def confirmed(k: int, d: float) -> bool:
@@ -673,6 +690,12 @@ class _Reference:
         d = (self.sums[b] - self.sums[tt]) / n2 - (self.sums[tt] - self.sums[a]) / n1
         v = (self.variances[b] - self.variances[tt]) / n2**2 + (self.variances[tt] - self.variances[a]) / n1**2
         return np.where(ok, d, np.nan), np.where(ok, v, np.nan)
+
+    def share(self, taus: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """The weight of night tau's own ratio in the after-mean of `step` (0: it has none)."""
+        ok, _, tt, _, _, n2 = self._window(taus, lo, hi)
+        mine = self.counts[np.minimum(tt + 1, len(self.counts) - 1)] - self.counts[tt]
+        return np.where(ok, mine / n2, 0.0)
 
     def trend_step(self, taus: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The same step fitted together with one straight line through the window (least squares

@@ -159,7 +159,9 @@ _SE_FLOOR = 0.002
 # bench/otava_compare.py (farm info, seeds 6/7/8): combining the night's pairs with the reference
 # step by GLS instead of using the reference step alone took the rows dominating Otava from
 # 25/22/25 to 28/25/25 of 32 (false alarms on drift 1 % 9/9/7 -> 7/8/5, which won seed 6's four
-# drift 1 % rows; a 10 % step under heavy 3 % noise no longer alarmed 3 nights early on seed 7).
+# drift 1 % rows; a 10 % step under heavy 3 % noise no longer alarmed 3 nights early on seed 7);
+# doing the same in the trend veto's measurement: 28/26/25 (drift 1 % 6/7/6; seed 7's 3 % step
+# under drift 3 % found in a median of 4 nights, as Otava, from 5).
 _SHARED = 0.5
 _MIN_RATIOS = 8
 _SE_SPREAD = 0.8
@@ -233,28 +235,36 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
         # is no ratio.
         lr, se = np.full(len(idx), np.nan), np.full(len(idx), np.nan)
 
+    def with_pairs(taus: np.ndarray, lo: np.ndarray, hi: np.ndarray, dq: np.ndarray,
+                   vq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A step at each of `taus` measured in the reference series (log size `dq`, variance
+        `vq`; NaN: not measured), combined with the night's own pairs where it has them: both
+        measure the step, so they are combined by generalised least squares. They are not
+        independent: the night's pairs and its reference ratio divide the same runs of tonight's
+        build (workers/perf.py), so they share half a pair's variance (_SHARED), and that night
+        weighs `share` in the reference step."""
+        if lr is None:
+            return dq, vq
+        pr, ps = lr[taus], se[taus]
+        both = ~np.isnan(dq) & ~np.isnan(vq) & np.isfinite(vq) & ~np.isnan(pr)
+        v1, v2 = np.where(both, vq, 1.0), np.where(both, ps, 1.0) ** 2
+        c = np.where(both, _SHARED * v2 * ref.share(taus, lo, hi), 0.0)  # type: ignore[union-attr]
+        den = np.maximum(v1 + v2 - 2 * c, 1e-12)
+        d = ((v2 - c) * np.where(both, dq, 0.0) + (v1 - c) * np.where(both, pr, 0.0)) / den
+        return np.where(both, d, dq), np.where(both, (v1 * v2 - c * c) / den, vq)
+
     def ratio_side(taus: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The builds' own measurement of a step at each of `taus` (window [lo, hi)): its log
         size, standard error (inf: none) and whether it comes from the reference series. The
-        reference series' step (every night of the window that shares the reference) where it has
-        nights on both sides, else the night's paired ratio."""
+        reference series' step (every night of the window that shares the reference, with the
+        night's own pairs) where it has nights on both sides, else the night's paired ratio."""
         has = np.zeros(len(taus), dtype=bool) if lr is None else ~np.isnan(lr[taus])
         r = np.where(has, 0.0 if lr is None else lr[taus], 0.0)
         s = np.where(has, 1.0 if se is None else se[taus], np.inf)
         if ref is None:
             return r, s, np.zeros(len(taus), dtype=bool)
-        dq, vq = ref.step(taus, lo, hi)
+        dq, vq = with_pairs(taus, lo, hi, *ref.step(taus, lo, hi))
         use = ~np.isnan(dq)
-        # Where the night also has its own pairs, both measure the step: combine them by
-        # generalised least squares. They are not independent: the night's pairs and its reference
-        # ratio divide the same runs of tonight's build (workers/perf.py), so they share half a
-        # pair's variance, and that night is 1/n2 of the reference step's after-mean.
-        both = use & has
-        v1, v2 = np.where(both, vq, 1.0), np.where(both, s, 1.0) ** 2
-        c = np.where(both, _SHARED * v2 * ref.share(taus, lo, hi), 0.0)
-        den = np.maximum(v1 + v2 - 2 * c, 1e-12)
-        dq = np.where(both, ((v2 - c) * np.where(both, dq, 0.0) + (v1 - c) * r) / den, dq)
-        vq = np.where(both, (v1 * v2 - c * c) / den, vq)
         return np.where(use, dq, r), np.where(use, np.sqrt(np.where(use, vq, 1.0)), s), use
 
     def confirmed(k: int, d: float) -> bool:
@@ -358,7 +368,7 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
             # where it comes from there (a reference too short for a line has no say).
             rt, st2 = r, s**2
             if ref is not None and from_ref.any():
-                qt, qv = ref.trend_step(taus, lo, hi)
+                qt, qv = with_pairs(taus, lo, hi, *ref.trend_step(taus, lo, hi))
                 rt = np.where(from_ref, np.nan_to_num(qt), r)
                 st2 = np.where(from_ref, np.where(np.isnan(qv), np.inf, qv), st2)
             w = np.where(weigh & np.isfinite(st2), 1 / st2, 0.0)

@@ -29,8 +29,9 @@ Method (docs/performance.md has the why and the comparison with Apache Otava):
 * The ratios against the target's pinned reference build (issue #12), when given: nights that
   share a reference are a second series of the build's level with the host's noise cancelled; a
   step's size in it (the nights after it against the nights before, within one reference, so a
-  re-pin is never a change) replaces the night's single ratio wherever it can be measured, in
-  every search, with the values' null (it is a two-sample statistic of the same shape).
+  re-pin is never a change) is combined with the night's own pairs by GLS (they share tonight's
+  build's runs) wherever it can be measured, in every search, with the values' null (it is a
+  two-sample statistic of the same shape).
 * A slow drift is not a step: outside the 9-20 night search, a position is vetoed unless its
   step, fitted together with one straight line through its window (and combined with the
   night's paired ratio where that search uses it), is at least 2 standard errors.

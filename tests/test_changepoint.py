@@ -254,7 +254,7 @@ def test_a_nights_own_pairs_count_beside_the_reference_series():
     # issue #12: where a night has both, its pairs and the reference series measure one step;
     # the detector combines them (GLS: they share tonight's build's runs). A 3 % step under 3 %
     # host noise on its second night, 120 seeded bench series of three kinds: found in 16 (the
-    # reference alone, the night's pairs dropped: 6), and no alarm before the step.
+    # reference step replacing the night's pairs, as before: 6), and no alarm before the step.
     from bench.series import make_series
 
     found = early = 0

@@ -364,7 +364,8 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
         # round): whatever moved is not a change of the build on that night.
         veto = has & (np.abs(dv - r) > _VETO_Z * np.sqrt(var + s**2))
         if support:
-            # A young regime also needs its first night's ratio on the values' side of 1.
+            # A young regime is not believed when the builds' measurement of its start points
+            # the other way by more than -_SUPPORT_Z standard errors.
             veto |= has & (np.sign(dv) * r < _SUPPORT_Z * np.where(has, s, 0.0))
         if trend:
             # The step must also stand out of a straight line through its window (a slow drift

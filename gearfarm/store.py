@@ -310,8 +310,14 @@ class ResultsDB:
     def __init__(self, url: str) -> None:
         self.url = url
         # pre_ping: a PostgreSQL restart leaves dead pooled connections; test before use.
-        self.engine: Engine = create_engine(url, future=True, pool_pre_ping=not url.startswith("sqlite"))
-        if url.startswith("sqlite"):
+        sqlite = url.startswith("sqlite")
+        # On SQLite the busy timeout is set when the connection opens (pysqlite's `timeout`), so
+        # it already covers the first statement: switching a new file to WAL needs the file to
+        # itself, and processes opening a new database at once (the collector, the nightly, the
+        # CLI) otherwise wait only pysqlite's default 5 s for one that is migrating it.
+        self.engine: Engine = create_engine(url, future=True, pool_pre_ping=not sqlite,
+                                            connect_args={"timeout": 30} if sqlite else {})
+        if sqlite:
             # The collector writes while the nightly and CLI read: WAL lets them overlap,
             # and a busy timeout turns lock contention into waiting instead of errors.
             @event.listens_for(self.engine, "connect")
@@ -319,8 +325,8 @@ class ResultsDB:
                 # pysqlite's own implicit BEGIN is turned off so _begin below decides.
                 conn.isolation_level = None
                 cur = conn.cursor()
-                cur.execute("PRAGMA journal_mode=WAL")
                 cur.execute("PRAGMA busy_timeout=30000")
+                cur.execute("PRAGMA journal_mode=WAL")
                 cur.close()
 
             @event.listens_for(self.engine, "begin")

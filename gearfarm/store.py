@@ -311,21 +311,20 @@ class ResultsDB:
         self.url = url
         # pre_ping: a PostgreSQL restart leaves dead pooled connections; test before use.
         sqlite = url.startswith("sqlite")
-        # On SQLite the busy timeout is set when the connection opens (pysqlite's `timeout`), so
-        # it already covers the first statement: switching a new file to WAL needs the file to
-        # itself, and processes opening a new database at once (the collector, the nightly, the
-        # CLI) otherwise wait only pysqlite's default 5 s for one that is migrating it.
+        # SQLite's busy timeout (pysqlite's `timeout`: lock contention becomes waiting instead of
+        # errors) is set as the connection opens, so it already covers the first statement:
+        # switching a new file to WAL needs the file to itself, and processes opening a new
+        # database at once (the collector, the nightly, the CLI) must wait for the one migrating
+        # it, which on a loaded machine takes longer than pysqlite's default 5 s.
         self.engine: Engine = create_engine(url, future=True, pool_pre_ping=not sqlite,
                                             connect_args={"timeout": 30} if sqlite else {})
         if sqlite:
-            # The collector writes while the nightly and CLI read: WAL lets them overlap,
-            # and a busy timeout turns lock contention into waiting instead of errors.
+            # The collector writes while the nightly and CLI read: WAL lets them overlap.
             @event.listens_for(self.engine, "connect")
             def _pragmas(conn: Any, _rec: Any) -> None:
                 # pysqlite's own implicit BEGIN is turned off so _begin below decides.
                 conn.isolation_level = None
                 cur = conn.cursor()
-                cur.execute("PRAGMA busy_timeout=30000")
                 cur.execute("PRAGMA journal_mode=WAL")
                 cur.close()
 

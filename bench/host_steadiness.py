@@ -95,8 +95,11 @@ def main() -> int:
                 for _ in range(args.runs):
                     shutil.rmtree(scratch, ignore_errors=True)
                     scratch.mkdir()
-                    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-                    found = {m.group("metric"): float(m.group("value")) for m in pattern.finditer(out)}
+                    p = subprocess.run(argv, capture_output=True, text=True)
+                    found = {m.group("metric"): float(m.group("value")) for m in pattern.finditer(p.stdout)}
+                    if p.returncode != 0 or args.metric not in found:
+                        sys.exit(f"{args.benchmark} exited {p.returncode} without printing {args.metric}; "
+                                 f"the probe needs a benchmark that runs here:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
                     rates.append(found[args.metric])
                 wall = time.monotonic() - wall0
                 cpu, steal = children_cpu() - cpu0, steal_seconds() - steal0

@@ -757,16 +757,17 @@ def store_prune_cmd(config_path: str | None, state_dir: Path | None, days: float
     _, db, store, entries = _retention(config_path, state_dir, days, as_of)
     gone = [e for e in entries if e.expired]
     for e in gone:
-        click.echo(f"{'would prune' if dry_run else 'pruning'} {e.prefix} ({len(e.keys)} objects, {_mib(e.size)}, "
+        click.echo(f"{'would prune' if dry_run else 'pruning'} {e.prefix} ({len(e.keys)} objects"
+                   f"{f' and {e.local}' if e.local else ''}, {_mib(e.size)}, "
                    f"last used {time.strftime('%Y-%m-%d', time.gmtime(e.last_used))})")
     if dry_run:
         click.echo(f"dry run: {len(gone)} entries, {_mib(sum(e.size for e in gone))} would be deleted")
         return
     try:
-        deleted, freed = retention.prune(db, store, entries)
-    except (retention.RetentionError, StoreError) as e:
+        deleted, freed, folders = retention.prune(db, store, entries)
+    except (retention.RetentionError, StoreError, OSError) as e:
         _fail(str(e))
-    click.echo(f"pruned {len(gone)} entries: {deleted} objects, {_mib(freed)} freed; "
+    click.echo(f"pruned {len(gone)} entries: {deleted} objects and {folders} run folders on disk, {_mib(freed)} freed; "
                f"{sum(1 for e in entries if not e.expired)} entries kept")
 
 

@@ -333,6 +333,10 @@ class Config(_Section):
         base = Path(self.source).parent if self.source else Path.cwd()
         return (base / p).resolve()
 
+    def runs_dir(self) -> Path:
+        """Where this host keeps each run's reports and job files (one folder per run id)."""
+        return self.path(self.farm.state_dir) / "runs"
+
 
 def load(path: str | os.PathLike[str]) -> Config:
     p = Path(path)

@@ -43,7 +43,7 @@ def _db_down(what: str, e: Exception) -> str:
 
 
 def run_dir(cfg: Config, run_id: str) -> Path:
-    return cfg.path(cfg.farm.state_dir) / "runs" / run_id
+    return cfg.runs_dir() / run_id
 
 
 def publish(cfg: Config, db: ResultsDB, store: ArtifactStore | None, runs: list[Run],

@@ -12,7 +12,11 @@ Kept, whatever their age (a kept revision keeps its builds on every target and i
   still running.
 Everything else expires once it has not been used for [retention] days: a build or source
 when no run of its revision (nightly, re-run or bisection probe) started within that time, a
-run's files when the run started before it. Catalogs and project markers are never pruned
+run's files when the run started before it. A run's files are its folder in S3 and its folder
+on this host's disk ([farm] state_dir/runs/<run>: the reports, the mail and the job files the
+publisher wrote there), one entry under one rule: a nightly host that ran cron for a year would
+otherwise keep every night's copy after S3 let it go. The results database keeps every run's
+rows (the history the series and the reports are made of). Catalogs and project markers are never pruned
 (content-addressed and tiny). A pruned build is made again from the repository when a
 bisection or a nightly needs it (the build worker rebuilds what S3 does not have).
 
@@ -24,9 +28,11 @@ database would make every build look ordinary.
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gearfarm import snapshot, triage
 from gearfarm.config import Config
@@ -44,12 +50,14 @@ class RetentionError(RuntimeError):
 @dataclass
 class Entry:
     """One unit of retention: a revision's builds (``artifacts/<rev>/``), its source
-    (``sources/<rev>/``), a run's files (``runs/<run>/``), or something never pruned."""
+    (``sources/<rev>/``), a run's files (``runs/<run>/`` in S3 and ``local``, its folder on
+    this host's disk, when there is one), or something never pruned."""
 
     kind: str  # build, source, run, other
     name: str  # the revision, the run id, or the top-level folder
     prefix: str
     keys: list[str] = field(default_factory=list)
+    local: Path | None = None
     size: int = 0
     last_used: float = 0.0
     # Why it is kept; empty: it expires (when older than the age limit).
@@ -124,6 +132,18 @@ def survey(cfg: Config, db: ResultsDB, store: ArtifactStore, now: float | None =
         e.keys.append(key)
         e.size += size
         e.last_used = max(e.last_used, modified)
+    runs_dir = cfg.runs_dir()
+    for d in sorted(runs_dir.iterdir()) if runs_dir.is_dir() else []:
+        if not d.is_dir() or d.is_symlink():
+            continue
+        e = entries.setdefault(f"runs/{d.name}/", Entry("run", d.name, f"runs/{d.name}/"))
+        e.local = d
+        e.last_used = max(e.last_used, d.stat().st_mtime)
+        for f in d.rglob("*"):
+            if f.is_file() and not f.is_symlink():
+                st = f.stat()
+                e.size += st.st_size
+                e.last_used = max(e.last_used, st.st_mtime)
     for e in entries.values():
         if e.kind in ("build", "source"):
             # The database knows when a revision was last used (a later nightly may have reused
@@ -146,17 +166,23 @@ def survey(cfg: Config, db: ResultsDB, store: ArtifactStore, now: float | None =
 
 def check_safe(db: ResultsDB, entries: Iterable[Entry]) -> None:
     if not db.run_ages() and any(e.kind == "run" for e in entries):
-        raise RetentionError("the results database has no runs while S3 holds run files: every build would look "
-                             "ordinary and be pruned; check [database] url (the farm's own database) and try again")
+        raise RetentionError("the results database has no runs while S3 or this host's disk holds run files: every "
+                             "build would look ordinary and be pruned; check [database] url (the farm's own "
+                             "database) and try again")
 
 
-def prune(db: ResultsDB, store: ArtifactStore, entries: list[Entry]) -> tuple[int, int]:
-    """Delete the expired entries' objects; (objects deleted, bytes freed)."""
+def prune(db: ResultsDB, store: ArtifactStore, entries: list[Entry]) -> tuple[int, int, int]:
+    """Delete the expired entries' objects and run folders on disk; (objects deleted, bytes
+    freed, run folders deleted). S3 goes first: a folder on disk is only ever a copy."""
     check_safe(db, entries)
     doomed = [e for e in entries if e.expired]
     keys = [k for e in doomed for k in e.keys]
     deleted = store.delete(keys) if keys else 0
+    folders = 0
     for e in doomed:
-        log.info("pruned %s (%d objects, %d bytes, last used %s)", e.prefix, len(e.keys), e.size,
-                 time.strftime("%Y-%m-%d", time.gmtime(e.last_used)))
-    return deleted, sum(e.size for e in doomed)
+        if e.local is not None and e.local.is_dir():
+            shutil.rmtree(e.local)
+            folders += 1
+        log.info("pruned %s (%d objects%s, %d bytes, last used %s)", e.prefix, len(e.keys),
+                 f" and {e.local}" if e.local else "", e.size, time.strftime("%Y-%m-%d", time.gmtime(e.last_used)))
+    return deleted, sum(e.size for e in doomed), folders

@@ -2,11 +2,13 @@
 of 60 nights, one a day: `gearfarm store prune` keeps exactly what the policy says (the last
 good and first bad builds of every regression, every revision a bisection judged, tagged
 revisions, each target's last good build, the runs that first showed a regression, and what is
-younger than the age limit) and deletes the rest; `gearfarm store usage` says why each is kept;
-pruning refuses an empty results database."""
+younger than the age limit) and deletes the rest, in S3 and the runs' folders on the nightly
+host's disk alike; `gearfarm store usage` says why each is kept; pruning refuses an empty
+results database."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -43,7 +45,8 @@ def _repo(dest: Path) -> list[str]:
     return revs
 
 
-def _night(db: ResultsDB, ledger: Ledger, store: ArtifactStore, i: int, rev: str, at: float) -> None:
+def _night(db: ResultsDB, ledger: Ledger, store: ArtifactStore, state_runs: Path, i: int, rev: str,
+           at: float) -> None:
     run_id = f"night-{i}"
     build, test = JobId(run_id, TARGET, "build"), JobId(run_id, TARGET, "test-unit")
     db.create_run(run_id, rev, [TARGET], [str(build), str(test)], created_at=at, project="calc")
@@ -61,6 +64,11 @@ def _night(db: ResultsDB, ledger: Ledger, store: ArtifactStore, i: int, rev: str
                       (f"sources/{rev}/source.tar.zst", 1000), (f"sources/{rev}/manifest.json", 100),
                       (f"runs/{run_id}/{TARGET}/build/log.txt", 400), (f"runs/{run_id}/report.html", 500)):
         store.put_bytes(key, b"x" * size)
+    # The publisher's copy on the nightly host's disk, written the morning after.
+    local = state_runs / run_id
+    (local / TARGET / "build").mkdir(parents=True)
+    for name, size in ((f"{TARGET}/build/log.txt", 400), ("report.html", 500), ("report.eml", 300)):
+        (local / name).write_bytes(b"x" * size)
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +86,16 @@ def store60(minio: MinioServer, tmp_path_factory: pytest.TempPathFactory) -> tup
     now = time.time()
     for i in range(1, NIGHTS + 1):
         # Night i started (61 - i) days ago, less an hour: night 56 is 4.96 days old.
-        _night(db, ledger, store, i, revs[i - 1], now - (NIGHTS + 1 - i) * DAY + 3600)
+        _night(db, ledger, store, base / "state" / "runs", i, revs[i - 1], now - (NIGHTS + 1 - i) * DAY + 3600)
     store.put_bytes("catalogs/" + "c" * 64 + ".toml", b"schema = 2\n")
+    # Night 3's S3 files went in an earlier prune that left the disk alone; folders no run in the
+    # database knows: one untouched for 9 days, one written an hour ago.
+    store.delete([k for k, _, _ in store.objects() if k.startswith("runs/night-3/")])
+    for name, age in (("stray-old", 9 * DAY), ("stray-new", 3600.0)):
+        (base / "state" / "runs" / name).mkdir()
+        (base / "state" / "runs" / name / "report.txt").write_text("x")
+        for p in (base / "state" / "runs" / name / "report.txt", base / "state" / "runs" / name):
+            os.utime(p, (now - age, now - age))
     # A new failure on night 20 (last good: night 19's), and a performance change found with
     # last good night 37 and first bad night 40, bisected: 38 good, 39 the culprit.
     night20 = db.get_run("night-20")
@@ -100,12 +116,17 @@ def _prefixes(store: ArtifactStore) -> set[str]:
     return {"/".join(k.split("/")[:2]) for k, _, _ in store.objects()}
 
 
+def _folders(config: Path) -> set[str]:
+    return {d.name for d in (config.parent / "state" / "runs").iterdir()}
+
+
 def test_pruning_60_nights_keeps_exactly_what_the_policy_says(store60: tuple[Path, list[str], float]) -> None:
     config, revs, _ = store60
     cfg = config_mod.load(config)
     store = ArtifactStore(cfg.s3, retry_for=10)
     before = _prefixes(store)
     assert len([p for p in before if p.startswith("artifacts/")]) == NIGHTS
+    assert len(_folders(config)) == NIGHTS + 2
     usage = gearfarm("store", "usage", "--config", str(config), "--days", "5")
     assert usage.returncode == 0, usage.stderr
     for why in ("tagged v1.0", "tagged v1.1", "judged by bisect-1 (bad)", "culprit of bisect-1",
@@ -122,10 +143,18 @@ def test_pruning_60_nights_keeps_exactly_what_the_policy_says(store60: tuple[Pat
             | {f"runs/night-{n}" for n in (20, 40, *range(56, NIGHTS + 1))} | {"catalogs/" + "c" * 64 + ".toml"})
     after = _prefixes(store)
     assert after == want, f"kept but should not be: {sorted(after - want)}; lost: {sorted(want - after)}"
-    assert f"pruned {len(before) - len(after)} entries" in p.stdout, p.stdout
+    # On disk: the same runs' folders, and the stray folder younger than the limit.
+    folders = _folders(config)
+    want_folders = {f"night-{n}" for n in (20, 40, *range(56, NIGHTS + 1))} | {"stray-new"}
+    assert folders == want_folders, f"kept: {sorted(folders - want_folders)}; lost: {sorted(want_folders - folders)}"
+    assert (config.parent / "state" / "runs" / "night-20" / "report.eml").is_file()
+    # Every S3 prefix that went, and night 3's and the old stray's folders, whose S3 files were
+    # already gone: one entry each.
+    assert f"pruned {len(before) - len(after) + 2} entries" in p.stdout, p.stdout
+    assert f"and {NIGHTS + 2 - len(folders)} run folders on disk" in p.stdout, p.stdout
     # A second prune finds nothing more to do.
     again = gearfarm("store", "prune", "--config", str(config), "--days", "5")
-    assert "pruned 0 entries" in again.stdout and _prefixes(store) == after
+    assert "pruned 0 entries" in again.stdout and _prefixes(store) == after and _folders(config) == folders
 
 
 def test_pruning_refuses_a_results_database_with_no_runs(store60: tuple[Path, list[str], float],
@@ -135,7 +164,7 @@ def test_pruning_refuses_a_results_database_with_no_runs(store60: tuple[Path, li
     cfg.database.url = f"sqlite:///{tmp_path / 'empty.db'}"
     config_mod.dump(cfg, tmp_path / "farm.toml")
     store = ArtifactStore(cfg.s3, retry_for=10)
-    before = _prefixes(store)
+    before, folders = _prefixes(store), _folders(config)
     p = gearfarm("store", "prune", "--config", str(tmp_path / "farm.toml"), "--days", "1")
     assert p.returncode == 2 and "has no runs" in p.stderr and "[database] url" in p.stderr, p.stdout + p.stderr
-    assert _prefixes(store) == before
+    assert _prefixes(store) == before and _folders(config) == folders

@@ -13,7 +13,11 @@ Detectors:
 * "gearfarm": `detect(values)`, values only;
 * "gearfarm + farm info": `detect(values, paired_ratios=..., paired_se=..., unchanged=...)`: also
   which nights' builds were identical to the night before's, and the nightly paired A/B ratio of
-  each night's build against the previous night's with its standard error.
+  each night's build against the previous night's with its standard error;
+* "gearfarm + farm info + night test": what the nightly's report alarms on, the change points of
+  "gearfarm + farm info" and the nights whose own A/B pairs alone show a change (the night's
+  paired test, gearfarm/perf.py: paired_changes, on the series' PAIRS pairs a night). Its false
+  alarms are the farm's: the paired test judges every night of every metric on its own.
 
 One table row per (kind, noise, step size), with per detector: detections (the step alarmed within
 +-TOL of night 60 by the last night, out of N step series), the median delay over the detected
@@ -44,6 +48,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.series import KINDS, LENGTH, NOISES, STEP_AT, STEPS, Series, make_series  # noqa: E402
 from gearfarm.changepoint import detect  # noqa: E402
 from gearfarm.hostlock import HostLock  # noqa: E402
+from gearfarm.pairs import Paired  # noqa: E402
+from gearfarm.perf import paired_changes  # noqa: E402
 
 FIRST_NIGHT = 10  # nights before this are history only: nobody alarms on a 5-night series
 TOL = 2
@@ -52,6 +58,7 @@ OTAVA = "Otava 0.8.0 defaults"
 GEARFARM = "gearfarm"
 GEARFARM_NIGHTLY = "gearfarm + nightly ratios"
 GEARFARM_INFO = "gearfarm + farm info"
+GEARFARM_FARM = "gearfarm + farm info + night test"
 
 
 def otava_version() -> str:
@@ -83,20 +90,41 @@ def gearfarm_info(s: Series, t: int) -> list[int]:
                                     reference=s.reference[: t + 1])]
 
 
+def paired_nights(s: Series) -> set[int]:
+    """The nights whose own pairs alone alarm in the nightly (a night's test reads only that
+    night's pairs and earlier nights' scatter, so judging the whole series at once is its replay)."""
+    nights = [Paired(p or ()) for p in s.pairs]
+    return {c.index for c in paired_changes([(str(t), v) for t, v in enumerate(s.values)], nights, True,
+                                            unchanged=s.unchanged)}
+
+
 DETECTORS: dict[str, Callable[[Series, int], list[int]]] = {
     OTAVA: otava, GEARFARM: gearfarm, GEARFARM_NIGHTLY: gearfarm_nightly, GEARFARM_INFO: gearfarm_info}
-DEFAULT = (OTAVA, GEARFARM, GEARFARM_INFO)
+# Detectors made of others: their reports each night, plus the nightly's paired test that night.
+UNIONS = {GEARFARM_FARM: GEARFARM_INFO}
+DEFAULT = (OTAVA, GEARFARM, GEARFARM_INFO, GEARFARM_FARM)
+
+
+def reports(name: str, s: Series) -> list[list[int]]:
+    """What one detector reports on each night of the replay (night t sees nights 0..t)."""
+    fn = DETECTORS[name]
+    return [fn(s, t) for t in range(FIRST_NIGHT, LENGTH)]
+
+
+def alarms(nightly: list[list[int]]) -> list[tuple[int, int]]:
+    """The alarms of a replay's reports as (night, index): an index not within +-TOL of one
+    already alarmed on is that morning's alarm."""
+    out: list[tuple[int, int]] = []
+    for t, found in enumerate(nightly, FIRST_NIGHT):
+        for j in found:
+            if not any(abs(j - a) <= TOL for _, a in out):
+                out.append((t, j))
+    return out
 
 
 def replay(name: str, s: Series) -> list[tuple[int, int]]:
     """Night-by-night replay of one series through one detector: its alarms as (night, index)."""
-    fn = DETECTORS[name]
-    alarms: list[tuple[int, int]] = []
-    for t in range(FIRST_NIGHT, LENGTH):
-        for j in fn(s, t):
-            if not any(abs(j - a) <= TOL for _, a in alarms):
-                alarms.append((t, j))
-    return alarms
+    return alarms(reports(name, s))
 
 
 def delay(alarms: list[tuple[int, int]]) -> int | None:
@@ -114,7 +142,14 @@ def _job(args: tuple[tuple[str, ...], tuple]) -> dict[str, list[tuple[int, int]]
     # seconds) at a time, so a farm perf job that wants the host to itself (exclusive) waits at
     # most one series per process and then measures alone, not beside this CPU-bound replay.
     with HostLock().shared("detector bench"):
-        return {name: replay(name, s) for name in names}
+        raw = {name: reports(name, s) for name in {UNIONS.get(n, n) for n in names}}
+        if any(n in UNIONS for n in names):
+            paired = paired_nights(s)
+            for n in names:
+                if n in UNIONS:
+                    raw[n] = [found + ([t] if t in paired else [])
+                              for t, found in enumerate(raw[UNIONS[n]], FIRST_NIGHT)]
+        return {name: alarms(raw[name]) for name in names}
 
 
 def _dominates(det: int, med: float | None, fa: int, o_det: int, o_med: float | None, o_fa: int) -> str:
@@ -136,7 +171,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--seed", type=int, default=6)
     ap.add_argument("--detectors", default=",".join(DEFAULT),
-                    help="comma-separated subset of: " + ", ".join(DETECTORS))
+                    help="comma-separated subset of: " + ", ".join([*DETECTORS, *UNIONS]))
     ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated subset of: " + ", ".join(KINDS))
     ap.add_argument("--noises", default=",".join(f"{x:g}" for x in NOISES),
                     help="comma-separated subset of: " + ", ".join(f"{x:g}" for x in NOISES))
@@ -150,7 +185,7 @@ def main() -> None:
                  f"{', '.join(KINDS)} and {', '.join(f'{x:g}' for x in NOISES)}")
     names = tuple(n.strip() for n in args.detectors.split(",") if n.strip())
     for n in names:
-        if n not in DETECTORS:
+        if n not in DETECTORS and n not in UNIONS:
             ap.error(f"unknown detector {n!r}")
     specs = [(k, noise, step, (args.seed, 1, i)) for k in kinds for noise in noises for step in STEPS
              for i in range(args.series)]

@@ -36,6 +36,11 @@ when there is one, is on night STEP_AT = 60), with the farm's side information f
   per-side run noise of variance se^2/2, log ref_ratio_t = B_t - B_ref + e_T - e_R (B the build's
   level: it moves only on nights whose build changed) has standard error se and correlation 1/2
   with log ratio_t. ref_se[t] = se. Night 0 has none.
+* pairs[t]: the night's PAIRS A/B pairs themselves (log ratios), which the nightly's own paired
+  test (gearfarm/perf.py: paired_changes) judges: their mean is log ratios[t] and their scatter
+  that of PAIRS pairs whose mean has standard error se (each pair's noise N(0, se^2 PAIRS),
+  centred on the night's mean, which for normal noise leaves the scatter independent of it).
+  Night 0 has none.
 
 Everything is a pure function of the seed.
 """
@@ -54,6 +59,7 @@ NOISES = (0.01, 0.03)
 STEPS = (0.02, 0.03, 0.05, 0.10)
 UNCHANGED_P = 0.3
 REF_NIGHTS = 28
+PAIRS = 5
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,7 @@ class Series:
     ref_ratios: list[float | None]
     ref_se: list[float | None]
     reference: list[int | None]
+    pairs: list[tuple[float, ...] | None]
 
     @property
     def step_at(self) -> int | None:
@@ -132,6 +139,13 @@ def make_series(kind: str, noise: float, step: float, seed: tuple[int, ...]) -> 
         e_r = ref_rng.normal(0.0, se / math.sqrt(2))
         reference.append(ref)
         ref_ratios.append(float(np.exp(build[t] - build[ref] + e_t - e_r)))
+    # The pairs draw from a stream of their own too, so everything above stays as it was.
+    pair_rng = np.random.default_rng([*seed, 1 + KINDS.index(kind), int(round(noise * 1e4)),
+                                      int(round(abs(step) * 1e4)), 3])
+    pairs: list[tuple[float, ...] | None] = [None]
+    for t in range(1, n):
+        e = pair_rng.normal(0.0, se * math.sqrt(PAIRS), PAIRS)
+        pairs.append(tuple(float(x) for x in math.log(ratios[t] or 1.0) + e - e.mean()))
     return Series(kind=kind, noise=noise, step=signed, values=np.exp(y).tolist(), unchanged=unchanged,
                   ratios=ratios, ratio_se=[None] + [se] * (n - 1), ref_ratios=ref_ratios,
-                  ref_se=[None] + [se] * (n - 1), reference=reference)
+                  ref_se=[None] + [se] * (n - 1), reference=reference, pairs=pairs)

@@ -52,11 +52,14 @@ def test_a_few_wild_pairs_neither_hide_a_5_percent_slowdown_nor_move_its_estimat
 
 def test_quiet_nights_of_heavy_tailed_pairs_alarm_at_about_the_stated_rate() -> None:
     # Counted from what the test does on 3000 step-free nights (t with 3 dof, like the host's
-    # jumps), each judged with the ten nights before it pooled, as the farm judges them.
+    # jumps), each judged with the ten nights before it pooled, as the farm judges them. At a
+    # level of 0.001, where 3000 nights can show the rate (the farm's own is far stricter).
+    level = 0.001
     rng = np.random.default_rng(7)
     nights = [night(rng.standard_t(3, 50) * 0.04) for _ in range(3010)]
-    alarms = sum((paired_test(n, nights[i - 10:i]) or 1.0) < PAIRED_ALPHA for i, n in enumerate(nights[10:], 10))
+    alarms = sum((paired_test(n, nights[i - 10:i]) or 1.0) < level for i, n in enumerate(nights[10:], 10))
     assert alarms <= 6  # 3000 x 0.001 = 3 expected; 2 x the level is the bound the docstring gives
+    assert sum((paired_test(n, nights[i - 10:i]) or 1.0) < PAIRED_ALPHA for i, n in enumerate(nights[10:], 10)) == 0
 
 
 def test_an_identical_binary_never_alarms_however_its_pairs_came_out() -> None:
@@ -64,3 +67,21 @@ def test_an_identical_binary_never_alarms_however_its_pairs_came_out() -> None:
     assert paired_changes([("a", 100.0), ("a-again", 90.0)], [Paired(()), p], higher=True) != []
     assert paired_changes([("a", 100.0), ("a-again", 90.0)], [Paired(()), p], higher=True,
                           unchanged=[False, True]) == []
+
+
+def test_the_nights_own_test_adds_almost_no_false_alarms_to_the_detectors() -> None:
+    # Its alarms add to the change-point detector's, every night of every metric, so its false
+    # alarms are the farm's. On the Otava comparison's 320 step-free series (every kind and
+    # noise, 5 pairs a night with a standard error of 1-3 %, 70 nights each), counted from what
+    # it alarms on. At the old level of 0.001 it raised 28 here (0.13 % of nights).
+    from bench.series import KINDS, NOISES, make_series
+
+    found = 0
+    for kind in KINDS:
+        for noise in NOISES:
+            for i in range(40):
+                s = make_series(kind, noise, 0.0, (6, 0, i))
+                changes = paired_changes([(str(t), v) for t, v in enumerate(s.values)],
+                                         [Paired(p or ()) for p in s.pairs], True, unchanged=s.unchanged)
+                found += sum(c.index >= 10 for c in changes)
+    assert found <= 2, f"{found} false alarms in {len(KINDS) * len(NOISES) * 40 * 70} step-free nights"

@@ -21,7 +21,6 @@ Run: .venv/bin/python bench/host_steadiness.py [--benchmark iibench-betree] [--m
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import resource
 import shutil
@@ -41,13 +40,6 @@ from gearfarm.hostlock import HostLock  # noqa: E402
 
 TARGET = "linux-x86_64"
 GOAL = 0.03
-
-
-def steal_seconds() -> float:
-    """CPU seconds the hypervisor gave to others while this guest wanted them (/proc/stat)."""
-    with open("/proc/stat") as f:
-        fields = f.readline().split()
-    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
 
 
 def children_cpu() -> float:
@@ -91,7 +83,7 @@ def main() -> int:
             time.sleep(max(0.0, t0 + b * args.gap - time.monotonic()))
             rates: list[float] = []
             with HostLock().exclusive("bench/host_steadiness.py"), host.Activity(lambda: []) as act:
-                steal0, cpu0, wall0 = steal_seconds(), children_cpu(), time.monotonic()
+                steal0, cpu0, wall0 = host.steal_seconds() or 0.0, children_cpu(), time.monotonic()
                 for _ in range(args.runs):
                     shutil.rmtree(scratch, ignore_errors=True)
                     scratch.mkdir()
@@ -102,7 +94,7 @@ def main() -> int:
                                  f"the probe needs a benchmark that runs here:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
                     rates.append(found[args.metric])
                 wall = time.monotonic() - wall0
-                cpu, steal = children_cpu() - cpu0, steal_seconds() - steal0
+                cpu, steal = children_cpu() - cpu0, (host.steal_seconds() or 0.0) - steal0
             med = statistics.median(rates)
             medians.append(med)
             q = act.summary

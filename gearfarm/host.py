@@ -77,18 +77,32 @@ def cpu_mhz() -> float | None:
     return round(sum(freqs) / len(freqs), 1) if freqs else None
 
 
+def _cpu_ticks() -> list[int] | None:
+    """The host's CPU time by state since boot (/proc/stat's first line, in clock ticks: user,
+    nice, system, idle, iowait, irq, softirq, steal, ...); None where unreadable."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
 def cpu_seconds() -> tuple[float, float] | None:
     """(busy, total) CPU seconds of the whole host since boot, from /proc/stat; None elsewhere.
     Busy excludes idle and iowait; steal counts as busy, since it is time this guest did not get."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
+    fields = _cpu_ticks()
+    if fields is None:
         return None
     tick = os.sysconf("SC_CLK_TCK")
     total = sum(fields[:8])
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
     return (total - idle) / tick, total / tick
+
+
+def steal_seconds() -> float | None:
+    """CPU seconds since boot that the hypervisor gave to others while this guest wanted them."""
+    fields = _cpu_ticks()
+    return fields[7] / os.sysconf("SC_CLK_TCK") if fields is not None and len(fields) > 7 else None
 
 
 class Activity:

@@ -16,8 +16,8 @@ run's files when the run started before it. A run's files are its folder in S3 a
 on this host's disk ([farm] state_dir/runs/<run>: the reports, the mail and the job files the
 publisher wrote there), one entry under one rule: a nightly host that ran cron for a year would
 otherwise keep every night's copy after S3 let it go. The results database keeps every run's
-rows (the history the series and the reports are made of). Catalogs and project markers are never pruned
-(content-addressed and tiny). A pruned build is made again from the repository when a
+rows (the history the series and the reports are made of). Catalogs and project markers are
+never pruned (content-addressed and tiny). A pruned build is made again from the repository when a
 bisection or a nightly needs it (the build worker rebuilds what S3 does not have).
 
 Pruning is `gearfarm store prune` (docker/systemd has a daily timer for it), never a side

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gearfarm.outcome import check_pattern
+from gearfarm.sandbox import reserved
 
 SCHEMA = 2
 TARGET_RE = re.compile(r"^[a-z0-9]+-[a-z0-9_]+$")
@@ -52,6 +53,15 @@ class _Strict(BaseModel):
 def _names(text: str) -> list[str]:
     """The placeholder names in one template string; ValueError for a malformed one."""
     return [name for _, name, _, _ in string.Formatter().parse(text) if name is not None]
+
+
+def _inside_the_job(key: str, template: str | None) -> None:
+    """A file the worker reads after a step is one of the job's: relative to the step's cwd, or
+    under a placeholder of the job's own directories ({junit}, {scratch}, {root}), never a path
+    of the host's (the worker would upload the host's file as the job's)."""
+    if template is not None and (template.startswith("/") or ".." in Path(template).parts):
+        raise ValueError(f"{key} {template!r} names a path outside the job: give it relative to the step's cwd or "
+                         "under {root}, {scratch} or {junit}, without '..'")
 
 
 class Step(_Strict):
@@ -167,6 +177,7 @@ class Suite(Step):
         if self.format == "exit-code" and self.results is not None:
             raise ValueError("results has no meaning for format 'exit-code' (the exit status is the result): "
                              "remove it")
+        _inside_the_job("results", self.results_file)
         return self
 
     @property
@@ -226,6 +237,7 @@ class Benchmark(Step):
 
     @model_validator(mode="after")
     def _source_of_metrics(self) -> Benchmark:
+        _inside_the_job("metrics_file", self.metrics_file)
         if self.max_repetitions is not None and self.precision is None:
             raise ValueError("max_repetitions only applies with precision (the standard error at which a "
                              "night has pairs enough): set precision, or drop max_repetitions")
@@ -375,7 +387,28 @@ def parse(text: str, origin: str) -> Catalog:
                 raise CatalogError(f"{origin}: [targets.{name}] suites lists {s!r}, which [suites] does not define; "
                                    f"defined: {', '.join(sorted(cat.suites)) or 'none'}")
     _check_templates(cat, origin)
+    _check_env(cat, origin)
     return cat
+
+
+def _check_env(cat: Catalog, origin: str) -> None:
+    """No catalog variable may set what the worker sets for a job (gearfarm.sandbox.RESERVED_ENV):
+    the sandbox makes HOME and the wine prefix writable, so a catalog naming them could open a
+    host path to the job."""
+    envs: list[tuple[str, dict[str, str]]] = [("build", cat.build.env)]
+    envs += [(f"suites.{n}", s.env) for n, s in cat.suites.items()]
+    envs += [(f"benchmarks.{n}", b.env) for n, b in cat.benchmarks.items()]
+    for t in cat.targets.values():
+        envs += [(f"targets.{t.name}", t.env), (f"targets.{t.name}", {f"runner_env.{k}": v for k, v in
+                                                                        t.runner_env.items()})]
+    for section, env in envs:
+        for key in env:
+            name = key.removeprefix("runner_env.")
+            if reserved(name):
+                where = key if key.startswith("runner_env.") else f"env.{key}"
+                raise CatalogError(f"{origin}: [{section}] {where}: {name} is set by the worker for every job (its "
+                                   "home, temporary directory and wine prefix are the job's own, inside its "
+                                   "directory); a catalog cannot set it: remove it")
 
 
 def digest(text: str) -> str:

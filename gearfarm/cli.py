@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from gearfarm import catalog as catalog_mod
 from gearfarm import config as config_mod
-from gearfarm import process, sandbox
+from gearfarm import process, sandbox, wine
 from gearfarm.catalog import CatalogError
 from gearfarm.config import Config, ConfigError, FarmConfig, ProjectConfig
 from gearfarm.connection import gearman_client, ssl_context
@@ -601,7 +601,8 @@ def project_check(config_path: str | None, name: str | None, repo: str | None, c
             artifact.unpack(packed_path, tree, packed["archive_sha256"])
             (tmp / f"scratch-{sname}").mkdir()
             slog = tmp / f"{sname}.log"
-            res = step.run_suite(cat, tgt, suite, tree, tmp / f"scratch-{sname}", slog, 1, box)
+            prefix = wine.job_prefix(box, cfg.path(cfg.farm.state_dir) / "wine", tgt.runner, tmp / f"job-{sname}")
+            res = step.run_suite(cat, tgt, suite, tree, tmp / f"scratch-{sname}", slog, 1, box, prefix)
             counts = {st: sum(1 for c in res.cases if c.status == st)
                       for st in ("passed", "failed", "error", "skipped")}
             click.echo(f"suite {sname} ({suite.format}): {res.status}, {len(res.cases)} test cases "

@@ -245,6 +245,10 @@ class FarmConfig(_Section):
     # How workers confine a job's commands (gearfarm/sandbox.py): "bwrap" (bubblewrap; the
     # worker refuses to start if it cannot) or "none" (unconfined, on purpose).
     sandbox: str = Field(default="bwrap", pattern=r"^(bwrap|none)$")
+    # The uid (and gid) a root worker runs jobs' commands as, outside their sandbox: one no account
+    # uses, so a job that got out of its mount view still owns nothing of the host's. 0: the
+    # worker's own uid (what a worker that is not root always does; docs/security.md).
+    job_uid: int = Field(default=2_000_000_000, ge=0, le=4_294_967_294)
     # Read-only trees jobs may see besides /usr and /etc, for toolchains installed elsewhere.
     sandbox_readonly: list[str] = Field(default_factory=list)
     # Directories every job may write besides its own, e.g. a ccache the builds share (a job

@@ -89,6 +89,9 @@ class EmbeddedFarm:
     def _start(self, cats: list[Catalog], targets: list[str] | None, roles: tuple[str, ...],
                perf: bool) -> Config:
         self.state.mkdir(parents=True, exist_ok=True)
+        # The farm's alone: its config, MinIO's data and the results database are in it, and a
+        # job's uid must find nothing there even outside its sandbox.
+        self.state.chmod(0o700)
         stop_from_state(self.state)  # a farm left by --keep or a crash would hold the queue
         s3_secret, hmac_keys, role_keys = self._previous_secrets()
         self.gearmand = Gearmand(self.state / "gearmand", queue_db=self.state / "gearmand" / "queue.db",

@@ -3,13 +3,21 @@ commit can be hostile, so it runs where it cannot reach the worker's secrets.
 
 Mode ``bwrap`` (the default): bubblewrap (Debian's ``bubblewrap``) starts the command in new
 user, PID, mount, IPC, UTS and network namespaces, as uid/gid 65534 with no capabilities.
+Outside those namespaces the command is not the worker either: a worker running as root first
+switches it to the farm's job uid ([farm] job_uid, by setpriv), so a job that got out of its
+mount view would still be a user who can read none of the worker's files (its config is 0600)
+and none of its processes' /proc entries. A worker that is not root cannot switch: its jobs are
+its own uid outside the sandbox, and it says so at start (docs/security.md).
 Its file system holds only:
   * the system's programs, read-only (/usr, /etc and the merged-/usr links), with the farm's
     own files inside them masked: /etc/gearfarm and every file the worker's config names
     (the config itself, TLS keys and certificates, CA bundles);
   * a fresh /proc of its own PID namespace (no /proc/<worker>/environ to read), a minimal
     /dev and an empty /tmp;
-  * the job's own directories, writable.
+  * the job's own directories, writable (handed to the job's uid).
+Nothing a catalog says can add to this: mounts, HOME, TMPDIR and a wine prefix (one per job,
+inside the job's directory) come from the worker only, and catalog.parse refuses an `env` that
+names them (RESERVED_ENV).
 Nothing else of the host exists there: not the state directory with the results database,
 the spool or the caches; not /root, /home, /var or /run. The network namespace has only its
 own loopback, so the job cannot reach gearmand, MinIO or the database.
@@ -49,6 +57,29 @@ FARM_DIRS = ("/etc/gearfarm",)
 ENV_PASSED = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM", "SOURCE_DATE_EPOCH")
 ENV_PREFIXES = ("LC_",)
 UNPRIVILEGED = "65534"  # nobody / nogroup
+# What the worker alone sets in a job's environment; a catalog's env, a target's env or
+# runner_env naming one of these is refused (catalog.parse), because each names a place the
+# worker would otherwise make writable or a setting of the farm's own.
+RESERVED_ENV = ("HOME", "TMPDIR", "WINEPREFIX")
+RESERVED_PREFIXES = ("GEARFARM_",)
+
+
+# Where a root worker binds a job's directories for bubblewrap to find as the job's uid (in a
+# mount namespace of the command's own, over a tmpfs: the host's /mnt is not touched).
+STAGE = "/mnt"
+_STAGE_SCRIPT = """set -e
+m=$1; shift
+mount -t tmpfs -o mode=0711,size=64k gearfarm-stage "$m"
+n=0
+while [ "$1" != -- ]; do mkdir -m 0711 "$m/$n"; mount --bind "$1" "$m/$n"; n=$((n+1)); shift; done
+shift
+exec "$@"
+"""
+
+
+def reserved(name: str) -> bool:
+    """Whether only the worker may set environment variable ``name`` for a job."""
+    return name in RESERVED_ENV or name.startswith(RESERVED_PREFIXES)
 
 
 class SandboxError(RuntimeError):
@@ -66,10 +97,15 @@ class Sandbox:
     shared: tuple[Path, ...] = field(default_factory=tuple)
     # Variables of the worker's environment passed on besides ENV_PASSED (e.g. CCACHE_DIR).
     env_names: tuple[str, ...] = field(default_factory=tuple)
+    # The uid (and gid) job commands run as outside the sandbox; None: the worker's own (a
+    # worker that is not root cannot switch, see for_config).
+    uid: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise SandboxError(f"sandbox mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if self.uid is not None and self.uid <= 0:
+            raise SandboxError(f"job uid {self.uid} would run jobs as root: set [farm] job_uid to an unused uid")
 
     def environment(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """The base environment of a job's command: ENV_PASSED from this process, then ``extra``."""
@@ -80,23 +116,51 @@ class Sandbox:
         return env
 
     def command(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path,
-                writable: Iterable[Path]) -> tuple[list[str], dict[str, str]]:
-        """``argv`` and ``env`` as they must be started to run confined, with ``writable``
-        (the job's directories) and a WINEPREFIX the environment names as the only places
-        it can write. HOME is the first writable directory, TMPDIR the sandbox's /tmp."""
+                writable: Iterable[Path], wine_prefix: Path | None = None) -> tuple[list[str], dict[str, str]]:
+        """``argv`` and ``env`` as they must be started to run confined, with ``writable`` (the
+        job's directories, made by the worker) as the only places it can write. HOME is the first
+        of them, TMPDIR the sandbox's /tmp, WINEPREFIX ``wine_prefix`` (one of the job's own,
+        given by the worker): whatever ``env`` says of these three is replaced."""
         dirs = [Path(p).resolve() for p in writable]
-        if "WINEPREFIX" in env:
-            dirs.append(Path(env["WINEPREFIX"]).resolve())
+        if wine_prefix is not None:
+            dirs.append(Path(wine_prefix).resolve())
         dirs += [d for d in self.shared if d.is_dir()]
-        out_env = dict(env)
+        out_env = {k: v for k, v in env.items() if k not in RESERVED_ENV}
         if dirs:
             out_env["HOME"] = str(dirs[0])
+        if wine_prefix is not None:
+            out_env["WINEPREFIX"] = str(Path(wine_prefix).resolve())
         if self.mode == "none":
             return list(argv), out_env
         out_env["TMPDIR"] = "/tmp"
-        return [*self._bwrap(dirs, Path(cwd).resolve()), "--", *argv], out_env
+        if self.uid is None:
+            return [*self._bwrap(dirs, Path(cwd).resolve(), {}), "--", *argv], out_env
+        # The job's uid cannot reach the directories it binds: they lie under the worker's own,
+        # private ones (its state directory is 0700). So, still as root, in a mount namespace
+        # of the command's own, each is bound at STAGE/<n>, where bubblewrap, as the job's uid,
+        # finds it; nothing else of the host becomes reachable that way.
+        sources = [*dirs, *(d for d in self.readonly if d.is_dir())]
+        staged = {d: f"{STAGE}/{n}" for n, d in enumerate(sources)}
+        stage = [find_tool("unshare", "util-linux"), "--mount", "--propagation", "private", "--",
+                 "sh", "-c", _STAGE_SCRIPT, "gearfarm-stage", STAGE, *map(str, sources), "--"]
+        user = [find_tool("setpriv", "util-linux"), f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
+                "--inh-caps=-all", "--"]
+        return [*stage, *user, *self._bwrap(dirs, Path(cwd).resolve(), staged), "--", *argv], out_env
 
-    def _bwrap(self, writable: list[Path], cwd: Path) -> list[str]:
+    def give(self, paths: Iterable[Path]) -> None:
+        """Hand the job's own directories to its uid, whole (the worker unpacked them as itself):
+        links are changed, never followed."""
+        if self.uid is None or self.mode == "none":
+            return
+        for top in paths:
+            if not top.is_dir() or top.is_symlink():
+                continue
+            os.lchown(top, self.uid, self.uid)
+            for d, dirs, files in os.walk(top):
+                for name in dirs + files:
+                    os.lchown(os.path.join(d, name), self.uid, self.uid)
+
+    def _bwrap(self, writable: list[Path], cwd: Path, staged: Mapping[Path, str]) -> list[str]:
         args = [find_bwrap(), "--unshare-all", "--die-with-parent", "--new-session",
                 "--uid", UNPRIVILEGED, "--gid", UNPRIVILEGED]
         # First: what is mounted later (a toolchain or a job directory under /tmp) must not be
@@ -112,7 +176,7 @@ class Sandbox:
                 trees.append(p)
         for extra in self.readonly:
             if extra.is_dir():
-                args += ["--ro-bind", str(extra), str(extra)]
+                args += ["--ro-bind", staged.get(extra, str(extra)), str(extra)]
                 trees.append(extra)
         for secret in [*(Path(d) for d in FARM_DIRS), *self.hidden]:
             # Only what the sandbox would otherwise show needs masking (and only that can be
@@ -124,7 +188,7 @@ class Sandbox:
             else:
                 args += ["--ro-bind", "/dev/null", str(secret)]
         for d in writable:
-            args += ["--bind", str(d), str(d)]
+            args += ["--bind", staged.get(d, str(d)), str(d)]
         # The sandbox's own root (where bwrap made the mount points) is a tmpfs: read-only, so
         # the job's directories and /tmp are the only places it can write.
         args += ["--remount-ro", "/", "--chdir", str(cwd)]
@@ -148,23 +212,50 @@ class Sandbox:
                 "set [farm] sandbox = \"none\" to run jobs unconfined on purpose")
 
 
-def find_bwrap() -> str:
-    found = shutil.which("bwrap") or ("/usr/bin/bwrap" if os.access("/usr/bin/bwrap", os.X_OK) else None)
+def find_tool(name: str, package: str) -> str:
+    found = shutil.which(name) or (f"/usr/bin/{name}" if os.access(f"/usr/bin/{name}", os.X_OK) else None)
     if found is None:
-        raise SandboxError("bwrap not found: install bubblewrap (apt-get install bubblewrap), or set "
+        raise SandboxError(f"{name} not found: install {package} (apt-get install {package}), or set "
                            "[farm] sandbox = \"none\" to run jobs unconfined on purpose")
     return found
 
 
+def find_bwrap() -> str:
+    return find_tool("bwrap", "bubblewrap")
+
+
+def within(path: Path, roots: Iterable[Path]) -> Path | None:
+    """``path`` with every link resolved, if it is one of ``roots`` or inside one; else None.
+    The worker reads what a job left (results, metrics, counts) only through this: a job's
+    link to the worker's config, or to /etc/shadow, must not become a file the worker uploads."""
+    real = Path(os.path.realpath(path))
+    for root in roots:
+        top = Path(os.path.realpath(root))
+        if real == top or top in real.parents:
+            return real
+    return None
+
+
 def for_config(cfg: Config) -> Sandbox:
-    """The sandbox a worker runs its jobs in, as ``cfg`` says ([farm] sandbox), checked once: a
-    worker that cannot confine its jobs refuses to start rather than run them with its keys in
-    reach."""
+    """The sandbox a worker runs its jobs in, as ``cfg`` says ([farm] sandbox, job_uid), checked
+    once: a worker that cannot confine its jobs refuses to start rather than run them with its
+    keys in reach. Only root can switch jobs to the job uid; another worker warns that its jobs
+    share its uid outside the sandbox."""
+    uid: int | None = cfg.farm.job_uid or None
+    if uid is not None and os.geteuid() != 0:
+        log.warning("jobs run as this worker's own uid %d outside their sandbox ([farm] job_uid %d needs a worker "
+                    "started as root): a job that escaped its mount view could read what this worker reads",
+                    os.geteuid(), uid)
+        uid = None
     box = Sandbox(cfg.farm.sandbox, tuple(cfg.secret_files()),
                   tuple(cfg.path(p) for p in cfg.farm.sandbox_readonly),
-                  tuple(cfg.path(p) for p in cfg.farm.sandbox_shared), tuple(cfg.farm.sandbox_env))
+                  tuple(cfg.path(p) for p in cfg.farm.sandbox_shared), tuple(cfg.farm.sandbox_env),
+                  uid if cfg.farm.sandbox != "none" else None)
     box.check()
+    # Directories meant to be shared by every job are the job uid's: jobs write there.
+    box.give(list(box.shared))
     if box.mode == "none":
         log.warning("jobs run unconfined ([farm] sandbox = \"none\"): a hostile commit can read this "
                     "host's farm config and keys")
     return box
+

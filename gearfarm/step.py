@@ -6,6 +6,7 @@ its catalog is the very code its nightly will run."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,11 +18,17 @@ from gearfarm import outcome, process
 from gearfarm.catalog import Benchmark, Catalog, Suite, Target
 from gearfarm.outcome import OutcomeError
 from gearfarm.result import CaseResult, CurveRecord
-from gearfarm.sandbox import Sandbox
+from gearfarm.s3.artifact import ArtifactError, link_target
+from gearfarm.sandbox import Sandbox, within
 
 
 class OutputsMissing(RuntimeError):
     """A declared build output matched nothing: the catalog or the build is wrong."""
+
+
+class OutputsUnsafe(RuntimeError):
+    """A build output is a link leading out of the job's tree (or nowhere), or a pattern names a
+    path outside it: packing it would carry a file of the worker's host out in the artifact."""
 
 
 class BenchmarkFailed(RuntimeError):
@@ -31,19 +38,72 @@ class BenchmarkFailed(RuntimeError):
 
 
 def collect_outputs(root: Path, patterns: list[str]) -> list[str]:
-    """The files (relative to ``root``) the output globs name; a directory means every file
-    under it. Every glob must match: a missing output is a broken build, not an empty artifact."""
+    """The files and symlinks (relative to ``root``) the output globs name; a directory means
+    every file and link under it. Every glob must match: a missing output is a broken build,
+    not an empty artifact.
+
+    Nothing is followed: the build is the project's code and the worker reads its outputs
+    outside the sandbox, so a link could hand it any host file. Paths are looked at with lstat,
+    a link is an output of its own (never descended, even to a directory), and a match a glob
+    reached through a directory link stands for that link. A link must lead inside ``root`` to
+    something that exists (gearfarm.s3.artifact.link_target), else OutputsUnsafe."""
     files: set[str] = set()
     for pattern in patterns:
-        matched = sorted(root.glob(pattern)) if pattern not in ("", ".") else [root]
+        try:
+            matched = sorted(root.glob(pattern)) if pattern not in ("", ".") else [root]
+        except (NotImplementedError, ValueError):  # pathlib's answer to an absolute pattern
+            matched = [Path(pattern)]
+        if not matched and os.path.islink(root / pattern):
+            matched = [root / pattern]  # a dangling link: glob skips it, but it is what the build left
         if not matched:
             raise OutputsMissing(f"build output {pattern!r} (catalog key build.outputs) matched nothing under the "
                                  "source tree after the build: fix the path (relative to the tree's root, not to "
                                  "build.cwd) or make the build write it")
         for m in matched:
-            paths = [m] if m.is_file() else sorted(p for p in m.rglob("*") if p.is_file())
-            files.update(str(p.relative_to(root)) for p in paths)
+            files.update(_outputs_at(root, m, pattern))
     return sorted(f for f in files if not f.startswith(".gearfarm/"))
+
+
+def _outputs_at(root: Path, match: Path, pattern: str) -> list[str]:
+    try:
+        rel = match.relative_to(root)
+    except ValueError:
+        rel = match
+    if rel.is_absolute() or ".." in rel.parts:
+        raise OutputsUnsafe(f"build output {pattern!r} (catalog key build.outputs) names {str(match)!r}, outside "
+                            "the build's tree: name paths relative to the tree's root, without `..`")
+    # The topmost link on the way stands for everything below it.
+    for i in range(1, len(rel.parts)):
+        if (root / Path(*rel.parts[:i])).is_symlink():
+            rel = Path(*rel.parts[:i])
+            break
+    path = root / rel
+    if path.is_symlink():
+        return [_checked_link(root, str(rel))]
+    if path.is_file():
+        return [str(rel)]
+    if not path.is_dir():
+        return []  # a fifo, socket or device: not an output, as before
+    out: list[str] = []
+    for d, dirs, names in os.walk(path):  # os.walk lists links to directories but never enters them
+        for name in dirs + names:
+            p = Path(d) / name
+            r = str(p.relative_to(root))
+            if p.is_symlink():
+                out.append(_checked_link(root, r))
+            elif p.is_file():
+                out.append(r)
+    return out
+
+
+def _checked_link(root: Path, rel: str) -> str:
+    try:
+        link_target(root, rel)
+    except ArtifactError as e:
+        raise OutputsUnsafe(f"{e} (catalog key build.outputs): the worker packs no file from outside the job's "
+                            "tree. Make the build copy the file into the tree, or link to a path inside it, or "
+                            "leave the link out of build.outputs") from None
+    return rel
 
 
 @dataclass
@@ -66,10 +126,12 @@ class BuildRun:
 
 
 def _run(sandbox: Sandbox, argv: list[str], log_path: Path, timeout: float, cwd: Path, env: dict[str, str],
-         writable: list[Path]) -> tuple[int | None, bool]:
+         writable: list[Path], wine_prefix: Path | None = None) -> tuple[int | None, bool]:
     """Every catalog command starts here: confined by the worker's sandbox, writing only to
-    the job's own directories."""
-    full, env = sandbox.command(argv, env, cwd, writable)
+    the job's own directories, which are handed to the job's uid first. The log is the
+    worker's: it lives beside those directories, never in one the job writes."""
+    sandbox.give(writable)
+    full, env = sandbox.command(argv, env, cwd, writable, wine_prefix)
     return process.run_logged(full, log_path, timeout, cwd=cwd, env=env, shown=argv)
 
 
@@ -90,7 +152,7 @@ def run_build(cat: Catalog, target: Target, root: Path, scratch: Path, log_path:
     if rc == 0 and not timed_out:
         try:
             run.outputs = collect_outputs(root, [o.format_map(vals) for o in cat.build.outputs])
-        except OutputsMissing as e:
+        except (OutputsMissing, OutputsUnsafe) as e:
             run.error = str(e)
             with log_path.open("a") as f:
                 f.write(f"error: {e}\n")
@@ -107,17 +169,20 @@ class SuiteRun:
 
 
 def run_suite(cat: Catalog, target: Target, suite: Suite, tree: Path, scratch: Path, log_path: Path, seed: int,
-              sandbox: Sandbox, extra_env: dict[str, str] | None = None, cases: list[str] | None = None) -> SuiteRun:
+              sandbox: Sandbox, wine_prefix: Path | None = None, cases: list[str] | None = None) -> SuiteRun:
     """Run one suite in ``tree`` (the artifact's files, over the source when the suite asks);
-    ``extra_env`` is the host's addition for the runner (a wine prefix). ``cases``: only these,
-    by the suite's `only` items (a suite without them runs whole)."""
-    junit = scratch.parent / f"{scratch.name}-junit.xml"
+    ``wine_prefix`` is the job's own prefix for a wine runner (gearfarm.wine). ``cases``: only
+    these, by the suite's `only` items (a suite without them runs whole)."""
+    # The JUnit file is written in a directory of the job's own beside the scratch directory.
+    out = scratch.parent / f"{scratch.name}-out"
+    out.mkdir(exist_ok=True)
+    junit = out / "junit.xml"
     vals = catalog_mod.values(cat, target, {"root": str(tree), "scratch": str(scratch), "junit": str(junit),
                                             "seed": str(seed)})
     argv = (target.runner if suite.runner else []) + catalog_mod.expand(suite.argv, vals, target.runner)
     for case in (cases or []) if suite.only else []:
         argv += catalog_mod.expand(suite.only, {**vals, "case": case})
-    env = catalog_mod.environment(sandbox.environment(extra_env), target, suite, vals)
+    env = catalog_mod.environment(sandbox.environment(), target, suite, vals)
     cwd = tree / suite.cwd.format_map(vals)
     results = Path(suite.results_file.format_map(vals)) if suite.results_file else None
     if results is not None and not results.is_absolute():
@@ -132,25 +197,32 @@ def run_suite(cat: Catalog, target: Target, suite: Suite, tree: Path, scratch: P
         except OutcomeError as e:
             return SuiteRun("failed", f"suite {suite.name}: {e}", [], None, 0.0)
     t0 = time.monotonic()
-    # The JUnit file is written beside the scratch directory.
-    rc, timed_out = _run(sandbox, argv, log_path, suite.timeout, cwd, env, [scratch, scratch.parent, tree])
+    rc, timed_out = _run(sandbox, argv, log_path, suite.timeout, cwd, env, [scratch, out, tree], wine_prefix)
     seconds = time.monotonic() - t0
-    cases: list[CaseResult] = []
+    cases_found: list[CaseResult] = []
     message = ""
+    if results is not None:
+        inside = within(results, [tree, scratch, out])
+        if inside is None:
+            # Read nothing through it: the suite made its results file a link out of the job.
+            message = (f"suite {suite.name}: its results file {results} is a link leading outside the job's "
+                       "directories; the worker reads only files inside them: write the results there")
+        results = inside
     try:
-        cases = outcome.cases(suite.format, suite.name, rc=rc if rc is not None else -1, output=log_path,
-                              results=results)
+        if not message:
+            cases_found = outcome.cases(suite.format, suite.name, rc=rc if rc is not None else -1, output=log_path,
+                                        results=results)
     except OutcomeError as e:
         message = f"suite {suite.name}: {e}"
     if timed_out:
-        return SuiteRun("timed_out", f"suite {suite.name} timed out after {suite.timeout:.0f}s and was killed", cases,
-                        results, seconds)
-    if rc == 0 and cases and all(c.status in ("passed", "skipped") for c in cases):
-        return SuiteRun("passed", "", cases, results, seconds)
-    bad = [c.name for c in cases if c.status in ("failed", "error")]
+        return SuiteRun("timed_out", f"suite {suite.name} timed out after {suite.timeout:.0f}s and was killed",
+                        cases_found, results, seconds)
+    if rc == 0 and cases_found and all(c.status in ("passed", "skipped") for c in cases_found):
+        return SuiteRun("passed", "", cases_found, results, seconds)
+    bad = [c.name for c in cases_found if c.status in ("failed", "error")]
     message = message or (f"{len(bad)} failed: {', '.join(bad[:10])}" if bad
-                          else f"suite exited {rc} with {len(cases)} test results")
-    return SuiteRun("failed", message, cases, results, seconds)
+                          else f"suite exited {rc} with {len(cases_found)} test results")
+    return SuiteRun("failed", message, cases_found, results, seconds)
 
 
 def run_benchmark(cat: Catalog, target: Target, bench: Benchmark, tree: Path, work: Path, tag: str, seed: int,
@@ -164,12 +236,15 @@ def run_benchmark(cat: Catalog, target: Target, bench: Benchmark, tree: Path, wo
     vals = catalog_mod.values(cat, target, {"root": str(tree), "scratch": str(scratch), "junit": "",
                                             "seed": str(seed)})
     argv = (target.runner if bench.runner else []) + catalog_mod.expand(bench.argv, vals, target.runner)
-    counted = work / f"callgrind-{tag}.out"
+    # callgrind writes its count from inside the sandbox, so into a directory of the job's own.
+    count_dir = work / f"counted-{tag}"
+    count_dir.mkdir()
+    counted = count_dir / "callgrind.out"
     if bench.counter == "instructions":
         argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={counted}", *argv]
     env = catalog_mod.environment(sandbox.environment(), target, bench, vals)
     cwd = tree / bench.cwd.format_map(vals)
-    rc, timed_out = _run(sandbox, argv, out_path, bench.timeout, cwd, env, [scratch, work, tree])
+    rc, timed_out = _run(sandbox, argv, out_path, bench.timeout, cwd, env, [scratch, count_dir, tree])
     text = out_path.read_text(errors="replace")
     with log_path.open("a") as f:
         f.write(f"--- {tag} ---\n{text}")
@@ -182,14 +257,19 @@ def run_benchmark(cat: Catalog, target: Target, bench: Benchmark, tree: Path, wo
             metrics = {}
         elif bench.metrics_file is not None:
             path = Path(bench.metrics_file.format_map(vals))
-            metrics = outcome.metrics_from_file(path if path.is_absolute() else cwd / path, declared)
+            path = path if path.is_absolute() else cwd / path
+            inside = within(path, [tree, scratch])
+            if inside is None:
+                raise OutcomeError(f"metrics_file {path} is a link leading outside the job's directories; the worker "
+                                   "reads only files inside them: write the metrics there")
+            metrics = outcome.metrics_from_file(inside, declared)
         else:
             assert bench.metrics_pattern is not None
             metrics = outcome.metrics_from_pattern(text, bench.metrics_pattern, declared)
     except OutcomeError as e:
         raise BenchmarkFailed("failed", f"benchmark {bench.name}: {e}") from e
     if bench.counter == "instructions":
-        metrics["instructions"] = instructions(counted, bench.name)
+        metrics["instructions"] = instructions(within(counted, [count_dir]), bench.name)
     if curves is not None:
         curves += curves_of(bench, text, variant)
     return {m: v for m, v in metrics.items() if m in bench.metrics}
@@ -227,10 +307,11 @@ def curves_of(bench: Benchmark, text: str, variant: Literal["new", "baseline"]) 
     return out
 
 
-def instructions(callgrind_out: Path, bench: str) -> float:
-    """Total instructions executed, from callgrind's "summary:" line."""
+def instructions(callgrind_out: Path | None, bench: str) -> float:
+    """Total instructions executed, from callgrind's "summary:" line (None: no such file inside
+    the job's directory)."""
     try:
-        for line in callgrind_out.read_text().splitlines():
+        for line in (callgrind_out.read_text() if callgrind_out is not None else "").splitlines():
             if line.startswith("summary:"):
                 return float(line.split()[1])
     except (OSError, IndexError, ValueError):

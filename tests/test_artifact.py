@@ -3,6 +3,11 @@
 pack() must give byte-identical archives for the same contents and meta whoever packs them and
 whenever; publish() must leave one archive per key and hand every concurrent builder the sha256
 of that stored archive. The store tests run against a real MinIO on a free loopback port.
+
+Links (issue #32): extraction resolves every link against the final tree, so no chain of links
+made by later members reaches out, and a refusal leaves nothing extracted; a build's outputs are
+collected and packed following no link, a link inside the tree is packed as a link, one leading
+out is refused.
 """
 
 from __future__ import annotations
@@ -414,3 +419,244 @@ def test_links_inside_the_tree_unpack_and_modes_are_the_data_filters(tmp_path: P
     assert stat.S_IMODE((tree / "src" / "tool").stat().st_mode) == 0o755
     assert stat.S_IMODE((tree / "src" / "data").stat().st_mode) == 0o600
     assert stat.S_IMODE((tree / "src").stat().st_mode) == 0o755
+
+
+# More `..` than pytest's temporary directories are deep (climbed from the tree they reach /), and few
+# enough links for the kernel to follow (it stops at 40): the chain works, not only on paper.
+DEEP = 16
+
+
+def _climb(through: str, outside: Path, extra_up: int = 0) -> str:
+    """A link target that is the tree's own root lexically (``through/`` DEEP times, then as
+    many ``..``) followed by ``outside``'s path: inside while ``through`` does not exist, at
+    ``outside`` once ``through`` is a link to ``.``."""
+    return "/".join([through] * DEEP + [".."] * (DEEP + extra_up)) + str(outside)
+
+
+def _chain(outside: Path) -> list[tuple[tarfile.TarInfo, bytes | None]]:
+    return [(_member("p", tarfile.SYMTYPE, _climb("a", outside / "secret")), None),
+            (_member("a", tarfile.SYMTYPE, "."), None)]
+
+
+def _hostile(outside: Path) -> dict[str, list[tuple[tarfile.TarInfo, bytes | None]]]:
+    """Archives whose every member passes a check against the tree as extracted so far, or that
+    a member-time check catches; each is named after the member the refusal must name."""
+    deep_dir = "/".join(["s"] * DEEP)
+    return {
+        # The issue's pair: p is checked while a does not exist; a -> . then carries p out.
+        "p": _chain(outside),
+        # The same two levels down: d1/d2/x -> . makes x/x/.../../.. climb out of d1/d2.
+        "d1/d2/p": [(_member("d1/d2", tarfile.DIRTYPE, mode=0o755), None),
+                    (_member("d1/d2/p", tarfile.SYMTYPE, _climb("x", outside / "secret", extra_up=2)), None),
+                    (_member("d1/d2/x", tarfile.SYMTYPE, "."), None)],
+        # A chain of two links made after p: a -> b, then b -> .
+        "q": [(_member("q", tarfile.SYMTYPE, _climb("a", outside / "secret")), None),
+              (_member("a", tarfile.SYMTYPE, "b"), None),
+              (_member("b", tarfile.SYMTYPE, "."), None)],
+        # p is checked while a points DEEP directories down, then a is replaced by a -> .
+        "r": [(_member(deep_dir, tarfile.DIRTYPE, mode=0o755), None),
+              (_member("a", tarfile.SYMTYPE, deep_dir), None),
+              (_member("r", tarfile.SYMTYPE, "a" + "/.." * DEEP + str(outside / "secret")), None),
+              (_member("a", tarfile.SYMTYPE, "."), None)],
+        # The chain, then a hard link through it to the worker's file.
+        "h": [*_chain(outside), (_member("h", tarfile.LNKTYPE, "p"), None)],
+        # A link to the outside directory by the chain, then a file written through it.
+        "w/planted": [(_member("w", tarfile.SYMTYPE, _climb("a", outside)), None),
+                      (_member("a", tarfile.SYMTYPE, "."), None),
+                      (_member("w/planted"), b"planted")],
+        # A symlink straight to an absolute path outside, behind a directory.
+        "lib/passwd": [(_member("lib", tarfile.DIRTYPE, mode=0o755), None),
+                       (_member("lib/passwd", tarfile.SYMTYPE, "/etc/passwd"), None)],
+    }
+
+
+def _links_leaving(tree: Path) -> list[str]:
+    root = os.path.realpath(tree)
+    out = []
+    for d, dirs, files in os.walk(tree):
+        for name in dirs + files:
+            p = os.path.join(d, name)
+            if os.path.islink(p) and os.path.commonpath([root, os.path.realpath(p)]) != root:
+                out.append(os.path.relpath(p, tree))
+    return out
+
+
+@pytest.mark.parametrize("named", list(_hostile(Path("/x"))))
+def test_links_are_resolved_against_the_final_tree_and_a_refusal_leaves_nothing_extracted(
+        tmp_path: Path, named: str) -> None:
+    """A link checked against the tree as it was can point outside once a later link exists:
+    extraction refuses any archive whose links, in the final tree, reach out; it names the
+    member, writes nothing outside, and removes what it extracted."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("the worker's")
+    archive = tmp_path / "hostile.tar.gz"
+    sha = _tar_gz(archive, _hostile(outside)[named])
+    if named in ("p", "d1/d2/p", "q", "r"):
+        # Control: unpacked unchecked, the link really reads the worker's file.
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp_path / "control", filter="fully_trusted")
+        assert (tmp_path / "control" / named).read_text() == "the worker's"
+    before = sorted(p.name for p in tmp_path.iterdir())
+    tree = tmp_path / "tree"
+    with pytest.raises(artifact.ArtifactError, match=re.escape(repr(named))):
+        artifact.safe_extract(archive, tree, sha, "artifact")
+    assert sorted(p.name for p in tmp_path.iterdir()) in (before, sorted([*before, "tree"]))
+    assert [p.name for p in outside.iterdir()] == ["secret"]
+    assert (outside / "secret").read_text() == "the worker's"
+    # Nothing half-unpacked is left: no link reaching out, no member of the archive.
+    assert not tree.exists() or (_links_leaving(tree) == [] and list(tree.iterdir()) == [])
+
+
+def test_a_link_already_in_the_tree_is_resolved_with_the_archive_unpacked_over_it(tmp_path: Path) -> None:
+    """An artifact is unpacked over the source snapshot: a link of the source, harmless alone,
+    must not be carried out by a link of the artifact (nor the other way round). The refusal
+    removes what the artifact wrote and leaves the tree's own files."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("the worker's")
+    tree = tmp_path / "tree"
+    source = tmp_path / "source.tar.gz"
+    artifact.safe_extract(source, tree, _tar_gz(source, [(_member("p", tarfile.SYMTYPE,
+                                                                  _climb("a", outside / "secret")), None),
+                                                         (_member("README"), b"source\n")]), "source snapshot")
+    archive = tmp_path / "artifact.tar.gz"
+    sha = _tar_gz(archive, [(_member("a", tarfile.SYMTYPE, "."), None), (_member("tool"), b"#!/bin/sh\n")])
+    with pytest.raises(artifact.ArtifactError, match="'p'"):
+        artifact.safe_extract(archive, tree, sha, "artifact")
+    assert _links_leaving(tree) == []
+    assert sorted(p.name for p in tree.iterdir()) == ["README", "p"]
+
+
+def _linked_outputs(root: Path) -> Path:
+    """A build tree whose outputs hold links as real builds leave them: a versioned library, an
+    include directory linked from the outputs, and an absolute link to a file of the tree."""
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "api.h").write_text("int f(void);\n")
+    out = root / "out"
+    out.mkdir()
+    (out / "lib.so.1").write_bytes(LIB)
+    fd = os.open(out / "tool", os.O_WRONLY | os.O_CREAT, 0o755)
+    os.write(fd, EXE)
+    os.close(fd)
+    (out / "lib.so").symlink_to("lib.so.1")
+    (out / "include").symlink_to("../src")
+    (out / "abs.so").symlink_to(root / "out" / "lib.so.1")
+    return root
+
+
+def test_collect_outputs_keeps_links_inside_the_tree_and_refuses_links_out(tmp_path: Path) -> None:
+    from gearfarm import step
+
+    root = _linked_outputs(tmp_path / "root")
+    # Links are outputs of their own; a directory link is never descended (src/api.h is not
+    # collected through it).
+    assert step.collect_outputs(root, ["out"]) == ["out/abs.so", "out/include", "out/lib.so", "out/lib.so.1",
+                                                   "out/tool"]
+    assert step.collect_outputs(root, ["out/include/*.h"]) == ["out/include"]
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "shadow").write_text("the worker's")
+    for name, target, why in [("leak", "/etc/passwd", "outside the build's tree"),
+                              ("cfg", str(outside / "shadow"), "outside the build's tree"),
+                              ("up", "../../outside/shadow", "outside the build's tree"),
+                              ("gone", "no-such-file", "leads nowhere"),
+                              ("etc", "/etc", "outside the build's tree")]:
+        (root / "out" / name).symlink_to(target)
+        for pattern in ("out", f"out/{name}", "out/*"):
+            with pytest.raises(step.OutputsUnsafe) as e:
+                step.collect_outputs(root, [pattern])
+            msg = str(e.value)
+            assert f"out/{name}" in msg and target in msg and why in msg and "build.outputs" in msg, msg
+        (root / "out" / name).unlink()
+    # A glob through a directory link leaving the tree names the link, not what it reached.
+    (root / "etc").symlink_to("/etc")
+    with pytest.raises(step.OutputsUnsafe, match="build output etc is a link to '/etc'"):
+        step.collect_outputs(root, ["etc/passwd"])
+    with pytest.raises(step.OutputsUnsafe, match="outside the build's tree"):
+        step.collect_outputs(root, ["../outside/*"])
+
+
+def test_a_build_leaving_a_link_out_of_its_tree_fails_naming_it(tmp_path: Path) -> None:
+    from gearfarm import catalog as catalog_mod
+    from gearfarm import step
+    from gearfarm.sandbox import Sandbox
+
+    cat = catalog_mod.parse('schema = 2\n[build]\nargv = ["sh", "-c", "mkdir out && echo x > out/a && '
+                            'ln -s /etc/passwd out/leak"]\noutputs = ["out"]\n'
+                            '[targets.linux-x86_64]\ntools = ["sh"]\n', "hostile")
+    root, scratch = tmp_path / "root", tmp_path / "scratch"
+    root.mkdir()
+    scratch.mkdir()
+    run = step.run_build(cat, cat.target("linux-x86_64"), root, scratch, tmp_path / "build.log", Sandbox("none"))
+    assert run.status == "failed" and run.outputs == []
+    assert "out/leak" in run.error and "/etc/passwd" in run.error, run.error
+    assert run.error in (tmp_path / "build.log").read_text()
+
+
+def test_links_are_packed_as_links_reproducibly_and_unpacked_verified(tmp_path: Path) -> None:
+    from gearfarm import step
+
+    packs = []
+    for where in ("a", "elsewhere/b"):
+        root = _linked_outputs(tmp_path / where)
+        dest = tmp_path / f"{where.replace('/', '-')}.tar.zst"
+        packs.append((dest, artifact.pack(root, step.collect_outputs(root, ["out"]), _meta(), dest)))
+    # The absolute link was made relative, so two trees at two places pack the same bytes.
+    assert packs[0][0].read_bytes() == packs[1][0].read_bytes()
+    man = packs[0][1]
+    assert man["files"]["out/lib.so"] == {"link": "lib.so.1"}
+    assert man["files"]["out/abs.so"] == {"link": "lib.so.1"}
+    assert man["files"]["out/include"] == {"link": "../src"}
+    assert man["files"]["out/lib.so.1"]["sha256"] == hashlib.sha256(LIB).hexdigest()
+    with artifact.open_tar(packs[0][0]) as tar:
+        links = {m.name: m for m in tar.getmembers() if m.issym()}
+    assert sorted(links) == ["out/abs.so", "out/include", "out/lib.so"]
+    for m in links.values():
+        assert (m.mode, m.mtime, m.uid, m.gid, m.uname, m.size) == (0o777, 0, 0, 0, "", 0), m.name
+
+    tree = tmp_path / "unpacked"
+    got = artifact.unpack(packs[0][0], tree, man["archive_sha256"])
+    assert got["files"] == man["files"]
+    assert os.readlink(tree / "out" / "lib.so") == "lib.so.1"
+    assert (tree / "out" / "abs.so").read_bytes() == LIB
+    assert (tree / "out" / "tool").read_bytes() == EXE and os.access(tree / "out" / "tool", os.X_OK)
+    # The include link dangles in the artifact (src is not an output); over the source it leads to it.
+    assert os.readlink(tree / "out" / "include") == "../src" and not (tree / "out" / "include").exists()
+
+
+def test_pack_follows_no_link_out_of_the_tree(tmp_path: Path) -> None:
+    """pack() checks on its own what it is given: a link leaving the tree, a file reached through
+    a directory link, a file that is a link where the list says file."""
+    root = tmp_path / "root"
+    (root / "out").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("the worker's secret")
+    (root / "out" / "leak").symlink_to(outside / "secret")
+    (root / "via").symlink_to(outside)
+    for files, why in [(["out/leak"], "outside the build's tree"), (["via/secret"], "through a link")]:
+        dest = tmp_path / "a.tar.zst"
+        with pytest.raises(artifact.ArtifactError, match=why):
+            artifact.pack(root, files, _meta(), dest)
+        assert not dest.exists() or b"the worker's secret" not in zstandard.ZstdDecompressor().decompressobj() \
+            .decompress(dest.read_bytes())
+
+
+def test_unpack_refuses_a_link_its_manifest_does_not_list_and_leaves_nothing(tmp_path: Path) -> None:
+    """A member that is a link where the manifest says file (or another link target) is refused,
+    and what was extracted is removed: nothing unverified is left to run."""
+    for member, entry in [(_member("out/lib.so", tarfile.SYMTYPE, "lib.so.2"), {"link": "lib.so.1"}),
+                          (_member("out/lib.so", tarfile.SYMTYPE, "lib.so.1"),
+                           {"sha256": hashlib.sha256(LIB).hexdigest(), "size": len(LIB), "mode": "644"})]:
+        body = artifact.canonical_json({"rev": REV, "target": "linux-x86_64", "files": {
+            "out/lib.so.1": {"sha256": hashlib.sha256(LIB).hexdigest(), "size": len(LIB), "mode": "644"},
+            "out/lib.so.2": {"sha256": hashlib.sha256(LIB).hexdigest(), "size": len(LIB), "mode": "644"},
+            "out/lib.so": entry}})
+        archive = tmp_path / "forged.tar.gz"
+        sha = _tar_gz(archive, [(_member("out/lib.so.1"), LIB), (_member("out/lib.so.2"), LIB), (member, None),
+                                (_member(artifact.MANIFEST), body)])
+        tree = tmp_path / "tree"
+        with pytest.raises(artifact.ArtifactError, match="out/lib.so does not match its manifest"):
+            artifact.unpack(archive, tree, sha)
+        assert list(tree.iterdir()) == []

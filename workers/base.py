@@ -5,9 +5,7 @@ copy, then to the collector through Gearman, spooling locally when that fails)."
 
 from __future__ import annotations
 
-import fcntl
 import functools
-import itertools
 import logging
 import os
 import resource
@@ -15,8 +13,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 from gearfarm import host, process, sandbox
@@ -122,29 +119,6 @@ class Context:
         return ResultRecord(job_id=p.job_id, run_id=p.run_id, target=p.target, kind=p.kind, step=p.step,
                             name=p.name, rev=p.rev, status=status, attempt=p.attempt, worker=self.name,
                             host=self.host, submitted_at=p.submitted_at, **fields)  # type: ignore[arg-type]
-
-    @contextmanager
-    def runner_env(self, runner: list[str], extra: dict[str, str]) -> Iterator[dict[str, str]]:
-        """What this host adds to a job's environment for its runner. A wine runner gets a
-        prefix of its own for the job's duration (flock'ed, reused by later jobs): the reaper
-        kills the job's wineserver when the job ends, which would break another job sharing
-        that prefix. (The sandbox makes the prefix writable to the job.)"""
-        env = dict(extra)
-        if not runner or not Path(runner[0]).name.startswith("wine") or "WINEPREFIX" in extra:
-            yield env
-            return
-        # Per machine, not per state dir: making a prefix takes ~30 s, reusing one ~2 s.
-        prefixes = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gearfarm" / "wine"
-        for n in itertools.count():
-            prefix = prefixes / f"prefix-{n}"
-            prefix.mkdir(parents=True, exist_ok=True)
-            with open(prefix.parent / f"{prefix.name}.lock", "a") as lock:
-                try:
-                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue  # another job on this host has it
-                yield dict(env, WINEPREFIX=str(prefix))
-                return
 
     def started(self, p: Payload) -> None:
         """One line per start of a job's command: what the chaos suite counts."""

@@ -9,7 +9,7 @@ import logging
 import time
 from pathlib import Path
 
-from gearfarm import process, snapshot, step
+from gearfarm import process, snapshot, step, wine
 from gearfarm.gearman import Job
 from gearfarm.job import Payload
 from gearfarm.result import ResultRecord
@@ -62,8 +62,8 @@ def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
         scratch = tmpd / "scratch"
         scratch.mkdir()
         ctx.started(p)
-        with ctx.runner_env(target.runner, target.runner_env) as env:
-            run = step.run_suite(cat, target, suite, tree, scratch, log_path, p.seed, ctx.sandbox, env, p.cases)
+        prefix = wine.job_prefix(ctx.sandbox, ctx.state / "wine", target.runner, tmpd)
+        run = step.run_suite(cat, target, suite, tree, scratch, log_path, p.seed, ctx.sandbox, prefix, p.cases)
         timings["test"] = run.seconds
         status, message, cases = run.status, run.message, run.cases
         has_junit = suite.format in ("junit", "ctest") and run.results is not None and run.results.is_file()

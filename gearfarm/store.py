@@ -250,6 +250,17 @@ class WebUser(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
 
+class WebSession(Base):
+    """A browser logged in to the dashboard: the sha256 of the random id its session cookie
+    carries (so a copy of the database logs no one in). Logging out or removing the account
+    deletes the row, which ends the session even for a copy of the cookie."""
+
+    __tablename__ = "web_sessions"
+    id_sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user: Mapped[str] = mapped_column(ForeignKey("web_users.name"), index=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
 class Cancellation(Base):
     """A person's request to cancel a run (job_id None) or one job: the nightly that owns the
     run records the jobs it stops as cancelled; workers learn of it from the S3 marker."""

@@ -4,7 +4,13 @@ Reading needs no account; triage (and, with them, cancel and self-service runs) 
 a browser logs in with a name and token (a signed session cookie, every form CSRF-protected
 by Flask-WTF), a script sends the token as a bearer header (no cookie, so no CSRF to fear).
 Logs stream from the artifact store, or from the copies on disk when the store is gone (the
-embedded default's MinIO stops with its farm), so the dashboard works with no farm running."""
+embedded default's MinIO stops with its farm), so the dashboard works with no farm running.
+
+What a job wrote is a project author's bytes, and the dashboard's readers are logged in: every
+job file is served as plain text or a download, never sniffed, under a sandboxing CSP, and
+every page under a CSP that runs only the dashboard's own script (one file, served here). A
+session lives on the server (gearfarm.account), so logging out ends it for any copy of the
+cookie; a login returns only to a path on this dashboard."""
 
 from __future__ import annotations
 
@@ -16,12 +22,13 @@ import logging
 import secrets
 import subprocess
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flask import Flask, Response, abort, jsonify, redirect, render_template, request, session, url_for
+from flask import Flask, Response, abort, g, jsonify, redirect, render_template, request, session, url_for
 from flask_wtf.csrf import CSRFError, CSRFProtect, generate_csrf
 from jinja2 import ChoiceLoader, FileSystemLoader
 
@@ -34,6 +41,15 @@ from gearfarm.store import ResultsDB
 
 log = logging.getLogger("gearfarm.web")
 TEMPLATES = Path(__file__).parent / "templates" / "web"
+# The dashboard's pages: only their own origin's script and stylesheet (no inline script, so an
+# injected <script> does not run), no plugins, no <base> rewriting, forms post only here, and
+# no framing (clickjacking). style-src needs no 'unsafe-inline': the pages carry no style
+# attribute or element (the tip's position is set through the CSSOM, which a CSP allows).
+PAGE_CSP = "default-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+# What a job wrote: a unique origin with nothing allowed, should any browser render it anyway.
+JOB_OUTPUT_CSP = "sandbox; default-src 'none'; frame-ancestors 'none'"
+# The dashboard's own stylesheet and script, rendered from templates/web/<name>.j2.
+STATIC = {"dashboard.css": "text/css; charset=utf-8", "dashboard.js": "text/javascript; charset=utf-8"}
 
 
 def _secret(cfg: Config) -> str:
@@ -74,9 +90,53 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
             return account.who(db, auth.removeprefix("Bearer ").strip())
         if request.path.startswith("/api/"):
             return None
-        name = session.get("user")
-        # A removed account's sessions end with it.
-        return name if isinstance(name, str) and account.exists(db, name) else None
+        # Only a session the server still has: logging out or removing the account deletes it.
+        return account.session_user(db, session.get("sid"))
+
+    def job_output(chunks: Iterator[bytes], download: str | None = None) -> Response:
+        """A file a job wrote, as inert text (or a download named ``download``); the
+        after_request hook gives it the sandboxing CSP."""
+        g.job_output = True
+        if download is None:
+            return Response(_closing(chunks), content_type="text/plain; charset=utf-8")
+        return Response(_closing(chunks), content_type="application/octet-stream",
+                        headers={"Content-Disposition": f'attachment; filename="{download}"'})
+
+    @app.after_request
+    def _security_headers(resp: Response) -> Response:
+        """The one place every answer gets its headers: pages, JSON, errors and job files."""
+        resp.headers["X-Content-Type-Options"] = "nosniff"
+        resp.headers["X-Frame-Options"] = "DENY"
+        resp.headers["Referrer-Policy"] = "same-origin"
+        if g.get("job_output"):
+            resp.headers["Content-Security-Policy"] = JOB_OUTPUT_CSP
+            if not resp.headers.get("Content-Disposition", "").startswith("attachment") and \
+                    resp.mimetype != "text/plain":
+                resp.content_type = "text/plain; charset=utf-8"  # whatever a route meant, never markup
+        else:
+            resp.headers["Content-Security-Policy"] = PAGE_CSP
+        return resp
+
+    def local_path(nxt: str) -> str | None:
+        """``nxt`` when it is a path on this dashboard, else None. A browser drops tabs and
+        newlines from a Location, reads a backslash as a slash and `//host` as another host, and
+        a path may carry any of them percent-encoded: a value with any of them is refused whole,
+        and what is left must resolve to this host with a path starting with one '/'."""
+        decoded = nxt
+        for _ in range(3):  # doubly encoded too
+            decoded = urllib.parse.unquote(decoded)
+        if not nxt or len(nxt) > 2000 or any(c.isspace() or c < " " or c in "\x7f\\" for c in decoded):
+            return None
+        if not decoded.startswith("/") or decoded.startswith("//"):
+            return None
+        parts = urllib.parse.urlsplit(nxt)
+        if parts.scheme or parts.netloc:
+            return None
+        here = urllib.parse.urlsplit(request.host_url)
+        there = urllib.parse.urlsplit(urllib.parse.urljoin(request.host_url, nxt))
+        if (there.scheme, there.netloc) != (here.scheme, here.netloc) or not there.path.startswith("/"):
+            return None
+        return nxt
 
     @app.before_request
     def _csrf() -> None:
@@ -246,7 +306,8 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
         if who is None:
             return 403, "log in to start a run (an account: gearfarm web user add NAME)"
         try:
-            argv, run_id = selfservice.command(cfg, form, who)
+            argv, run_id = selfservice.command(cfg, form, who,
+                                               taken=lambda rid: rid in started or db.get_run(rid) is not None)
         except selfservice.SubmitError as e:
             return 400, str(e)
         log_path = cfg.path(cfg.farm.state_dir) / "web" / f"{run_id}.log"
@@ -274,7 +335,8 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
         s = started.get(run_id)
         if s is None:
             abort(404, f"run {run_id} was not started from this dashboard since it started")
-        return Response(s.log_path.read_bytes(), mimetype="text/plain; charset=utf-8")
+        # The nightly's output quotes what the project's jobs printed: job output too.
+        return job_output(iter([s.log_path.read_bytes()]))
 
     @app.get("/feed.atom")
     def feed() -> Response:
@@ -293,8 +355,8 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
             abort(400, str(e))
         if chunks is None:
             abort(404, f"no {name} for {target}/{step} of run {run_id}: not in the store, and no copy on disk")
-        mime = "application/xml" if name.endswith(".xml") else "text/plain; charset=utf-8"
-        return Response(_closing(chunks), mimetype=mime)
+        # junit.xml as text too: as XML, a browser would run an XHTML or SVG script in it.
+        return job_output(chunks)
 
     @app.get("/run/<run_id>/artifact/<target>/<step>")
     def job_artifact(run_id: str, target: str, step: str) -> Response:
@@ -306,8 +368,14 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
         except StoreError as e:
             abort(503, f"the artifact store does not answer ({e}); artifacts are not copied to disk")
         filename = rec.artifact_key.rsplit("/", 1)[-1]
-        return Response(_closing(chunks), mimetype="application/octet-stream",
-                        headers={"Content-Disposition": f'attachment; filename="{target}-{filename}"'})
+        return job_output(chunks, download=f"{target}-{filename}")
+
+    @app.get("/static/<name>")
+    def static_file(name: str) -> Response:
+        if name not in STATIC:
+            abort(404, f"no static file {name!r}")
+        # Rendered without the pages' context: nothing in them depends on who asks.
+        return Response(app.jinja_env.get_template(f"{name}.j2").render(), content_type=STATIC[name])
 
     @app.route("/login", methods=["GET", "POST"])
     def login() -> Any:
@@ -316,14 +384,15 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
             name = account.who(db, request.form.get("token", ""))
             if name is not None and name == request.form.get("name", "").strip():
                 session.clear()
-                session["user"] = name
-                nxt = request.form.get("next") or ""
-                return redirect(nxt if nxt.startswith("/") and not nxt.startswith("//") else url_for("status"), 303)
+                session["sid"] = account.start_session(db, name)
+                return redirect(local_path(request.form.get("next") or "") or url_for("status"), 303)
             error = "unknown name or token"
-        return page("login.html.j2", {"error": error, "next": request.args.get("next", "")}), 401 if error else 200
+        nxt = local_path(request.args.get("next", "")) or ""
+        return page("login.html.j2", {"error": error, "next": nxt}), 401 if error else 200
 
     @app.post("/logout")
     def logout() -> Any:
+        account.end_session(db, session.get("sid"))
         session.clear()
         return redirect(url_for("status"), 303)
 

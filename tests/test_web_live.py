@@ -141,7 +141,7 @@ def test_a_self_service_run_starts_real_jobs_shows_live_and_cancel_stops_them(li
     page.wait_for_load_state()
     assert "/live" in page.url
     run_id = page.url.rsplit("#run-", 1)[1]
-    assert re.fullmatch(r"\d{8}-\d{6}-engine-by-carol", run_id)
+    assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{6}-engine-by-carol", run_id)
 
     # The run appears, and its suite starts running on a real worker.
     job = f"{run_id}:{TARGET}:test-sleepy"

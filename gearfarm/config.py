@@ -232,6 +232,27 @@ class FarmConfig(_Section):
     lost_grace: float = 20.0
     # Resubmissions a run may spend; past it, lost jobs are recorded as infrastructure failures.
     resubmit_budget: int = 20
+    # The most of its commands' output a job's log keeps, in bytes or as a size ("64 MiB", "1 GiB"):
+    # past it the log keeps the output's head and its last quarter, with a note of how many bytes
+    # were dropped between (gearfarm.process.CappedLog). A worker holds that quarter in memory
+    # while a command runs.
+    log_limit: int = Field(default=64 * 1024 * 1024, ge=64 * 1024)
+
+    @field_validator("log_limit", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        if not isinstance(v, str):
+            return v
+        text = v.strip()
+        for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024), ("B", 1)):
+            if text.endswith(unit):
+                text, factor = text[: -len(unit)].strip(), scale
+                break
+        else:
+            factor = 1
+        if not text.isdigit():
+            raise ValueError('not a size: give a number of bytes, or a number with KiB, MiB or GiB, e.g. "64 MiB"')
+        return int(text) * factor
     # Build and test jobs the embedded farm's host runs at once (its worker slots); 0: one per
     # core. More oversubscribes the cores: measured on 2 cores, ten workers made every job slower
     # and the nightly no shorter.

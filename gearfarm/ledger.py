@@ -26,7 +26,10 @@ And around the ranking:
 |      | with the reason, in the same transaction (so no run waits for a job that cannot start)  |
 
 Signed records (workers seal them with the farm key) are checked by ``accept``; anything
-that does not verify is `rejected` and logged without the key. Every record offered, whatever
+that does not verify is `rejected` and logged without the key. A record that keeps its cases in
+S3 (a suite too large for the record's envelope) has them loaded and checked there against the
+sha256 and count it was sealed with (gearfarm.result.load_cases); a copy that does not match
+rejects the record. Every record offered, whatever
 its outcome, is written to the deliveries table, which is what `gearfarm status` and the chaos
 suite count from.
 
@@ -47,10 +50,12 @@ from sqlalchemy import delete, func, select, tuple_, update
 from sqlalchemy.engine import Connection
 
 from gearfarm.job import JobId
-from gearfarm.result import PRODUCT, RecordError, ResultRecord, open_record
+from gearfarm.result import PRODUCT, CaseStore, RecordError, ResultRecord, load_cases, open_record
 from gearfarm.store import Case, Delivery, Job, LateResult, ResultsDB, Run, SampleRow
 
 log = logging.getLogger("gearfarm.ledger")
+_NAME_MAX = Case.__table__.c.name.type.length
+_CLASSNAME_MAX = Case.__table__.c.classname.type.length
 Outcome = Literal["applied", "duplicate", "superseded", "late", "rejected"]
 Source = Literal["collect", "reconcile", "nightly", "rule"]
 
@@ -75,12 +80,20 @@ class Ledger:
 
     # ------------------------------------------------------------------ entry points
 
-    def accept(self, data: bytes, keys: list[str], source: Source) -> tuple[Outcome, ResultRecord | None]:
-        """A sealed record from a worker (through the collector or from S3)."""
+    def accept(self, data: bytes, keys: list[str], source: Source,
+               store: CaseStore | None = None) -> tuple[Outcome, ResultRecord | None]:
+        """A sealed record from a worker (through the collector or from S3). ``store`` reads the
+        cases of a record that keeps them in S3; StoreError (nothing recorded) when it cannot
+        now: offer the record again later."""
         try:
             rec = open_record(data, keys)
         except RecordError as e:
             self.reject(source, str(e))
+            return "rejected", None
+        try:
+            rec = load_cases(rec, store)
+        except RecordError as e:
+            self.reject(source, str(e), rec)
             return "rejected", None
         return self.apply(rec, source), rec
 
@@ -158,9 +171,12 @@ class Ledger:
         conn.execute(delete(SampleRow).where(SampleRow.job_id == rec.job_id))
         suite = rec.name or rec.step
         if rec.cases:
+            # Cut to the columns' sizes: a suite printing a name longer than PostgreSQL's column
+            # would fail the insert, which the collector takes for an outage and retries forever.
             conn.execute(Case.__table__.insert(), [
-                dict(job_id=rec.job_id, run_id=rec.run_id, target=rec.target, suite=suite, classname=c.classname,
-                     name=c.name, status=c.status, time=c.time, message=c.message[:4000]) for c in rec.cases])
+                dict(job_id=rec.job_id, run_id=rec.run_id, target=rec.target, suite=suite,
+                     classname=c.classname[:_CLASSNAME_MAX], name=c.name[:_NAME_MAX], status=c.status, time=c.time,
+                     message=c.message[:4000]) for c in rec.cases])
         if rec.samples:
             host_class = rec.host.get("class", "")
             conn.execute(SampleRow.__table__.insert(), [

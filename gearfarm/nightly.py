@@ -241,7 +241,11 @@ def reconcile(ledger: Ledger, store: ArtifactStore, keyring: list[str], run_id: 
         except StoreError as e:
             log.warning("cannot read %s: %s", key, e)
             continue
-        outcome, _ = ledger.accept(data, keyring, "reconcile")
+        try:
+            outcome, _ = ledger.accept(data, keyring, "reconcile", store)
+        except StoreError as e:
+            log.warning("cannot read the cases of %s: %s", key, e)  # not seen: offered again next time
+            continue
         seen.add(key)
         applied += outcome == "applied"
     return applied

@@ -1,12 +1,15 @@
 """Starting and stopping the farm's local daemons (MinIO, workers, the collector) so that
 nothing outlives the farm: each runs in its own process group, which stop() kills whole.
 Also running a job's catalog command so that nothing of it outlives the job or its worker
-(run_logged, through gearfarm/reaper.py), the per-job temporary directories that a restarted
+(run_logged, through gearfarm/reaper.py) and its output stays within the job's log limit
+(the head and the tail of it, and a note of what was dropped between), the per-job temporary
+directories that a restarted
 worker sweeps (job_dir, sweep_work_dirs), and telling whether a pid is still the very process
 that was recorded (identity, is_same), so that a stale pid is never killed."""
 
 from __future__ import annotations
 
+import fcntl
 import marshal
 import os
 import re
@@ -18,11 +21,12 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 
 def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None,
@@ -70,11 +74,17 @@ def stop_all(procs: Sequence[subprocess.Popen[bytes]], timeout: float = 10.0) ->
             pass
 
 
-def log_tail(path: Path, lines: int = 20) -> str:
+def log_tail(path: Path, lines: int = 20, max_bytes: int = 64 * 1024) -> str:
+    """The last ``lines`` lines of a log, read from its last ``max_bytes`` only: a job's log may
+    be as large as its limit, and this is asked of every failed job."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - max_bytes))
+            data = f.read(max_bytes)
     except FileNotFoundError:
         return "(no log)"
+    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
 
 
 class Cancelled(Exception):
@@ -100,10 +110,127 @@ REAPER_COMMAND = [sys.executable, "-I", "-S", "-c", f"import sys; sys.path.appen
 # the reaper is wedged (it needs at most its startup, TERM_GRACE and KILL_PATIENCE past the timeout).
 REAPER_GRACE = 60.0
 
+MiB = 1024 * 1024
+# The most of a command's output a job's log keeps ([farm] log_limit: a worker sets this from its
+# config as it starts; a caller may pass its own). Past it the log keeps the output's head and its
+# tail, with a note between of how many bytes were dropped there.
+LOG_LIMIT = 64 * MiB
+# The part of the limit kept from the end of the output: a failure is usually at the end, and the
+# tail is held in memory until the command ends, so it bounds what a job costs its worker.
+TAIL_SHARE = 4
+# The tail kept of output appended to a log that is full already (a benchmark's later runs): the
+# log then grows by this and a note per command, not by a quarter of its limit.
+MIN_TAIL = 64 * 1024
+# The output pipe's size (the kernel's default is 64 KiB): fewer, larger reads for the pump.
+# 1 MiB is also the most an unprivileged process may ask for (/proc/sys/fs/pipe-max-size).
+PIPE_SIZE = MiB
+# After the reaper has reported, how long the pump still reads: to the pipe's end, unless a
+# process the reaper could not kill holds it open.
+PUMP_DRAIN = 5.0
+
+
+def _size_text(n: int) -> str:
+    return f"{n // MiB} MiB" if n % MiB == 0 else f"{n} bytes"
+
+
+class CappedLog:
+    """Output written into an open log file with at most ``limit`` bytes of the log kept: what
+    fits first (the output's head) goes straight to the file, the last ``limit // TAIL_SHARE``
+    bytes are held back in memory (never more than that and a chunk) and written, after a note of
+    how many bytes were dropped before them, by close(). Output that fits is written whole and
+    unchanged. The log's size when this starts (its header, earlier commands) counts: appended to
+    a full log, a command's output keeps only its last MIN_TAIL bytes."""
+
+    def __init__(self, out: BinaryIO, limit: int) -> None:
+        if limit <= 0:
+            raise ValueError(f"a log limit must be a number of bytes above 0, not {limit}")
+        used = out.tell()
+        self.out, self.limit = out, limit
+        self.tail = min(limit // TAIL_SHARE, max(limit - used, MIN_TAIL))
+        self.head = max(0, limit - used - self.tail)
+        self.total = 0  # bytes of output seen
+        self.written = 0  # of them, the head written to the file
+        self.held: deque[bytes] = deque()
+        self.held_bytes = 0
+
+    def write(self, data: bytes) -> None:
+        self.total += len(data)
+        if self.written < self.head:
+            n = min(len(data), self.head - self.written)
+            self.out.write(data[:n])
+            self.written += n
+            data = data[n:]
+        if data:
+            self.held.append(data)
+            self.held_bytes += len(data)
+            # Whole chunks that are no longer among the last `tail` bytes go.
+            while self.held_bytes - len(self.held[0]) >= self.tail:
+                self.held_bytes -= len(self.held.popleft())
+
+    def close(self) -> int:
+        """Write the note (if anything was dropped) and the tail; the bytes dropped."""
+        excess = max(0, self.held_bytes - self.tail)
+        dropped = self.total - self.written - (self.held_bytes - excess)
+        if dropped:
+            self.out.write(f"\n*** {dropped} bytes of output dropped here (log capped at {_size_text(self.limit)}: "
+                           "[farm] log_limit) ***\n".encode())
+        for i, chunk in enumerate(self.held):
+            self.out.write(chunk[excess:] if i == 0 else chunk)
+        self.held.clear()
+        self.held_bytes = 0
+        self.out.flush()
+        return dropped
+
+
+def append_capped(src: Path, dst: Path, limit: int | None = None, header: str = "") -> int:
+    """Append ``header`` and the file ``src`` to the log ``dst``, streaming, within the log's
+    limit (default LOG_LIMIT) as run_logged keeps it; the bytes dropped."""
+    with dst.open("ab") as out, src.open("rb") as f:
+        out.write(header.encode())
+        capped = CappedLog(out, limit or LOG_LIMIT)
+        while chunk := f.read(MiB):
+            capped.write(chunk)
+        return capped.close()
+
+
+class _Pump(threading.Thread):
+    """Reads a command's output pipe into its CappedLog until the pipe's end, or until told the
+    command is over and PUMP_DRAIN has passed. A write error (disk full) is kept for the caller,
+    and reading goes on, so the command is never left blocked on a full pipe."""
+
+    def __init__(self, fd: int, sink: CappedLog) -> None:
+        super().__init__(name="gearfarm-log-pump", daemon=True)
+        self.fd, self.sink = fd, sink
+        self.over = threading.Event()
+        self.error: OSError | None = None
+
+    def run(self) -> None:
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        until: float | None = None
+        while True:
+            if until is None and self.over.is_set():
+                until = time.monotonic() + PUMP_DRAIN
+            wait = 0.25 if until is None else until - time.monotonic()
+            if wait <= 0:
+                return  # a process the reaper could not kill still holds the pipe: stop reading it
+            if not poller.poll(wait * 1000):
+                continue
+            chunk = os.read(self.fd, PIPE_SIZE)
+            if not chunk:
+                return
+            if self.error is None:
+                try:
+                    self.sink.write(chunk)
+                except OSError as e:
+                    self.error = e
+
 
 def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | None = None,
-               env: Mapping[str, str] | None = None, shown: Sequence[str] | None = None) -> tuple[int | None, bool]:
-    """Run a catalog command with its output appended to ``log_path``.
+               env: Mapping[str, str] | None = None, shown: Sequence[str] | None = None,
+               limit: int | None = None) -> tuple[int | None, bool]:
+    """Run a catalog command with its output appended to ``log_path``, at most ``limit`` bytes
+    of the log (default LOG_LIMIT, the worker's [farm] log_limit) kept: see CappedLog.
 
     Returns (exit code, timed_out); the exit code is Popen's returncode (negative: killed by
     that signal). Whatever happens -- the command exits, the timeout passes, or the worker
@@ -118,6 +245,12 @@ def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | 
     When the calling thread's job is cancelled (CANCEL), the command's tree is stopped the same
     way and Cancelled is raised.
 
+    The output reaches the log through a pipe that a thread of the caller pumps (the reaper's
+    stdout and stderr, which the command inherits), not by giving the command the log file: the
+    cap is kept as the output arrives, so neither the disk nor the worker's memory ever holds
+    more than the limit, and the job never holds the log file itself. The cap is here rather
+    than in the reaper, which stays a small single-threaded loop around signals.
+
     Any thread may call this. The reaper hears of its parent's death through
     PR_SET_PDEATHSIG, which the kernel also fires when only the calling thread exits; the
     reaper then checks getppid() and goes on while the worker process lives.
@@ -129,22 +262,38 @@ def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | 
         # would add LC_CTYPE=C.UTF-8 to a C-locale environment at startup (PEP 538), and the
         # command must get exactly the environment it was given.
         job = marshal.dumps((list(argv), dict(env) if env is not None else dict(os.environ)))
+        capped = CappedLog(log, limit or LOG_LIMIT)
         status_r, status_w = os.pipe()
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        with suppress(OSError):
+            fcntl.fcntl(out_w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+        pump = _Pump(out_r, capped)
         try:
             try:
                 reaper = subprocess.Popen(
                     [*REAPER_COMMAND, str(os.getpid()), str(status_w), repr(float(timeout))],
-                    stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
+                    stdin=subprocess.PIPE, stdout=out_w, stderr=subprocess.STDOUT, cwd=cwd,
                     start_new_session=True, pass_fds=(status_w,))
             except OSError as e:
                 log.write(f"cannot start {(shown or argv)[0]}: {e}\n".encode())
                 return 127, False
             finally:
+                # Only the reaper and its command hold the pipe now: its end means they are gone.
                 os.close(status_w)
-            report, wedged = _supervise(reaper, job, timeout, status_r, CANCEL.get())
+                os.close(out_w)
+            pump.start()
+            try:
+                report, wedged = _supervise(reaper, job, timeout, status_r, CANCEL.get())
+            finally:
+                pump.over.set()
+                pump.join()
             reason, _, detail = report.decode(errors="replace").partition(" ")
         finally:
             os.close(status_r)
+            os.close(out_r)
+        capped.close()
+        if pump.error is not None:
+            raise OSError(pump.error.errno, f"cannot write the job's log {log_path}: {pump.error.strerror}")
         cancel = CANCEL.get()
         if cancel is not None and cancel.is_set():
             log.write(b"\n*** cancelled: the command and everything it started were stopped ***\n")

@@ -245,9 +245,9 @@ def run_benchmark(cat: Catalog, target: Target, bench: Benchmark, tree: Path, wo
     env = catalog_mod.environment(sandbox.environment(), target, bench, vals)
     cwd = tree / bench.cwd.format_map(vals)
     rc, timed_out = _run(sandbox, argv, out_path, bench.timeout, cwd, env, [scratch, count_dir, tree])
+    # Into the job's log within its cap, streamed (the run's output was capped as it came).
+    process.append_capped(out_path, log_path, header=f"--- {tag} ---\n")
     text = out_path.read_text(errors="replace")
-    with log_path.open("a") as f:
-        f.write(f"--- {tag} ---\n{text}")
     if timed_out or rc != 0:
         raise BenchmarkFailed("timed_out" if timed_out else "failed",
                               f"benchmark {bench.name} ({tag}) " + ("timed out" if timed_out else f"exited {rc}"))

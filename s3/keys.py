@@ -8,6 +8,7 @@ catalogs/<sha256>.toml                                 a catalog the nightly val
 projects/<project>/latest.json                         the project's newest catalog (worker probing)
 runs/<run>/<target>/<step>/log.txt | junit.xml
 runs/<run>/<target>/<step>/results/<attempt>-<digest>.json   one sealed result record each
+runs/<run>/<target>/<step>/cases/<sha256>.json.zst          a record's cases, when too many for the record
 runs/<run>/closed.json                                       the run was reported: drop its jobs
 runs/<run>/cancel.json | runs/<run>/<target>/<step>/cancel.json   a person cancelled the run / the job
 runs/<run>/report.json | report.html
@@ -70,6 +71,15 @@ def result(run_id: str, target: str, step: str, attempt: int, digest: str) -> st
     """One key per record, never overwritten: every attempt's record stays for reconcile,
     and the ledger, not the last write, decides which one counts."""
     return f"runs/{_part(run_id)}/{_part(target)}/{_part(step)}/results/{attempt}-{_part(digest[:16])}.json"
+
+
+def cases(run_id: str, target: str, step: str, sha256: str) -> str:
+    """A result record's test cases when they would make it too large (gearfarm.result.offload_cases):
+    under the job's own prefix, which its role may write and the collector may read (ROLE_WRITES,
+    ROLE_READS); named by the sha256 of the object, which the record is sealed with."""
+    if len(sha256) != 64 or sha256.strip("0123456789abcdef"):
+        raise ValueError(f"cases digest {sha256[:80]!r} is not a sha256 (64 hex digits)")
+    return f"runs/{_part(run_id)}/{_part(target)}/{_part(step)}/cases/{sha256}.json.zst"
 
 
 def is_result(key: str) -> bool:

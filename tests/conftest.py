@@ -1,5 +1,6 @@
-"""Shared pytest fixtures: a real gearmand per test (``gearmand``, ``second_gearmand``), and a
-real MinIO per test module (``minio``)."""
+"""Shared pytest fixtures: a real gearmand per test (``gearmand``, ``second_gearmand``), a
+real MinIO per test module (``minio``), and a results database URL on SQLite and on PostgreSQL
+(``db_url``, tests/pg.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from gearfarm.gearmand import Gearmand
 from gearfarm.s3.minio import MinioServer
+from tests.pg import db_url, pg_server, pg_url  # noqa: F401 - fixtures
 
 
 @pytest.fixture

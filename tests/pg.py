@@ -3,7 +3,7 @@ free loopback port (initdb + pg_ctl), as the ``postgres`` user when the tests ru
 (PostgreSQL refuses to run as root), and always stopped. $GEARFARM_TEST_POSTGRES_URL points the
 tests at a server that is already running instead (a database per test is created in it).
 
-Use the fixtures by importing them into a test module: ``from tests.pg import pg_server, pg_url``.
+tests/conftest.py offers its fixtures (``pg_server``, ``pg_url``, ``db_url``) to every test module.
 """
 
 from __future__ import annotations
@@ -181,3 +181,11 @@ def pg_server() -> Iterator[PostgresServer | _External]:
 def pg_url(pg_server: PostgresServer | _External) -> str:
     """A new, empty database for this test."""
     return pg_server.create_database(f"gearfarm_test_{os.getpid()}_{next(_counter)}")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each test twice: on SQLite, and on a new database of the session's PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'results.db'}"
+    return request.getfixturevalue("pg_url")

@@ -32,13 +32,6 @@ from tests.pg import pg_server, pg_url  # noqa: F401 - fixtures
 T, U = "linux-x86_64", "linux-aarch64"
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'results.db'}"
-    return request.getfixturevalue("pg_url")
-
-
 def rev_of(run_id: str) -> str:
     return (run_id.encode().hex() * 40)[:40]
 

@@ -12,8 +12,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 from gearfarm.job import JobId
 from gearfarm.ledger import Ledger, farm_record
 from gearfarm.result import CaseResult, ResultRecord, seal_record
@@ -23,13 +21,6 @@ from tests.pg import pg_server, pg_url  # noqa: F401 - fixtures
 REV = "a" * 40
 T = "linux-x86_64"
 KEYS = ["farm-key"]
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'results.db'}"
-    return request.getfixturevalue("pg_url")
 
 
 def rec(jid: JobId, status: str, attempt: int = 1, finished: float = 1000.0, case: str = "c1") -> ResultRecord:

@@ -42,13 +42,6 @@ metrics = { rate = "higher", latency = "lower" }
 """
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'results.db'}"
-    return request.getfixturevalue("pg_url")
-
-
 def catalog(body: str = CATALOG) -> tuple[str, str]:
     return catalog_mod.digest(body), body
 

@@ -23,7 +23,7 @@ from gearfarm.gearman import GearmanError, Job
 from gearfarm.hostlock import HostLock
 from gearfarm.job import COLLECT_FUNCTION, Payload, PayloadError, unique_id, verify
 from gearfarm.priority import Durations
-from gearfarm.result import RecordError, ResultRecord, open_record, seal_record
+from gearfarm.result import CASES_CONTENT_TYPE, RecordError, ResultRecord, fit, open_record
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError
 
@@ -59,21 +59,34 @@ class Context:
         self._spool_lock = threading.Lock()
         # Checked now: a worker that cannot confine its jobs refuses to start.
         self.sandbox = sandbox.for_config(cfg)
+        # How much of its commands' output a job's log keeps (run_logged's default).
+        process.LOG_LIMIT = cfg.farm.log_limit
 
     def deliver(self, rec: ResultRecord) -> None:
-        """Report a result; never loses it: on failure it waits in the local spool."""
-        body = seal_record(rec, self.cfg.farm.secrets)
+        """Report a result; never loses it: on failure it waits in the local spool. A record
+        whose cases would make it too large for its envelope (gearfarm.result.fit) stores them
+        in S3 beside it first, or, on failure, in the spool beside it."""
+        rec, body, blob = fit(rec, self.cfg.farm.secrets)
         try:
+            if blob is not None:
+                assert rec.cases_key is not None
+                self.store.put_bytes(rec.cases_key, blob, CASES_CONTENT_TYPE)
             self._publish(rec, body)
         except Exception as e:  # whatever went wrong, the record must survive: spool it
+            if blob is not None:
+                self._spool_write(rec, blob, self._spooled_cases(rec))  # first: a spooled record finds them
             path = self._spool_write(rec, body)
             log.warning("result of %s spooled to %s (%s); will deliver when possible", rec.job_id, path, e)
 
-    def _spool_write(self, rec: ResultRecord, body: bytes) -> Path:
+    def _spooled_cases(self, rec: ResultRecord) -> Path:
+        """Where the cases of a spooled record wait (not *.json: flush_spool reads records only)."""
+        return self.spool / "cases" / f"{rec.cases_sha256}.json.zst"
+
+    def _spool_write(self, rec: ResultRecord, body: bytes, path: Path | None = None) -> Path:
         """Atomically: a crash mid-write leaves a temp file, never a torn record."""
-        self.spool.mkdir(parents=True, exist_ok=True)
-        path = self.spool / f"{rec.digest[:24]}.json"
-        fd, tmp = tempfile.mkstemp(dir=self.spool, prefix=".tmp-")
+        path = path or self.spool / f"{rec.digest[:24]}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         with os.fdopen(fd, "wb") as f:
             f.write(body)
             f.flush()
@@ -86,6 +99,14 @@ class Context:
         collector. The record's digest is in the unique id: a changed record is a new delivery,
         the very same record sent twice (a spool replay) is deduplicated by gearmand."""
         digest = rec.digest
+        if rec.cases_key is not None:
+            # A spooled record's cases go first: whoever opens the record reads them at once.
+            pending = self._spooled_cases(rec)
+            try:
+                self.store.put_bytes(rec.cases_key, pending.read_bytes(), CASES_CONTENT_TYPE)
+                pending.unlink(missing_ok=True)
+            except FileNotFoundError:
+                pass  # delivered from here before, or by a sibling worker of this host and role
         self.store.put_bytes(keys.result(rec.run_id, rec.target, rec.step, rec.attempt, digest), body,
                              "application/json")
         self.client.submit_background(COLLECT_FUNCTION, body, unique=unique_id(rec.job_id, rec.attempt, digest[:16]))

@@ -123,7 +123,7 @@ def build(ctx: Context, p: Payload, cat: Catalog, target: Target, started: float
                                 "using that one\n")
                 timings["upload"] = time.monotonic() - t0
         log_tail = process.log_tail(log_path, LOG_TAIL_LINES)
-        ctx.store.put_bytes(log_key, log_path.read_bytes(), "text/plain; charset=utf-8")
+        ctx.store.put_file(log_key, log_path, "text/plain; charset=utf-8")
 
     sha = str(manifest.get("archive_sha256")) if status == "passed" else None
     return ctx.record(p, status, started_at=started, finished_at=time.time(), timings=timings,

@@ -2,7 +2,9 @@
 them to the run ledger, which verifies the seal and the job, applies its rules and logs every
 outcome (rejections included, counted on `gearfarm status`). While the results database is
 away (a PostgreSQL restart) it holds the job and retries, so no record is dropped: if the
-collector dies meanwhile, gearmand hands the job to the next one."""
+collector dies meanwhile, gearmand hands the job to the next one. A record that keeps its cases
+in S3 (too many for the record) has them read with the collector role's S3 keys, which may read
+the runs' files; while S3 does not answer, the record is held the same way."""
 
 from __future__ import annotations
 
@@ -17,22 +19,28 @@ from gearfarm.connection import gearman_worker
 from gearfarm.gearman import Job
 from gearfarm.job import COLLECT_FUNCTION
 from gearfarm.ledger import Ledger
+from gearfarm.result import CaseStore
+from gearfarm.s3.store import ArtifactStore, StoreError
 from gearfarm.store import ResultsDB
 
 log = logging.getLogger("gearfarm.collector")
 
 
-def make_handler(ledger: Ledger, keyring: list[str]):  # noqa: ANN201 - returns the gearman handler
+def make_handler(ledger: Ledger, keyring: list[str], store: CaseStore | None = None):  # noqa: ANN201 - the handler
     def handle(job: Job) -> bytes:
         delay = 0.5
         while True:
             try:
-                outcome, rec = ledger.accept(job.data, keyring, "collect")
+                outcome, rec = ledger.accept(job.data, keyring, "collect", store)
                 break
             except SQLAlchemyError as e:
                 # Never WORK_FAIL a record (gearmand would drop it): hold it until the database
                 # answers; if this process is stopped meanwhile, gearmand requeues the job.
                 log.warning("results database unavailable (%s); retrying in %.1fs", str(e).splitlines()[0], delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+            except StoreError as e:
+                log.warning("cannot read a record's cases from S3 (%s); retrying in %.1fs", e, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
         if rec is not None:
@@ -47,7 +55,11 @@ def serve(cfg: Config, stop: threading.Event | None = None) -> None:
     stop = stop or threading.Event()
     worker = gearman_worker(cfg, "collector")
     worker.stop_on_signals(stop)
-    worker.register(COLLECT_FUNCTION, make_handler(Ledger(db), cfg.farm.secrets))
+    if "collector" not in cfg.s3.roles:
+        log.warning("no [s3.roles.collector] keys in the config: the collector reads records' cases with the "
+                    "farm's own S3 keys, which allow more than it needs")
+    store = ArtifactStore(cfg.s3.for_role("collector"))
+    worker.register(COLLECT_FUNCTION, make_handler(Ledger(db), cfg.farm.secrets, store))
     log.info("collector storing into %s", db.engine.url.render_as_string(hide_password=True))
     try:
         worker.work(stop)

@@ -103,7 +103,7 @@ def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
             status, message = e.status, str(e)
         quietness.update(activity.summary)
         timings["test"] = time.monotonic() - t0
-        ctx.store.put_bytes(log_key, log_path.read_bytes(), "text/plain; charset=utf-8")
+        ctx.store.put_file(log_key, log_path, "text/plain; charset=utf-8")
         return ctx.record(p, status, started_at=started, finished_at=time.time(), timings=timings,
                           log_key=log_key, artifact_key=p.artifact_key, artifact_sha256=p.artifact_sha256,
                           samples=samples, curves=curves, message=message, quietness=quietness,

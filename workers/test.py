@@ -70,7 +70,7 @@ def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
         if has_junit:
             assert run.results is not None
             ctx.store.put_file(junit_key, run.results, "application/xml")
-        ctx.store.put_bytes(log_key, log_path.read_bytes(), "text/plain; charset=utf-8")
+        ctx.store.put_file(log_key, log_path, "text/plain; charset=utf-8")
         return ctx.record(p, status, started_at=started, finished_at=time.time(), timings=timings,
                           log_key=log_key, junit_key=junit_key if has_junit else None,
                           artifact_key=p.artifact_key, artifact_sha256=p.artifact_sha256, cases=cases,

@@ -92,6 +92,8 @@ def attack_script(state: Path, config: Path, ports: dict[str, int]) -> str:
         # sandbox as empty mount points; what lies beside them on the host must not.
         "list the state directory": f"ls {q(str(state / 'minio'))} {q(str(state / 'logs'))}",
         "read the worker's log beside the job": 'cat "$HOME/../test.log"',
+        # Other jobs run beside this one (two slots); their directories hold logs on the host.
+        "see other jobs' files": f'find {q(str(state / "work"))} -type f -not -path "$(dirname "$HOME")/*" | grep .',
         "read the environ of every process": f"cat /proc/[0-9]*/environ | tr '\\0' '\\n' | grep -a {PLANTED[:12]}",
         "read the cmdline of the farm's processes":
             "cat /proc/[0-9]*/cmdline | tr '\\0' ' ' | grep -a -e gearfarm.cli -e gearmand -e 'minio server'",
@@ -203,6 +205,9 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
         commit(repos["hostile"], "attack")
         (repos["leaky"] / "jobs/catalog.toml").write_text(LEAKY.replace("CONFIG", str(farm.config_path)))
         commit(repos["leaky"], "leak")
+        # The same attacks, with the state directory as the wine prefix: before the catalog rule,
+        # the sandbox mounted it writable and the suite read the config from it.
+        (repos["widen"] / "attack.sh").write_text(attack_script(state, farm.config_path, ports))
         (repos["widen"] / "jobs/catalog.toml").write_text(HOSTILE.replace(
             'format = "tap"', f'format = "tap"\nenv = {{ WINEPREFIX = "{state}" }}'))
         commit(repos["widen"], "widen")
@@ -269,7 +274,7 @@ def test_the_nightly_refuses_a_catalog_that_opens_the_state_directory(hostile: H
 def test_every_read_and_connection_of_the_suite_failed(hostile: Hostile) -> None:
     log = _log(hostile, "hostile", "test-escape")
     assert "not ok" not in log, log
-    assert log.count("\nok ") == 13, log  # every attempt was made, and failed
+    assert log.count("\nok ") == 14, log  # every attempt was made, and failed
 
 
 def test_no_loopback_service_saw_a_connection(hostile: Hostile) -> None:

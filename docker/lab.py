@@ -144,8 +144,8 @@ def init(lab: Path, repo: str, targets: str, perf_targets: str) -> None:
     _server_tls(ca, lab / "minio" / "tls" / "minio", [*MINIO_NODES, *local], minio=True)
     _server_tls(ca, lab / "postgres" / "tls", ["postgres", *local])
     root = S3Keys(access_key="gearfarm-root", secret_key=secrets.token_urlsafe(24))
-    (lab / "minio.env").write_text(f"MINIO_ROOT_USER={root.access_key}\nMINIO_ROOT_PASSWORD={root.secret_key}\n")
-    (lab / "minio.env").chmod(0o600)
+    config_mod.write_private(lab / "minio.env",
+                             f"MINIO_ROOT_USER={root.access_key}\nMINIO_ROOT_PASSWORD={root.secret_key}\n".encode())
     roles = {role: S3Keys(access_key=f"gearfarm-{role}", secret_key=secrets.token_urlsafe(24))
              for _, role in HOSTS}
     hmac = secrets.token_hex(32)

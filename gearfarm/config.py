@@ -413,8 +413,17 @@ def dump(cfg: Config, path: Path) -> None:
                 continue
             lines.append(f"{k} = {_toml_value(v)}")
         lines.append("")
-    path.write_text("\n".join(lines))
-    path.chmod(0o600)  # it holds secrets
+    write_private(path, "\n".join(lines).encode())
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write a file of secrets readable by its owner only, with no moment where it is readable by
+    others (written first and chmod'ed after, a local user could open it in between)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(path, 0o600)  # the file may have existed with wider permissions
 
 
 def _toml_value(v: object) -> str:

@@ -247,6 +247,13 @@ def for_config(cfg: Config) -> Sandbox:
                     "started as root): a job that escaped its mount view could read what this worker reads",
                     os.geteuid(), uid)
         uid = None
+    keys = [Path(cfg.source) if cfg.source else None, cfg.path(cfg.gearman.tls_key) if cfg.gearman.tls_key else None]
+    exposed = [f for f in keys if f is not None and f.is_file() and f.stat().st_mode & 0o004]
+    if exposed:
+        # A sandbox keeps jobs from these files' paths; their mode must keep them from their bytes.
+        raise SandboxError(f"{', '.join(map(str, exposed))}: readable by every user of this host, and it holds the "
+                           "farm's keys: a job (or anyone) could read them. Fix: chmod o-r "
+                           + " ".join(map(str, exposed)))
     box = Sandbox(cfg.farm.sandbox, tuple(cfg.secret_files()),
                   tuple(cfg.path(p) for p in cfg.farm.sandbox_readonly),
                   tuple(cfg.path(p) for p in cfg.farm.sandbox_shared), tuple(cfg.farm.sandbox_env),

@@ -44,6 +44,7 @@ from pathlib import Path
 from types import TracebackType
 
 from gearfarm import process
+from gearfarm.config import write_private
 from gearfarm.net import free_port
 
 CA_CERT = "ca.crt"
@@ -92,15 +93,6 @@ def _backend(backend: str | None) -> str:
         raise TLSError("neither the Python 'cryptography' package nor the 'openssl' command is available; "
                        "install one (apt-get install openssl)")
     return backend
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    """Write a key readable by its owner only, without a window where it is world-readable."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.chmod(path, 0o600)  # the file may have existed with wider permissions
 
 
 def _write_public(path: Path, data: bytes) -> None:
@@ -326,7 +318,7 @@ def _ca_cryptography(files: CertFiles, common_name: str, days: int) -> None:
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski), critical=False)
         .sign(key, hashes.SHA256())
     )
-    _write_private(files.key, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+    write_private(files.key, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                 serialization.NoEncryption()))
     _write_public(files.cert, cert.public_bytes(serialization.Encoding.PEM))
 
@@ -367,7 +359,7 @@ def _leaf_cryptography(ca: CertFiles, files: CertFiles, kind: str, cn: str, dns:
     if alt:
         builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
-    _write_private(files.key, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+    write_private(files.key, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                 serialization.NoEncryption()))
     _write_public(files.cert, cert.public_bytes(serialization.Encoding.PEM))
 
@@ -390,7 +382,7 @@ def _ca_openssl(files: CertFiles, common_name: str, days: int) -> None:
                  "-addext", "keyUsage=critical,keyCertSign,cRLSign",
                  "-addext", "subjectKeyIdentifier=hash",
                  "-addext", "authorityKeyIdentifier=keyid:always")
-        _write_private(files.key, key.read_bytes())
+        write_private(files.key, key.read_bytes())
         _write_public(files.cert, crt.read_bytes())
 
 
@@ -413,7 +405,7 @@ def _leaf_openssl(ca: CertFiles, files: CertFiles, kind: str, cn: str, dns: list
         _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca.cert), "-CAkey", str(ca.key),
                  "-set_serial", "0x" + os.urandom(16).hex(), "-sha256", "-days", str(days),
                  "-extfile", str(ext), "-out", str(crt))
-        _write_private(files.key, key.read_bytes())
+        write_private(files.key, key.read_bytes())
         _write_public(files.cert, crt.read_bytes())
 
 

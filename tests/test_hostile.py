@@ -382,3 +382,16 @@ def test_no_secret_reaches_the_store_the_disk_or_the_dashboard(hostile: Hostile)
             body = e.read()
         assert not any(s.encode() in body for s in secrets), page
     assert re.search(r"secrets|secret_key", "\n".join(secrets)) is None  # the scan looked for values, not names
+
+
+def test_a_worker_whose_config_every_user_can_read_refuses_to_start(tmp_path: Path) -> None:
+    from gearfarm import sandbox
+    from gearfarm.sandbox import SandboxError
+
+    path = tmp_path / "farm.toml"
+    config_mod.dump(Config(), path)
+    path.chmod(0o644)
+    with pytest.raises(SandboxError, match=rf"{path}: readable by every user.*chmod o-r {path}"):
+        sandbox.for_config(config_mod.load(path))
+    path.chmod(0o640)  # a group of the farm's own users may read it; the job uid is in none
+    assert sandbox.for_config(config_mod.load(path)).mode == "bwrap"

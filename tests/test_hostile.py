@@ -82,6 +82,61 @@ suites = []
 """
 
 
+# The same attacks from a program of the project's own, on every kind of target: natively, under
+# qemu and under wine (whose Z: drive is the sandbox's /). Its arguments: files it must not read,
+# then files it must not write (for wine also a file of the prefix every job's is linked from).
+CROSS_C = r"""#include <stdio.h>
+static int can_read(const char *p) { FILE *f = fopen(p, "rb"); char b[64]; size_t k = 0;
+    if (f) { k = fread(b, 1, sizeof b, f); fclose(f); } if (k) fwrite(b, 1, k, stdout); return k > 0; }
+static int can_write(const char *p) { FILE *f = fopen(p, "ab"); if (!f) return 0;
+    int ok = fputs("x", f) >= 0; return fclose(f) == 0 && ok; }
+int main(int argc, char **argv) {
+    /* Reads are judged here; writes by the test on the host (a path can exist on the sandbox's
+       own /tmp, where a write harms nothing), so they are only reported. */
+    printf("1..2\n");
+    for (int i = 1; i < argc; i++) {
+        if (i <= 2) printf("%sok %d - %s %s\n", can_read(argv[i]) ? "not " : "", i, "read", argv[i]);
+        else printf("# write %s: %s\n", argv[i], can_write(argv[i]) ? "done" : "refused");
+    }
+    return 0;
+}
+"""
+
+CROSS = """schema = 2
+
+[build]
+argv = ["{cc}", "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-static", "-o", "atk{exe}", "atk.c"]
+outputs = ["atk{exe}"]
+timeout = 120
+
+[suites.cross]
+argv = ["{root}/atk{exe}", "{z}CONFIG", "{z}/etc/shadow", "{z}STATE/MARKER-cross-{target}", "{z}/var/tmp/MARKER-cross",
+        "{sys}"]
+format = "tap"
+timeout = 120
+
+[targets.linux-x86_64]
+tools = ["gcc"]
+vars = { cc = "gcc", z = "", sys = "/etc/MARKER-cross" }
+suites = ["cross"]
+
+[targets.linux-aarch64]
+tools = ["aarch64-linux-gnu-gcc"]
+vars = { cc = "aarch64-linux-gnu-gcc", z = "", sys = "/etc/MARKER-cross" }
+runner = ["qemu-aarch64"]
+suites = ["cross"]
+
+[targets.windows-x86_64]
+exe = ".exe"
+tools = ["x86_64-w64-mingw32-gcc"]
+vars = { cc = "x86_64-w64-mingw32-gcc", z = "Z:", sys = "C:/windows/system32/kernel32.dll" }
+runner = ["wine"]
+runner_env = { WINEDEBUG = "-all" }
+suites = ["cross"]
+"""
+CROSS_TARGETS = ("linux-x86_64", "linux-aarch64", "windows-x86_64")
+
+
 def attack_script(state: Path, config: Path, ports: dict[str, int]) -> str:
     """Each read or connect prints what it got and a TAP line that passes only when it failed."""
     q = shlex.quote
@@ -182,7 +237,7 @@ def _watch_uids(uids: set[int], stop: threading.Event) -> None:
 def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
     base = tmp_path_factory.mktemp("hostile")
     state = base / "state"
-    repos = {name: base / name for name in ("hostile", "leaky", "widen")}
+    repos = {name: base / name for name in ("hostile", "leaky", "widen", "cross")}
     (base / "no-repo").mkdir()
     farm = EmbeddedFarm(state, base / "no-repo", worker_env={"AWS_SECRET_ACCESS_KEY": PLANTED}, slots=2,
                         projects=[ProjectConfig(name=n, repo=str(r)) for n, r in repos.items()])
@@ -195,7 +250,8 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
     uids: set[int] = set()
     web = None
     try:
-        cfg = farm.start(catalog_mod.parse(HOSTILE, "hostile"))
+        cross = CROSS.replace("CONFIG", str(farm.config_path)).replace("STATE", str(state)).replace("MARKER", MARKER)
+        cfg = farm.start([catalog_mod.parse(HOSTILE, "hostile"), catalog_mod.parse(cross, "cross")])
         assert farm.gearmand is not None
         web, url = start_web(farm.config_path, base / "web.log")
         ports = {"gearmand": farm.gearmand.address[1], "MinIO": int(cfg.s3.endpoint.rsplit(":", 1)[1]),
@@ -211,10 +267,12 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
         (repos["widen"] / "jobs/catalog.toml").write_text(HOSTILE.replace(
             'format = "tap"', f'format = "tap"\nenv = {{ WINEPREFIX = "{state}" }}'))
         commit(repos["widen"], "widen")
+        _init_files(repos["cross"], {"jobs/catalog.toml": cross, "atk.c": CROSS_C})
+        commit(repos["cross"], "attack from a program of its own, on every target")
         watcher = threading.Thread(target=_watch_uids, args=(uids, stop), daemon=True)
         watcher.start()
-        p = gearfarm("nightly", "--config", str(farm.config_path), "--project", "hostile,leaky", "--benchmarks",
-                     "none", timeout=600)
+        p = gearfarm("nightly", "--config", str(farm.config_path), "--project", "hostile,leaky,cross",
+                     "--benchmarks", "none", timeout=600)
         w = gearfarm("nightly", "--config", str(farm.config_path), "--project", "widen", "--benchmarks", "none",
                      timeout=300)
         loaded = config_mod.load(farm.config_path)
@@ -233,8 +291,14 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
         subprocess.run(["pkill", "-KILL", "-f", f"{MARKER}-daemon"], check=False)
 
 
+def _init_files(repo: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (repo / name).write_text(text)
+
+
 def _run_dir(h: Hostile, project: str) -> Path:
-    return next(d for d in (h.state / "runs").iterdir() if d.is_dir() and f"-{project}-" in d.name)
+    return next(d for d in (h.state / "runs").iterdir()
+                if d.is_dir() and f"-{project}-" in d.name and not d.name.endswith(".rerun"))
 
 
 def _log(h: Hostile, project: str, step: str) -> str:
@@ -275,6 +339,22 @@ def test_every_read_and_connection_of_the_suite_failed(hostile: Hostile) -> None
     log = _log(hostile, "hostile", "test-escape")
     assert "not ok" not in log, log
     assert log.count("\nok ") == 14, log  # every attempt was made, and failed
+
+
+@pytest.mark.parametrize("target", CROSS_TARGETS)
+def test_the_same_attacks_fail_natively_under_qemu_and_under_wine(hostile: Hostile, target: str) -> None:
+    log = (_run_dir(hostile, "cross") / "logs" / target / "test-cross" / "log.txt").read_text()
+    assert "not ok" not in log, log
+    assert log.count("\nok ") == 2 and log.count("# write ") == 3, log
+
+
+def test_a_wine_job_cannot_change_the_prefix_later_jobs_are_made_from(hostile: Hostile) -> None:
+    """The wine job appended to C:/windows/system32/kernel32.dll, a hard link to the template's:
+    the template's file is still wine's own, byte for byte."""
+    (template,) = (hostile.state / "wine").glob("template-*")
+    dll = template / "drive_c/windows/system32/kernel32.dll"
+    assert dll.stat().st_uid == os.getuid() and dll.stat().st_mode & 0o022 == 0
+    assert dll.read_bytes() == Path("/usr/lib/x86_64-linux-gnu/wine/x86_64-windows/kernel32.dll").read_bytes()
 
 
 def test_no_loopback_service_saw_a_connection(hostile: Hostile) -> None:

@@ -3,9 +3,9 @@ nothing outlives the farm: each runs in its own process group, which stop() kill
 Also running a job's catalog command so that nothing of it outlives the job or its worker
 (run_logged, through gearfarm/reaper.py) and its output stays within the job's log limit
 (the head and the tail of it, and a note of what was dropped between), the per-job temporary
-directories that a restarted
-worker sweeps (job_dir, sweep_work_dirs), and telling whether a pid is still the very process
-that was recorded (identity, is_same), so that a stale pid is never killed."""
+directories that a restarted worker sweeps (job_dir, sweep_work_dirs), and telling whether a
+pid is still the very process that was recorded (identity, is_same), so that a stale pid is
+never killed."""
 
 from __future__ import annotations
 
@@ -111,8 +111,8 @@ REAPER_COMMAND = [sys.executable, "-I", "-S", "-c", f"import sys; sys.path.appen
 REAPER_GRACE = 60.0
 
 MiB = 1024 * 1024
-# The most of a command's output a job's log keeps ([farm] log_limit: a worker sets this from its
-# config as it starts; a caller may pass its own). Past it the log keeps the output's head and its
+# The most of a command's output a job's log keeps by default (a worker passes its [farm] log_limit,
+# through its sandbox: gearfarm.step). Past it the log keeps the output's head and its
 # tail, with a note between of how many bytes were dropped there.
 LOG_LIMIT = 64 * MiB
 # The part of the limit kept from the end of the output: a failure is usually at the end, and the

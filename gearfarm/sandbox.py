@@ -100,6 +100,8 @@ class Sandbox:
     # The uid (and gid) job commands run as outside the sandbox; None: the worker's own (a
     # worker that is not root cannot switch, see for_config).
     uid: int | None = None
+    # The most of a command's output its job's log keeps ([farm] log_limit; None: process's default).
+    log_limit: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -257,7 +259,7 @@ def for_config(cfg: Config) -> Sandbox:
     box = Sandbox(cfg.farm.sandbox, tuple(cfg.secret_files()),
                   tuple(cfg.path(p) for p in cfg.farm.sandbox_readonly),
                   tuple(cfg.path(p) for p in cfg.farm.sandbox_shared), tuple(cfg.farm.sandbox_env),
-                  uid if cfg.farm.sandbox != "none" else None)
+                  uid if cfg.farm.sandbox != "none" else None, cfg.farm.log_limit)
     box.check()
     # Directories meant to be shared by every job are the job uid's: jobs write there.
     box.give(list(box.shared))

@@ -132,7 +132,7 @@ def _run(sandbox: Sandbox, argv: list[str], log_path: Path, timeout: float, cwd:
     worker's: it lives beside those directories, never in one the job writes."""
     sandbox.give(writable)
     full, env = sandbox.command(argv, env, cwd, writable, wine_prefix)
-    return process.run_logged(full, log_path, timeout, cwd=cwd, env=env, shown=argv)
+    return process.run_logged(full, log_path, timeout, cwd=cwd, env=env, shown=argv, limit=sandbox.log_limit)
 
 
 def run_build(cat: Catalog, target: Target, root: Path, scratch: Path, log_path: Path, sandbox: Sandbox,
@@ -246,7 +246,7 @@ def run_benchmark(cat: Catalog, target: Target, bench: Benchmark, tree: Path, wo
     cwd = tree / bench.cwd.format_map(vals)
     rc, timed_out = _run(sandbox, argv, out_path, bench.timeout, cwd, env, [scratch, count_dir, tree])
     # Into the job's log within its cap, streamed (the run's output was capped as it came).
-    process.append_capped(out_path, log_path, header=f"--- {tag} ---\n")
+    process.append_capped(out_path, log_path, sandbox.log_limit, header=f"--- {tag} ---\n")
     text = out_path.read_text(errors="replace")
     if timed_out or rc != 0:
         raise BenchmarkFailed("timed_out" if timed_out else "failed",

@@ -22,7 +22,7 @@ from sqlalchemy import func, select
 
 from gearfarm import catalog as catalog_mod
 from gearfarm import config as config_mod
-from gearfarm import process
+from gearfarm import process, sandbox, step
 from gearfarm.config import FarmConfig, ProjectConfig
 from gearfarm.farm import EmbeddedFarm
 from gearfarm.job import JobId
@@ -156,6 +156,16 @@ def test_log_limit_is_read_from_the_config_in_bytes_or_mib(tmp_path: Path) -> No
     path.write_text("[farm]\nlog_limit = 10\n")
     with pytest.raises(config_mod.ConfigError, match="log_limit"):
         config_mod.load(path)
+    # What a worker's jobs get: its sandbox carries the limit to every command it starts.
+    path.write_text('[farm]\nlog_limit = "1 MiB"\n')
+    path.chmod(0o600)
+    box = sandbox.for_config(config_mod.load(path))
+    work = tmp_path / "job"
+    work.mkdir()
+    log = tmp_path / "job.log"
+    rc, _ = step._run(box, ["sh", "-c", "head -c 3000000 /dev/zero"], log, 60, work, box.environment(), [work])
+    assert rc == 0 and MiB <= log.stat().st_size < MiB + 4096
+    assert b"bytes of output dropped here (log capped at 1 MiB: [farm] log_limit)" in log.read_bytes()
 
 
 # -- cases beside the record: the ledger's side, on a real MinIO -------------------------------

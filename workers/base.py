@@ -59,8 +59,6 @@ class Context:
         self._spool_lock = threading.Lock()
         # Checked now: a worker that cannot confine its jobs refuses to start.
         self.sandbox = sandbox.for_config(cfg)
-        # How much of its commands' output a job's log keeps (run_logged's default).
-        process.LOG_LIMIT = cfg.farm.log_limit
 
     def deliver(self, rec: ResultRecord) -> None:
         """Report a result; never loses it: on failure it waits in the local spool. A record

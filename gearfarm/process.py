@@ -21,7 +21,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from contextvars import ContextVar
@@ -136,10 +135,13 @@ def _size_text(n: int) -> str:
 class CappedLog:
     """Output written into an open log file with at most ``limit`` bytes of the log kept: what
     fits first (the output's head) goes straight to the file, the last ``limit // TAIL_SHARE``
-    bytes are held back in memory (never more than that and a chunk) and written, after a note of
+    bytes are kept in a ring buffer of that size, allocated once, and written, after a note of
     how many bytes were dropped before them, by close(). Output that fits is written whole and
     unchanged. The log's size when this starts (its header, earlier commands) counts: appended to
-    a full log, a command's output keeps only its last MIN_TAIL bytes."""
+    a full log, a command's output keeps only its last MIN_TAIL bytes.
+
+    One buffer, allocated once, not a queue of the chunks read: what a flood costs the worker is
+    the tail and nothing that depends on how the output happened to arrive."""
 
     def __init__(self, out: BinaryIO, limit: int) -> None:
         if limit <= 0:
@@ -150,34 +152,48 @@ class CappedLog:
         self.head = max(0, limit - used - self.tail)
         self.total = 0  # bytes of output seen
         self.written = 0  # of them, the head written to the file
-        self.held: deque[bytes] = deque()
-        self.held_bytes = 0
+        self.ring: bytearray | None = None  # made when the head is full
+        self.pos = 0  # where the ring's next byte goes
+        self.kept = 0  # bytes in the ring
 
-    def write(self, data: bytes) -> None:
-        self.total += len(data)
+    def write(self, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        self.total += len(view)
         if self.written < self.head:
-            n = min(len(data), self.head - self.written)
-            self.out.write(data[:n])
+            n = min(len(view), self.head - self.written)
+            self.out.write(view[:n])
             self.written += n
-            data = data[n:]
-        if data:
-            self.held.append(data)
-            self.held_bytes += len(data)
-            # Whole chunks that are no longer among the last `tail` bytes go.
-            while self.held_bytes - len(self.held[0]) >= self.tail:
-                self.held_bytes -= len(self.held.popleft())
+            view = view[n:]
+        if not len(view):
+            return
+        if self.ring is None:
+            self.ring = bytearray(self.tail)
+        if len(view) >= self.tail:
+            self.ring[:] = view[len(view) - self.tail:]
+            self.pos, self.kept = 0, self.tail
+            return
+        first = min(len(view), self.tail - self.pos)
+        self.ring[self.pos:self.pos + first] = view[:first]
+        rest = len(view) - first
+        self.ring[:rest] = view[first:]
+        self.pos = (self.pos + len(view)) % self.tail
+        self.kept = min(self.tail, self.kept + len(view))
 
     def close(self) -> int:
         """Write the note (if anything was dropped) and the tail; the bytes dropped."""
-        excess = max(0, self.held_bytes - self.tail)
-        dropped = self.total - self.written - (self.held_bytes - excess)
+        dropped = self.total - self.written - self.kept
         if dropped:
             self.out.write(f"\n*** {dropped} bytes of output dropped here (log capped at {_size_text(self.limit)}: "
                            "[farm] log_limit) ***\n".encode())
-        for i, chunk in enumerate(self.held):
-            self.out.write(chunk[excess:] if i == 0 else chunk)
-        self.held.clear()
-        self.held_bytes = 0
+        if self.ring is not None:
+            ring = memoryview(self.ring)
+            if self.kept < self.tail:
+                self.out.write(ring[:self.kept])
+            else:
+                self.out.write(ring[self.pos:])
+                self.out.write(ring[:self.pos])
+        self.ring = None
+        self.pos = self.kept = 0
         self.out.flush()
         return dropped
 
@@ -207,6 +223,9 @@ class _Pump(threading.Thread):
     def run(self) -> None:
         poller = select.poll()
         poller.register(self.fd, select.POLLIN)
+        # Read into one buffer: no allocation per read (see CappedLog).
+        buf = bytearray(PIPE_SIZE)
+        view = memoryview(buf)
         until: float | None = None
         while True:
             if until is None and self.over.is_set():
@@ -216,12 +235,12 @@ class _Pump(threading.Thread):
                 return  # a process the reaper could not kill still holds the pipe: stop reading it
             if not poller.poll(wait * 1000):
                 continue
-            chunk = os.read(self.fd, PIPE_SIZE)
-            if not chunk:
+            n = os.readv(self.fd, [buf])
+            if not n:
                 return
             if self.error is None:
                 try:
-                    self.sink.write(chunk)
+                    self.sink.write(view[:n])
                 except OSError as e:
                     self.error = e
 

@@ -46,14 +46,17 @@ ROOT = Path(__file__).resolve().parent.parent
 FLOOD = "echo first-line-of-the-flood; yes 0123456789abcdef | head -c {n}; echo; echo last-line-of-the-flood"
 
 STREAMER = textwrap.dedent("""
-    import json, resource, sys
+    import json, sys
     from pathlib import Path
     from gearfarm import process
     log, cmd, limit = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     kw = {} if limit == "default" else {"limit": int(limit)}
     rc, timed_out = process.run_logged(["sh", "-c", cmd], log, 600, **kw)
-    print(json.dumps({"rc": rc, "timed_out": timed_out,
-                      "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+    # VmHWM, not getrusage's ru_maxrss: after exec, ru_maxrss still counts the address space of
+    # the process this one was forked from (the test's own pytest, hundreds of MB late in a run).
+    status = Path("/proc/self/status").read_text()
+    hwm = int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1])
+    print(json.dumps({"rc": rc, "timed_out": timed_out, "maxrss_kib": hwm}))
 """)
 
 

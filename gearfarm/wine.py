@@ -104,7 +104,11 @@ def copy(src: Path, dest: Path, uid: int | None) -> Path:
             s, o = os.path.join(d, name), out / name
             if name in (".complete", "wineserver"):
                 continue
-            if os.path.islink(s):
+            if os.path.islink(s) and Path(d).relative_to(src).parts[:2] == ("drive_c", "users"):
+                # wineboot linked the user's folders (Documents, Desktop...) to the HOME it ran
+                # with, which is gone: each job gets them as folders of its own prefix.
+                o.mkdir()
+            elif os.path.islink(s):
                 os.symlink(os.readlink(s), o)
             elif link and not name.endswith(_OWN):
                 os.link(s, o)

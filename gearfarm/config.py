@@ -145,7 +145,8 @@ class WebConfig(_Section):
     url: str | None = None
     # Where `gearfarm web` listens (host:port).
     listen: str = "127.0.0.1:8080"
-    # Signs the dashboard's session cookies and CSRF tokens; default: derived from farm.secrets.
+    # Signs the dashboard's session cookies and CSRF tokens; default: a key of the dashboard's own,
+    # kept in the state directory (web-secret), never derived from keys the worker hosts hold.
     secret: str | None = None
 
     @field_validator("url")

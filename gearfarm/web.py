@@ -15,10 +15,9 @@ cookie; a login returns only to a path on this dashboard."""
 from __future__ import annotations
 
 import gc
-import hashlib
-import hmac
 import json
 import logging
+import os
 import secrets
 import subprocess
 import time
@@ -33,7 +32,7 @@ from flask_wtf.csrf import CSRFError, CSRFProtect, generate_csrf
 from jinja2 import ChoiceLoader, FileSystemLoader
 
 from gearfarm import account, dashboard, joblog, process, selfservice, trend, triage
-from gearfarm.config import Config
+from gearfarm.config import Config, write_private
 from gearfarm.publisher import run_dir
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError
@@ -53,13 +52,35 @@ STATIC = {"dashboard.css": "text/css; charset=utf-8", "dashboard.js": "text/java
 
 
 def _secret(cfg: Config) -> str:
+    """The key that signs session cookies and CSRF tokens: [web] secret, else one of the
+    dashboard's own, made once and kept 0600 in the state directory. Never derived from the
+    farm's signing keys: every worker host holds those, and a key derived from them let a host
+    sign a session cookie (issue #33)."""
     if cfg.web.secret:
         return cfg.web.secret
-    if cfg.farm.secrets:
-        # Derived, not the signing key itself: a leaked session key must not sign payloads.
-        return hmac.new(cfg.farm.secrets[0].encode(), b"gearfarm web session", hashlib.sha256).hexdigest()
-    log.warning("no [web] secret and no farm secrets: sessions last until the dashboard restarts")
-    return secrets.token_hex(32)
+    path = cfg.path(cfg.farm.state_dir) / "web-secret"
+    try:
+        if not path.parent.is_dir():
+            raise OSError("no state directory")
+        if not path.exists():
+            # Written whole, then linked into place: a dashboard starting beside this one reads
+            # either no file or the whole key, and the first link wins.
+            tmp = path.with_name(f".web-secret-{os.getpid()}")
+            write_private(tmp, (secrets.token_hex(32) + "\n").encode())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink(missing_ok=True)
+        kept = path.read_text().strip()
+        if len(kept) < 32:
+            raise OSError(f"{path} holds no key of 32 characters or more")
+        return kept
+    except OSError as e:
+        log.warning("cannot keep the dashboard's session key in %s (%s): sessions last until it restarts; "
+                    "set [web] secret to keep them", path, e)
+        return secrets.token_hex(32)
 
 
 def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | None = None) -> Flask:

@@ -446,3 +446,25 @@ def test_two_submits_in_the_same_second_get_two_run_ids_each_with_its_own_revisi
             time.sleep(0.5)
         assert run["rev"] == rev, f"run {run_id} asked for {rev[:12]} runs {run['rev'][:12]}"
     _wait_started_runs(site)
+
+
+def test_the_session_key_is_the_dashboards_own_not_derived_from_a_workers_key(tmp_path: Path) -> None:
+    """Every worker host holds the farm's signing keys: a session key derived from them let a
+    host sign a dashboard cookie (issue #33). The dashboard makes a key of its own, kept 0600 in
+    the state directory, the same across restarts."""
+    import hashlib
+    import hmac
+
+    from gearfarm.config import FarmConfig
+    from gearfarm.web import create_app
+
+    farm_key = "k" * 64
+    cfg = Config(farm=FarmConfig(state_dir=str(tmp_path / "state"), secrets=[farm_key]))
+    (tmp_path / "state").mkdir()
+    db = ResultsDB(f"sqlite:///{tmp_path / 'r.db'}")
+    key = create_app(cfg, db=db).config["SECRET_KEY"]
+    derived = hmac.new(farm_key.encode(), b"gearfarm web session", hashlib.sha256).hexdigest()
+    assert key not in (derived, farm_key) and farm_key not in key
+    kept = tmp_path / "state" / "web-secret"
+    assert kept.read_text().strip() == key and kept.stat().st_mode & 0o777 == 0o600
+    assert create_app(cfg, db=db).config["SECRET_KEY"] == key  # sessions outlive a restart

@@ -73,10 +73,11 @@ class Entry:
 def _group(key: str) -> tuple[str, str, str]:
     top, _, rest = key.partition("/")
     name = rest.split("/", 1)[0]
-    kind = {"artifacts": "build", "sources": "source", "runs": "run"}.get(top)
+    kind = {"artifacts": "build", "sources": "source", "runs": "run", "cancels": "run"}.get(top)
     if kind is None or not name:
         return "other", top, f"{top}/"
-    return kind, name, f"{top}/{name}/"
+    # A run's cancel markers (s3.keys.cancel) live outside runs/ and go with the run.
+    return kind, name, f"{'runs' if top == 'cancels' else top}/{name}/"
 
 
 def kept_revisions(cfg: Config, db: ResultsDB) -> dict[str, list[str]]:

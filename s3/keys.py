@@ -100,10 +100,12 @@ def report(run_id: str, ext: str) -> str:
 
 def cancel(run_id: str, target: str | None = None, step: str | None = None) -> str:
     """The marker that a run (or one of its jobs) was cancelled: workers drop a queued job
-    that has one and stop a running one (gearfarm.workers.base)."""
+    that has one and stop a running one (gearfarm.workers.base). Outside runs/, where no worker
+    role may write (ROLE_WRITES' patterns span '/': under a job's own prefix, its role could
+    cancel any job of that kind). Retention prunes them with their run."""
     if target is None or step is None:
-        return f"runs/{_part(run_id)}/cancel.json"
-    return f"runs/{_part(run_id)}/{_part(target)}/{_part(step)}/cancel.json"
+        return f"cancels/{_part(run_id)}/run.json"
+    return f"cancels/{_part(run_id)}/{_part(target)}/{_part(step)}.json"
 
 
 # -- who may touch what: each worker role's MinIO user gets exactly this (s3/minio.py) ----

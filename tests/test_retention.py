@@ -21,6 +21,7 @@ from gearfarm.config import Config
 from gearfarm.job import JobId
 from gearfarm.ledger import Ledger
 from gearfarm.result import CaseResult, ResultRecord
+from gearfarm.s3 import keys
 from gearfarm.s3.minio import MinioServer
 from gearfarm.s3.store import ArtifactStore
 from gearfarm.store import ResultsDB
@@ -62,7 +63,9 @@ def _night(db: ResultsDB, ledger: Ledger, store: ArtifactStore, state_runs: Path
     db.finish_run(run_id, "finished")
     for key, size in ((f"{art}/artifact.tar.zst", 3000), (f"{art}/manifest.json", 200),
                       (f"sources/{rev}/source.tar.zst", 1000), (f"sources/{rev}/manifest.json", 100),
-                      (f"runs/{run_id}/{TARGET}/build/log.txt", 400), (f"runs/{run_id}/report.html", 500)):
+                      (f"runs/{run_id}/{TARGET}/build/log.txt", 400), (f"runs/{run_id}/report.html", 500),
+                      # A cancel marker lives outside runs/ (no worker role may write it): pruned with its run.
+                      (keys.cancel(run_id, TARGET, "test-unit"), 50)):
         store.put_bytes(key, b"x" * size)
     # The publisher's copy on the nightly host's disk, written the morning after.
     local = state_runs / run_id
@@ -140,7 +143,8 @@ def test_pruning_60_nights_keeps_exactly_what_the_policy_says(store60: tuple[Pat
     # build, 49 (50 on fail); and 56-60, younger than 5 days.
     nights = {10, 25, 19, 20, 37, 38, 39, 40, 49, *range(56, NIGHTS + 1)}
     want = ({f"artifacts/{revs[n - 1]}" for n in nights} | {f"sources/{revs[n - 1]}" for n in nights}
-            | {f"runs/night-{n}" for n in (20, 40, *range(56, NIGHTS + 1))} | {"catalogs/" + "c" * 64 + ".toml"})
+            | {f"{top}/night-{n}" for n in (20, 40, *range(56, NIGHTS + 1)) for top in ("runs", "cancels")}
+            | {"catalogs/" + "c" * 64 + ".toml"})
     after = _prefixes(store)
     assert after == want, f"kept but should not be: {sorted(after - want)}; lost: {sorted(want - after)}"
     # On disk: the same runs' folders, and the stray folder younger than the limit.
@@ -150,7 +154,9 @@ def test_pruning_60_nights_keeps_exactly_what_the_policy_says(store60: tuple[Pat
     assert (config.parent / "state" / "runs" / "night-20" / "report.eml").is_file()
     # Every S3 prefix that went, and night 3's and the old stray's folders, whose S3 files were
     # already gone: one entry each.
-    assert f"pruned {len(before) - len(after) + 2} entries" in p.stdout, p.stdout
+    # (A run's cancel markers are part of its entry.)
+    gone = {x for x in before - after if not x.startswith("cancels/")}
+    assert f"pruned {len(gone) + 2} entries" in p.stdout, p.stdout
     assert f"and {NIGHTS + 2 - len(folders)} run folders on disk" in p.stdout, p.stdout
     # A second prune finds nothing more to do.
     again = gearfarm("store", "prune", "--config", str(config), "--days", "5")

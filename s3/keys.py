@@ -70,7 +70,13 @@ def job_file(run_id: str, target: str, step: str, name: str) -> str:
 def result(run_id: str, target: str, step: str, attempt: int, digest: str) -> str:
     """One key per record, never overwritten: every attempt's record stays for reconcile,
     and the ledger, not the last write, decides which one counts."""
-    return f"runs/{_part(run_id)}/{_part(target)}/{_part(step)}/results/{attempt}-{_part(digest[:16])}.json"
+    return f"{results_of(run_id, target, step, attempt)}{_part(digest[:16])}.json"
+
+
+def results_of(run_id: str, target: str, step: str, attempt: int) -> str:
+    """The prefix of every record one attempt of a job delivered (a worker that finds one does
+    not run that attempt again)."""
+    return f"runs/{_part(run_id)}/{_part(target)}/{_part(step)}/results/{int(attempt)}-"
 
 
 def cases(run_id: str, target: str, step: str, sha256: str) -> str:

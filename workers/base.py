@@ -154,6 +154,11 @@ class Context:
                 return f"run {p.run_id} was reported and closed"
             if self.cancelled(p):
                 return "it was cancelled"
+            # Each attempt runs once: a copy of a payload submitted again under its own unique id
+            # after it ran (gearmand only merges copies while the first is queued or running), or
+            # handed to this worker after another delivered and died, finds its record.
+            if next(iter(self.store.list(keys.results_of(p.run_id, p.target, p.step, p.attempt))), None):
+                return f"attempt {p.attempt} of {p.job_id} ran already and delivered its result"
         except StoreError as e:
             log.warning("cannot check whether run %s is closed (%s); running the job", p.run_id, e)
         return ""

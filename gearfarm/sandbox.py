@@ -40,6 +40,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -200,6 +201,9 @@ class Sandbox:
         """Start a trivial command the way jobs start: SandboxError with the fix if it fails."""
         if self.mode == "none":
             return
+        if self.uid is not None:
+            with suppress(OSError):  # the FHS's /mnt, absent from some minimal images
+                Path(STAGE).mkdir(exist_ok=True)
         argv, env = self.command(["true"], self.environment(), Path("/"), [])
         try:
             p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
@@ -210,8 +214,10 @@ class Sandbox:
                 f"bubblewrap cannot confine jobs on this host ({p.stderr.strip() or f'exit {p.returncode}'}). "
                 "Jobs would be able to read this worker's keys. Fix: allow unprivileged user namespaces "
                 "(sysctl kernel.unprivileged_userns_clone=1); in a container, let it mount a /proc of its own "
-                "(podman run --security-opt unmask=ALL, docker run --security-opt systempaths=unconfined); or "
-                "set [farm] sandbox = \"none\" to run jobs unconfined on purpose")
+                "(podman run --security-opt unmask=ALL, docker run --security-opt systempaths=unconfined)"
+                + (" and, as the worker runs jobs as the job uid, make their mount namespaces (--cap-add SYS_ADMIN)"
+                   if self.uid is not None else "")
+                + "; or set [farm] sandbox = \"none\" to run jobs unconfined on purpose")
 
 
 def find_tool(name: str, package: str) -> str:

@@ -171,6 +171,15 @@ def test_a_sandbox_that_cannot_start_stops_the_worker_with_the_fix(monkeypatch: 
     Sandbox("none").check()  # unconfined on purpose needs nothing
 
 
+def test_a_worker_that_cannot_stage_its_jobs_for_the_job_uid_names_the_capability(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A root worker in a container without SYS_ADMIN cannot make the job's mount namespace: as
+    if its staging directory could not be mounted, it refuses to start and says what to add."""
+    monkeypatch.setattr("gearfarm.sandbox.STAGE", "/nonexistent-gearfarm-stage/mnt")
+    with pytest.raises(SandboxError, match=r"--cap-add SYS_ADMIN"):
+        Sandbox("bwrap", uid=2_000_000_000).check()
+
+
 def test_each_role_s3_user_can_do_only_what_its_role_does(tmp_path: Path) -> None:
     """Per-role MinIO users with the policies of gearfarm.s3.keys, on a real MinIO: with the
     test role's keys no artifact (or source, catalog, build log) can be written, while the test

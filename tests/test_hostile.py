@@ -150,8 +150,10 @@ def attack_script(state: Path, config: Path, ports: dict[str, int]) -> str:
         # Other jobs run beside this one (two slots); their directories hold logs on the host.
         "see other jobs' files": f'find {q(str(state / "work"))} -type f -not -path "$(dirname "$HOME")/*" | grep .',
         "read the environ of every process": f"cat /proc/[0-9]*/environ | tr '\\0' '\\n' | grep -a {PLANTED[:12]}",
+        # Bracketed patterns: the pipeline's own command lines, which /proc lists too, hold the
+        # patterns' text but do not match them.
         "read the cmdline of the farm's processes":
-            "cat /proc/[0-9]*/cmdline | tr '\\0' ' ' | grep -a -e gearfarm.cli -e gearmand -e 'minio server'",
+            "cat /proc/[0-9]*/cmdline | tr '\\0' ' ' | grep -a -e 'gearfarm[.]cli' -e 'gearman[d]' -e 'minio[ ]server'",
         "read root's home": "ls /root",
         "read /etc/shadow": "cat /etc/shadow",
         **{f"reach {name} on loopback": f"bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port}'"

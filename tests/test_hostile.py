@@ -27,6 +27,7 @@ import tarfile
 import threading
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +46,9 @@ from tests.pg import PostgresServer
 from tests.projects import _init
 
 PLANTED = "planted-worker-env-secret-7c41"
-MARKER = "gfhostile9e3b"  # in every name the jobs try to write, and in their daemons' names
+# In every name the jobs try to write and in their daemons' names: this run's own, so the file
+# system scan finds what this run's jobs wrote, never what another run (or other work) left.
+MARKER = f"gfhostile{uuid.uuid4().hex[:12]}"
 TARGET = "linux-x86_64"
 
 HOSTILE = """schema = 2

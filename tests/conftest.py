@@ -1,6 +1,6 @@
 """Shared pytest fixtures: a real gearmand per test (``gearmand``, ``second_gearmand``), a
-real MinIO per test module (``minio``), and a results database URL on SQLite and on PostgreSQL
-(``db_url``, tests/pg.py)."""
+real MinIO per test module (``minio``), a results database URL on SQLite and on PostgreSQL
+(``db_url``, tests/pg.py), and Debian's chromium driven by Playwright (``browser``)."""
 
 from __future__ import annotations
 
@@ -34,3 +34,16 @@ def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
     always stopped."""
     with MinioServer(tmp_path_factory.mktemp("minio")) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    """Debian's chromium, headless, driven by Playwright (no browser download); closed after the module."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        try:
+            yield b
+        finally:
+            b.close()

@@ -124,6 +124,25 @@ def six_nights(base: Path) -> tuple[EmbeddedFarm, Path, dict[str, str]]:
     return farm, repo, revs
 
 
+def api_call(url: str, path: str, body: dict | None = None,  # type: ignore[type-arg]
+             token: str | None = None) -> tuple[int, dict]:  # type: ignore[type-arg]
+    """A JSON request to the dashboard at ``url`` (a POST when ``body`` is given), with a bearer
+    token when given; (HTTP status, the answer's JSON), errors included."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json"})
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
 def add_user(config: Path, name: str) -> str:
     """A dashboard account; its token."""
     p = gearfarm("web", "--config", str(config), "user", "add", name)

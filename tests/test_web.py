@@ -59,17 +59,6 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         process.stop(proc, timeout=10)
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
-        try:
-            yield b
-        finally:
-            b.close()
-
 
 @pytest.fixture
 def page(browser):  # type: ignore[no-untyped-def]

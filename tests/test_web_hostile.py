@@ -19,7 +19,6 @@ No workers run: the self-service nightlies submit to gearmand and record their j
 from __future__ import annotations
 
 import http.cookiejar
-import json
 import re
 import subprocess
 import threading
@@ -46,7 +45,7 @@ from gearfarm.s3 import keys
 from gearfarm.s3.minio import MinioServer
 from gearfarm.s3.store import ArtifactStore
 from gearfarm.store import ResultsDB
-from tests.farmkit import GIT, add_user, commit, gearfarm, start_web
+from tests.farmkit import GIT, add_user, api_call, commit, gearfarm, start_web
 
 TARGET = "linux-x86_64"
 RUN = "hostile-1"
@@ -93,15 +92,7 @@ class Site:
     tokens: dict[str, str] = field(default_factory=dict)
 
     def call(self, path: str, body: dict | None = None, token: str | None = None) -> tuple[int, dict]:  # type: ignore[type-arg]
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode() if body is not None else None,
-                                     headers={"Content-Type": "application/json"})
-        if token:
-            req.add_header("Authorization", f"Bearer {token}")
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
+        return api_call(self.url, path, body, token)
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -205,17 +196,6 @@ def _wait_started_runs(site: Site, timeout: float = 120) -> None:
             return
         time.sleep(0.5)
 
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 def login(page, site: Site, name: str) -> None:  # type: ignore[no-untyped-def]

@@ -21,7 +21,7 @@ import pytest
 from gearfarm import catalog as catalog_mod
 from gearfarm import process
 from gearfarm.farm import EmbeddedFarm
-from tests.farmkit import TARGET, add_user, commit, edit_catalog, gearfarm, make_repo, start_web
+from tests.farmkit import TARGET, add_user, api_call, commit, edit_catalog, gearfarm, make_repo, start_web
 
 SLEEPY = """
 [suites.sleepy]
@@ -39,15 +39,7 @@ class Live:
     token: str
 
     def call(self, path: str, body: dict | None = None, token: str | None = None) -> tuple[int, dict]:  # type: ignore[type-arg]
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode() if body is not None else None,
-                                     headers={"Content-Type": "application/json"})
-        if token:
-            req.add_header("Authorization", f"Bearer {token}")
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
+        return api_call(self.url, path, body, token)
 
 
 @pytest.fixture(scope="module")
@@ -82,17 +74,6 @@ def _sleepers() -> list[int]:
             out.append(int(d.name))
     return out
 
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 def test_the_live_page_shows_gearmand_functions_with_their_workers(live: Live, browser) -> None:  # type: ignore[no-untyped-def]

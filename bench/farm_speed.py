@@ -494,7 +494,11 @@ def lab_nightly(n_hosts: int, tmp: Path, targets: str | None) -> tuple[float, in
     from gearfarm import process
     from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig
     from gearfarm.gearman import admin
+    from gearfarm.job import KINDS
+    from gearfarm.registry import Registry
     from gearfarm.s3.minio import MinioServer
+    from gearfarm.seal import Signer
+    from gearfarm.store import ResultsDB
 
     base = tmp / f"lab-{n_hosts}"
     procs: list[subprocess.Popen[bytes]] = []
@@ -504,11 +508,22 @@ def lab_nightly(n_hosts: int, tmp: Path, targets: str | None) -> tuple[float, in
         s3 = minio.s3_config()
         port = minio.port
 
+        # The nightly's key, and one key per host registered for what it serves (docs/security.md).
+        nightly_key = base / "keys" / "nightly.key"
+        config_mod.write_private(nightly_key, Signer.generate().pem())
+        db_url = f"sqlite:///{base / 'results.db'}"
+
         def config(addr: str, name: str) -> Path:
+            host_key = base / "keys" / f"{name}.key"
+            signer = Signer.generate()
+            config_mod.write_private(host_key, signer.pem())
+            Registry(ResultsDB(db_url)).add(name, signer.public_text, KINDS, ["*"])
             cfg = Config(gearman=GearmanConfig(servers=[f"{addr}:{gm.address[1]}"]),
                          s3=s3.model_copy(update={"endpoint": f"http://{addr}:{port}"}),
-                         database=DatabaseConfig(url=f"sqlite:///{base / 'results.db'}"),
-                         farm=FarmConfig(repo=str(ROOT), state_dir=str(base / "state"), secrets=["bench-key"]))
+                         database=DatabaseConfig(url=db_url),
+                         farm=FarmConfig(repo=str(ROOT), state_dir=str(base / "state"), host_name=name,
+                                         host_key=str(host_key), signing_key=str(nightly_key),
+                                         nightly_keys=[Signer.load(nightly_key).public_text]))
             path = base / f"{name}.toml"
             config_mod.dump(cfg, path)
             return path

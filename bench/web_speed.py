@@ -148,7 +148,7 @@ def main() -> None:
     port = free_port()
     cfg = Config(database=DatabaseConfig(url=f"sqlite:///{db_path}"),
                  s3=S3Config(endpoint=f"http://127.0.0.1:{free_port()}"),  # nothing listens: no store
-                 farm=FarmConfig(state_dir=str(tmp / "state"), secrets=["b" * 32]), web=WebConfig())
+                 farm=FarmConfig(state_dir=str(tmp / "state")), web=WebConfig())
     config = tmp / "farm.toml"
     dump(cfg, config)
     proc = process.spawn([sys.executable, "-m", "gearfarm.cli", "web", "--config", str(config), "--listen",

@@ -1,6 +1,7 @@
 """The compose lab (docker/compose.yaml, docs/lab.md "The compose lab"): make its directory
-(the farm CA, every server's and host's certificate, each host's config, the secrets), bring it
-up in order, stop and start its parts, and take it down.
+(the farm CA, every server's and host's certificate, the nightly's signing key and each worker
+host's own, each host's config, the secrets), bring it up in order (enrolling every worker host's
+key in the registry with its role and targets), stop and start its parts, and take it down.
 
     .venv/bin/python docker/lab.py init LAB --repo . [--targets linux-x86_64,linux-i686]
     .venv/bin/python docker/lab.py up LAB
@@ -35,8 +36,11 @@ from gearfarm.config import Config, S3Keys
 from gearfarm.connection import ssl_context
 from gearfarm.gearman import admin
 from gearfarm.net import free_port
+from gearfarm.registry import Registry
 from gearfarm.s3.minio import make_role_users
 from gearfarm.s3.store import ArtifactStore
+from gearfarm.seal import Signer
+from gearfarm.store import ResultsDB
 
 COMPOSE = Path(__file__).resolve().parent / "compose.yaml"
 SERVERS = ("gearmand1", "gearmand2", "minio1", "minio2", "minio3", "minio4", "postgres")
@@ -98,7 +102,7 @@ def _server_tls(ca: tls.CertFiles, out: Path, names: Sequence[str], minio: bool 
 
 
 def _host_config(lab: Path, env: dict[str, str], host: str, role: str | None, inside: bool,
-                 repo: str, targets: list[str], roles: dict[str, S3Keys], root: S3Keys, hmac: str) -> Config:
+                 repo: str, targets: list[str], roles: dict[str, S3Keys], root: S3Keys, nightly_key: str) -> Config:
     """One host's config. ``inside``: a container of the lab (servers by service name, files
     under /etc/gearfarm); else the container host itself (the nightly, through 127.0.0.1)."""
     base = IN_CONTAINER if inside else lab / "hosts" / host
@@ -119,9 +123,14 @@ def _host_config(lab: Path, env: dict[str, str], host: str, role: str | None, in
         "s3": {"endpoint": minio[0], "endpoints": minio[1:], "ca_bundle": str(tls_dir / "ca.crt"),
                "access_key": keys.access_key, "secret_key": keys.secret_key,
                "roles": {role: keys} if role else {}},
-        "farm": {"secrets": [hmac], "state_dir": "/var/lib/gearfarm/state" if inside else str(lab / "nightly-state"),
-                 "repo": repo},
+        "farm": {"nightly_keys": [nightly_key], "host_name": host,
+                 "state_dir": "/var/lib/gearfarm/state" if inside else str(lab / "nightly-state"), "repo": repo},
     }
+    # Only the nightly's host holds the key that signs payloads; a worker host holds its own.
+    if role is None:
+        data["farm"]["signing_key"] = str(base / "keys" / "nightly.key")  # type: ignore[index]
+    elif role != "collector":
+        data["farm"]["host_key"] = str(base / "keys" / "host.key")  # type: ignore[index]
     if role in (None, "collector"):
         data["database"] = {"url": f"postgresql+psycopg://gearfarm@{pg}/gearfarm?sslmode=verify-full"
                                    f"&sslrootcert={tls_dir / 'ca.crt'}&sslcert={tls_dir / 'host.crt'}"
@@ -148,14 +157,17 @@ def init(lab: Path, repo: str, targets: str, perf_targets: str) -> None:
                              f"MINIO_ROOT_USER={root.access_key}\nMINIO_ROOT_PASSWORD={root.secret_key}\n".encode())
     roles = {role: S3Keys(access_key=f"gearfarm-{role}", secret_key=secrets.token_urlsafe(24))
              for _, role in HOSTS}
-    hmac = secrets.token_hex(32)
+    nightly = Signer.generate()
+    config_mod.write_private(lab / "hosts" / "nightly" / "keys" / "nightly.key", nightly.pem())
     for host, role in (*HOSTS, ("nightly", None)):
         d = lab / "hosts" / host
         (d / "tls").mkdir(parents=True, exist_ok=True)
         tls.create_client_cert(ca, f"{host}.lab", d / "tls" / "host.crt", d / "tls" / "host.key")
         shutil.copy(ca.cert, d / "tls" / "ca.crt")
+        if role not in (None, "collector"):
+            config_mod.write_private(d / "keys" / "host.key", Signer.generate().pem())
         cfg = _host_config(lab, env, host, role, host != "nightly", str(Path(repo).resolve()), wanted,
-                           roles, root, hmac)
+                           roles, root, nightly.public_text)
         config_mod.dump(cfg, d / "farm.toml")
     for sub, image in OWNERS:
         _chown(lab / sub, _image_uid(image))
@@ -242,9 +254,23 @@ def up(lab: Path, timeout: float = 180.0) -> None:
     _until("both gearmand (mutual TLS)", lambda: _gearmand_ok(cfg), timeout)
     make_role_users(cfg.s3, _role_keys(lab))
     ArtifactStore(cfg.s3, retry_for=30).ensure_bucket()
+    enroll(lab, cfg)
     compose(lab, "up", "-d", *(h for h, _ in HOSTS))
     want = wanted_functions(lab)
     _until(f"the workers ({', '.join(sorted(want))}) on both gearmand", lambda: want <= _functions(cfg), timeout)
+
+
+def enroll(lab: Path, cfg: Config) -> None:
+    """Register every worker host's public key with the role and targets it serves, as an
+    operator does with `gearfarm keys add` (as its TLS certificate is made by the lab's CA)."""
+    env = read_env(lab)
+    registry = Registry(ResultsDB(cfg.database.url))
+    for host, role in HOSTS:
+        if role == "collector":
+            continue
+        key = Signer.load(lab / "hosts" / host / "keys" / "host.key")
+        targets = [t for t in env[f"GF_{role.upper()}_TARGETS"].split(",") if t]
+        registry.add(host, key.public_text, [role], targets)
 
 
 def _role_keys(lab: Path) -> dict[str, S3Keys]:

@@ -228,6 +228,10 @@ def _run_nightly(cfg: Config, todo: list[tuple[nightly.Loaded, str, nightly.Sele
     # jobs run, not between the last job and the report, nor before the first submit.
     later = threading.Thread(target=lambda: [importlib.import_module(m) for m in
                                              ("gearfarm.publisher", "gearfarm.report")], daemon=True)
+    try:
+        cfg.nightly_signer()  # every payload is signed with it: without it, nothing is submitted
+    except ConfigError as e:
+        _fail(str(e))
     db = ResultsDB(cfg.database.url)
     ledger = Ledger(db)
     store = ArtifactStore(cfg.s3, retry_for=60)
@@ -462,7 +466,10 @@ def worker_cmd(role: str, targets: str | None, config_path: str | None) -> None:
     pairs = priority.order([(r, t) for r in roles for t in served[r]], defs,
                            priority.Durations.of_host(cfg.path(cfg.farm.state_dir)).load())
     handlers = {"build": build.handle, "test": test.handle, "perf": perf.handle}
-    base.serve(cfg, [(r, function_name(r, t), handlers[r]) for r, t in pairs])  # type: ignore[misc]
+    try:
+        base.serve(cfg, [(r, function_name(r, t), handlers[r]) for r, t in pairs])  # type: ignore[misc]
+    except ConfigError as e:  # no key to verify payloads or sign results with: refuse, saying how
+        _fail(str(e))
     _exit_now()
 
 
@@ -659,6 +666,179 @@ def _config_or_embedded(config_path: str | None, state_dir: Path | None) -> Conf
         _fail(f"no farm config: pass --config, set ${config_mod.ENV_VAR}, or start a farm with "
               f"'./nightly.bash --keep' (looked for {path})")
     return config_mod.load(path)
+
+
+@main.group("keys")
+def keys_group() -> None:
+    """Signing keys: the nightly's, and the registry of worker hosts' (docs/security.md, 'Keys')."""
+
+
+@keys_group.command("new")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Where to write the private key (0600); it must not exist.")
+def keys_new(out: Path) -> None:
+    """Make a key pair: the private key into --out, the public key printed (for `keys add`, or a
+    host's [farm] nightly_keys)."""
+    from gearfarm.seal import Signer
+
+    if out.exists():
+        _fail(f"{out} exists: a key is never overwritten (a host's old key would stop verifying); "
+              "pick another file, or revoke and delete the old key first")
+    signer = Signer.generate()
+    config_mod.write_private(out, signer.pem())
+    click.echo(signer.public_text)
+    console.print(f"key {signer.kid} written to {out} (0600)", highlight=False)
+
+
+@keys_group.command("show")
+@click.option("--config", "config_path")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
+def keys_show(config_path: str | None, state_dir: Path | None) -> None:
+    """Print the public keys of this config's signing_key (the nightly's) and host_key."""
+    from gearfarm.seal import SealError, Signer
+
+    cfg = _config_or_embedded(config_path, state_dir)
+    shown = False
+    for what, name in (("nightly", cfg.farm.signing_key), (f"host {cfg.host_name()}", cfg.farm.host_key)):
+        if name:
+            try:
+                signer = Signer.load(cfg.path(name))
+            except SealError as e:
+                _fail(str(e))
+            click.echo(f"{what}\t{signer.kid}\t{signer.public_text}")
+            shown = True
+    if not shown:
+        _fail("this config names no signing_key and no host_key")
+
+
+def _registry(config_path: str | None, state_dir: Path | None):  # noqa: ANN202 - Registry, imported late
+    from gearfarm.registry import Registry
+    from gearfarm.store import ResultsDB
+
+    return Registry(ResultsDB(_config_or_embedded(config_path, state_dir).database.url))
+
+
+@keys_group.command("add")
+@click.argument("host")
+@click.argument("public_key")
+@click.option("--role", "roles", required=True, help="Comma-separated roles the host serves: build, test, perf.")
+@click.option("--target", "targets", required=True, help="Comma-separated targets it serves, or '*' for all.")
+@click.option("--config", "config_path")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
+def keys_add(host: str, public_key: str, roles: str, targets: str, config_path: str | None,
+             state_dir: Path | None) -> None:
+    """Register HOST's PUBLIC_KEY (ed25519:..., as `keys new` printed it, or @FILE holding it):
+    the ledger then applies the records it signs for these roles and targets. Adding a key the
+    host already has changes its roles and targets."""
+    from gearfarm.registry import RegistryError
+    from gearfarm.seal import SealError
+
+    if public_key.startswith("@"):
+        try:
+            public_key = Path(public_key[1:]).read_text().strip()
+        except OSError as e:
+            _fail(f"cannot read the public key from {public_key[1:]}: {e}")
+    try:
+        e = _registry(config_path, state_dir).add(host, public_key, _csv(roles) or [], _csv(targets) or [])
+    except (RegistryError, SealError) as err:
+        _fail(str(err))
+    click.echo(f"registered key {e.kid} of host {e.host}: {', '.join(e.roles)} on {', '.join(e.targets)}")
+
+
+@keys_group.command("list")
+@click.option("--all", "show_all", is_flag=True, help="Revoked keys too.")
+@click.option("--config", "config_path")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
+def keys_list(show_all: bool, config_path: str | None, state_dir: Path | None) -> None:
+    """The registered host keys: id, host, roles, targets, since when (and revoked when)."""
+    for e in _registry(config_path, state_dir).entries():
+        if e.active or show_all:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.added_at))
+            gone = "" if e.active else "\trevoked " + time.strftime("%Y-%m-%d %H:%M", time.localtime(e.revoked_at))
+            click.echo(f"{e.kid}\t{e.host}\t{','.join(e.roles)}\t{','.join(e.targets)}\tadded {when}{gone}")
+
+
+@keys_group.command("revoke")
+@click.argument("who")
+@click.option("--config", "config_path")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
+def keys_revoke(who: str, config_path: str | None, state_dir: Path | None) -> None:
+    """Revoke a key (by its id) or every key of a host (by its name): from now on the ledger
+    rejects what it signs (within seconds on every collector and nightly)."""
+    from gearfarm.registry import RegistryError
+
+    try:
+        gone = _registry(config_path, state_dir).revoke(who)
+    except RegistryError as e:
+        _fail(str(e))
+    for e in gone:
+        click.echo(f"revoked key {e.kid} of host {e.host}")
+
+
+@main.group("artifact")
+def artifact_group() -> None:
+    """Builds for people: download one, checked (docs/security.md, 'Artifacts for people')."""
+
+
+@artifact_group.command("get")
+@click.option("--project", help="The project (default: the only or first configured one).")
+@click.option("--target", required=True, help="The target, e.g. linux-x86_64.")
+@click.option("--rev", help="A revision (or the start of one): its newest passed build.")
+@click.option("--run", "run_id", help="The build of this run.")
+@click.option("--last-good", is_flag=True, help="The newest build whose tests all passed (the default).")
+@click.option("-o", "--out", "out", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Where the archive, its provenance and the unpacked files go.")
+@click.option("--config", "config_path")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
+def artifact_get(project: str | None, target: str, rev: str | None, run_id: str | None, last_good: bool, out: Path,
+                 config_path: str | None, state_dir: Path | None) -> None:
+    """Download a build, check its sha256 against the signed build record and its provenance's
+    signature against the registry, unpack it and say what was verified. Exit 1 when a check
+    fails, naming it."""
+    from gearfarm import download
+    from gearfarm.store import ResultsDB
+
+    if sum(x is not None for x in (rev, run_id)) + last_good > 1:
+        _fail("give one of --rev, --run and --last-good")
+    cfg = _config_or_embedded(config_path, state_dir)
+    name = project or cfg.project_list()[0].name
+    db = ResultsDB(cfg.database.url)
+    try:
+        rec = download.find_build(db, name, target, rev=rev, run=run_id)
+        checked = download.get(db, ArtifactStore(cfg.s3, retry_for=30), rec, out)
+    except download.NotFound as e:
+        _fail(str(e))
+    except download.VerifyError as e:
+        console.print(f"[bold red]REFUSED:[/] {escape(str(e))}", highlight=False)
+        sys.exit(EXIT_FAILED)
+    except StoreError as e:
+        _fail(f"cannot download from S3: {e}")
+    for line in checked.lines:
+        click.echo(f"verified: {line}")
+
+
+@artifact_group.command("verify")
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option("--provenance", "prov", type=click.Path(dir_okay=False, path_type=Path),
+              help="The provenance (default: provenance.intoto.json beside the archive).")
+@click.option("--config", "config_path")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
+def artifact_verify(path: Path, prov: Path | None, config_path: str | None, state_dir: Path | None) -> None:
+    """Check a downloaded archive (or the folder `artifact get` filled) against its signed
+    provenance and the farm's registry of host keys. Exit 1 when a check fails, naming it."""
+    from gearfarm import download
+    from gearfarm.registry import Registry
+    from gearfarm.store import ResultsDB
+
+    archive = path / "artifact.tar.zst" if path.is_dir() else path
+    registry = Registry(ResultsDB(_config_or_embedded(config_path, state_dir).database.url))
+    try:
+        checked = download.verify(registry, archive, prov)
+    except download.VerifyError as e:
+        console.print(f"[bold red]REFUSED:[/] {escape(str(e))}", highlight=False)
+        sys.exit(EXIT_FAILED)
+    for line in checked.lines:
+        click.echo(f"verified: {line}")
 
 
 @main.command("tls", context_settings={"ignore_unknown_options": True, "help_option_names": []})

@@ -8,11 +8,14 @@ the embedded farm run the very same code.
 from __future__ import annotations
 
 import os
+import socket
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gearfarm.seal import Lookup, SealError, Signer, keyring, parse_public
 
 ENV_VAR = "GEARFARM_CONFIG"
 DEFAULT_CATALOG = "jobs/catalog.toml"
@@ -148,6 +151,9 @@ class WebConfig(_Section):
     # Signs the dashboard's session cookies and CSRF tokens; default: a key of the dashboard's own,
     # kept in the state directory (web-secret), never derived from keys the worker hosts hold.
     secret: str | None = None
+    # Builds (archives and provenance) download without an account; by default only a logged-in
+    # user (or a bearer token) gets them: a project's binaries are not always for everyone.
+    public_artifacts: bool = False
 
     @field_validator("url")
     @classmethod
@@ -212,12 +218,39 @@ class ProjectConfig(_Section):
 
 
 class FarmConfig(_Section):
+    @model_validator(mode="before")
+    @classmethod
+    def _no_shared_secret(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "secrets" in data:
+            raise ValueError("secrets: the farm's shared HMAC keys are gone; the nightly signs with its own Ed25519 "
+                             "key and each worker host with its own (set nightly_keys, signing_key or host_key: "
+                             "docs/security.md, 'Keys')")
+        return data
+
+    @field_validator("nightly_keys")
+    @classmethod
+    def _public_keys(cls, v: list[str]) -> list[str]:
+        for i, text in enumerate(v):
+            try:
+                parse_public(text)
+            except SealError as e:
+                raise ValueError(f"nightly_keys[{i}]: {e}") from None
+        return v
+
     # The default project's repository (the project "engine" when [[projects]] is absent). Only
     # the nightly reads it: workers get the source and the catalog through S3.
     repo: str = "."
     state_dir: str = "state"
-    # HMAC keys for payloads: the first signs, every key verifies (rotation).
-    secrets: list[str] = Field(default_factory=list)
+    # The public keys of the nightly (ed25519:<base64>), which sign every payload: a worker runs
+    # a job only if one of them signed it. More than one during a rotation (docs/security.md).
+    nightly_keys: list[str] = Field(default_factory=list)
+    # The nightly host only: the private key (a PEM file, 0600) that signs payloads and markers.
+    signing_key: str | None = None
+    # A worker host only: its own private key, which signs its result records; its public half
+    # is in the farm's registry with the roles and targets the host serves (gearfarm keys add).
+    host_key: str | None = None
+    # The name the host is registered under (default: its hostname); its records carry it.
+    host_name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     # Seconds a job may wait with no worker registered for its function before it is
     # recorded as "no worker".
     no_worker_wait: float = 120.0
@@ -225,8 +258,9 @@ class FarmConfig(_Section):
     run_deadline: float = 3 * 3600.0
     # A payload older than this is refused as a replay.
     payload_max_age: float = 24 * 3600.0
-    # A running job whose heartbeat (WORK_STATUS) has not moved for this long has lost its
-    # lease (its worker died or was cut off) and is submitted again.
+    # A running job whose lease has had no signed heartbeat for this long (its worker died or was
+    # cut off, or whatever holds it is not a registered host: gearfarm.lease) is submitted again.
+    # Workers beat every 10 s, or a third of this if shorter: give every host the same value.
     lease_timeout: float = 60.0
     # A job gearmand no longer knows, whose result has not arrived after this long, was
     # dropped (--job-retries exhausted) and is submitted again.
@@ -347,10 +381,10 @@ class Config(_Section):
 
     def secret_files(self) -> list[Path]:
         """Every file this config names that a job must never read: the config itself (keys,
-        passwords) and the TLS files."""
+        passwords), the signing keys and the TLS files."""
         out = [Path(self.source).resolve()] if self.source else []
         g = self.gearman
-        for name in (g.tls_ca, g.tls_cert, g.tls_key, self.s3.ca_bundle):
+        for name in (g.tls_ca, g.tls_cert, g.tls_key, self.s3.ca_bundle, self.farm.signing_key, self.farm.host_key):
             if name:
                 out.append(self.path(name))
         return out
@@ -358,6 +392,39 @@ class Config(_Section):
     def path(self, p: str) -> Path:
         base = Path(self.source).parent if self.source else Path.cwd()
         return (base / p).resolve()
+
+    def host_name(self) -> str:
+        """The name this host is registered under and its records carry."""
+        return self.farm.host_name or socket.gethostname()
+
+    def nightly_signer(self) -> Signer:
+        """The nightly's private key; ConfigError saying how to make one when it has none."""
+        if not self.farm.signing_key:
+            raise ConfigError("[farm] signing_key is not set: the nightly host signs payloads with its own key "
+                              "(make one with `gearfarm keys new --out FILE`, put its public key in every host's "
+                              "[farm] nightly_keys)")
+        return self._signer(self.farm.signing_key, "signing_key")
+
+    def host_signer(self) -> Signer:
+        """This worker host's private key; ConfigError saying how to enroll the host without one."""
+        if not self.farm.host_key:
+            raise ConfigError("[farm] host_key is not set: a worker host signs its results with a key of its own "
+                              "(make one with `gearfarm keys new --out FILE` and register it on the nightly host "
+                              "with `gearfarm keys add HOST PUBLIC_KEY --role ... --target ...`)")
+        return self._signer(self.farm.host_key, "host_key")
+
+    def _signer(self, name: str, what: str) -> Signer:
+        try:
+            return Signer.load(self.path(name))
+        except SealError as e:
+            raise ConfigError(f"[farm] {what}: {e}") from e
+
+    def nightly_lookup(self) -> Lookup:
+        """What verifies payloads on a worker: the nightly's public keys."""
+        if not self.farm.nightly_keys:
+            raise ConfigError("[farm] nightly_keys is empty: a worker runs only payloads the nightly signed; put "
+                              "the nightly's public key there (`gearfarm keys show` on the nightly host prints it)")
+        return keyring(self.farm.nightly_keys)
 
     def runs_dir(self) -> Path:
         """Where this host keeps each run's reports and job files (one folder per run id)."""

@@ -140,6 +140,12 @@ def run(db: ResultsDB, cfg: Config, run_id: str, root: str = "/") -> dict[str, A
     rep["regressions"] = [triage.as_dict(g) for g in triage.listing(db, run_id=run_id)]
     report.add_bisections(rep, db.bisections(origin_run_ids=[run_id]))
     rep["curves"] = _curves(records)
+    rep["builds"] = [{"target": x.target, "sha256": x.artifact_sha256, "manifest_sha256": x.manifest_sha256,
+                      "host": x.host.get("hostname", ""), "reused": x.reused_artifact,
+                      "download": f"{root}run/{run_id}/artifact/{x.target}/build",
+                      "provenance": f"{root}run/{run_id}/provenance/{x.target}"}
+                     for x in sorted(records, key=lambda x: x.target)
+                     if x.kind == "build" and x.status == "passed" and x.artifact_key and x.artifact_sha256]
     rep["job_timings"] = sorted(({"target": x.target, "step": x.step, "status": x.status,
                                   "duration": x.duration, **x.timings} for x in records),
                                 key=lambda d: (d["target"], step_key(d["step"])))

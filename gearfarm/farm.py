@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 import time
+import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,12 @@ from gearfarm.catalog import Catalog
 from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig, ProjectConfig, S3Keys
 from gearfarm.gearman import admin
 from gearfarm.gearmand import Gearmand
+from gearfarm.job import KINDS
+from gearfarm.registry import Registry, RegistryError
 from gearfarm.s3.keys import ROLE_WRITES
 from gearfarm.s3.minio import MinioServer
+from gearfarm.seal import Signer
+from gearfarm.store import ResultsDB
 
 log = logging.getLogger("gearfarm.farm")
 STATE_FILE = "farm.json"
@@ -64,16 +69,37 @@ class EmbeddedFarm:
     def config_path(self) -> Path:
         return self.state / "farm.toml"
 
-    def _previous_secrets(self) -> tuple[str, list[str], dict[str, S3Keys]]:
-        """Keep MinIO's keys (the root's and each worker role's) and the signing keys across
-        nightlies: the bucket and the history persist in the state directory, so must the
-        credentials."""
+    def _previous_secrets(self) -> tuple[str, dict[str, S3Keys]]:
+        """Keep MinIO's keys (the root's and each worker role's) across nightlies: the bucket and
+        the history persist in the state directory, so must the credentials."""
         roles = {role: S3Keys(access_key=f"gearfarm-{role}", secret_key=secrets.token_hex(20))
                  for role in ROLE_WRITES}
         if self.config_path.exists():
-            old = config_mod.load(self.config_path)
-            return old.s3.secret_key, old.farm.secrets, {**roles, **old.s3.roles}
-        return secrets.token_hex(20), [secrets.token_hex(32)], roles
+            try:
+                old = config_mod.load(self.config_path)
+            except config_mod.ConfigError as e:
+                # A state directory from before per-host keys ([farm] secrets): its MinIO keys are
+                # still good, and a new config is written with keys of the new kind.
+                log.warning("%s; writing a new config", e)
+                old = None
+            if old is not None:
+                return old.s3.secret_key, {**roles, **old.s3.roles}
+            raw = tomllib.loads(self.config_path.read_text())
+            s3 = raw.get("s3", {})
+            kept = {r: S3Keys(**k) for r, k in s3.get("roles", {}).items() if r in roles}
+            return str(s3.get("secret_key", secrets.token_hex(20))), {**roles, **kept}
+        return secrets.token_hex(20), roles
+
+    def _keys(self) -> tuple[Signer, Signer]:
+        """The nightly's key and this host's, made once and kept in the state directory (0600):
+        the embedded farm is one host that is both the nightly host and a worker host."""
+        out = []
+        for name in ("nightly.key", "host.key"):
+            path = self.state / "keys" / name
+            if not path.exists():
+                config_mod.write_private(path, Signer.generate().pem())
+            out.append(Signer.load(path))
+        return out[0], out[1]
 
     def start(self, cats: Catalog | list[Catalog], targets: list[str] | None = None,
               roles: tuple[str, ...] = ("build", "test"), perf: bool = False) -> Config:
@@ -93,7 +119,8 @@ class EmbeddedFarm:
         # job's uid must find nothing there even outside its sandbox.
         self.state.chmod(0o700)
         stop_from_state(self.state)  # a farm left by --keep or a crash would hold the queue
-        s3_secret, hmac_keys, role_keys = self._previous_secrets()
+        s3_secret, role_keys = self._previous_secrets()
+        nightly_key, host_key = self._keys()
         self.gearmand = Gearmand(self.state / "gearmand", queue_db=self.state / "gearmand" / "queue.db",
                                  job_retries=self.job_retries)
         self.gearmand.start()
@@ -111,7 +138,7 @@ class EmbeddedFarm:
                 self.minio = MinioServer(self.state / "minio", secret_key=s3_secret).start()
                 users = background.submit(self.minio.add_role_users, role_keys)
                 servable = {role: f.result() for role, f in probes.items()}
-            self._spawn_all(roles, perf, servable, hmac_keys, role_keys)
+            self._spawn_all(roles, perf, servable, (nightly_key, host_key), role_keys)
             users.result()
         finally:
             background.shutdown(wait=True)
@@ -119,9 +146,9 @@ class EmbeddedFarm:
         return self.cfg
 
     def _spawn_all(self, roles: tuple[str, ...], perf: bool, servable: dict[str, tuple[list[str], dict[str, str]]],
-                   hmac_keys: list[str], role_keys: dict[str, S3Keys]) -> None:
-        """Write the farm's config, then start the collector and the workers and wait until
-        every worker has registered."""
+                   signers: tuple[Signer, Signer], role_keys: dict[str, S3Keys]) -> None:
+        """Write the farm's config and register this host's key, then start the collector and
+        the workers and wait until every worker has registered."""
         assert self.gearmand is not None and self.minio is not None
         host, port = self.gearmand.address
         self.cfg = Config(
@@ -129,11 +156,19 @@ class EmbeddedFarm:
             gearman=GearmanConfig(servers=[f"{host}:{port}"]),
             s3=self.minio.s3_config().model_copy(update={"roles": role_keys}),
             database=DatabaseConfig(url=f"sqlite:///{self.state / 'results.db'}"),
-            farm=FarmConfig(repo=str(self.repo), state_dir=str(self.state), secrets=hmac_keys,
-                            no_worker_wait=30.0, slots=self.slots, sandbox=self.sandbox),
+            farm=FarmConfig(repo=str(self.repo), state_dir=str(self.state), no_worker_wait=30.0, slots=self.slots,
+                            sandbox=self.sandbox, nightly_keys=[signers[0].public_text],
+                            signing_key=str(self.state / "keys" / "nightly.key"),
+                            host_key=str(self.state / "keys" / "host.key")),
         )
         config_mod.dump(self.cfg, self.config_path)
         self.cfg = config_mod.load(self.config_path)
+        # The one host serves every role and target it can; its registration says so.
+        try:
+            Registry(ResultsDB(self.cfg.database.url)).add(self.cfg.host_name(), signers[1].public_text, KINDS, ["*"])
+        except RegistryError as e:
+            raise FarmError(f"this host's key cannot be registered: {e} (to give the embedded farm a new key, remove "
+                            f"{self.state / 'keys' / 'host.key'})") from e
         self._record()
         self.spawn("collector", ["collector"])
         for role, (ok, missing) in servable.items():

@@ -13,9 +13,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from gearfarm.seal import SealError, seal, unseal
+from gearfarm.seal import Lookup, SealError, Signer, seal, unseal
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 Kind = Literal["build", "test", "perf"]
 KINDS: tuple[str, ...] = ("build", "test", "perf")
 COLLECT_FUNCTION = "collect"
@@ -106,10 +106,20 @@ class Artifact:
     rev: str | None = None
 
 
+class SignedBuild(BaseModel):
+    """A build of the farm's, as a signed build record the ledger applied names it: the only
+    kind of stored artifact a build may reuse (its manifest checked by sha256 first)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    artifact_key: str = Field(max_length=512)
+    artifact_sha256: str = Field(pattern=_SHA256)
+    manifest_sha256: str = Field(pattern=_SHA256)
+
+
 class Payload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    schema_version: Literal[5] = SCHEMA_VERSION
+    schema_version: Literal[6] = SCHEMA_VERSION
     kind: Kind
     run_id: str = Field(pattern=_RUN_ID)
     project: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")
@@ -118,9 +128,13 @@ class Payload(BaseModel):
     source_sha256: str = Field(pattern=_SHA256)
     catalog_sha256: str = Field(pattern=_SHA256)
     target: str = Field(pattern=_TARGET)
-    # build: the suites (and benchmarks) to fan out to after a good build.
+    # build: the suites (and benchmarks) the nightly fans out to after a good build.
     suites: list[str] = Field(default_factory=list, max_length=64)
     benchmarks: list[str] = Field(default_factory=list, max_length=64)
+    # build: this revision's and target's earlier builds, from signed records: an artifact found
+    # in S3 is reused only when it is one of these, so the digest the farm signed is the truth,
+    # not whatever the bucket holds (a role key can overwrite an object).
+    signed_builds: list[SignedBuild] = Field(default_factory=list, max_length=16)
     # test / perf: the catalog entry to run, and the artifact to run it on.
     name: str | None = Field(default=None, pattern=_NAME)
     artifact_key: str | None = Field(default=None, max_length=512)
@@ -195,7 +209,7 @@ class Payload(BaseModel):
 def make_payload(job: JobId, *, source: Source, deadline: float, attempt: int = 1, seed: int = 1,
                  suites: Sequence[str] = (), benchmarks: Sequence[str] = (), artifact: Artifact | None = None,
                  baseline: Artifact | None = None, reference: Artifact | None = None,
-                 cases: Sequence[str] = ()) -> Payload:
+                 cases: Sequence[str] = (), signed_builds: Sequence[SignedBuild] = ()) -> Payload:
     """Every payload the farm sends (build, test, perf; first attempts, resubmissions, re-runs)
     is made here, so no path can drop a field another path sets. A build carries what its
     dependents need (suites, benchmarks, baseline); a test or perf job carries its artifact;
@@ -211,6 +225,7 @@ def make_payload(job: JobId, *, source: Source, deadline: float, attempt: int = 
         kind=kind, run_id=job.run_id, project=source.project, rev=source.rev, source_sha256=source.sha256,
         catalog_sha256=source.catalog_sha256, target=job.target, name=job.name,
         suites=list(suites) if kind == "build" else [], benchmarks=list(benchmarks) if kind == "build" else [],
+        signed_builds=list(signed_builds)[:16] if kind == "build" else [],
         artifact_key=artifact.key if artifact else None, artifact_sha256=artifact.sha256 if artifact else None,
         baseline_rev=base.rev if base else None, baseline_key=base.key if base else None,
         baseline_sha256=base.sha256 if base else None,
@@ -219,26 +234,21 @@ def make_payload(job: JobId, *, source: Source, deadline: float, attempt: int = 
         seed=seed, attempt=attempt, submitted_at=time.time(), deadline=deadline)
 
 
-def dependent(build: Payload, step: str, artifact: Artifact, attempt: int = 1) -> Payload:
-    """The payload of a test or perf job of ``build``'s run and target."""
-    return make_payload(JobId(build.run_id, build.target, step), source=build.source, deadline=build.deadline,
-                        attempt=attempt, seed=build.seed, artifact=artifact, baseline=build.baseline,
-                        reference=build.reference, cases=build.cases)
-
-
-def sign(payload: Payload, keys: list[str]) -> bytes:
-    """Encode a payload as a signed envelope, signed with the first key."""
+def sign(payload: Payload, signer: Signer | None) -> bytes:
+    """Encode a payload as an envelope signed with the nightly's key (only the nightly host
+    holds it: a worker host cannot make a payload)."""
     try:
-        return seal("payload", payload.model_dump(mode="json"), keys)
+        return seal("payload", payload.model_dump(mode="json"), signer)
     except SealError as e:
         raise PayloadError(str(e)) from e
 
 
-def verify(data: bytes, keys: list[str], max_age: float, now: float | None = None) -> Payload:
-    """Decode and check an envelope; raise PayloadError saying exactly what is wrong. A
-    genuine payload past its run's deadline is not an error here: the worker drops it."""
+def verify(data: bytes, nightly: Lookup, max_age: float, now: float | None = None) -> Payload:
+    """Decode and check an envelope signed by one of the nightly's keys (``nightly``: the
+    [farm] nightly_keys of the worker's config); raise PayloadError saying exactly what is
+    wrong. A genuine payload past its run's deadline is not an error here: the worker drops it."""
     try:
-        body = unseal(data, "payload", keys, MAX_PAYLOAD)
+        body, _ = unseal(data, "payload", nightly, MAX_PAYLOAD)
     except SealError as e:
         raise PayloadError(str(e)) from e
     if body.get("schema_version") != SCHEMA_VERSION:

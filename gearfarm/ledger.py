@@ -24,14 +24,22 @@ And around the ranking:
 | 6    | a record whose job the run does not expect, or whose run is unknown, is `rejected`      |
 | 7    | a build that ends other than passed ends its target's test and perf jobs: `skipped`     |
 |      | with the reason, in the same transaction (so no run waits for a job that cannot start)  |
+| 8    | a worker's record is `rejected` unless its attempt was submitted (the nightly records   |
+|      | each attempt before it submits it) and its host holds the attempt's lease               |
+|      | (gearfarm.lease: the first registered host to claim it)                                 |
+| 9    | a worker's record saying `skipped` or `no_worker` is `rejected`: only the farm decides  |
+|      | those (rule 7, the nightly's expiry)                                                    |
 
-Signed records (workers seal them with the farm key) are checked by ``accept``; anything
-that does not verify is `rejected` and logged without the key. A record that keeps its cases in
-S3 (a suite too large for the record's envelope) has them loaded and checked there against the
-sha256 and count it was sealed with (gearfarm.result.load_cases); a copy that does not match
-rejects the record. Every record offered, whatever
-its outcome, is written to the deliveries table, which is what `gearfarm status` and the chaos
-suite count from.
+Signed records are checked by ``accept``: a worker seals its record with its host's own key,
+and the record is `rejected` (logged, never with a key) unless its signature verifies against a
+key of the registry (gearfarm.registry) that is not revoked, is registered for the record's role
+(build, test, perf) and target, and belongs to the host the record names; unless the attempt is
+one the farm submitted (rule 8); and unless its status is one a worker reports (rule 9).
+A record that keeps its cases in S3 (a suite too large for the record's envelope) has them
+loaded and checked there against the sha256 and count it was sealed with
+(gearfarm.result.load_cases); a copy that does not match rejects the record. Every record
+offered, whatever its outcome, is written to the deliveries table, which is what `gearfarm
+status` and the chaos suite count from.
 
 The write is the database's own upsert (INSERT ... ON CONFLICT DO UPDATE ... WHERE new rank >
 old rank) under a shared lock on the run's row, which closing the run takes exclusively, so
@@ -50,8 +58,10 @@ from sqlalchemy import delete, func, select, tuple_, update
 from sqlalchemy.engine import Connection
 
 from gearfarm.job import JobId
+from gearfarm.lease import TAKEOVER, Answer, LeaseError, open_lease
+from gearfarm.registry import Registry
 from gearfarm.result import PRODUCT, CaseStore, RecordError, ResultRecord, load_cases, open_record
-from gearfarm.store import Case, Delivery, Job, LateResult, ResultsDB, Run, SampleRow
+from gearfarm.store import Case, Delivery, Job, LateResult, LeaseRow, ResultsDB, Run, SampleRow
 
 log = logging.getLogger("gearfarm.ledger")
 _NAME_MAX = Case.__table__.c.name.type.length
@@ -77,25 +87,74 @@ def rank(rec: ResultRecord) -> Rank:
 class Ledger:
     def __init__(self, db: ResultsDB) -> None:
         self.db = db
+        self.registry = Registry(db)
 
     # ------------------------------------------------------------------ entry points
 
-    def accept(self, data: bytes, keys: list[str], source: Source,
+    def accept(self, data: bytes, source: Source,
                store: CaseStore | None = None) -> tuple[Outcome, ResultRecord | None]:
         """A sealed record from a worker (through the collector or from S3). ``store`` reads the
         cases of a record that keeps them in S3; StoreError (nothing recorded) when it cannot
         now: offer the record again later."""
         try:
-            rec = open_record(data, keys)
+            rec, kid = open_record(data, self.registry.public_key)
         except RecordError as e:
             self.reject(source, str(e))
+            return "rejected", None
+        why = self.registry.authorize(kid, rec.kind, rec.target, rec.host.get("hostname", "")) or _worker_status(rec)
+        if why:
+            self.reject(source, why, rec)
             return "rejected", None
         try:
             rec = load_cases(rec, store)
         except RecordError as e:
             self.reject(source, str(e), rec)
             return "rejected", None
-        return self.apply(rec, source), rec
+        with self.db.writing() as conn:
+            return self._apply(conn, rec, source, worker=True), rec
+
+    def lease(self, data: bytes) -> tuple[Answer, str]:
+        """A worker's signed claim of an attempt (beat 0) or heartbeat (beat n): ``granted`` (run
+        it; beats renewed), ``held`` (another live worker holds it: try again later), ``done``
+        (it delivered its record already: drop the copy) or ``refused`` (never: forged, not
+        registered for it, not submitted, run closed), with the reason."""
+        try:
+            lease, kid = open_lease(data, self.registry.public_key)
+            jid = JobId.parse(lease.job_id)
+        except (LeaseError, ValueError) as e:
+            return self._refuse_lease(str(e))
+        why = self.registry.authorize(kid, jid.kind, jid.target, lease.host)
+        if why:
+            return self._refuse_lease(f"{lease.job_id} attempt {lease.attempt}: {why}")
+        now = time.time()
+        with self.db.writing() as conn:
+            run = conn.execute(select(Run.expected, Run.reported_at).where(Run.run_id == jid.run_id)).first()
+            if run is None or lease.job_id not in (run.expected or []) or run.reported_at is not None:
+                return self._refuse_lease(f"{lease.job_id}: " + ("its run is unknown" if run is None else
+                                          "its run expects no such job" if run.reported_at is None else
+                                          "its run was reported and closed"))
+            submitted = self.db.submitted_attempt(conn, lease.job_id)
+            if lease.attempt > submitted:
+                return self._refuse_lease(f"attempt {lease.attempt} of {lease.job_id} was never submitted")
+            mine = dict(kid=kid, host=lease.host, worker=lease.worker, beat_at=now)
+            conn.execute(self.db.insert(LeaseRow).values(job_id=lease.job_id, attempt=lease.attempt, run_id=jid.run_id,
+                                                         claimed_at=now, beats=0, done=False, **mine)
+                         .on_conflict_do_nothing(index_elements=["job_id", "attempt"]))
+            key = (LeaseRow.job_id == lease.job_id) & (LeaseRow.attempt == lease.attempt)
+            held = conn.execute(select(LeaseRow).where(key)).one()
+            if held.done:
+                return "done", f"attempt {lease.attempt} of {lease.job_id} ran already (on {held.host})"
+            if held.worker != lease.worker:
+                if lease.beat or now - held.beat_at < TAKEOVER:
+                    return "held", f"held by {held.worker} on {held.host}, last beat {now - held.beat_at:.0f}s ago"
+                log.warning("lease of %s attempt %d taken over by %s from %s (no beat for %.0fs)", lease.job_id,
+                            lease.attempt, lease.worker, held.worker, now - held.beat_at)
+            conn.execute(update(LeaseRow).where(key).values(beats=LeaseRow.beats + 1, **mine))
+        return "granted", ""
+
+    def _refuse_lease(self, why: str) -> tuple[Answer, str]:
+        log.error("REFUSED lease: %s", why)
+        return "refused", why
 
     def apply(self, rec: ResultRecord, source: Source) -> Outcome:
         with self.db.writing() as conn:
@@ -117,7 +176,7 @@ class Ledger:
 
     # ------------------------------------------------------------------ the rules
 
-    def _apply(self, conn: Connection, rec: ResultRecord, source: Source) -> Outcome:
+    def _apply(self, conn: Connection, rec: ResultRecord, source: Source, worker: bool = False) -> Outcome:
         why = _inconsistent(rec)
         if why:
             log.error("REJECTED result record for %s (%s): %s", rec.job_id, source, why)
@@ -132,6 +191,12 @@ class Ledger:
             log.error("REJECTED result record for %s (%s): %s", rec.job_id, source, why)
             self._log(conn, source, "rejected", rec, why)
             return "rejected"
+        if worker:
+            why = self._not_leased(conn, rec)
+            if why:
+                log.error("REJECTED result record for %s (%s): %s", rec.job_id, source, why)
+                self._log(conn, source, "rejected", rec, why)
+                return "rejected"
         data = rec.model_dump(mode="json")
         r = rank(rec)
         if row.reported_at is not None:
@@ -188,6 +253,23 @@ class Ledger:
             self._end_dependents(conn, rec, list(row.expected or []))
         return "applied"
 
+    def _not_leased(self, conn: Connection, rec: ResultRecord) -> str:
+        """Rule 8: why a worker's record is not the attempt's holder's ("" when it is); marks the
+        lease done, so no copy of the attempt runs after it."""
+        submitted = self.db.submitted_attempt(conn, rec.job_id)
+        if rec.attempt > submitted:
+            return (f"attempt {rec.attempt} of {rec.job_id} was never submitted (the farm submitted "
+                    f"{f'up to attempt {submitted}' if submitted else 'none'})")
+        key = (LeaseRow.job_id == rec.job_id) & (LeaseRow.attempt == rec.attempt)
+        held = conn.execute(select(LeaseRow.host).where(key)).first()
+        host = rec.host.get("hostname", "")
+        if held is None:
+            return f"no host claimed attempt {rec.attempt} of {rec.job_id}: {host} never held it"
+        if held.host != host:
+            return f"attempt {rec.attempt} of {rec.job_id} is leased to host {held.host}, not {host}"
+        conn.execute(update(LeaseRow).where(key).values(done=True))
+        return ""
+
     def _end_dependents(self, conn: Connection, build: ResultRecord, expected: list[str]) -> None:
         """Rule 7: nothing of this target can start without its build."""
         now = time.time()
@@ -209,6 +291,13 @@ class Ledger:
             job_id=rec.job_id if rec else None, run_id=rec.run_id if rec else None,
             attempt=rec.attempt if rec else None, status=rec.status if rec else None,
             digest=rec.digest if rec else None))
+
+
+def _worker_status(rec: ResultRecord) -> str:
+    """Rule 9: what a worker may report (it ran the job, or could not, or it was cancelled)."""
+    if rec.status in ("skipped", "no_worker"):
+        return f"a worker's record says {rec.status}, which only the farm decides"
+    return ""
 
 
 def _inconsistent(rec: ResultRecord) -> str:

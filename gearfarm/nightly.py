@@ -1,7 +1,10 @@
 """Submitting a run and seeing it to its end: plan the expected jobs from the catalog, submit
-one signed background build job per target (or, for a re-run, the test jobs themselves), then
-watch until every job is terminal — resubmitting jobs that lost their lease, recording "no
-worker" and deadline expiries through the ledger instead of hanging — and close the run.
+one background build job per target (or, for a re-run, the test jobs themselves), submit each
+target's test and perf jobs once the ledger has applied its passed build (with the artifact's
+sha256 from that signed record), then watch until every job is terminal — resubmitting jobs that
+lost their lease, recording "no worker" and deadline expiries through the ledger instead of
+hanging — and close the run. Every payload is signed here, with the nightly's own key: no
+worker host holds it, so no worker host can make a job.
 
 This is the one wait loop: the nightly and the re-run of new failures both use it."""
 
@@ -22,11 +25,12 @@ from gearfarm.catalog import Catalog
 from gearfarm.config import Config, ProjectConfig
 from gearfarm.connection import ssl_context
 from gearfarm.gearman import Client, GearmanError, JobStatus, StatusUnknown, admin
-from gearfarm.job import Artifact, JobId, Payload, Source, make_payload, sign, step_name
+from gearfarm.job import COLLECT_FUNCTION, Artifact, JobId, Payload, SignedBuild, Source, make_payload, sign, step_name
 from gearfarm.ledger import Ledger, farm_record
 from gearfarm.result import TERMINAL, ResultRecord
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError
+from gearfarm.seal import Signer
 from gearfarm.store import ResultsDB
 
 log = logging.getLogger("gearfarm.nightly")
@@ -89,7 +93,7 @@ class Plan:
         return [JobId(self.run_id, t, s) for t in self.targets for s in self.steps(t)]
 
     def first_jobs(self) -> list[JobId]:
-        """What the nightly submits itself; the build workers submit the rest."""
+        """What is submitted at once; the rest waits for its target's build (Watchdog.release)."""
         return [j for j in self.expected if self.rerun or j.kind == "build"]
 
     def ready(self, jid: JobId, states: dict[str, str]) -> bool:
@@ -97,12 +101,13 @@ class Plan:
         build, not on a worker."""
         return self.rerun or jid.kind == "build" or states.get(str(JobId(self.run_id, jid.target, "build"))) == "passed"
 
-    def payload(self, jid: JobId, attempt: int = 1, artifact: Artifact | None = None) -> Payload:
+    def payload(self, jid: JobId, attempt: int = 1, artifact: Artifact | None = None,
+                signed_builds: list[SignedBuild] | None = None) -> Payload:
         t = jid.target
         if jid.kind == "build":
             return make_payload(jid, source=self.source, deadline=self.deadline, attempt=attempt, seed=self.seed,
                                 suites=self.suites[t], benchmarks=self.benchmarks[t], baseline=self.baselines.get(t),
-                                reference=self.references.get(t), cases=self.cases)
+                                reference=self.references.get(t), cases=self.cases, signed_builds=signed_builds or [])
         return make_payload(jid, source=self.source, deadline=self.deadline, attempt=attempt, seed=self.seed,
                             artifact=artifact or self.artifacts.get(t), baseline=self.baselines.get(t),
                             reference=self.references.get(t), cases=self.cases)
@@ -217,15 +222,30 @@ def submit(cfg: Config, db: ResultsDB, client: Client, p: Plan) -> bool:
     assert run is not None
     p.deadline = run.deadline or run.created_at + cfg.farm.run_deadline
     done = db.terminal_ids(p.run_id)
+    signer = cfg.nightly_signer()
     for jid in p.first_jobs():
-        if str(jid) in done:
-            continue
-        payload = p.payload(jid)
-        client.submit_background(payload.function, sign(payload, cfg.farm.secrets), unique=payload.unique)
+        if str(jid) not in done:
+            send(db, client, signer, build_payload(db, p, jid) if jid.kind == "build" else p.payload(jid))
     return created
 
 
-def reconcile(ledger: Ledger, store: ArtifactStore, keyring: list[str], run_id: str, seen: set[str]) -> int:
+def build_payload(db: ResultsDB, p: Plan, jid: JobId, attempt: int = 1) -> Payload:
+    """A build's payload, naming the builds of its revision the farm signed before (the only
+    stored artifacts it may reuse)."""
+    signed = [SignedBuild(artifact_key=r.artifact_key, artifact_sha256=r.artifact_sha256,  # type: ignore[arg-type]
+                          manifest_sha256=r.manifest_sha256)
+              for r in db.signed_builds(p.project, p.rev, jid.target)]
+    return p.payload(jid, attempt, signed_builds=signed)
+
+
+def send(db: ResultsDB, client: Client, signer: Signer, payload: Payload) -> None:
+    """Sign and submit one payload. The attempt is recorded first: the ledger applies a worker's
+    record only for an attempt the farm submitted."""
+    db.set_live(payload.run_id, {payload.job_id: ("queued", payload.attempt)})
+    client.submit_background(payload.function, sign(payload, signer), unique=payload.unique)
+
+
+def reconcile(ledger: Ledger, store: ArtifactStore, run_id: str, seen: set[str]) -> int:
     """Offer the ledger every sealed record in S3 it has not been offered by this loop (a
     collector outage loses nothing). Each key holds one immutable record, so ``seen`` keys are
     skipped; the ledger's rules make the order irrelevant."""
@@ -242,7 +262,7 @@ def reconcile(ledger: Ledger, store: ArtifactStore, keyring: list[str], run_id: 
             log.warning("cannot read %s: %s", key, e)
             continue
         try:
-            outcome, _ = ledger.accept(data, keyring, "reconcile", store)
+            outcome, _ = ledger.accept(data, "reconcile", store)
         except StoreError as e:
             log.warning("cannot read the cases of %s: %s", key, e)  # not seen: offered again next time
             continue
@@ -255,9 +275,10 @@ Progress = Callable[[dict[str, str], dict[str, admin.FunctionStatus]], None]
 
 
 class Watchdog:
-    """Finds jobs that lost their lease (heartbeat stalled: worker dead or cut off) or that
-    gearmand dropped (--job-retries exhausted, which it does silently for background jobs),
-    and submits them again under the next attempt's unique id, within the run's budget."""
+    """Submits each target's test and perf jobs once its build passed; finds jobs that lost their
+    lease (heartbeat stalled: worker dead or cut off) or that gearmand dropped (--job-retries
+    exhausted, which it does silently for background jobs), and submits them again under the
+    next attempt's unique id, within the run's budget."""
 
     def __init__(self, cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, client: Client, p: Plan,
                  seen: set[str]) -> None:
@@ -271,14 +292,21 @@ class Watchdog:
         self.live: dict[str, tuple[str, int]] = {}
         # Cancel requests whose S3 marker is written.
         self.marked: set[int] = set()
+        self.signer = cfg.nightly_signer()
+        self._lease_view: tuple[float, dict[tuple[str, int], tuple[str, int]]] | None = None
+        run = db.get_run(p.run_id)
+        self.created_at = run.created_at if run is not None else time.time()
+        # Jobs of this plan submitted by this process (builds and a re-run's jobs by submit()).
+        self.released: set[JobId] = set(p.first_jobs())
 
     def attempt(self, jid: JobId) -> int:
         return self.attempts.get(jid, 1)
 
-    def check(self, pending: list[JobId], states: dict[str, str], now: float) -> None:
+    def check(self, pending: list[JobId], states: dict[str, str], now: float,
+              table: dict[str, admin.FunctionStatus]) -> None:
         seen: dict[str, tuple[str, int]] = {}
         try:
-            self._check(pending, states, now, seen)
+            self._check(pending, states, now, seen, _collector_keeps_up(table))
         finally:
             changed = {jid: s for jid, s in seen.items() if self.live.get(jid) != s}
             if changed:
@@ -286,7 +314,9 @@ class Watchdog:
                 self.live.update(changed)
 
     def _check(self, pending: list[JobId], states: dict[str, str], now: float,
-               seen: dict[str, tuple[str, int]]) -> None:
+               seen: dict[str, tuple[str, int]], judge: bool) -> None:
+        self.release([j for j in pending if j not in self.released and self.plan.ready(j, states)])
+        leases: dict[tuple[str, int], tuple[str, int]] | None = None
         for jid in pending:
             if not self.plan.ready(jid, states):
                 seen[str(jid)] = ("waiting", self.attempt(jid))
@@ -310,21 +340,66 @@ class Watchdog:
                 if not st.running:
                     self.beats.pop(jid, None)
                     continue
+                if not judge:
+                    # The collector is behind or away: the beats may be waiting in its queue, and
+                    # are counted once it has taken them.
+                    continue
+                if leases is None:
+                    leases = self._leases(now)
+                host, count = leases.get((str(jid), self.attempt(jid)), ("", -1))
                 last = self.beats.get(jid)
-                if last is None or last[0] != st.numerator:
-                    self.beats[jid] = (st.numerator, now)
+                if last is None or last[0] != count:
+                    self.beats[jid] = (count, now)
                 elif now - last[1] > self.cfg.farm.lease_timeout:
-                    self.resubmit(jid, f"lease lost: no heartbeat for {now - last[1]:.0f}s")
+                    # Liveness is the holder's signed beats, not WORK_STATUS: anything holding the
+                    # Gearman job can send that, and a worker that is not a registered host's
+                    # never gets a lease at all.
+                    self.resubmit(jid, f"lease lost: no signed heartbeat from {host} for {now - last[1]:.0f}s"
+                                  if host else f"held for {now - last[1]:.0f}s by a worker that never claimed it "
+                                  "(no registered host holds its lease)")
                 continue
             since = self.unknown_since.setdefault(jid, now)
             if now - since > self.cfg.farm.lost_grace:
                 # Its result may be on the way: S3 has it if the worker reported at all.
-                reconcile(self.ledger, self.store, self.cfg.farm.secrets, self.plan.run_id, self.seen)
+                reconcile(self.ledger, self.store, self.plan.run_id, self.seen)
                 if str(jid) in self.db.terminal_ids(self.plan.run_id):
                     continue
                 self.resubmit(jid, f"gearmand at {away} has not answered for {now - since:.0f}s, no other server "
                                    "holds the job and no result arrived" if away else
                                    "gearmand no longer holds the job and no result arrived")
+
+    def _leases(self, now: float) -> dict[tuple[str, int], tuple[str, int]]:
+        """The run's leases, read at most once a second: beats come every few seconds and a lease
+        is judged over a minute, and on the embedded farm a perf job measures on this host."""
+        if self._lease_view is None or now - self._lease_view[0] >= 1.0:
+            self._lease_view = (now, self.db.leases(self.plan.run_id))
+        return self._lease_view[1]
+
+    def release(self, jids: list[JobId]) -> None:
+        """Submit test and perf jobs whose build passed, a target's suites measured longest last
+        time first (gearmand hands out one function's jobs in the order they came)."""
+        if not jids:
+            return
+        for target in sorted({j.target for j in jids}):
+            mine = [j for j in jids if j.target == target]
+            seconds = self.db.step_seconds(self.plan.project, target, self.created_at)
+            for jid in sorted(mine, key=lambda j: (-seconds.get(j.step, 0.0), self.plan.steps(target).index(j.step))):
+                artifact = self._artifact(jid)
+                if artifact is None:
+                    expire(self.ledger, self.plan, [jid], "infra", "its build passed but left no artifact on record")
+                else:
+                    send(self.db, self.client, self.signer, self.plan.payload(jid, self.attempt(jid), artifact))
+                self.released.add(jid)
+
+    def _artifact(self, jid: JobId) -> Artifact | None:
+        """What a test or perf job runs on: a re-run's given build, else the artifact its target's
+        build record (signed by the host that built it) names."""
+        if self.plan.rerun:
+            return self.plan.artifacts.get(jid.target)
+        build = self.db.job(str(JobId(self.plan.run_id, jid.target, "build")))
+        if build is None or not build.artifact_key or not build.artifact_sha256:
+            return None
+        return Artifact(build.artifact_key, build.artifact_sha256)
 
     def resubmit(self, jid: JobId, why: str) -> None:
         self.beats.pop(jid, None)
@@ -335,19 +410,25 @@ class Watchdog:
                    f"{why}; the run's resubmission budget ({self.cfg.farm.resubmit_budget}) is spent", attempt)
             return
         artifact = None
-        if jid.kind != "build" and not self.plan.rerun:
-            build = next((r for r in self.db.jobs(self.plan.run_id) if r.step == "build" and r.target == jid.target),
-                         None)
-            if build is None or not build.artifact_key or not build.artifact_sha256:
+        if jid.kind != "build":
+            artifact = self._artifact(jid)
+            if artifact is None:
                 expire(self.ledger, self.plan, [jid], "infra", f"{why}; cannot resubmit: its build left no artifact",
                        attempt)
                 return
-            artifact = Artifact(build.artifact_key, build.artifact_sha256)
         self.spent += 1
         self.attempts[jid] = attempt + 1
-        payload = self.plan.payload(jid, attempt + 1, artifact)
+        payload = (build_payload(self.db, self.plan, jid, attempt + 1) if jid.kind == "build"
+                   else self.plan.payload(jid, attempt + 1, artifact))
         log.warning("%s: %s; submitting attempt %d", jid, why, attempt + 1)
-        self.client.submit_background(payload.function, sign(payload, self.cfg.farm.secrets), unique=payload.unique)
+        send(self.db, self.client, self.signer, payload)
+
+
+def _collector_keeps_up(table: dict[str, admin.FunctionStatus]) -> bool:
+    """Whether the collector takes what is sent to it now (a worker registered, nothing waiting):
+    only then does a lease whose beats stopped mean its worker stopped."""
+    st = table.get(COLLECT_FUNCTION)
+    return st is not None and st.workers > 0 and st.queued <= st.running
 
 
 def wait(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, client: Client, p: Plan,
@@ -378,7 +459,7 @@ def wait(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, clien
                 continue
             now = time.time()
             if now > p.deadline:
-                reconcile(ledger, store, cfg.farm.secrets, p.run_id, seen)
+                reconcile(ledger, store, p.run_id, seen)
                 done = db.terminal_ids(p.run_id)
                 # Builds first: ending a build ends its dependents (skipped, with the reason).
                 for jid in sorted(pending, key=lambda j: j.kind != "build"):
@@ -391,7 +472,7 @@ def wait(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, clien
                 continue
             if time.monotonic() - last_reconcile > 30:
                 # The collector may be down; S3 holds every result the workers reported.
-                reconcile(ledger, store, cfg.farm.secrets, p.run_id, seen)
+                reconcile(ledger, store, p.run_id, seen)
                 last_reconcile = time.monotonic()
             for jid in pending:
                 fn = jid.function
@@ -405,7 +486,7 @@ def wait(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, clien
                 else:
                     no_worker_since.pop(fn, None)
             if table:
-                watchdog.check(pending, states, now)
+                watchdog.check(pending, states, now, table)
             db_down_since = None
         except SQLAlchemyError as e:
             db_down_since = db_down_since or time.time()
@@ -414,7 +495,7 @@ def wait(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, clien
                 raise RunError(f"the results database has been unreachable since "
                                f"{time.strftime('%H:%M:%S', time.localtime(db_down_since))}: {e}") from e
         time.sleep(poll)
-    reconcile(ledger, store, cfg.farm.secrets, p.run_id, seen)
+    reconcile(ledger, store, p.run_id, seen)
     return db.jobs(p.run_id)
 
 

@@ -1,6 +1,6 @@
-"""The result record: what every job reports. Workers seal it with the farm key and write it to
-S3 beside the job's logs (the durable copy) and send it to the collector; the run ledger
-(gearfarm.ledger) decides what each record changes.
+"""The result record: what every job reports. Workers seal it with their host's key and write it
+to S3 beside the job's logs (the durable copy) and send it to the collector; the run ledger
+(gearfarm.ledger) checks who signed it (gearfarm.registry) and decides what it changes.
 
 A record must fit its envelope (gearfarm.seal.MAX_ENVELOPE). Its message and log tail are cut to
 a bound (bounded); a suite's cases that would not fit travel in S3 beside the record, compressed,
@@ -19,7 +19,7 @@ import zstandard
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from gearfarm.s3 import keys
-from gearfarm.seal import MAX_ENVELOPE, SealError, canonical, seal, unseal
+from gearfarm.seal import MAX_ENVELOPE, Lookup, SealError, Signer, canonical, seal, unseal
 
 Status = Literal["passed", "failed", "skipped", "timed_out", "no_worker", "infra", "cancelled"]
 TERMINAL: frozenset[str] = frozenset({"passed", "failed", "skipped", "timed_out", "no_worker", "infra", "cancelled"})
@@ -95,6 +95,9 @@ class ResultRecord(BaseModel):
     timings: dict[str, float] = Field(default_factory=dict)
     artifact_key: str | None = None
     artifact_sha256: str | None = None
+    # A build's manifest (keys.manifest beside the archive), by sha256: what a later night's
+    # build checks before it reuses the stored artifact (None: not a passed build).
+    manifest_sha256: str | None = None
     bytes_uploaded: int = 0
     reused_artifact: bool = False
     log_key: str | None = None
@@ -146,34 +149,46 @@ class ResultRecord(BaseModel):
         return hashlib.sha256(canonical(body)).hexdigest()
 
 
-# Fields a record has only when it keeps its cases in S3: left out of the body otherwise, so that
-# every other record is sealed (and digested) byte for byte as before they existed, and an older
-# collector still reads it.
-_CASES_FIELDS = ("cases_key", "cases_sha256", "cases_count")
+# Fields only some records have (cases kept in S3, a build's manifest): left out of the body
+# when empty, so that every other record is sealed (and digested) byte for byte as before they
+# existed.
+_OPTIONAL_FIELDS = ("cases_key", "cases_sha256", "cases_count", "manifest_sha256")
 
 
 def _body(rec: ResultRecord) -> dict[str, Any]:
     body = rec.model_dump(mode="json")
-    for name in _CASES_FIELDS:
+    for name in _OPTIONAL_FIELDS:
         if body[name] is None:
             del body[name]
     return body
 
 
-def seal_record(rec: ResultRecord, keys: list[str]) -> bytes:
-    return seal("result", _body(rec), keys)
+def seal_record(rec: ResultRecord, signer: Signer | None) -> bytes:
+    return seal("result", _body(rec), signer)
 
 
-def open_record(data: bytes, keys: list[str]) -> ResultRecord:
-    """A genuine record; RecordError naming the problem (never the key) otherwise."""
+def open_record(data: bytes, lookup: Lookup) -> tuple[ResultRecord, str]:
+    """A genuine record and the id of the key that signed it (whether that key may sign this
+    record is the registry's question: gearfarm.registry.Registry.authorize); RecordError
+    naming the problem (never a key) otherwise."""
     try:
-        body = unseal(data, "result", keys)
+        body, kid = unseal(data, "result", lookup)
     except SealError as e:
         raise RecordError(str(e)) from e
     try:
-        return ResultRecord.model_validate(body)
+        return ResultRecord.model_validate(body), kid
     except ValidationError as e:
         raise RecordError(f"invalid result record: {e.errors()[0]['loc']} {e.errors()[0]['msg']}") from e
+
+
+def peek_record(data: bytes) -> ResultRecord:
+    """The record in an envelope, its signature not checked: for a worker's own spool only (the
+    host's key may have been rotated since it sealed it; the ledger checks the signature)."""
+    try:
+        body = json.loads(data)["body"]
+        return ResultRecord.model_validate(body)
+    except (ValueError, KeyError, TypeError) as e:
+        raise RecordError(f"not a sealed result record: {str(e)[:300]}") from e
 
 
 # -- records that fit their envelope ------------------------------------------------------------
@@ -226,26 +241,26 @@ def offload_cases(rec: ResultRecord) -> tuple[ResultRecord, bytes]:
                                   "cases_sha256": sha, "cases_count": len(rec.cases)}), blob
 
 
-def fit(rec: ResultRecord, keyring: list[str]) -> tuple[ResultRecord, bytes, bytes | None]:
+def fit(rec: ResultRecord, signer: Signer | None) -> tuple[ResultRecord, bytes, bytes | None]:
     """What a worker delivers for ``rec``: (the record, sealed, and the cases object to store at
     its cases_key first, or None). Sealed whole when it fits the envelope, else with its cases in
     S3. A record too large even then (a benchmark printing points of thousands of curves) cannot
     be delivered as it is: it is delivered failed, without its samples and curves, saying why."""
     rec = bounded(rec)
-    body = seal_record(rec, keyring)
+    body = seal_record(rec, signer)
     if len(body) <= MAX_ENVELOPE:
         return rec, body, None
     blob = None
     if rec.cases:
         rec, blob = offload_cases(rec)
-        body = seal_record(rec, keyring)
+        body = seal_record(rec, signer)
         if len(body) <= MAX_ENVELOPE:
             return rec, body, blob
     why = (f"the result record is {len(body)} bytes with its cases in S3, over the {MAX_ENVELOPE} bytes a record "
            f"may have: its {len(rec.samples)} samples and {len(rec.curves)} curves are not reported; print fewer "
            f"points (fewer curve lines) or fewer metrics. {rec.message}")
     rec = rec.model_copy(update={"status": "failed", "samples": [], "curves": [], "message": _cut(why, MESSAGE_MAX)})
-    body = seal_record(rec, keyring)
+    body = seal_record(rec, signer)
     if len(body) > MAX_ENVELOPE:
         raise RecordError(f"the result record of {rec.job_id} is {len(body)} bytes even without its cases, samples "
                           f"and curves, over the {MAX_ENVELOPE} bytes a record may have")

@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     Float,
     ForeignKey,
     Index,
@@ -26,6 +27,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    case,
     create_engine,
     event,
     func,
@@ -286,6 +288,39 @@ class LiveJob(Base):
     since: Mapped[float] = mapped_column(Float)
 
 
+class HostKey(Base):
+    """A worker host's public key and what it may sign: the registry (gearfarm.registry). The
+    ledger applies a worker's record only when its signer is here, not revoked, registered for the
+    record's role and target, and the record names this host."""
+
+    __tablename__ = "host_keys"
+    kid: Mapped[str] = mapped_column(String(16), primary_key=True)
+    host: Mapped[str] = mapped_column(String(64), index=True)
+    public_key: Mapped[str] = mapped_column(String(64))
+    roles: Mapped[list[str]] = mapped_column(JSON)
+    # The targets it may serve; ["*"]: every target.
+    targets: Mapped[list[str]] = mapped_column(JSON)
+    added_at: Mapped[float] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class LeaseRow(Base):
+    """Who holds one attempt of a job (gearfarm.lease): the first registered host to claim it,
+    its signed beats, and whether the attempt delivered its record."""
+
+    __tablename__ = "leases"
+    job_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kid: Mapped[str] = mapped_column(String(16))
+    host: Mapped[str] = mapped_column(String(64))
+    worker: Mapped[str] = mapped_column(String(200))
+    run_id: Mapped[str] = mapped_column(String(96), index=True)
+    claimed_at: Mapped[float] = mapped_column(Float)
+    beat_at: Mapped[float] = mapped_column(Float)
+    beats: Mapped[int] = mapped_column(Integer)
+    done: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
 class Bisection(Base):
     """A search for the commit that broke a test or moved a benchmark (gearfarm.bisection).
     Its probes are runs of their own whose parent_run_id is ``bisect-<id>``, so nightly history,
@@ -475,6 +510,12 @@ class ResultsDB:
             rows = s.scalars(select(Job).where(Job.run_id == run_id).order_by(Job.job_id))
             return [ResultRecord.model_validate(r.record) for r in rows]
 
+    def job(self, job_id: str) -> ResultRecord | None:
+        """The record a job's row holds now (the one the ledger ranked first), if any."""
+        with self.session() as s:
+            row = s.get(Job, job_id)
+            return ResultRecord.model_validate(row.record) if row is not None else None
+
     def job_states(self, run_id: str) -> dict[str, str]:
         """{job id: status} of a run's jobs, without reading their records (polled often)."""
         with self.session() as s:
@@ -576,8 +617,23 @@ class ResultsDB:
         with self.writing() as conn:
             for jid, (state, attempt) in states.items():
                 stmt = self.insert(LiveJob).values(job_id=jid, run_id=run_id, state=state, attempt=attempt, since=now)
+                # Never lower: the row's attempt is the highest the farm submitted, which the
+                # ledger checks a worker's record against (a nightly started again counts from 1).
+                highest = case((LiveJob.attempt > stmt.excluded.attempt, LiveJob.attempt), else_=stmt.excluded.attempt)
                 conn.execute(stmt.on_conflict_do_update(index_elements=["job_id"],
-                                                        set_={"state": state, "attempt": attempt, "since": now}))
+                                                        set_={"state": state, "attempt": highest, "since": now}))
+
+    def submitted_attempt(self, conn: Connection, job_id: str) -> int:
+        """The highest attempt of a job the farm submitted (0: none), in the caller's transaction."""
+        got = conn.execute(select(LiveJob.attempt).where(LiveJob.job_id == job_id)).scalar()
+        return int(got or 0)
+
+    def leases(self, run_id: str) -> dict[tuple[str, int], tuple[str, int]]:
+        """{(job id, attempt): (holder's host, signed beats so far)} of a run's leases."""
+        with self.session() as s:
+            q = (select(LeaseRow.job_id, LeaseRow.attempt, LeaseRow.host, LeaseRow.beats)
+                 .where(LeaseRow.run_id == run_id))
+            return {(j, a): (h, b) for j, a, h, b in s.execute(q)}
 
     def live(self, run_ids: Iterable[str]) -> dict[str, LiveJob]:
         ids = list(run_ids)
@@ -677,6 +733,34 @@ class ResultsDB:
                     and all(r.status == "passed" for r in recs if r.kind == "test")):
                 return build
         return None
+
+    def signed_builds(self, project: str, rev: str, target: str, limit: int = 16) -> list[ResultRecord]:
+        """Passed builds of ``project`` at ``rev`` for ``target`` that name their artifact and its
+        manifest by sha256 (records the ledger applied, so signed by a registered build host),
+        newest first, one per artifact key: the builds a build job may reuse."""
+        with self.session() as s:
+            q = (select(Job.record).join(Run, Run.run_id == Job.run_id)
+                 .where(Run.project == project, Run.rev == rev, Job.target == target, Job.step == "build",
+                        Job.status == "passed").order_by(Job.finished_at.desc()))
+            out: dict[str, ResultRecord] = {}
+            for (data,) in s.execute(q.limit(200)):
+                r = ResultRecord.model_validate(data)
+                if r.artifact_key and r.artifact_sha256 and r.manifest_sha256 and r.artifact_key not in out:
+                    out[r.artifact_key] = r
+                    if len(out) >= limit:
+                        break
+            return list(out.values())
+
+    def step_seconds(self, project: str, target: str, before: float) -> dict[str, float]:
+        """{step: seconds of its own work} of ``target``'s jobs in ``project``'s newest run created
+        before ``before`` that has finished jobs of it: which of its suites to queue first tonight
+        (gearfarm.priority)."""
+        for run in self.runs_before(before, project, target, limit=5):
+            got = {r.step: w for r in self.jobs(run.run_id)
+                   if r.target == target and r.status in ("passed", "failed") and (w := r.work_seconds) is not None}
+            if got:
+                return got
+        return {}
 
     def reference_build(self, project: str, target: str, nights: int) -> Artifact | None:
         """The reference build ``target``'s perf jobs keep measuring against (the perf jobs' third

@@ -379,17 +379,29 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
         # junit.xml as text too: as XML, a browser would run an XHTML or SVG script in it.
         return job_output(chunks)
 
-    @app.get("/run/<run_id>/artifact/<target>/<step>")
-    def job_artifact(run_id: str, target: str, step: str) -> Response:
+    def build_file(run_id: str, target: str, step: str, provenance: bool = False) -> Response:
+        """A build's archive or its provenance, to whoever may download builds: named by the
+        record the ledger applied, never by a key the browser chose."""
+        if not cfg.web.public_artifacts and user() is None:
+            abort(403, "log in to download builds (or set [web] public_artifacts = true)")
         rec = next((r for r in db.jobs(run_id) if r.target == target and r.step == step), None)
         if rec is None or not rec.artifact_key:
             abort(404, f"no artifact for {target}/{step} of run {run_id}")
+        key = keys.provenance_of(rec.artifact_key) if provenance else rec.artifact_key
         try:
-            chunks = store.stream(rec.artifact_key)
+            chunks = store.stream(key)
         except StoreError as e:
             abort(503, f"the artifact store does not answer ({e}); artifacts are not copied to disk")
-        filename = rec.artifact_key.rsplit("/", 1)[-1]
+        filename = key.rsplit("/", 1)[-1]
         return job_output(chunks, download=f"{target}-{filename}")
+
+    @app.get("/run/<run_id>/artifact/<target>/<step>")
+    def job_artifact(run_id: str, target: str, step: str) -> Response:
+        return build_file(run_id, target, step)
+
+    @app.get("/run/<run_id>/provenance/<target>")
+    def job_provenance(run_id: str, target: str) -> Response:
+        return build_file(run_id, target, "build", provenance=True)
 
     @app.get("/static/<name>")
     def static_file(name: str) -> Response:

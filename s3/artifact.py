@@ -255,22 +255,26 @@ def read_manifest(archive: Path) -> dict[str, Any]:
 
 
 def publish(store: ArtifactStore, archive_key: str, manifest_key: str, archive_path: Path,
-            manifest: dict[str, Any]) -> dict[str, Any]:
+            manifest: dict[str, Any], signed: list[str] | None = None) -> dict[str, Any]:
     """Upload a packed artifact so that concurrent builds of the same key agree, and return the
     manifest that describes what is now stored.
 
-    The archive is written only if ``archive_key`` is absent. If another build got there first,
-    the stored archive wins even when it is not byte-identical to ours (another host's zstd,
-    another ``meta``): it is downloaded, and the returned manifest is the manifest.json inside
-    it with ``archive_sha256``/``archive_size`` of the stored object, so the sha256 handed to
-    test jobs always verifies against what they will download. The manifest object is then
-    written if absent; one that already exists must name the same archive sha256, or this
-    raises ArtifactError (an existing object is never overwritten).
+    The archive is written only if ``archive_key`` is absent. If an archive is there already,
+    the stored one wins (another build got there first): the returned manifest is the
+    manifest.json inside it with its ``archive_sha256``/``archive_size``, so the sha256 handed to
+    test jobs always verifies against what they will download. Given ``signed`` (the sha256s of
+    the builds the farm's records name, as the build worker always gives it), the stored one is
+    used only when it is byte for byte this build's (builds pack reproducibly) or one of those:
+    anything else was put there outside the farm (a role key can write any object) and raises
+    ArtifactError naming both digests, before anything is written. The manifest object is written if absent; one that
+    already exists must name the same archive sha256, or this raises ArtifactError (an existing
+    object is never overwritten).
 
     ``manifest`` is what pack() returned for ``archive_path``. The returned dict is the
-    manifest plus two keys that are not part of it (strip them before storing it anywhere):
-    ``uploaded_bytes`` (archive and manifest bytes this call wrote, 0 when both existed) and
-    ``raced`` (True when the archive key already existed, i.e. the stored archive is used).
+    manifest plus keys that are not part of it (strip them before storing it anywhere):
+    ``uploaded_bytes`` (archive and manifest bytes this call wrote, 0 when both existed),
+    ``raced`` (True when the archive key already existed, i.e. the stored archive is used) and
+    ``manifest_sha256`` (of the manifest object as S3 now holds it: what the build's record says).
     """
     local_sha = sha256_file(archive_path)
     if manifest.get("archive_sha256") != local_sha:
@@ -280,6 +284,11 @@ def publish(store: ArtifactStore, archive_key: str, manifest_key: str, archive_p
     raced = not store.put_file_if_absent(archive_key, archive_path, ARCHIVE_TYPE)
     if raced:
         final = _stored_manifest(store, archive_key, archive_path.parent)
+        if signed is not None and final["archive_sha256"] not in (local_sha, *signed):
+            raise ArtifactError(
+                f"artifact {archive_key} in S3 has sha256 {final['archive_sha256']}, which no build the farm signed "
+                f"has, and this build made {local_sha}: it was replaced or planted outside the farm. The farm never "
+                "overwrites an artifact: keep the object for a look, remove it (mc rm), and build again")
     else:
         uploaded += archive_path.stat().st_size
         final = dict(manifest)
@@ -289,7 +298,8 @@ def publish(store: ArtifactStore, archive_key: str, manifest_key: str, archive_p
         uploaded += len(body)
     else:
         try:
-            existing = json.loads(store.get_bytes(manifest_key))
+            body = store.get_bytes(manifest_key)
+            existing = json.loads(body)
             existing_sha = existing["archive_sha256"]
         except (ValueError, KeyError, TypeError) as e:
             raise ArtifactError(f"manifest object {manifest_key} exists but is not a valid manifest ({e}); "
@@ -299,7 +309,7 @@ def publish(store: ArtifactStore, archive_key: str, manifest_key: str, archive_p
                 f"manifest object {manifest_key} names archive sha256 {existing_sha}, but the stored archive "
                 f"{archive_key} has sha256 {final['archive_sha256']}: the manifest was tampered with or "
                 "written for another archive; refusing to overwrite it")
-    return {**final, "uploaded_bytes": uploaded, "raced": raced}
+    return {**final, "uploaded_bytes": uploaded, "raced": raced, "manifest_sha256": hashlib.sha256(body).hexdigest()}
 
 
 def _stored_manifest(store: ArtifactStore, archive_key: str, tmp_dir: Path) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 artifacts/<rev>/<target>/<toolchain>/artifact.tar.zst  the packed build outputs + manifest
 artifacts/<rev>/<target>/<toolchain>/manifest.json     the manifest alone (read before download)
+artifacts/<rev>/<target>/<toolchain>/provenance.intoto.json   its signed provenance (gearfarm.provenance)
 sources/<rev>/source.tar.zst                            the tree at a commit (the nightly uploads it once)
 sources/<rev>/manifest.json                            its sha256 and size
 catalogs/<sha256>.toml                                 a catalog the nightly validated, by content
@@ -43,6 +44,19 @@ def artifact(rev: str, target: str, toolchain: str) -> str:
 
 def manifest(rev: str, target: str, toolchain: str) -> str:
     return f"{artifact_prefix(rev, target, toolchain)}/manifest.json"
+
+
+def provenance(rev: str, target: str, toolchain: str) -> str:
+    """The build's signed provenance (an in-toto DSSE envelope), beside the archive it names."""
+    return f"{artifact_prefix(rev, target, toolchain)}/provenance.intoto.json"
+
+
+def provenance_of(artifact_key: str) -> str:
+    """The provenance beside an archive key (keys.artifact's)."""
+    prefix, _, name = artifact_key.rpartition("/")
+    if name != "artifact.tar.zst" or not prefix.startswith("artifacts/"):
+        raise ValueError(f"{artifact_key[:200]!r} is not an artifact key")
+    return f"{prefix}/provenance.intoto.json"
 
 
 def source(rev: str) -> str:

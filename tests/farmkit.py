@@ -7,14 +7,60 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
+    from gearfarm.config import Config
     from gearfarm.farm import EmbeddedFarm
+    from gearfarm.ledger import Ledger
+    from gearfarm.seal import Signer
 
 ROOT = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 GIT = ["git", "-c", "user.name=gearfarm-test", "-c", "user.email=test@gearfarm.local"]
+
+
+def keyed(state: Path, db_url: str, host: str = "farmhost", roles: tuple[str, ...] = ("build", "test", "perf"),
+          targets: tuple[str, ...] = ("*",)) -> dict[str, object]:
+    """[farm] settings of a host that is both the nightly's and a worker host, as the embedded
+    farm is: the nightly's key and the host's in ``state``/keys (made once), and the host's key
+    registered in the results database at ``db_url`` for ``roles`` on ``targets``."""
+    from gearfarm.config import write_private
+    from gearfarm.registry import Registry
+    from gearfarm.seal import Signer
+    from gearfarm.store import ResultsDB
+
+    paths = {}
+    for name in ("nightly", host):
+        path = state / "keys" / f"{name}.key"
+        if not path.exists():
+            write_private(path, Signer.generate().pem())
+        paths[name] = path
+    db = ResultsDB(db_url)
+    Registry(db).add(host, Signer.load(paths[host]).public_text, roles, targets)
+    db.engine.dispose()
+    return {"nightly_keys": [Signer.load(paths["nightly"]).public_text], "signing_key": str(paths["nightly"]),
+            "host_key": str(paths[host]), "host_name": host}
+
+
+def key_secrets(cfg: Config) -> list[str]:
+    """The private key material a config names (the nightly's and the host's key files' base64
+    bodies): what must never reach a log, an object or a command line."""
+    out = []
+    for name in (cfg.farm.signing_key, cfg.farm.host_key):
+        if name:
+            out += [line for line in cfg.path(name).read_text().splitlines() if not line.startswith("-----")]
+    return out
+
+
+def claim(ledger: Ledger, signer: Signer, job_id: str, attempt: int, host: str, worker: str = "w") -> str:
+    """A worker's claim of an attempt, as the collector hands it to the ledger: its answer word."""
+    from gearfarm.lease import Lease, seal_lease
+
+    word, _ = ledger.lease(seal_lease(Lease(job_id=job_id, attempt=attempt, host=host, worker=worker, beat=0), signer))
+    return word
 
 
 def make_repo(dest: Path) -> Path:
@@ -33,6 +79,17 @@ def commit(repo: Path, message: str) -> str:
     subprocess.run(GIT + ["commit", "-q", "--allow-empty", "-m", message], cwd=repo, check=True)
     return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, check=True, capture_output=True,
                           text=True).stdout.strip()
+
+
+def wait_for(what: str, check: Callable[[], T], timeout: float = 30.0) -> T:
+    """``check()``'s first true answer, asked every 0.2 s; fails naming ``what`` after ``timeout``."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not (got := check()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+    return got
 
 
 def gearfarm(*args: str, timeout: float = 900, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -238,7 +238,7 @@ def _pack(tmp_path: Path, who: str, exe: bytes = EXE) -> tuple[Path, dict[str, A
 
 
 def _manifest_without_extras(result: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in result.items() if k not in ("uploaded_bytes", "raced")}
+    return {k: v for k, v in result.items() if k not in ("uploaded_bytes", "raced", "manifest_sha256")}
 
 
 def _all_at_once(calls: list[Callable[[], T]]) -> list[T]:
@@ -317,6 +317,26 @@ def test_publish_after_losing_the_race_returns_the_stored_archive(store: Artifac
     assert _manifest_without_extras(lost) == first  # the stored archive's, not ours
     assert store.get_bytes(art_key) == first_path.read_bytes()
     assert not list(second_path.parent.glob(".stored-*")), "downloaded copy left behind"
+
+
+def test_a_build_never_takes_a_stored_archive_the_farm_did_not_sign(store: ArtifactStore, tmp_path: Path) -> None:
+    """Put-if-absent is only a client's courtesy: a role key can put any object at a build's key
+    first (or replace it). A build that finds an archive there which is neither byte for byte its
+    own nor one of the farm's signed builds refuses it, naming both digests, and writes nothing."""
+    art_key, man_key = "t/planted/artifact.tar.zst", "t/planted/manifest.json"
+    planted_path, planted = _pack(tmp_path, "intruder", exe=EXE + b"a backdoor")
+    assert store.put_file_if_absent(art_key, planted_path, "application/zstd")
+    mine_path, mine = _pack(tmp_path, "w1")
+    with pytest.raises(artifact.ArtifactError) as e:
+        artifact.publish(store, art_key, man_key, mine_path, mine, signed=[])
+    assert planted["archive_sha256"] in str(e.value) and mine["archive_sha256"] in str(e.value)
+    assert "replaced or planted outside the farm" in str(e.value)
+    assert not store.exists(man_key) and store.get_bytes(art_key) == planted_path.read_bytes()
+    # The very same bytes (a reproducible build of the same inputs), or a build the farm signed: used.
+    assert artifact.publish(store, art_key, man_key, planted_path, planted, signed=[])["raced"]
+    again = artifact.publish(store, art_key, man_key, mine_path, mine, signed=[planted["archive_sha256"]])
+    assert again["archive_sha256"] == planted["archive_sha256"]
+    assert again["manifest_sha256"] == hashlib.sha256(store.get_bytes(man_key)).hexdigest()
 
 
 def test_publish_completes_an_archive_whose_manifest_object_is_missing(store: ArtifactStore, tmp_path: Path) -> None:

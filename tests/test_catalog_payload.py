@@ -19,18 +19,21 @@ from gearfarm.job import (
     Payload,
     PayloadError,
     Source,
-    dependent,
     function_name,
     make_payload,
     sign,
     unique_id,
     verify,
 )
+from gearfarm.nightly import Plan
 from gearfarm.s3 import artifact, keys
+from gearfarm.seal import Signer, keyring, seal
 
 ROOT = Path(__file__).resolve().parents[1]
 REV = "a" * 40
-KEYS = ["k-new", "k-old"]
+NEW, OLD, ATTACKER = Signer.generate(), Signer.generate(), Signer.generate()
+# What a worker's [farm] nightly_keys hold during a rotation: the new key and the previous one.
+KEYS = keyring([NEW.public_text, OLD.public_text])
 SOURCE = Source("engine", REV, "5" * 64, "6" * 64)
 
 
@@ -140,31 +143,38 @@ def test_names_and_unique_ids() -> None:
     assert len(unique_id("r" * 300, 99)) <= 64  # gearmand's limit
 
 
+def _plan(**kw: object) -> Plan:
+    t = "linux-x86_64"
+    base: dict[str, object] = dict(run_id="r1", source=SOURCE, targets=[t], suites={t: ["unit"]},
+                                   benchmarks={t: ["oltp"]}, seed=5, deadline=123.0)
+    base.update(kw)
+    return Plan(**base)  # type: ignore[arg-type]
+
+
 def test_one_factory_makes_every_payload() -> None:
-    build = make_payload(JobId("r1", "linux-x86_64", "build"), source=SOURCE, deadline=123.0, seed=5, suites=["unit"],
-                         benchmarks=["oltp"], baseline=Artifact("artifacts/old", "c" * 64, "d" * 40))
+    plan = _plan(baselines={"linux-x86_64": Artifact("artifacts/old", "c" * 64, "d" * 40)})
+    build = plan.payload(JobId("r1", "linux-x86_64", "build"))
     art = Artifact("artifacts/new", "e" * 64)
-    perf = dependent(build, "perf-oltp", art)
-    test = dependent(build, "test-unit", art, attempt=3)
-    # The dependents inherit the run's deadline and seed; only perf carries the baseline.
+    perf = plan.payload(JobId("r1", "linux-x86_64", "perf-oltp"), artifact=art)
+    test = plan.payload(JobId("r1", "linux-x86_64", "test-unit"), 3, art)
+    # The dependents have the run's deadline and seed; only perf carries the baseline.
     assert (perf.deadline, perf.seed, perf.baseline) == (123.0, 5, build.baseline)
     # ... and what they build from: the project's snapshot and catalog, by sha256.
-    assert test.source == perf.source == SOURCE
+    assert test.source == perf.source == build.source == SOURCE
     assert test.baseline is None and test.attempt == 3 and test.artifact == art
     assert test.unique == JobId.parse(test.job_id).unique(3)
     with pytest.raises(ValueError, match="needs the artifact"):
         make_payload(JobId("r1", "linux-x86_64", "test-unit"), source=SOURCE, deadline=1.0)
 
 
-
 def test_a_build_passes_the_cases_to_run_alone_to_its_tests_and_only_to_them() -> None:
-    """A bisection's probe runs one case: its build payload carries it, the test job it fans out
-    gets it, a perf job does not; the case reaches the suite as single argv items of its `only`."""
-    build = make_payload(JobId("r1", "linux-x86_64", "build"), source=SOURCE, deadline=123.0, suites=["unit"],
-                         cases=["limits; rm -rf /"])
+    """A bisection's probe runs one case: its build payload carries it, its test job gets it, a
+    perf job does not; the case reaches the suite as single argv items of its `only`."""
+    plan = _plan(cases=["limits; rm -rf /"])
     art = Artifact("artifacts/new", "e" * 64)
-    assert dependent(build, "test-unit", art).cases == ["limits; rm -rf /"]
-    assert dependent(build, "perf-oltp", art).cases == []
+    assert plan.payload(JobId("r1", "linux-x86_64", "build")).cases == ["limits; rm -rf /"]
+    assert plan.payload(JobId("r1", "linux-x86_64", "test-unit"), artifact=art).cases == ["limits; rm -rf /"]
+    assert plan.payload(JobId("r1", "linux-x86_64", "perf-oltp"), artifact=art).cases == []
     with pytest.raises(ValidationError, match="cases"):
         _payload(cases=["bad\nname"])
     cat = catalog.parse(BASE.replace('argv = ["{root}/t"]', 'argv = ["{root}/t"]\nonly = ["--only", "{case}"]'), "c")
@@ -175,9 +185,9 @@ def test_a_build_passes_the_cases_to_run_alone_to_its_tests_and_only_to_them() -
 
 def test_signed_payload_roundtrip_and_rotation() -> None:
     p = _payload()
-    assert verify(sign(p, KEYS), KEYS, 3600) == p
+    assert verify(sign(p, NEW), KEYS, 3600) == p
     # During a rotation a worker accepts the previous key too.
-    assert verify(sign(p, ["k-old"]), KEYS, 3600) == p
+    assert verify(sign(p, OLD), KEYS, 3600) == p
 
 
 @pytest.mark.parametrize("mutate,message", [
@@ -189,24 +199,27 @@ def test_signed_payload_roundtrip_and_rotation() -> None:
 ])
 def test_tampered_payloads_are_refused(mutate, message) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(PayloadError, match=message):
-        verify(mutate(sign(_payload(), KEYS)), KEYS, 3600)
+        verify(mutate(sign(_payload(), NEW)), KEYS, 3600)
 
 
 def test_unknown_key_replay_and_commands_are_refused() -> None:
+    # A worker host's own key (or anyone's but the nightly's) cannot make a payload.
+    with pytest.raises(PayloadError, match="not one this verifier trusts"):
+        verify(sign(_payload(), ATTACKER), KEYS, 3600)
+    # Nor can it pass its envelope off under the nightly's key id.
+    env = json.loads(sign(_payload(), ATTACKER))
+    env["kid"] = NEW.kid
     with pytest.raises(PayloadError, match="bad signature"):
-        verify(sign(_payload(), ["attacker"]), KEYS, 3600)
-    with pytest.raises(PayloadError, match="time window"):
-        verify(sign(_payload(submitted_at=time.time() - 7200), KEYS), KEYS, 3600)
-    # A payload cannot smuggle a command: unknown fields fail validation even when signed.
-    env = json.loads(sign(_payload(), KEYS))
-    env["body"]["command"] = "rm -rf /"
-    from gearfarm.seal import _mac
-
-    env["sig"] = _mac("k-new", "payload", env["body"])
-    with pytest.raises(PayloadError, match="invalid payload"):
         verify(json.dumps(env).encode(), KEYS, 3600)
+    with pytest.raises(PayloadError, match="time window"):
+        verify(sign(_payload(submitted_at=time.time() - 7200), NEW), KEYS, 3600)
+    # A payload cannot smuggle a command: unknown fields fail validation even when signed.
+    env = json.loads(sign(_payload(), NEW))
+    env["body"]["command"] = "rm -rf /"
+    with pytest.raises(PayloadError, match="invalid payload"):
+        verify(seal("payload", env["body"], NEW), KEYS, 3600)
     with pytest.raises(PayloadError, match="needs name, artifact_key"):
-        verify(sign(_payload(artifact_key=None), KEYS), KEYS, 3600)
+        verify(sign(_payload(artifact_key=None), NEW), KEYS, 3600)
 
 
 def test_s3_key_layout_refuses_unsafe_components() -> None:

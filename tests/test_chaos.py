@@ -38,11 +38,13 @@ from gearfarm import config as config_mod
 from gearfarm.farm import EmbeddedFarm
 from gearfarm.gearman import BackgroundJob, Client, admin
 from gearfarm.job import COLLECT_FUNCTION, JobId, Payload, Source, make_payload, sign
+from gearfarm.registry import Registry
 from gearfarm.result import PRODUCT, ResultRecord, open_record, seal_record
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore
+from gearfarm.seal import Lookup, Signer, keyring
 from gearfarm.store import Job, ResultsDB
-from tests.farmkit import ROOT, edit_catalog, make_repo
+from tests.farmkit import ROOT, edit_catalog, key_secrets, keyed, make_repo
 from tests.pg import PostgresServer, pg_server, pg_url  # noqa: F401 - fixtures
 
 PROFILE = os.environ.get("GEARFARM_CHAOS", "small")
@@ -129,14 +131,14 @@ class StartWatch:
             time.sleep(0.05)
 
 
-def genuine_records(store: ArtifactStore, keyring: list[str], run_id: str) -> dict[str, ResultRecord]:
+def genuine_records(store: ArtifactStore, keyring: Lookup, run_id: str) -> dict[str, ResultRecord]:
     """digest -> every record the run's workers sealed. Workers write each record to S3 before
     they send it to the collector (and spool it until they can), so a record applied from the
     wire or from S3 that is not here was not made by a farm worker."""
     out = {}
     for key in store.list(keys.run_prefix(run_id)):
         if keys.is_result(key):
-            rec = open_record(store.get_bytes(key), keyring)
+            rec, _ = open_record(store.get_bytes(key), keyring)
             out[rec.digest] = rec
     return out
 
@@ -166,14 +168,14 @@ class Tally:
     def add_run(self, run_id: str, code: int, output: str, forged: frozenset[str] = frozenset()) -> None:
         self.ended.append((run_id, code, output, forged))
 
-    def count(self, db: ResultsDB, store: ArtifactStore, keyring: list[str], logs: list[Path]) -> None:
+    def count(self, db: ResultsDB, store: ArtifactStore, keyring: Lookup, logs: list[Path]) -> None:
         """Count the ended runs, once the case is over: a record still on its way when its run
         ended (a late one) is counted too."""
         for run_id, code, output, forged in self.ended:
             self._count_run(db, store, keyring, logs, run_id, code, output, forged)
         self.ended.clear()
 
-    def _count_run(self, db: ResultsDB, store: ArtifactStore, keyring: list[str], logs: list[Path], run_id: str,
+    def _count_run(self, db: ResultsDB, store: ArtifactStore, keyring: Lookup, logs: list[Path], run_id: str,
                    code: int, output: str, forged: frozenset[str]) -> None:
         self.runs += 1
         self.completed += code == 0
@@ -194,8 +196,9 @@ class Tally:
         for jid in sorted(set(expected) | {d.job_id for d in deliveries if d.job_id}):
             mine = [d for d in deliveries if d.job_id == jid]
             applied = [d for d in mine if d.outcome == "applied"]
-            self.applied[jid] = len(applied)
-            self.started[jid] = starts[jid]
+            if jid in expected:  # a forged record of a job the run never had is counted below, if applied
+                self.applied[jid] = len(applied)
+                self.started[jid] = starts[jid]
             self.sources.update(d.source for d in applied)
             row = rows.get(jid)
             if jid in expected and (row is None or row.status != "passed"):
@@ -318,6 +321,8 @@ class FarmView:
         self.cfg = config_mod.load(farm.config_path)
         self.db = ResultsDB(self.cfg.database.url)
         self.store = ArtifactStore(self.cfg.s3)
+        # What verifies the farm's own workers' records: the embedded host's key.
+        self.workers = keyring([self.cfg.host_signer().public_text])
 
     def logs(self) -> list[Path]:
         return sorted((self.farm.state / "logs").glob("*.log"))
@@ -334,7 +339,7 @@ class FarmView:
         while quiet < 3 and time.monotonic() < deadline:  # three polls in a row: not a lull
             quiet = quiet + 1 if not any(st.queued for st in admin.status(host, port).values()) else 0
             time.sleep(0.5)
-        tally.count(self.db, self.store, self.cfg.farm.secrets, self.logs())
+        tally.count(self.db, self.store, self.workers, self.logs())
 
     def collect_status(self) -> admin.FunctionStatus:
         host, port = self.cfg.gearman.addresses()[0]
@@ -501,6 +506,8 @@ def test_postgresql_restarted_mid_run_loses_no_result(farm: EmbeddedFarm, pg_ser
     cfg = config_mod.load(farm.config_path)
     cfg.database.url = pg_url
     config_mod.dump(cfg, farm.config_path)
+    # The registry lives in the results database: the host is enrolled in this one too.
+    Registry(ResultsDB(pg_url)).add(cfg.host_name(), cfg.host_signer().public_text, ["build", "test", "perf"], ["*"])
     old = farm.procs["collector"].pid  # type: ignore[attr-defined]
     os.killpg(old, signal.SIGTERM)
     restarted(farm, "collector", old)
@@ -534,48 +541,52 @@ def test_postgresql_restarted_mid_run_loses_no_result(farm: EmbeddedFarm, pg_ser
 
 
 def test_forged_results_sent_to_the_collector_mid_run_change_nothing(farm: EmbeddedFarm) -> None:
-    """An outsider who can reach gearmand sends result records to `collect` while a run is in
-    progress: garbage, records sealed with keys that are not the farm's (for the run's own jobs,
-    for jobs it does not expect, for runs that do not exist), a genuine record with its status
-    or attempt edited, unsigned records, and a genuine job payload offered as a result. Every
-    one is rejected and logged; the run ends as if they were never sent."""
+    """A compromised test-only host, with every file it has (its own registered key, the nightly's
+    public key, gearmand access), sends result records to `collect` while a run is in progress:
+    garbage; records its real key signs for the run's own jobs (attempts it does not hold, the
+    build it may not sign, its own name or the real host's), for jobs the run does not expect,
+    for runs that do not exist; a genuine record with its status or attempt edited; unsigned
+    records; and a genuine job payload offered as a result. Every one is rejected and logged; the
+    run ends as if they were never sent."""
     view, tally, rng = FarmView(farm), Tally(), random.Random(7)
     n = int(SIZE["forged_results"])
     jobs = [JobId("forge", TARGET, s) for s in ("build", "test-unit", "test-model")]
     forged_digests: set[str] = set()
+    # The test-only host: enrolled as a lab enrolls one, for test jobs of this target only.
+    rogue = Signer.generate()
+    Registry(view.db).add("test-only-host", rogue.public_text, ["test"], [TARGET])
+    real_host = view.cfg.host_name()
 
     def record(jid: JobId, **kw: object) -> ResultRecord:
         fields: dict[str, object] = dict(job_id=str(jid), run_id=jid.run_id, target=jid.target, kind=jid.kind,
-                                         step=jid.step, name=jid.name, rev="e" * 40, status="failed",
-                                         attempt=rng.randint(1, 99), worker="intruder", finished_at=time.time())
+                                         step=jid.step, name=jid.name, rev="e" * 40, status="passed",
+                                         attempt=rng.randint(1, 99), worker="intruder", finished_at=time.time(),
+                                         host={"hostname": rng.choice(["test-only-host", real_host])})
         fields.update(kw)
         rec = ResultRecord(**fields)  # type: ignore[arg-type]
         forged_digests.add(rec.digest)
         return rec
 
-    def wrong_key() -> list[str]:
-        return [f"not-the-farm-key-{rng.randint(0, 9)}"]
-
     def forgery(i: int, genuine: bytes) -> bytes:
         kind = i % 8
         if kind == 0:
             return bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 300)))
-        if kind == 1:  # the run's own jobs, sealed with a wrong key
-            return seal_record(record(rng.choice(jobs)), wrong_key())
+        if kind == 1:  # the run's own jobs, signed with the test host's real key
+            return seal_record(record(rng.choice(jobs)), rogue)
         if kind == 2:  # a genuine record, its status edited after sealing
             return genuine.replace(b'"status":"passed"', b'"status":"failed"')
         if kind == 3:  # a genuine record, its attempt raised after sealing (it would outrank)
             return genuine.replace(b'"attempt":1,', f'"attempt":{rng.randint(2, 99)},'.encode())
         if kind == 4:  # unsigned
             return record(rng.choice(jobs)).model_dump_json().encode()
-        if kind == 5:  # a job the run does not expect, wrong key
-            return seal_record(record(JobId("forge", TARGET, "test-recovery")), wrong_key())
-        if kind == 6:  # a run that does not exist, wrong key
-            return seal_record(record(JobId(f"ghost{i}", TARGET, "test-unit")), wrong_key())
+        if kind == 5:  # a job the run does not expect, the real key
+            return seal_record(record(JobId("forge", TARGET, "test-recovery")), rogue)
+        if kind == 6:  # a run that does not exist, the real key
+            return seal_record(record(JobId(f"ghost{i}", TARGET, "test-unit")), rogue)
         # A genuine payload, as anyone reaching gearmand sees them go by, offered as a result.
         p = make_payload(JobId("forge", TARGET, "build"), source=Source("engine", "e" * 40, "5" * 64, "6" * 64),
                          deadline=time.time() + 600)
-        return sign(p, view.cfg.farm.secrets)
+        return sign(p, view.cfg.nightly_signer())
 
     before = view.db.delivery_counts().get("rejected", 0)
     watch = StartWatch(farm.state / "logs")
@@ -607,7 +618,7 @@ def test_forged_results_sent_to_the_collector_mid_run_change_nothing(farm: Embed
                  rejected_delta=rejected(), rejection_log_lines=log.count("REJECTED result record"))
     assert sent_while_running and rejected() == n
     assert log.count("REJECTED result record") == n
-    assert not any(k in log for k in view.cfg.farm.secrets)  # the key never reaches a log
+    assert not any(k in log for k in key_secrets(view.cfg))  # no key reaches a log
 
 
 def test_hung_suite_is_killed_at_its_timeout_and_the_worker_goes_on(chaos_repo: Path, tmp_path: Path) -> None:
@@ -677,10 +688,11 @@ def test_a_worker_host_cut_off_mid_job_and_the_job_completes_on_another_host(
     tally = Tally()
     with Gearmand(tmp_path / "gm", host=addr, queue_db=tmp_path / "gm" / "q.db", job_retries=3) as gm, \
             MinioServer(tmp_path / "minio", host=addr) as minio:
+        db_url = f"sqlite:///{tmp_path / 'r.db'}"
         cfg = Config(gearman=GearmanConfig(servers=[f"{addr}:{gm.address[1]}"]), s3=minio.s3_config(),
-                     database=DatabaseConfig(url=f"sqlite:///{tmp_path / 'r.db'}"),
-                     farm=FarmConfig(repo=str(chaos_repo), state_dir=str(tmp_path), secrets=["lab-key"],
-                                     lease_timeout=8, lost_grace=8))
+                     database=DatabaseConfig(url=db_url),
+                     farm=FarmConfig(repo=str(chaos_repo), state_dir=str(tmp_path), lease_timeout=8, lost_grace=8,
+                                     **keyed(tmp_path, db_url)))  # type: ignore[arg-type]
         cfg_path = tmp_path / "lab.toml"
         config_mod.dump(cfg, cfg_path)
         cli = [sys.executable, "-m", "gearfarm.cli"]
@@ -707,7 +719,7 @@ def test_a_worker_host_cut_off_mid_job_and_the_job_completes_on_another_host(
                 subprocess.run(["ip", "link", "set", host_if, "down"], check=True)  # the host is cut off
                 local = spawn("local-test", "worker", "--role", "test", "--targets", TARGET)
                 tally.add_run("cut", *run.finish(timeout=300))
-            tally.count(ResultsDB(cfg.database.url), ArtifactStore(cfg.s3), cfg.farm.secrets,
+            tally.count(ResultsDB(cfg.database.url), ArtifactStore(cfg.s3), keyring([cfg.host_signer().public_text]),
                         sorted(tmp_path.glob("*.log")))
         finally:
             for p in procs:
@@ -728,8 +740,11 @@ def test_fuzzed_forged_and_replayed_payloads_are_never_executed(tmp_path: Path, 
     from gearfarm.gearmand import Gearmand
 
     rng = random.Random(7)
-    key = "the-farm-key"
     n = int(SIZE["fuzz_payloads"])
+    db_url = f"sqlite:///{tmp_path / 'r.db'}"
+    farm = keyed(tmp_path, db_url)
+    key = Signer.load(Path(str(farm["signing_key"])))  # the nightly's
+    host = Signer.load(Path(str(farm["host_key"])))  # the worker host's own, which must not make payloads
 
     def valid(**kw: object) -> Payload:
         now = time.time()
@@ -745,12 +760,12 @@ def test_fuzzed_forged_and_replayed_payloads_are_never_executed(tmp_path: Path, 
         if kind == 0:
             return bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 200)))
         if kind == 1:
-            return sign(valid(), ["an-attacker-key"])  # forged
+            return sign(valid(), rng.choice([host, Signer.generate()]))  # forged: not the nightly's key
         if kind == 2:  # genuine, replayed a month later
             month_ago = time.time() - 30 * 86400
-            return sign(valid(submitted_at=month_ago, deadline=month_ago + 3600), [key])
+            return sign(valid(submitted_at=month_ago, deadline=month_ago + 3600), key)
         if kind == 3:
-            env = json.loads(sign(valid(), [key]))
+            env = json.loads(sign(valid(), key))
             env["body"]["name"] = "recovery"  # tampered after signing
             return json.dumps(env).encode()
         if kind == 4:  # an envelope with a made-up signature, carrying a command
@@ -759,12 +774,12 @@ def test_fuzzed_forged_and_replayed_payloads_are_never_executed(tmp_path: Path, 
         if kind == 5:  # a genuine result record sent as a job
             rec = ResultRecord(job_id=f"fz:{TARGET}:test-unit", run_id="fz", target=TARGET, kind="test",
                                step="test-unit", name="unit", rev="c" * 40, status="passed")
-            return seal_record(rec, [key])
-        return sign(valid(artifact_key="a" * 400), [key]) + b" " * (64 * 1024)  # over the size limit
+            return seal_record(rec, host)
+        return sign(valid(artifact_key="a" * 400), key) + b" " * (64 * 1024)  # over the size limit
 
     with Gearmand(tmp_path / "gm") as gm:
         cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]),
-                     farm=FarmConfig(repo=str(chaos_repo), state_dir=str(tmp_path), secrets=[key]))
+                     farm=FarmConfig(repo=str(chaos_repo), state_dir=str(tmp_path), **farm))  # type: ignore[arg-type]
         config_mod.dump(cfg, tmp_path / "f.toml")
         worker = process.spawn([sys.executable, "-m", "gearfarm.cli", "worker", "--role", "test", "--targets",
                                 TARGET, "--config", str(tmp_path / "f.toml")], tmp_path / "worker.log", cwd=ROOT)
@@ -787,6 +802,7 @@ def test_fuzzed_forged_and_replayed_payloads_are_never_executed(tmp_path: Path, 
     print(f"\nCHAOS fuzzed-payloads: payloads={n} rejected={rejected} dropped={log.count('DROPPED job')} "
           f"forged_executed={executed} worker_alive={int(alive)}")
     assert alive and executed == 0 and rejected == n
-    for reason in ("bad signature", "time window", "not JSON", "sealed as a 'result'", "too large"):
+    for reason in ("not one this verifier trusts", "time window", "not JSON", "sealed as a 'result'", "too large",
+                   "bad signature"):
         assert reason in log, reason
-    assert key not in log  # the secret never reaches a log
+    assert not any(k in log for k in key_secrets(Config(farm=FarmConfig(**farm))))  # type: ignore[arg-type]

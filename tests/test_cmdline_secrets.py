@@ -17,6 +17,7 @@ from pathlib import Path
 from gearfarm import catalog as catalog_mod
 from gearfarm import config as config_mod
 from gearfarm.farm import EmbeddedFarm
+from tests.farmkit import key_secrets
 
 CATALOG = """schema = 2
 
@@ -72,7 +73,7 @@ def test_no_secret_is_on_any_command_line_while_the_farm_starts(tmp_path: Path) 
         sampler.stop()
         farm.stop()
     cfg = config_mod.load(farm.config_path)
-    secrets = {"farm.secrets": list(cfg.farm.secrets), "s3.secret_key": [cfg.s3.secret_key],
+    secrets = {"signing keys": key_secrets(cfg), "s3.secret_key": [cfg.s3.secret_key],
                **{f"s3.roles.{r}.secret_key": [k.secret_key] for r, k in cfg.s3.roles.items()}}
     assert len(secrets) >= 4 and all(v and all(len(s) >= 16 for s in v) for v in secrets.values()), secrets
 

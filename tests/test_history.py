@@ -97,7 +97,7 @@ def test_migrations_create_the_models_schema_and_upgrade_a_database_made_before_
     engine.dispose()
 
     db = ResultsDB(db_url)
-    assert current_revision(db.engine) == head_revision() == "0009"
+    assert current_revision(db.engine) == head_revision() == "0010"
     old = db.get_run("old")
     assert old is not None and old.targets == [T] and old.parent_run_id is None and old.project == "engine"
     with db.engine.connect() as conn:
@@ -276,6 +276,7 @@ class LabFarm:
         from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig, MailConfig, dump
         from gearfarm.gearmand import Gearmand
         from gearfarm.s3.minio import MinioServer
+        from tests.farmkit import keyed
 
         self.base, self.procs = base, []  # type: ignore[var-annotated]
         # Jobs run confined: the token's directory and variable are shared with them on purpose.
@@ -288,7 +289,7 @@ class LabFarm:
                           database=DatabaseConfig(url=db_url),
                           mail=MailConfig(host="127.0.0.1", port=smtp_port, sender="farm@example.org",
                                           recipients=["dev@example.org", "qa@example.org"], retries=1),
-                          farm=FarmConfig(repo=str(repo), state_dir=str(base / "state"), secrets=["k" * 32],
+                          farm=FarmConfig(repo=str(repo), state_dir=str(base / "state"), **keyed(base, db_url),
                                           no_worker_wait=30.0, sandbox_shared=[str(base / "flaky")],
                                           sandbox_env=["GFE_FLAKY_TOKEN"]))
         self.config = base / "lab.toml"

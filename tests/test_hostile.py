@@ -41,7 +41,7 @@ from gearfarm.catalog import CatalogError
 from gearfarm.config import Config, ProjectConfig
 from gearfarm.farm import EmbeddedFarm
 from gearfarm.s3.store import ArtifactStore
-from tests.farmkit import commit, gearfarm, start_web
+from tests.farmkit import commit, gearfarm, key_secrets, start_web
 from tests.pg import PostgresServer
 from tests.projects import _init
 
@@ -281,7 +281,7 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
         w = gearfarm("nightly", "--config", str(farm.config_path), "--project", "widen", "--benchmarks", "none",
                      timeout=300)
         loaded = config_mod.load(farm.config_path)
-        secrets = [*loaded.farm.secrets, loaded.s3.secret_key, PLANTED,
+        secrets = [*key_secrets(loaded), loaded.s3.secret_key, PLANTED,
                    *(k.secret_key for k in loaded.s3.roles.values())]
         yield Hostile(state, farm.config_path, loaded, secrets, p.returncode, p.stdout + p.stderr, w.returncode,
                       w.stdout + w.stderr, url, uids, accepted)

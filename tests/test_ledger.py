@@ -12,15 +12,19 @@ import threading
 import time
 from pathlib import Path
 
+from sqlalchemy import update
+
 from gearfarm.job import JobId
+from gearfarm.lease import TAKEOVER, Lease, seal_lease
 from gearfarm.ledger import Ledger, farm_record
 from gearfarm.result import CaseResult, ResultRecord, seal_record
-from gearfarm.store import ResultsDB
+from gearfarm.seal import Signer
+from gearfarm.store import LeaseRow, ResultsDB
+from tests.farmkit import claim
 from tests.pg import pg_server, pg_url  # noqa: F401 - fixtures
 
 REV = "a" * 40
 T = "linux-x86_64"
-KEYS = ["farm-key"]
 
 
 def rec(jid: JobId, status: str, attempt: int = 1, finished: float = 1000.0, case: str = "c1") -> ResultRecord:
@@ -117,22 +121,87 @@ def test_the_first_run_of_an_attempt_to_finish_is_its_result(db_url: str) -> Non
         assert [c.name for c in row(db, jid).cases] == ["did-the-work"]
 
 
-def test_sealed_records_only(tmp_path: Path) -> None:
+def test_only_a_registered_host_signs_and_only_what_it_does(tmp_path: Path) -> None:
+    """A record is applied only when the key that signed it is registered (not revoked) for the
+    record's role and target, the record names that host, the attempt was submitted and that
+    host holds its lease: what any other holder of a worker host's files could forge is
+    rejected and counted."""
     db = ResultsDB(f"sqlite:///{tmp_path / 'r.db'}")
     ledger = Ledger(db)
-    (unit,) = new_run(db, "r1", ["test-unit"])
+    unit, build = JobId("r1", T, "test-unit"), JobId("r1", T, "build")
+    other = JobId("r1", "linux-aarch64", "test-unit")
+    assert db.create_run("r1", REV, [T, other.target], [str(unit), str(build), str(other)])
+    db.set_live("r1", {str(j): ("queued", 1) for j in (unit, build, other)})
+    host, peer, stranger = Signer.generate(), Signer.generate(), Signer.generate()
+    ledger.registry.add("h", host.public_text, ["test"], [T])
+    ledger.registry.add("h2", peer.public_text, ["test"], [T])
+
+    # The lease: the first registered host to claim an attempt holds it.
+    assert claim(ledger, host, str(unit), 1, "h") == "granted"
+    assert claim(ledger, peer, str(unit), 1, "h2", worker="w2") == "held"
+    assert claim(ledger, stranger, str(unit), 1, "h", worker="w3") == "refused"
+    assert claim(ledger, host, str(unit), 100, "h") == "refused"
+    assert claim(ledger, host, str(build), 1, "h") == "refused"
+
     good = rec(unit, "passed")
-    assert ledger.accept(seal_record(good, KEYS), KEYS, "collect")[0] == "applied"
-    forged = seal_record(rec(unit, "failed", 2), ["attacker"])
-    edited = seal_record(good, KEYS).replace(b'"passed"', b'"failed"')
-    plain = good.model_copy(update={"attempt": 3, "status": "failed"}).model_dump_json().encode()
-    for data in (forged, edited, plain, b"\x00garbage"):
-        assert ledger.accept(data, KEYS, "collect") == ("rejected", None)
-    assert row(db, unit).status == "passed"
-    assert db.delivery_counts()["rejected"] == 4
-    # Rotation: a record sealed with the previous key still verifies.
-    assert ledger.accept(seal_record(rec(unit, "passed", 2), ["old-key"]), ["farm-key", "old-key"],
-                         "collect")[0] == "applied"
+    assert ledger.accept(seal_record(good, host), "collect")[0] == "applied"
+    # Delivered: no copy of the attempt runs after it.
+    assert claim(ledger, host, str(unit), 1, "h", worker="w4") == "done"
+    refused = {
+        "an unregistered key": seal_record(rec(unit, "failed"), stranger),
+        "an edited record": seal_record(good, host).replace(b'"passed"', b'"failed"'),
+        "no envelope": good.model_copy(update={"status": "failed"}).model_dump_json().encode(),
+        "garbage": b"\x00garbage",
+        "a build record of a test host": seal_record(rec(build, "failed"), host),
+        "another target's record": seal_record(rec(other, "passed"), host),
+        "another host named": seal_record(rec(unit, "failed").model_copy(update={"host": {"hostname": "h2"}}), host),
+        "an attempt never submitted": seal_record(rec(unit, "failed", attempt=100), host),
+        "a status only the farm decides": seal_record(rec(unit, "skipped"), host),
+        "a registered host that does not hold the lease": seal_record(
+            rec(unit, "failed", finished=10.0).model_copy(update={"host": {"hostname": "h2"}}), peer),
+    }
+    for what, data in refused.items():
+        assert ledger.accept(data, "collect")[0] == "rejected", what
+    assert row(db, unit).status == "passed" and [r.job_id for r in db.jobs("r1")] == [str(unit)]
+    assert db.delivery_counts()["rejected"] == len(refused)
+    reasons = [d.reason for d in db.deliveries("r1")]
+    assert any("registered for test on linux-x86_64, not build on linux-x86_64" in r for r in reasons)
+    assert any("attempt 100 of r1:linux-x86_64:test-unit was never submitted" in r for r in reasons)
+    assert any("attempt 1 of r1:linux-x86_64:test-unit is leased to host h, not h2" in r for r in reasons)
+
+    # Rotation without downtime: the host's new key is added, both sign, the old one is revoked.
+    new = Signer.generate()
+    ledger.registry.add("h", new.public_text, ["test"], [T])
+    db.set_live("r1", {str(unit): ("queued", 3)})
+    assert claim(ledger, host, str(unit), 2, "h") == claim(ledger, new, str(unit), 3, "h") == "granted"
+    assert ledger.accept(seal_record(rec(unit, "passed", 2), host), "collect")[0] == "applied"
+    ledger.registry.revoke(host.kid)
+    assert ledger.accept(seal_record(rec(unit, "failed", 3), host), "collect")[0] == "rejected"
+    assert ledger.accept(seal_record(rec(unit, "passed", 3), new), "collect")[0] == "applied"
+    assert any(f"signed by key {host.kid} of host h, revoked" in d.reason for d in db.deliveries("r1"))
+
+
+def test_a_dead_holders_lease_is_taken_over_and_a_live_ones_is_not(tmp_path: Path) -> None:
+    """Each attempt runs once: a second worker's claim waits while the holder beats, takes over
+    when the holder has been silent for the takeover time, and the old holder's beats then no
+    longer count."""
+    db = ResultsDB(f"sqlite:///{tmp_path / 'r.db'}")
+    ledger = Ledger(db)
+    (unit,) = new_run(db, "r2", ["test-unit"])
+    db.set_live("r2", {str(unit): ("queued", 1)})
+    a, b = Signer.generate(), Signer.generate()
+    ledger.registry.add("ha", a.public_text, ["test"], [T])
+    ledger.registry.add("hb", b.public_text, ["test"], [T])
+    assert claim(ledger, a, str(unit), 1, "ha", "wa") == "granted"
+    assert claim(ledger, b, str(unit), 1, "hb", "wb") == "held"
+    with db.writing() as conn:  # the holder's last beat, TAKEOVER seconds ago
+        conn.execute(update(LeaseRow).values(beat_at=time.time() - TAKEOVER - 1))
+    assert claim(ledger, b, str(unit), 1, "hb", "wb") == "granted"
+    assert db.leases("r2")[(str(unit), 1)][0] == "hb"
+    beat = Lease(job_id=str(unit), attempt=1, host="ha", worker="wa", beat=7)
+    assert ledger.lease(seal_lease(beat, a))[0] == "held"  # the old holder's beat is not the lease's
+    assert ledger.accept(seal_record(rec(unit, "passed").model_copy(update={"host": {"hostname": "ha"}}), a),
+                         "collect")[0] == "rejected"
 
 
 def test_concurrent_writers_on_postgresql_lose_and_duplicate_nothing(pg_url: str) -> None:  # noqa: F811

@@ -27,13 +27,14 @@ from gearfarm.config import FarmConfig, ProjectConfig
 from gearfarm.farm import EmbeddedFarm
 from gearfarm.job import JobId
 from gearfarm.ledger import Ledger
+from gearfarm.registry import Registry
 from gearfarm.result import CaseResult, ResultRecord, seal_record
 from gearfarm.s3 import keys
 from gearfarm.s3.minio import MinioServer
 from gearfarm.s3.store import ArtifactStore
-from gearfarm.seal import MAX_ENVELOPE
+from gearfarm.seal import MAX_ENVELOPE, Signer
 from gearfarm.store import Case, Delivery, ResultsDB
-from tests.farmkit import gearfarm
+from tests.farmkit import claim, gearfarm
 from tests.pg import pg_server, pg_url  # noqa: F401 - fixtures
 from tests.projects import _init
 
@@ -173,7 +174,9 @@ def test_log_limit_is_read_from_the_config_in_bytes_or_mib(tmp_path: Path) -> No
 
 # -- cases beside the record: the ledger's side, on a real MinIO -------------------------------
 
-KEYS = ["farm-key"]
+# The test host's key, registered in each test's results database (ledger_and_store, new_run).
+KEYS = Signer.generate()
+HOST = "limits-host"
 REV = "b" * 40
 T = "linux-x86_64"
 
@@ -182,7 +185,8 @@ def big_record(run_id: str, n: int) -> ResultRecord:
     jid = JobId(run_id, T, "test-many")
     cases = [CaseResult(classname="many", name=f"case {i}", status="passed") for i in range(1, n + 1)]
     return ResultRecord(job_id=str(jid), run_id=run_id, target=T, kind="test", step=jid.step, name="many", rev=REV,
-                        status="passed", attempt=1, worker="w", started_at=1.0, finished_at=2.0, cases=cases)
+                        status="passed", attempt=1, worker="w", started_at=1.0, finished_at=2.0, cases=cases,
+                        host={"hostname": HOST})
 
 
 @pytest.fixture
@@ -194,7 +198,11 @@ def ledger_and_store(minio: MinioServer, tmp_path: Path) -> Iterator[tuple[Ledge
 
 
 def new_run(db: ResultsDB, rec: ResultRecord) -> None:
+    """The run of ``rec``, its job submitted once, and the host that signs it registered."""
     assert db.create_run(rec.run_id, REV, [T], [rec.job_id])
+    db.set_live(rec.run_id, {rec.job_id: ("queued", 1)})
+    Registry(db).add(HOST, KEYS.public_text, ["test"], [T])
+    assert claim(Ledger(db), KEYS, rec.job_id, 1, HOST) == "granted"
 
 
 def count_cases(db: ResultsDB, job_id: str) -> int:
@@ -226,7 +234,7 @@ def test_a_record_over_the_envelope_limit_delivers_every_case_through_s3(
     assert any(_glob(p, small.cases_key) for p in keys.ROLE_WRITES["test"])
     assert any(_glob(p, small.cases_key) for p in keys.ROLE_READS["collector"])
     store.put_bytes(small.cases_key, blob, "application/zstd")
-    outcome, got = ledger.accept(body, KEYS, "collect", store)
+    outcome, got = ledger.accept(body, "collect", store)
     assert outcome == "applied", last_delivery(db).reason
     assert got is not None and len(got.cases) == 50_000
     assert count_cases(db, rec.job_id) == 50_000
@@ -234,7 +242,7 @@ def test_a_record_over_the_envelope_limit_delivers_every_case_through_s3(
     stored = db.jobs(rec.run_id)[0]
     assert len(stored.cases) == 50_000 and stored.cases[-1].name == "case 50000"
     # The same record again (the reconcile from S3) is the same delivery: one digest either way.
-    assert ledger.accept(body, KEYS, "reconcile", store)[0] == "duplicate"
+    assert ledger.accept(body, "reconcile", store)[0] == "duplicate"
     assert stored.digest == small.digest == got.digest
 
 
@@ -272,7 +280,7 @@ def test_cases_that_do_not_match_the_signed_digest_reject_the_record(
         store.put_bytes(other, blob, "application/zstd")
     elif attack == "no-store":
         store.put_bytes(small.cases_key, blob, "application/zstd")
-    outcome, got = ledger.accept(seal_record(small, KEYS), KEYS, "collect", None if attack == "no-store" else store)
+    outcome, got = ledger.accept(seal_record(small, KEYS), "collect", None if attack == "no-store" else store)
     assert (outcome, got) == ("rejected", None)
     reason = last_delivery(db).reason
     assert expect in reason and rec.job_id in reason, reason
@@ -287,19 +295,22 @@ def test_a_spooled_record_sends_its_cases_first_and_reconcile_reads_them(tmp_pat
     from gearfarm.config import Config, GearmanConfig
     from gearfarm.gearmand import Gearmand
     from gearfarm.nightly import reconcile
-    from gearfarm.result import open_record
+    from gearfarm.result import peek_record
     from gearfarm.workers.base import Context
+    from tests.farmkit import keyed
 
+    db_url = f"sqlite:///{tmp_path / 'results.db'}"
     with Gearmand(tmp_path / "gm") as gm, MinioServer(tmp_path / "minio") as minio:
         cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]), s3=minio.s3_config(),
-                     farm=FarmConfig(repo=str(tmp_path), state_dir=str(tmp_path / "state"), secrets=KEYS))
+                     farm=FarmConfig(repo=str(tmp_path), state_dir=str(tmp_path / "state"),
+                                     **keyed(tmp_path / "state", db_url, host=HOST)))  # type: ignore[arg-type]
         ctx = Context(cfg, "test")
         rec = big_record("r-limits-spool", 50_000)
         gm.stop()
         ctx.deliver(rec)  # the collector is away: spooled, not lost
         spooled = list(ctx.spool.glob("*.json"))
         assert len(spooled) == 1 and len(spooled[0].read_bytes()) <= MAX_ENVELOPE
-        sealed = open_record(spooled[0].read_bytes(), KEYS)
+        sealed = peek_record(spooled[0].read_bytes())
         assert sealed.cases == [] and sealed.cases_count == 50_000 and sealed.cases_key is not None
         assert [f.name for f in (ctx.spool / "cases").iterdir()] == [f"{sealed.cases_sha256}.json.zst"]
         ctx.store.delete([sealed.cases_key])  # as if S3 never got them
@@ -307,9 +318,11 @@ def test_a_spooled_record_sends_its_cases_first_and_reconcile_reads_them(tmp_pat
         ctx.flush_spool()
         assert list(ctx.spool.glob("*.json")) == [] and list((ctx.spool / "cases").iterdir()) == []
         assert ctx.store.exists(sealed.cases_key)
-        db = ResultsDB(f"sqlite:///{tmp_path / 'results.db'}")
-        new_run(db, rec)
-        assert reconcile(Ledger(db), ctx.store, KEYS, rec.run_id, set()) == 1
+        db = ResultsDB(db_url)
+        assert db.create_run(rec.run_id, REV, [T], [rec.job_id])
+        db.set_live(rec.run_id, {rec.job_id: ("queued", 1)})
+        assert claim(Ledger(db), ctx.signer, rec.job_id, 1, HOST) == "granted"
+        assert reconcile(Ledger(db), ctx.store, rec.run_id, set()) == 1
         assert count_cases(db, rec.job_id) == 50_000
         ctx.client.close()
 
@@ -339,7 +352,8 @@ def test_a_record_that_fits_is_sealed_as_before() -> None:
     got, body, blob = fit(rec, KEYS)
     assert got == rec and blob is None
     sealed = json.loads(body)["body"]
-    assert not {"cases_key", "cases_sha256", "cases_count"} & set(sealed) and len(sealed["cases"]) == 3
+    assert not {"cases_key", "cases_sha256", "cases_count", "manifest_sha256"} & set(sealed)
+    assert len(sealed["cases"]) == 3
     assert rec.digest == hashlib.sha256(canonical(sealed)).hexdigest()
 
 

@@ -83,7 +83,7 @@ def _two_projects(tmp_path: Path, mail_cfg: MailConfig) -> tuple[ResultsDB, Conf
     add_run(db, "z1", 1.5, {T: {"lim": "passed", "inflate": "passed"}}, project="zlibish")
     add_run(db, "z2", 2.5, {T: {"lim": "passed", "inflate": "passed"}}, project="zlibish")
     cfg = Config(database=DatabaseConfig(url=db.url), mail=mail_cfg,
-                 farm=FarmConfig(state_dir=str(tmp_path / "state"), secrets=["k"]))
+                 farm=FarmConfig(state_dir=str(tmp_path / "state")))
     return db, cfg
 
 
@@ -240,7 +240,7 @@ def test_without_mail_settings_the_message_is_an_eml_beside_the_report(tmp_path:
 def _lab_config(tmp_path: Path, mail_cfg: MailConfig) -> Path:
     cfg = Config(s3=S3Config(endpoint=f"http://127.0.0.1:{free_port()}", secret_key="x"),
                  database=DatabaseConfig(url=f"sqlite:///{tmp_path / 'results.db'}"), mail=mail_cfg,
-                 farm=FarmConfig(state_dir=str(tmp_path / "state"), secrets=["k"]))
+                 farm=FarmConfig(state_dir=str(tmp_path / "state")))
     dump(cfg, tmp_path / "lab.toml")
     return tmp_path / "lab.toml"
 

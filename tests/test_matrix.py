@@ -125,8 +125,7 @@ runner = ["qemu-mips"]
 suites = ["unit"]
 """
     with MinioServer(tmp_path / "minio") as minio:
-        cfg = config_mod.Config(s3=minio.s3_config(), farm=config_mod.FarmConfig(repo=str(tmp_path / "none"),
-                                                                                  secrets=["k"]))
+        cfg = config_mod.Config(s3=minio.s3_config(), farm=config_mod.FarmConfig(repo=str(tmp_path / "none")))
         store = ArtifactStore(cfg.s3)
         sha, _ = snapshot.publish_catalog(store, text)
         snapshot.publish_latest(store, "engine", "a" * 40, sha)

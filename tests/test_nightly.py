@@ -14,7 +14,7 @@ from gearfarm.s3.artifact import unpack
 from gearfarm.s3.minio import MinioServer
 from gearfarm.s3.store import ArtifactStore
 from gearfarm.store import ResultsDB
-from tests.farmkit import commit, gearfarm, make_repo
+from tests.farmkit import commit, gearfarm, keyed, make_repo
 
 TARGET = "linux-x86_64"
 
@@ -144,9 +144,10 @@ def test_unreachable_gearmand_or_minio_exits_2_naming_the_address(tmp_path: Path
     repo, _ = farm
     dead = free_port()
     with MinioServer(tmp_path / "minio") as minio:
+        db_url = f"sqlite:///{tmp_path / 'r.db'}"
         cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{dead}"]), s3=minio.s3_config(),
-                     database=DatabaseConfig(url=f"sqlite:///{tmp_path / 'r.db'}"),
-                     farm=FarmConfig(repo=str(repo), state_dir=str(tmp_path), secrets=["k"]))
+                     database=DatabaseConfig(url=db_url),
+                     farm=FarmConfig(repo=str(repo), state_dir=str(tmp_path), **keyed(tmp_path, db_url)))
         dump(cfg, tmp_path / "lab.toml")
         p = gearfarm("nightly", "--config", str(tmp_path / "lab.toml"), "--targets", TARGET, timeout=120)
         assert p.returncode == 2, p.stderr

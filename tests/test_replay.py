@@ -75,7 +75,7 @@ def test_a_payload_submitted_again_under_its_unique_id_runs_once(tmp_path: Path)
         # A rogue worker of test jobs: it takes one and keeps its bytes.
         subprocess.run([*gearman, "-w", "-c", "1", "-f", f"test:{TARGET}", "--", "sh", "-c", f"cat > {captured}"],
                        check=True, timeout=120)
-        payload = verify(captured.read_bytes(), cfg.farm.secrets, cfg.farm.payload_max_age)
+        payload = verify(captured.read_bytes(), cfg.nightly_lookup(), cfg.farm.payload_max_age)
         # The fast suite (queued first): the slow one keeps the run open meanwhile.
         assert payload.step == "test-once", payload.step
         # The real test workers come; the attacker hands the captured job in, under its own id.

@@ -81,7 +81,7 @@ def store60(minio: MinioServer, tmp_path_factory: pytest.TempPathFactory) -> tup
     cfg = Config.model_validate({
         "projects": [{"name": "calc", "repo": str(base / "calc")}],
         "s3": minio.s3_config().model_dump(), "database": {"url": f"sqlite:///{base / 'results.db'}"},
-        "farm": {"secrets": ["k" * 32], "state_dir": str(base / "state"), "reference_nights": 0}})
+        "farm": {"state_dir": str(base / "state"), "reference_nights": 0}})
     config_mod.dump(cfg, base / "farm.toml")
     db, store = ResultsDB(cfg.database.url), ArtifactStore(cfg.s3, retry_for=10)
     store.ensure_bucket()

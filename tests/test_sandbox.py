@@ -22,7 +22,7 @@ from gearfarm.s3 import keys
 from gearfarm.s3.minio import MinioServer
 from gearfarm.s3.store import ArtifactStore, StoreError
 from gearfarm.sandbox import Sandbox, SandboxError
-from tests.farmkit import gearfarm
+from tests.farmkit import gearfarm, key_secrets
 from tests.projects import _init
 
 PLANTED = "planted-env-secret-5d1e"
@@ -100,7 +100,7 @@ def run_hostile(base: Path, mode: str) -> tuple[str, str, list[str], Path]:
         build = (run_dir / "logs/linux-x86_64/build/log.txt").read_text()
         suite = (run_dir / "logs/linux-x86_64/test-probe/log.txt").read_text()
         loaded = config_mod.load(farm.config_path)
-        secrets = [*loaded.farm.secrets, loaded.s3.secret_key, PLANTED]
+        secrets = [*key_secrets(loaded), loaded.s3.secret_key, PLANTED]
         return build, suite, secrets, state
     finally:
         farm.stop()

@@ -98,7 +98,7 @@ def test_a_workers_slot_number_names_the_unit_and_nothing_else(tmp_path: Path) -
     from tests.farmkit import gearfarm
 
     config = tmp_path / "farm.toml"
-    config.write_text('[farm]\nsecrets = ["' + "k" * 40 + '"]\nstate_dir = "state"\n')
+    config.write_text('[farm]\nstate_dir = "state"\n')
     p = gearfarm("worker", "--role", "bogus.1", "--config", str(config), timeout=60)
     assert p.returncode == 2 and "--role 'bogus.1': give build, test, perf or collector" in p.stderr
     p = gearfarm("worker", "--role", "build,test.x", "--config", str(config), timeout=60)

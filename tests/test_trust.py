@@ -27,11 +27,12 @@ from gearfarm.config import MailConfig
 from gearfarm.farm import EmbeddedFarm
 from gearfarm.gearman import Client, admin
 from gearfarm.job import JobId
-from gearfarm.result import ResultRecord, open_record, seal_record
+from gearfarm.lease import Lease, seal_lease
+from gearfarm.result import ResultRecord, peek_record, seal_record
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore
 from gearfarm.store import ResultsDB
-from tests.farmkit import ROOT, commit, edit_catalog, make_repo
+from tests.farmkit import ROOT, commit, edit_catalog, keyed, make_repo, wait_for
 from tests.pg import pg_server, pg_url  # noqa: F401 - fixtures
 from tests.test_mail import SMTPSink, sink  # noqa: F401 - fixture
 
@@ -46,16 +47,6 @@ def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
 def nightly(farm: EmbeddedFarm, run_id: str, *args: str) -> subprocess.CompletedProcess[str]:
     return cli("nightly", "--config", str(farm.config_path), "--targets", T, "--benchmarks", "none",
                "--run-id", run_id, *args)
-
-
-def wait_for(what: str, check, timeout: float = 30.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def worker_logs(farm: EmbeddedFarm) -> str:
@@ -100,7 +91,7 @@ def test_forged_records_are_rejected_and_late_results_leave_the_mail_as_sent(
     sealed = store.get_bytes(key)
     edited = sealed.replace(b'"status":"passed"', b'"status":"failed"')
     assert edited != sealed
-    unsigned = open_record(sealed, cfg.farm.secrets).model_copy(update={"status": "failed", "attempt": 9})
+    unsigned = peek_record(sealed).model_copy(update={"status": "failed", "attempt": 9})
     host, port = cfg.gearman.addresses()[0]
     for i, data in enumerate((edited, unsigned.model_dump_json().encode())):
         out = subprocess.run(["gearman", "-h", host, "-p", str(port), "-b", "-f", "collect", "-u", f"forged-{i}"],
@@ -112,18 +103,18 @@ def test_forged_records_are_rejected_and_late_results_leave_the_mail_as_sent(
     assert "result records rejected: 2 in the last 24 h" in status.stdout, status.stdout
     log = worker_logs(farm)
     assert log.count("REJECTED result record") == 2 and "bad signature" in log
-    assert not any(k in log for k in cfg.farm.secrets)  # the key never reaches a log
+    assert "PRIVATE KEY" not in log  # no key reaches a log
 
     # A genuine record that arrives after the report: late, shown so, the mail untouched.
-    late = unit_row().model_copy(update={"status": "failed", "attempt": 2, "worker": "slow-host",
+    late = unit_row().model_copy(update={"status": "failed", "worker": "slow-host",
                                          "finished_at": time.time()})
     with Client(cfg.gearman.addresses()) as c:
-        c.submit_background("collect", seal_record(late, cfg.farm.secrets), unique="late-1")
+        c.submit_background("collect", seal_record(late, cfg.host_signer()), unique="late-1")
     wait_for("the late result", lambda: db.late_results("t1"))
     assert unit_row().status == "passed"
     shown = cli("report", "t1", "--config", str(farm.config_path))
     assert shown.returncode == 0, shown.stderr
-    assert re.search(r"\* LATE linux-x86_64 / test-unit: failed \(attempt 2, arrived .*slow-host\)", shown.stdout)
+    assert re.search(r"\* LATE linux-x86_64 / test-unit: failed \(attempt 1, arrived .*slow-host\)", shown.stdout)
     assert (farm.state / "runs" / "t1" / "report.eml").read_bytes() == eml
     assert len(sink.messages) == 1  # nothing was mailed again
 
@@ -267,24 +258,32 @@ def test_an_older_attempt_delivered_after_a_newer_one_changes_nothing(tmp_path: 
     from gearfarm.gearmand import Gearmand
 
     with Gearmand(tmp_path / "gm") as gm:
+        db_url = f"sqlite:///{tmp_path / 'r.db'}"
         cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]),
-                     database=DatabaseConfig(url=f"sqlite:///{tmp_path / 'r.db'}"),
-                     farm=FarmConfig(repo=str(ROOT), state_dir=str(tmp_path), secrets=["the-farm-key"]))
+                     database=DatabaseConfig(url=db_url),
+                     farm=FarmConfig(repo=str(ROOT), state_dir=str(tmp_path), **keyed(tmp_path, db_url)))  # type: ignore[arg-type]
         config_mod.dump(cfg, tmp_path / "f.toml")
         db = ResultsDB(cfg.database.url)
         unit = JobId("order", T, "test-unit")
         db.create_run("order", "a" * 40, [T], [str(unit)])
+        db.set_live("order", {str(unit): ("queued", 2)})
         collector = process.spawn([sys.executable, "-m", "gearfarm.cli", "collector", "--config",
                                    str(tmp_path / "f.toml")], tmp_path / "collector.log", cwd=ROOT)
 
         def record(attempt: int, status: str) -> bytes:
             r = ResultRecord(job_id=str(unit), run_id="order", target=T, kind="test", step="test-unit", name="unit",
                              rev="a" * 40, status=status, attempt=attempt, worker=f"host{attempt}",  # type: ignore[arg-type]
-                             started_at=100.0, finished_at=200.0 - attempt)  # the older one finished later
-            return seal_record(r, cfg.farm.secrets)
+                             started_at=100.0, finished_at=200.0 - attempt,  # the older one finished later
+                             host={"hostname": cfg.host_name()})
+            return seal_record(r, cfg.host_signer())
 
         try:
             with Client([gm.address]) as c:
+                for attempt in (1, 2):  # each attempt claimed by the host that runs it (gearfarm.lease)
+                    claim = Lease(job_id=str(unit), attempt=attempt, host=cfg.host_name(), worker=f"w{attempt}",
+                                  beat=0)
+                    assert c.submit("collect", seal_lease(claim, cfg.host_signer()), unique=f"c{attempt}",
+                                    timeout=60) == b"granted "
                 c.submit_background("collect", record(2, "passed"), unique="a2")
                 wait_for("attempt 2", lambda: len(db.deliveries("order")) == 1)
                 c.submit_background("collect", record(1, "failed"), unique="a1")
@@ -313,7 +312,7 @@ def test_the_report_is_written_and_mailed_with_s3_and_the_database_down(
     minio = MinioServer(tmp_path / "minio").start()
     cfg = Config(s3=minio.s3_config(), database=DatabaseConfig(url=pg_url),
                  mail=MailConfig(host="127.0.0.1", port=sink.port, recipients=["a@example.org"]),
-                 farm=FarmConfig(repo=str(ROOT), state_dir=str(tmp_path / "state"), secrets=["k"]))
+                 farm=FarmConfig(repo=str(ROOT), state_dir=str(tmp_path / "state")))
     store = ArtifactStore(cfg.s3, retry_for=2)
     minio.stop()
     got: dict[str, publisher.Publication] = {}

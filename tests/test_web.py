@@ -256,7 +256,10 @@ def test_every_page_has_its_json_under_api_and_the_feed_is_atom(site: Site) -> N
 def test_the_dashboard_answers_with_no_farm_and_says_what_is_missing(site: Site) -> None:
     code, body = site.get(f"/run/w5/log/{TARGET}/test-nope")
     assert code == 404 and b"no copy on disk" in body
+    # Builds are for accounts unless [web] public_artifacts says otherwise.
     code, body = site.get(f"/run/w5/artifact/{TARGET}/build")
+    assert code == 403 and b"log in to download builds" in body
+    code, body = site.get(f"/run/w5/artifact/{TARGET}/build", token=site.tokens["alice"])
     assert code == 503 and b"artifacts are not copied to disk" in body
     # A path component that is not a run, target or step name reads nothing outside the runs.
     assert site.get(f"/run/%2E%2E/log/{TARGET}/test-unit")[0] == 400

@@ -45,7 +45,7 @@ from gearfarm.s3 import keys
 from gearfarm.s3.minio import MinioServer
 from gearfarm.s3.store import ArtifactStore
 from gearfarm.store import ResultsDB
-from tests.farmkit import GIT, add_user, api_call, commit, gearfarm, start_web
+from tests.farmkit import GIT, add_user, api_call, commit, gearfarm, keyed, start_web
 
 TARGET = "linux-x86_64"
 RUN = "hostile-1"
@@ -149,8 +149,8 @@ def site(minio: MinioServer, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             "projects": [{"name": "calc", "repo": str(base / "calc")}],
             "gearman": {"servers": [f"{host}:{port}"]},
             "s3": minio.s3_config().model_dump(), "database": {"url": f"sqlite:///{base / 'results.db'}"},
-            "farm": {"secrets": ["k" * 32], "state_dir": str(base / "state"), "no_worker_wait": 1.0,
-                     "run_deadline": 120.0, "reference_nights": 0}})
+            "farm": {"state_dir": str(base / "state"), "no_worker_wait": 1.0, "run_deadline": 120.0,
+                     "reference_nights": 0, **keyed(base / "state", f"sqlite:///{base / 'results.db'}")}})
         config_mod.dump(cfg, base / "farm.toml")
         cfg = config_mod.load(base / "farm.toml")
         _hostile_run(cfg)
@@ -244,7 +244,9 @@ def test_a_job_file_with_a_script_does_not_run_in_a_logged_in_browser(site: Site
 
 
 def test_an_artifact_is_a_sandboxed_download(site: Site) -> None:
-    with urllib.request.urlopen(f"{site.url}/run/{RUN}/artifact/{TARGET}/build", timeout=30) as r:
+    req = urllib.request.Request(f"{site.url}/run/{RUN}/artifact/{TARGET}/build",
+                                 headers={"Authorization": f"Bearer {site.tokens['alice']}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
         assert r.read() == HTML_LOG
         assert r.headers["Content-Disposition"].startswith("attachment;")
         assert r.headers["X-Content-Type-Options"] == "nosniff"
@@ -438,13 +440,14 @@ def test_the_session_key_is_the_dashboards_own_not_derived_from_a_workers_key(tm
     from gearfarm.config import FarmConfig
     from gearfarm.web import create_app
 
-    farm_key = "k" * 64
-    cfg = Config(farm=FarmConfig(state_dir=str(tmp_path / "state"), secrets=[farm_key]))
     (tmp_path / "state").mkdir()
+    farm = keyed(tmp_path / "state", f"sqlite:///{tmp_path / 'r.db'}")
+    cfg = Config(farm=FarmConfig(state_dir=str(tmp_path / "state"), **farm))  # type: ignore[arg-type]
     db = ResultsDB(f"sqlite:///{tmp_path / 'r.db'}")
     key = create_app(cfg, db=db).config["SECRET_KEY"]
-    derived = hmac.new(farm_key.encode(), b"gearfarm web session", hashlib.sha256).hexdigest()
-    assert key not in (derived, farm_key) and farm_key not in key
+    for held in (Path(str(farm["host_key"])).read_text(), Path(str(farm["signing_key"])).read_text()):
+        derived = hmac.new(held.encode(), b"gearfarm web session", hashlib.sha256).hexdigest()
+        assert key != derived and key not in held and held not in key
     kept = tmp_path / "state" / "web-secret"
     assert kept.read_text().strip() == key and kept.stat().st_mode & 0o777 == 0o600
     assert create_app(cfg, db=db).config["SECRET_KEY"] == key  # sessions outlive a restart

@@ -10,37 +10,42 @@ from pathlib import Path
 from gearfarm.config import Config, FarmConfig, GearmanConfig
 from gearfarm.gearman import admin
 from gearfarm.gearmand import Gearmand
-from gearfarm.result import ResultRecord, open_record, seal_record
+from gearfarm.result import ResultRecord, open_record
 from gearfarm.s3 import keys
 from gearfarm.s3.minio import MinioServer
+from gearfarm.seal import keyring
 from gearfarm.workers.base import Context
+from tests.farmkit import keyed
 
 
 def test_undeliverable_results_are_spooled_and_delivered_later(tmp_path: Path) -> None:
+    farm = keyed(tmp_path / "state", f"sqlite:///{tmp_path / 'r.db'}")
     with Gearmand(tmp_path / "gm") as gm, MinioServer(tmp_path / "minio") as minio:
         cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]), s3=minio.s3_config(),
-                     farm=FarmConfig(repo=str(tmp_path), state_dir=str(tmp_path / "state"), secrets=["k"]))
+                     farm=FarmConfig(repo=str(tmp_path), state_dir=str(tmp_path / "state"), **farm))  # type: ignore[arg-type]
         rec = ResultRecord(job_id="r1:linux-x86_64:test-unit", run_id="r1", target="linux-x86_64", kind="test",
                            step="test-unit", name="unit", rev="a" * 40, status="passed")
         ctx = Context(cfg, "test")
+        host = keyring([ctx.signer.public_text])
         gm.stop()
         ctx.deliver(rec)  # gearmand is down: must not raise, must not lose it
         spooled = list(ctx.spool.glob("*.json"))
-        assert len(spooled) == 1 and open_record(spooled[0].read_bytes(), ["k"]) == rec
+        sealed = rec
+        assert len(spooled) == 1 and open_record(spooled[0].read_bytes(), host) == (sealed, ctx.signer.kid)
         assert list(ctx.spool.glob(".tmp-*")) == []  # written atomically: no temp file left
         # S3 got the durable, sealed copy before the collector submission failed.
         stored = [k for k in ctx.store.list("runs/r1/") if k.endswith(".json")]
-        assert stored == [keys.result("r1", "linux-x86_64", "test-unit", 1, rec.digest)]
+        assert stored == [keys.result("r1", "linux-x86_64", "test-unit", 1, sealed.digest)]
         # A torn or foreign file in the spool must not jam it.
         (ctx.spool / "0-torn.json").write_bytes(b'{"purpose": "result", "bo')
-        (ctx.spool / "1-forged.json").write_bytes(seal_record(rec, ["not-the-farm-key"]))
+        (ctx.spool / "1-foreign.json").write_bytes(b'{"purpose": "result", "body": {"status": "bogus"}}')
 
         gm.start()  # same port
         later = Context(cfg, "test")  # a restarted worker of the same host and role
         assert later.spool == ctx.spool
         later.flush_spool()
         assert list(ctx.spool.glob("*.json")) == []
-        assert sorted(p.name for p in (ctx.spool / "unreadable").iterdir()) == ["0-torn.json", "1-forged.json"]
+        assert sorted(p.name for p in (ctx.spool / "unreadable").iterdir()) == ["0-torn.json", "1-foreign.json"]
         deadline = time.monotonic() + 10
         while admin.status(*gm.address).get("collect") is None:
             assert time.monotonic() < deadline
@@ -60,8 +65,9 @@ def test_the_heartbeats_look_for_a_cancel_does_not_wait_out_an_s3_outage(tmp_pat
     from gearfarm.s3.store import StoreError
 
     dead = S3Config(endpoint=f"http://127.0.0.1:{free_port()}", secret_key="x")  # nothing listens
+    farm = keyed(tmp_path / "state", f"sqlite:///{tmp_path / 'r.db'}")
     cfg = Config(gearman=GearmanConfig(servers=["127.0.0.1:1"]), s3=dead,
-                 farm=FarmConfig(repo=str(tmp_path), state_dir=str(tmp_path / "state"), secrets=["k"]))
+                 farm=FarmConfig(repo=str(tmp_path), state_dir=str(tmp_path / "state"), **farm))  # type: ignore[arg-type]
     ctx = Context(cfg, "test")
     p = Payload.model_construct(run_id="r1", target="linux-x86_64", kind="test", name="unit")
     t0 = time.monotonic()

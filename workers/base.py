@@ -1,11 +1,13 @@
 """What every worker role shares: connecting to gearmand and S3, checking payloads before
-anything runs (signature, unique id, deadline, the run not closed), a heartbeat for the whole
-job including delivery, and delivering the sealed result record (to S3 first, the durable
-copy, then to the collector through Gearman, spooling locally when that fails)."""
+anything runs (the nightly's signature, unique id, deadline, the run not closed), a heartbeat for
+the whole job including delivery, and delivering the result record sealed with this host's own
+key (to S3 first, the durable copy, then to the collector through Gearman, spooling locally when
+that fails)."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import resource
@@ -22,8 +24,10 @@ from gearfarm.connection import gearman_client, gearman_worker
 from gearfarm.gearman import GearmanError, Job
 from gearfarm.hostlock import HostLock
 from gearfarm.job import COLLECT_FUNCTION, Payload, PayloadError, unique_id, verify
+from gearfarm.lease import BEAT_SECONDS, Lease, seal_lease
+from gearfarm.lease import answer as lease_answer
 from gearfarm.priority import Durations
-from gearfarm.result import CASES_CONTENT_TYPE, RecordError, ResultRecord, fit, open_record
+from gearfarm.result import CASES_CONTENT_TYPE, RecordError, ResultRecord, fit, peek_record
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError
 
@@ -51,12 +55,20 @@ class Context:
                         "allow more than it needs", role, role)
         self.store = ArtifactStore(self.s3)
         self.client = gearman_client(cfg)
+        # Checked now: a worker that could not verify payloads or sign results refuses to start.
+        self.nightly = cfg.nightly_lookup()
+        self.signer = cfg.host_signer()
         self.host = host.fingerprint()
+        # The name the registry knows this host by: the ledger checks a record names its signer.
+        self.host["hostname"] = cfg.host_name()
         # Builds and tests share the host; a perf job has it to itself while it measures.
         self.hostlock = HostLock()
         # How long this host's jobs take, for the order its slots take them in next time.
         self.durations = Durations.of_host(self.state)
         self._spool_lock = threading.Lock()
+        # Every this many heartbeats, one signed beat of a job's lease: every BEAT_SECONDS, or a
+        # third of the lease time the nightly judges by ([farm] lease_timeout) if that is shorter.
+        self.lease_beats = max(1, round(min(BEAT_SECONDS, cfg.farm.lease_timeout / 3) / HEARTBEAT_SECONDS))
         # Checked now: a worker that cannot confine its jobs refuses to start.
         self.sandbox = sandbox.for_config(cfg)
 
@@ -64,7 +76,7 @@ class Context:
         """Report a result; never loses it: on failure it waits in the local spool. A record
         whose cases would make it too large for its envelope (gearfarm.result.fit) stores them
         in S3 beside it first, or, on failure, in the spool beside it."""
-        rec, body, blob = fit(rec, self.cfg.farm.secrets)
+        rec, body, blob = fit(rec, self.signer)
         try:
             if blob is not None:
                 assert rec.cases_key is not None
@@ -119,7 +131,7 @@ class Context:
                 except FileNotFoundError:
                     continue  # a sibling worker of this host and role delivered it
                 try:
-                    rec = open_record(body, self.cfg.farm.secrets)
+                    rec = peek_record(body)
                 except RecordError as e:
                     # A file that cannot be read never blocks the others: set aside, said once.
                     bad = self.spool / "unreadable"
@@ -170,6 +182,43 @@ class Context:
         Made on first use: a boto3 client is tens of milliseconds of a worker's start."""
         return ArtifactStore(self.s3, retry_for=0.0, attempts=1)
 
+    def _lease(self, p: Payload, beat: int) -> bytes:
+        return seal_lease(Lease(job_id=p.job_id, attempt=p.attempt, host=self.host["hostname"], worker=self.name,
+                                beat=beat), self.signer)
+
+    def claim(self, p: Payload, stop: threading.Event) -> str:
+        """Claim the attempt from the ledger before running it (gearfarm.lease): "" once granted,
+        else why not (it ran already, it is not ours to run, or the run ended first). While
+        another live worker holds it, or the collector does not answer, it asks again."""
+        data = self._lease(p, 0)
+        # One pending claim per attempt and worker: asking again while it waits joins it.
+        unique = "claim-" + hashlib.sha256(f"{p.unique}|{self.name}".encode()).hexdigest()[:40]
+        delay = 1.0
+        while True:
+            try:
+                word, why = lease_answer(self.client.submit(COLLECT_FUNCTION, data, unique=unique, timeout=30,
+                                                            priority="high"))
+            except (GearmanError, TimeoutError) as e:
+                word, why = "held", f"the collector did not answer ({e})"
+            if word == "granted":
+                return ""
+            if word != "held":
+                return why
+            if time.time() > p.deadline or stop.is_set():
+                return f"its lease could not be had before the run's deadline: {why}"
+            log.info("job %s attempt %d waits for its lease: %s", p.job_id, p.attempt, why)
+            stop.wait(delay)
+            delay = min(delay * 2, 10.0)
+
+    def renew(self, p: Payload, beat: int) -> None:
+        """A signed heartbeat of the held lease: what tells the nightly the job is alive
+        (WORK_STATUS can be sent by whatever holds the Gearman job). One waits per attempt."""
+        unique = "beat-" + hashlib.sha256(f"{p.unique}|{self.name}".encode()).hexdigest()[:40]
+        try:
+            self.client.submit_background(COLLECT_FUNCTION, self._lease(p, beat), unique=unique, priority="high")
+        except GearmanError as e:
+            log.warning("cannot send the heartbeat of %s: %s", p.job_id, e)
+
     def cancelled(self, p: Payload, quick: bool = False) -> bool:
         """Whether a person cancelled the job or its run (the markers gearfarm web writes)."""
         store = self.quick_store if quick else self.store
@@ -182,23 +231,26 @@ RoleHandler = Callable[[Context, Payload, Job], ResultRecord]
 def _handler(ctx: Context, role_handler: RoleHandler) -> Callable[[Job], bytes]:
     def handle(job: Job) -> bytes:
         try:
-            p = verify(job.data, ctx.cfg.farm.secrets, ctx.cfg.farm.payload_max_age)
+            p = verify(job.data, ctx.nightly, ctx.cfg.farm.payload_max_age)
             if p.function != job.function:
                 raise PayloadError(f"payload for {p.function} arrived on {job.function}")
         except PayloadError as e:
             # Refused, never executed; the line names the job so an operator can find it.
             log.error("REJECTED job %s on %s: %s", job.handle, job.function, e)
             raise
-        stop, cancel = threading.Event(), threading.Event()
+        stop, cancel, leased = threading.Event(), threading.Event(), threading.Event()
 
         def beat() -> None:
-            # The lease: gearmand sees WORK_STATUS, the farm sees a live job — until the
-            # result is delivered, so a slow S3 during delivery is not a dead worker. At each
-            # beat the job also looks whether it was cancelled: its commands stop within a beat.
+            # The lease: the farm sees a live job by its signed beats (gearmand's WORK_STATUS is
+            # for gearmand's own status) — until the result is delivered, so a slow S3 during
+            # delivery is not a dead worker. At each beat the job also looks whether it was
+            # cancelled: its commands stop within a beat.
             n = 0
             while not stop.wait(HEARTBEAT_SECONDS):
                 n += 1
                 job.status(n, 0)
+                if leased.is_set() and n % ctx.lease_beats == 0:
+                    ctx.renew(p, n)
                 try:
                     if not cancel.is_set() and ctx.cancelled(p, quick=True):
                         log.warning("job %s (%s) was cancelled: stopping it", job.handle, p.job_id)
@@ -209,11 +261,13 @@ def _handler(ctx: Context, role_handler: RoleHandler) -> Callable[[Job], bytes]:
         hb = threading.Thread(target=beat, daemon=True)
         hb.start()
         try:
-            why = ctx.stale(p, job)
+            why = ctx.stale(p, job) or ctx.claim(p, stop)
             if why:
-                # Completed, so it leaves the queue; no record: the run has its answer already.
+                # Completed, so it leaves the queue; no record: the run has its answer already,
+                # or it is not this worker's to give.
                 log.warning("DROPPED job %s (%s): %s", job.handle, p.job_id, why)
                 return f"dropped: {why}".encode()
+            leased.set()
             log.info("job %s: %s %s at %s, attempt %d", job.handle, p.function, p.step, p.rev[:12], p.attempt)
             cpu0, began = _cpu(), time.time()
             token = process.CANCEL.set(cancel)

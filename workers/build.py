@@ -1,22 +1,26 @@
 """The build worker: fetch the run's catalog and source snapshot from S3 (both checked by the
 sha256 in the signed payload), build the target as the catalog says, pack the declared outputs
-and upload the artifact (or reuse it), then fan out the target's test and perf jobs. It needs no
-git and no clone. A build that does not pass ends its dependents through the ledger's rule."""
+and upload the artifact with its provenance signed by this host, or reuse a stored one the farm
+signed before (the payload names those builds; the manifest is checked by sha256), and report the
+archive's and the manifest's sha256 in its signed record. The nightly then submits the target's
+test and perf jobs with that digest: a worker host cannot make payloads. It needs no git and no
+clone. A build that does not pass ends its dependents through the ledger's rule."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 from gearfarm import catalog as catalog_mod
-from gearfarm import process, snapshot, step
+from gearfarm import process, provenance, snapshot, step
 from gearfarm.catalog import Catalog, Target
-from gearfarm.gearman import GearmanError, Job
-from gearfarm.job import Artifact, Payload, dependent, function_name, sign, step_name
-from gearfarm.priority import longest_first
+from gearfarm.gearman import Job
+from gearfarm.job import Payload, SignedBuild
 from gearfarm.result import ResultRecord
 from gearfarm.s3 import artifact, keys
 from gearfarm.workers.base import Context
@@ -59,14 +63,14 @@ def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
                               message=f"host {ctx.name} lacks {', '.join(lacking)} that project {p.project} needs "
                                       f"to build {p.target} (catalog targets.{p.target}.tools): install them, or do "
                                       f"not run a build worker for {p.target} here")
-        rec = build(ctx, p, cat, target, started)
+        return build(ctx, p, cat, target, started)
+    except artifact.ArtifactError as e:  # what S3 holds is not what the farm signed: nothing reused or run
+        log.error("build %s refused the stored artifact: %s", p.job_id, e)
+        return ctx.record(p, "infra", message=str(e), started_at=started, finished_at=time.time())
     except Exception as e:  # the farm failed (S3, disk, catalog), not the project: say so
         log.exception("build %s failed inside the worker", p.job_id)
         return ctx.record(p, "infra", message=f"build worker error: {type(e).__name__}: {e}",
                           started_at=started, finished_at=time.time())
-    if rec.status == "passed":
-        fan_out(ctx, p, [s for s in p.suites if s in target.suites], target, rec)
-    return rec
 
 
 def build(ctx: Context, p: Payload, cat: Catalog, target: Target, started: float) -> ResultRecord:
@@ -87,12 +91,15 @@ def build(ctx: Context, p: Payload, cat: Catalog, target: Target, started: float
         message = ""
         t0 = time.monotonic()
         manifest: dict[str, object] = {}
-        if ctx.store.exists(man_key) and ctx.store.exists(art_key):
-            manifest = json.loads(ctx.store.get_bytes(man_key))
+        man_sha: str | None = None
+        signed = next((b for b in p.signed_builds if b.artifact_key == art_key), None)
+        stored = reusable(ctx, signed, man_key, log_path)
+        if stored is not None and signed is not None:
+            manifest, man_sha = stored, signed.manifest_sha256
             reused = True
             with log_path.open("a") as f:
-                f.write(f"artifact {art_key} exists (sha256 {manifest['archive_sha256']}): build and upload "
-                        "skipped, 0 bytes moved\n")
+                f.write(f"artifact {art_key} exists (sha256 {signed.artifact_sha256}, manifest sha256 {man_sha}, "
+                        "as the farm signed them): build and upload skipped, 0 bytes moved\n")
             timings["lookup"] = time.monotonic() - t0
         else:
             root, scratch = tmpd / "root", tmpd / "scratch"
@@ -114,8 +121,22 @@ def build(ctx: Context, p: Payload, cat: Catalog, target: Target, started: float
                 archive = tmpd / f"artifact{artifact.ARCHIVE_SUFFIX}"
                 packed = artifact.pack(root, run.outputs, meta, archive)
                 # Put-if-absent: a concurrent build of the same (rev, target, toolchain) cannot
-                # replace the archive under a sha256 another build's tests were given.
-                manifest = artifact.publish(ctx.store, art_key, man_key, archive, packed)
+                # replace the archive under a sha256 another build's tests were given; and an
+                # object there that is not this build's nor one the farm signed is refused.
+                manifest = artifact.publish(ctx.store, art_key, man_key, archive, packed,
+                                            [b.artifact_sha256 for b in p.signed_builds if b.artifact_key == art_key])
+                man_sha = str(manifest["manifest_sha256"])
+                if not manifest["raced"]:
+                    # What this host built, signed by it: only the host that made the archive says so.
+                    stmt = provenance.statement(
+                        archive_sha256=str(manifest["archive_sha256"]), manifest_sha256=man_sha, manifest=manifest,
+                        project=p.project, rev=p.rev, target=p.target, source_sha256=p.source_sha256,
+                        catalog_sha256=p.catalog_sha256, host=ctx.host["hostname"], tools=versions,
+                        definition=definition, job_id=p.job_id, started=started, finished=time.time())
+                    body = provenance.sign(stmt, ctx.signer)
+                    if ctx.store.put_bytes_if_absent(keys.provenance(p.rev, p.target, tc_id), body,
+                                                     "application/json"):
+                        bytes_up += len(body)
                 bytes_up += int(manifest["uploaded_bytes"])  # type: ignore[call-overload]
                 if manifest["raced"]:
                     with log_path.open("a") as f:
@@ -125,27 +146,31 @@ def build(ctx: Context, p: Payload, cat: Catalog, target: Target, started: float
         log_tail = process.log_tail(log_path, LOG_TAIL_LINES)
         ctx.store.put_file(log_key, log_path, "text/plain; charset=utf-8")
 
-    sha = str(manifest.get("archive_sha256")) if status == "passed" else None
+    ok = status == "passed"
     return ctx.record(p, status, started_at=started, finished_at=time.time(), timings=timings,
                       bytes_uploaded=bytes_up, reused_artifact=reused, log_key=log_key,
-                      artifact_key=art_key if status == "passed" else None, artifact_sha256=sha,
-                      message=message, log_tail=log_tail if status != "passed" else "")
+                      artifact_key=art_key if ok else None,
+                      artifact_sha256=str(manifest["archive_sha256"]) if ok else None,
+                      manifest_sha256=man_sha if ok else None, message=message, log_tail=log_tail if not ok else "")
 
 
-def fan_out(ctx: Context, p: Payload, suites: list[str], target: Target, build: ResultRecord) -> None:
-    """Submit the target's test (and perf) jobs; they carry the artifact's key and sha256. If
-    gearmand stays away past the retries, the nightly's watchdog finds the jobs missing and
-    submits them itself (same payload factory), so a passed build is still reported passed."""
-    assert build.artifact_key and build.artifact_sha256
-    art = Artifact(build.artifact_key, build.artifact_sha256)
-    tests = longest_first([step_name("test", s) for s in suites], function_name("test", p.target),
-                          ctx.durations.load())
-    steps = tests + ([step_name("perf", b) for b in p.benchmarks] if target.perf else [])
-    for name in steps:
-        q = dependent(p, name, art)
-        try:
-            ctx.client.submit_background(q.function, sign(q, ctx.cfg.farm.secrets), unique=q.unique)
-        except GearmanError as e:
-            log.error("cannot submit %s (%s); the nightly will resubmit it", q.job_id, e)
-            continue
-        log.info("submitted %s %s", q.function, q.step)
+def reusable(ctx: Context, signed: SignedBuild | None, man_key: str, log_path: Path) -> dict[str, object] | None:
+    """The stored manifest of a build the farm signed, when S3 still holds it as signed (its
+    sha256 and the archive's it names); None when there is nothing to reuse (the build runs).
+    A manifest the farm did not sign is never trusted: the bucket is not the truth."""
+    if signed is None:
+        return None
+    try:
+        data = ctx.store.get_bytes(man_key)
+    except Exception:  # gone (pruned) or unreadable: build again
+        return None
+    got = hashlib.sha256(data).hexdigest()
+    manifest = json.loads(data) if got == signed.manifest_sha256 else None
+    if manifest is None or manifest.get("archive_sha256") != signed.artifact_sha256:
+        with log_path.open("a") as f:
+            f.write(f"stored manifest {man_key} has sha256 {got}, not the {signed.manifest_sha256} the farm signed: "
+                    "it was replaced in S3; not reused\n")
+        log.error("stored manifest %s has sha256 %s, the farm signed %s: replaced in S3", man_key, got,
+                  signed.manifest_sha256)
+        return None
+    return manifest

@@ -1,13 +1,15 @@
 """The collector: takes sealed result records from the `collect` Gearman function and offers
-them to the run ledger, which verifies the seal and the job, applies its rules and logs every
-outcome (rejections included, counted on `gearfarm status`). While the results database is
-away (a PostgreSQL restart) it holds the job and retries, so no record is dropped: if the
+them to the run ledger (and workers' signed claims and heartbeats of job attempts, which the
+ledger keeps as leases: gearfarm.lease), which verifies the seal against the registry of host keys and the job,
+applies its rules and logs every outcome (rejections included, counted on `gearfarm status`).
+While the results database is away (a PostgreSQL restart) it holds the job and retries, so no record is dropped: if the
 collector dies meanwhile, gearmand hands the job to the next one. A record that keeps its cases
 in S3 (too many for the record) has them read with the collector role's S3 keys, which may read
 the runs' files; while S3 does not answer, the record is held the same way."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -18,6 +20,7 @@ from gearfarm.config import Config
 from gearfarm.connection import gearman_worker
 from gearfarm.gearman import Job
 from gearfarm.job import COLLECT_FUNCTION
+from gearfarm.lease import MAX_LEASE
 from gearfarm.ledger import Ledger
 from gearfarm.result import CaseStore
 from gearfarm.s3.store import ArtifactStore, StoreError
@@ -26,12 +29,16 @@ from gearfarm.store import ResultsDB
 log = logging.getLogger("gearfarm.collector")
 
 
-def make_handler(ledger: Ledger, keyring: list[str], store: CaseStore | None = None):  # noqa: ANN201 - the handler
+def make_handler(ledger: Ledger, store: CaseStore | None = None):  # noqa: ANN201 - the handler
     def handle(job: Job) -> bytes:
         delay = 0.5
+        lease = is_lease(job.data)
         while True:
             try:
-                outcome, rec = ledger.accept(job.data, keyring, "collect", store)
+                if lease:
+                    word, why = ledger.lease(job.data)
+                    return f"{word} {why}".encode()
+                outcome, rec = ledger.accept(job.data, "collect", store)
                 break
             except SQLAlchemyError as e:
                 # Never WORK_FAIL a record (gearmand would drop it): hold it until the database
@@ -50,6 +57,19 @@ def make_handler(ledger: Ledger, keyring: list[str], store: CaseStore | None = N
     return handle
 
 
+def is_lease(data: bytes) -> bool:
+    """Whether a `collect` job is a worker's claim or heartbeat (gearfarm.lease) rather than a
+    result record: both are signed envelopes, told apart by their purpose (which the signature
+    covers, so a purpose changed on the way fails verification either way)."""
+    if len(data) > MAX_LEASE:
+        return False
+    try:
+        env = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(env, dict) and env.get("purpose") == "lease"
+
+
 def serve(cfg: Config, stop: threading.Event | None = None) -> None:
     db = ResultsDB(cfg.database.url)
     stop = stop or threading.Event()
@@ -59,7 +79,7 @@ def serve(cfg: Config, stop: threading.Event | None = None) -> None:
         log.warning("no [s3.roles.collector] keys in the config: the collector reads records' cases with the "
                     "farm's own S3 keys, which allow more than it needs")
     store = ArtifactStore(cfg.s3.for_role("collector"))
-    worker.register(COLLECT_FUNCTION, make_handler(Ledger(db), cfg.farm.secrets, store))
+    worker.register(COLLECT_FUNCTION, make_handler(Ledger(db), store))
     log.info("collector storing into %s", db.engine.url.render_as_string(hide_password=True))
     try:
         worker.work(stop)

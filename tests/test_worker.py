@@ -79,3 +79,24 @@ def test_the_heartbeats_look_for_a_cancel_does_not_wait_out_an_s3_outage(tmp_pat
         raise AssertionError("a dead S3 answered")
     assert time.monotonic() - t0 < 10
     assert ctx.store.retry_for >= 60 and ctx.quick_store.retry_for == 0
+
+
+def test_a_worker_without_the_keys_it_needs_refuses_to_start_saying_how_to_get_them(tmp_path: Path) -> None:
+    """A worker verifies payloads with the nightly's public key and signs with its own: without
+    either it would run nothing or deliver nothing the ledger accepts, so it does not start. A
+    config still holding the shared HMAC keys of old is refused, naming what replaced them."""
+    from gearfarm.seal import Signer
+    from tests.farmkit import gearfarm
+
+    nightly = Signer.generate().public_text
+    cases = {
+        "[farm] nightly_keys is empty": "",
+        "[farm] host_key is not set": f'nightly_keys = ["{nightly}"]\n',
+        "the farm's shared HMAC keys are gone": 'secrets = ["' + "k" * 40 + '"]\n',
+        "host_key: cannot read the signing key": f'nightly_keys = ["{nightly}"]\nhost_key = "missing.key"\n',
+    }
+    for said, farm in cases.items():
+        config = tmp_path / "farm.toml"
+        config.write_text(f'[farm]\nstate_dir = "state"\n{farm}')
+        p = gearfarm("worker", "--role", "test", "--targets", "linux-x86_64", "--config", str(config), timeout=120)
+        assert p.returncode == 2 and said in p.stderr, (said, p.stderr[-2000:])

@@ -166,8 +166,10 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
 
     @app.errorhandler(CSRFError)
     def _csrf_failed(e: CSRFError) -> tuple[str, int]:
-        return page("error.html.j2", {"status": 400, "message": f"The form was refused: {e.description} Reload "
-                                      "the page and send it again."}), 400
+        # 403, not Flask-WTF's 400: the request is well formed, but nothing in it says a logged-in
+        # user of this dashboard sent it (no session it signed, or no token of that session).
+        return page("error.html.j2", {"status": 403, "message": f"The form was refused: {e.description} Reload "
+                                      "the page and send it again."}), 403
 
     @app.context_processor
     def _globals() -> dict[str, Any]:

@@ -265,9 +265,9 @@ def test_a_cookie_signed_with_what_a_worker_host_holds_does_not_log_in(auth: Far
         own = cancel(*forge((auth.farm.state / "web-secret").read_text().strip()))
     finally:
         process.stop(proc, timeout=10)
-    # The host's secrets do not even sign a cookie the dashboard reads (the CSRF check refuses
-    # the form); with the dashboard's key, which no worker host has, the session is still unknown.
-    assert codes == [400] * len(held) and own == 403
+    # The host's secrets do not even sign a cookie the dashboard reads (the form's CSRF check
+    # refuses it); with the dashboard's key, which no worker host has, no session is the cookie's.
+    assert codes == [403] * len(held) and own == 403
     assert auth.db.cancellations("cookie-run") == []
 
 

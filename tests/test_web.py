@@ -211,7 +211,7 @@ def test_unauthorized_or_forged_triage_is_refused_and_changes_nothing(site: Site
     assert site.get(f"/api/regression/{rid}", token="not-a-token", data=body)[0] == 403
     # A form post with no CSRF token (what a third-party page could make a browser send).
     code, _ = site.get(f"/regression/{rid}", data=b"state=wontfix", content_type="application/x-www-form-urlencoded")
-    assert code == 400
+    assert code == 403
     # A logged-in browser whose form lost its CSRF token is refused too.
     pg = browser.new_context().new_page()
     login(pg, site, "bob")

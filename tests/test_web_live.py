@@ -101,7 +101,7 @@ def test_nothing_is_started_or_cancelled_without_an_account(live: Live) -> None:
                                  headers={"Content-Type": "application/x-www-form-urlencoded"})
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=30)
-    assert e.value.code == 400  # no CSRF token
+    assert e.value.code == 403  # no CSRF token
 
 
 def test_a_self_service_run_starts_real_jobs_shows_live_and_cancel_stops_them(live: Live, browser) -> None:  # type: ignore[no-untyped-def]

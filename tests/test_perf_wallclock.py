@@ -9,12 +9,18 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
 from scipy import stats
 
 from gearfarm.pairs import TRIM
 from tests.scenario import Scenario, describe
 
 
+# Longer than the suite's 900 s: its nights measure until the host's noise allows a 0.75 % error
+# or 400 pairs, and on a noisy 2-core VM they reach the 400 (measured November 26 on the code
+# before and after issue #33 alike: nights 2-5 took 663 s and 755 s), so the two repetitions
+# the test may need outlast 900 s.
+@pytest.mark.timeout(1800)
 def test_a_5_percent_wall_clock_slowdown_is_flagged_on_its_first_night_and_no_quiet_night_alarms(
         tmp_path: Path) -> None:
     sc = Scenario(tmp_path)

@@ -252,7 +252,8 @@ def up(lab: Path, timeout: float = 180.0) -> None:
     _until("MinIO (cluster health, write quorum)", lambda: _minio_cluster_ok(cfg), timeout)
     _until("PostgreSQL (TLS, client certificate)", lambda: _postgres_ok(cfg), timeout)
     _until("both gearmand (mutual TLS)", lambda: _gearmand_ok(cfg), timeout)
-    make_role_users(cfg.s3, _role_keys(lab))
+    env = read_env(lab)
+    make_role_users(cfg.s3, _role_keys(lab), {role: _targets(env, role) for _, role in HOSTS if role != "collector"})
     ArtifactStore(cfg.s3, retry_for=30).ensure_bucket()
     enroll(lab, cfg)
     compose(lab, "up", "-d", *(h for h, _ in HOSTS))
@@ -269,8 +270,13 @@ def enroll(lab: Path, cfg: Config) -> None:
         if role == "collector":
             continue
         key = Signer.load(lab / "hosts" / host / "keys" / "host.key")
-        targets = [t for t in env[f"GF_{role.upper()}_TARGETS"].split(",") if t]
-        registry.add(host, key.public_text, [role], targets)
+        registry.add(host, key.public_text, [role], list(_targets(env, role)))
+
+
+def _targets(env: dict[str, str], role: str) -> tuple[str, ...]:
+    """The targets the lab's host of ``role`` serves: its key is registered for them and its
+    MinIO user writes only theirs."""
+    return tuple(t for t in env[f"GF_{role.upper()}_TARGETS"].split(",") if t)
 
 
 def _role_keys(lab: Path) -> dict[str, S3Keys]:

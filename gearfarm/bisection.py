@@ -311,7 +311,7 @@ class Runner:
             p.baselines[self.target] = baseline
         nightly.submit(self.cfg, self.db, self.client, p)
         records = nightly.wait(self.cfg, self.db, self.ledger, self.store, self.client, p)
-        nightly.close(self.ledger, self.store, run_id)
+        nightly.close(self.ledger, self.store, run_id, self.cfg.nightly_signer())
         self.db.finish_run(run_id, "finished")
         return run_id, records
 

@@ -277,7 +277,7 @@ def _run_nightly(cfg: Config, todo: list[tuple[nightly.Loaded, str, nightly.Sele
         try:
             # Closed first, then read: the report holds everything applied before the close, and
             # anything after it is recorded as late.
-            nightly.close(ledger, store, p.run_id)
+            nightly.close(ledger, store, p.run_id, cfg.nightly_signer())
             db.finish_run(p.run_id, "finished")
             by_run[p.run_id] = db.jobs(p.run_id)
             run = db.get_run(p.run_id)
@@ -957,14 +957,18 @@ def store_prune_cmd(config_path: str | None, state_dir: Path | None, days: float
               help="A config whose [s3] keys are a MinIO admin's (default: $GEARFARM_CONFIG).")
 @click.option("--roles", "role_names", default="build,test,perf,collector", show_default=True,
               help="Comma-separated worker roles to make users for.")
-def store_roles_cmd(config_path: str | None, role_names: str) -> None:
+@click.option("--targets", "target_names", default=None,
+              help="Comma-separated targets the hosts that get these keys serve (default: all): the users "
+                   "may write only these targets' artifacts and files. Make one set of users per group of "
+                   "hosts that serve the same targets.")
+def store_roles_cmd(config_path: str | None, role_names: str, target_names: str | None) -> None:
     """Make each worker role's MinIO user, with a policy that allows only what the role does
     (builds write artifacts, tests and benchmarks their own steps' files, the collector reads
-    results), and print the [s3.roles.*] sections for the hosts' configs."""
+    results) for the targets given, and print the [s3.roles.*] sections for the hosts' configs."""
     import secrets as secrets_mod
 
     from gearfarm.config import S3Keys
-    from gearfarm.s3.keys import ROLE_WRITES
+    from gearfarm.s3.keys import ALL_TARGETS, ROLE_WRITES, part
     from gearfarm.s3.minio import MinioError, make_role_users
 
     cfg = _load_config(config_path)
@@ -975,13 +979,21 @@ def store_roles_cmd(config_path: str | None, role_names: str) -> None:
     bad = [r for r in wanted if r not in ROLE_WRITES]
     if bad or not wanted:
         _fail(f"--roles {role_names!r}: give some of {', '.join(ROLE_WRITES)}")
+    targets = tuple(_csv(target_names) or ALL_TARGETS)
+    try:
+        for t in targets:
+            if t != "*":
+                part(t)
+    except ValueError:
+        _fail(f"--targets {target_names!r}: a target is a name like linux-x86_64 (letters, digits, '.', '-', '_')")
     roles = {r: S3Keys(access_key=f"gearfarm-{r}-{secrets_mod.token_hex(3)}", secret_key=secrets_mod.token_hex(20))
              for r in wanted}
     try:
-        make_role_users(cfg.s3, roles)
+        make_role_users(cfg.s3, roles, {r: targets for r in roles})
     except MinioError as e:
         _fail(str(e))
-    click.echo("# Put each role's section into the config of the hosts that run that role (and no other).")
+    click.echo("# Put each role's section into the config of the hosts that run that role (and no other)"
+               + ("" if targets == ALL_TARGETS else f", for targets {', '.join(targets)}") + ".")
     for r, k in roles.items():
         click.echo(f'[s3.roles.{r}]\naccess_key = "{k.access_key}"\nsecret_key = "{k.secret_key}"\n')
 

@@ -10,7 +10,6 @@ This is the one wait loop: the nightly and the re-run of new failures both use i
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from gearfarm.connection import ssl_context
 from gearfarm.gearman import Client, GearmanError, JobStatus, StatusUnknown, admin
 from gearfarm.job import COLLECT_FUNCTION, Artifact, JobId, Payload, SignedBuild, Source, make_payload, sign, step_name
 from gearfarm.ledger import Ledger, farm_record
+from gearfarm.marker import Marker, sealed
 from gearfarm.result import TERMINAL, ResultRecord
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError
@@ -502,8 +502,8 @@ def wait(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, clien
 def _cancel(db: ResultsDB, ledger: Ledger, store: ArtifactStore, p: Plan, pending: list[JobId],
             watchdog: Watchdog) -> bool:
     """Record as cancelled the pending jobs a person cancelled (the whole run, or some jobs),
-    and make sure the S3 markers that stop them on the workers are there (the dashboard writes
-    them too, but may not have reached S3). True when it recorded any."""
+    and write the S3 markers, signed by this nightly's key, that stop them on the workers
+    (gearfarm.marker: the dashboard only records the request). True when it recorded any."""
     asked = db.cancellations(p.run_id)
     if not asked:
         return False
@@ -512,8 +512,8 @@ def _cancel(db: ResultsDB, ledger: Ledger, store: ArtifactStore, p: Plan, pendin
             continue
         target, step = c.job_id.split(":")[1:] if c.job_id else (None, None)
         try:
-            store.put_bytes(keys.cancel(p.run_id, target, step),
-                            json.dumps({"who": c.who, "at": c.at}).encode(), "application/json")
+            m = Marker("cancel", p.run_id, target, step, c.who, c.at)
+            store.put_bytes(m.key, sealed(watchdog.signer, m), "application/json")
             watchdog.marked.add(c.id)
         except StoreError as e:
             log.warning("cannot write the cancel marker of %s (%s); trying again", c.job_id or p.run_id, e)
@@ -536,14 +536,14 @@ def expire(ledger: Ledger, p: Plan, jids: list[JobId], status: str, message: str
         ledger.apply(farm_record(jid, p.rev, status, message, attempt), "nightly")
 
 
-def close(ledger: Ledger, store: ArtifactStore | None, run_id: str) -> float:
+def close(ledger: Ledger, store: ArtifactStore | None, run_id: str, signer: Signer | None) -> float:
     """The run is being reported: later results are late, and its jobs still in a queue are
-    dropped by any worker that finds them (the marker in S3; the payload's deadline too)."""
+    dropped by any worker that finds them (the signed marker in S3; the payload's deadline too)."""
     at = ledger.close(run_id)
     if store is not None:
         try:
-            store.put_bytes(keys.run_closed(run_id), json.dumps({"run_id": run_id, "closed_at": at}).encode(),
-                            "application/json")
+            m = Marker("closed", run_id, at=at)
+            store.put_bytes(m.key, sealed(signer, m), "application/json")
         except StoreError as e:
             log.warning("cannot mark run %s closed in S3 (%s); its payloads' deadline still stops its jobs", run_id, e)
     return at
@@ -600,7 +600,7 @@ def rerun_new_failures(cfg: Config, db: ResultsDB, ledger: Ledger, store: Artifa
         r.job_id: {"first": first[r.job_id].worker, "rerun": r.worker,
                    "other_worker": bool(r.worker) and r.worker != first[r.job_id].worker}
         for r in recs if r.job_id in first})
-    close(ledger, store, rp.run_id)
+    close(ledger, store, rp.run_id, cfg.nightly_signer())
     db.finish_run(rp.run_id, "finished")
     return recs
 

@@ -15,7 +15,6 @@ cookie; a login returns only to a path on this dashboard."""
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import os
 import secrets
@@ -299,15 +298,9 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
         job = str((body or {}).get("job") or "") or None
         if job is not None and job not in (run.expected or []):
             return 400, f"run {run_id} has no job {job!r}"
+        # Recorded only: the nightly that owns the run signs and writes the marker that stops
+        # the running jobs (gearfarm.cancel) within its poll; the dashboard holds no key of it.
         db.request_cancel(run_id, job, who)
-        # The nightly that owns the run writes the marker too (and retries); writing it here
-        # stops running jobs sooner, and a store that does not answer now is not an error.
-        target, step = job.split(":")[1:] if job else (None, None)
-        try:
-            store.put_bytes(keys.cancel(run_id, target, step), json.dumps({"who": who, "at": time.time()}).encode(),
-                            "application/json")
-        except StoreError as e:
-            log.warning("cancel of %s recorded; its S3 marker not written now: %s", job or run_id, e)
         return 200, f"cancelled {job or 'run ' + run_id}"
 
     @app.post("/run/<run_id>/cancel")

@@ -10,8 +10,8 @@ projects/<project>/latest.json                         the project's newest cata
 runs/<run>/<target>/<step>/log.txt | junit.xml
 runs/<run>/<target>/<step>/results/<attempt>-<digest>.json   one sealed result record each
 runs/<run>/<target>/<step>/cases/<sha256>.json.zst          a record's cases, when too many for the record
-runs/<run>/closed.json                                       the run was reported: drop its jobs
-runs/<run>/cancel.json | runs/<run>/<target>/<step>/cancel.json   a person cancelled the run / the job
+runs/<run>/closed.json                                       the run was reported: drop its jobs (gearfarm.marker)
+cancels/<run>/run.json | cancels/<run>/<target>/<step>.json   a person cancelled the run / the job (gearfarm.marker)
 runs/<run>/report.json | report.html
 """
 
@@ -23,7 +23,9 @@ import re
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:#-]*$")
 
 
-def _part(value: str) -> str:
+def part(value: str) -> str:
+    """A key component (a run id, target, step...) as it is, or ValueError when it could
+    escape its place in a key."""
     if not _SAFE.match(value) or ".." in value:
         raise ValueError(f"unsafe S3 key component {value!r}")
     return value
@@ -35,7 +37,7 @@ def toolchain_id(compiler_version: str, flags: str) -> str:
 
 
 def artifact_prefix(rev: str, target: str, toolchain: str) -> str:
-    return f"artifacts/{_part(rev)}/{_part(target)}/{_part(toolchain)}"
+    return f"artifacts/{part(rev)}/{part(target)}/{part(toolchain)}"
 
 
 def artifact(rev: str, target: str, toolchain: str) -> str:
@@ -62,35 +64,35 @@ def provenance_of(artifact_key: str) -> str:
 def source(rev: str) -> str:
     """Content-addressed by the commit: a tree at a commit never changes, so one upload serves
     every later nightly of that revision."""
-    return f"sources/{_part(rev)}/source.tar.zst"
+    return f"sources/{part(rev)}/source.tar.zst"
 
 
 def source_manifest(rev: str) -> str:
-    return f"sources/{_part(rev)}/manifest.json"
+    return f"sources/{part(rev)}/manifest.json"
 
 
 def catalog(sha256: str) -> str:
-    return f"catalogs/{_part(sha256)}.toml"
+    return f"catalogs/{part(sha256)}.toml"
 
 
 def project_latest(project: str) -> str:
-    return f"projects/{_part(project)}/latest.json"
+    return f"projects/{part(project)}/latest.json"
 
 
 def job_file(run_id: str, target: str, step: str, name: str) -> str:
-    return f"runs/{_part(run_id)}/{_part(target)}/{_part(step)}/{_part(name)}"
+    return f"runs/{part(run_id)}/{part(target)}/{part(step)}/{part(name)}"
 
 
 def result(run_id: str, target: str, step: str, attempt: int, digest: str) -> str:
     """One key per record, never overwritten: every attempt's record stays for reconcile,
     and the ledger, not the last write, decides which one counts."""
-    return f"{results_of(run_id, target, step, attempt)}{_part(digest[:16])}.json"
+    return f"{results_of(run_id, target, step, attempt)}{part(digest[:16])}.json"
 
 
 def results_of(run_id: str, target: str, step: str, attempt: int) -> str:
     """The prefix of every record one attempt of a job delivered (a worker that finds one does
     not run that attempt again)."""
-    return f"runs/{_part(run_id)}/{_part(target)}/{_part(step)}/results/{int(attempt)}-"
+    return f"runs/{part(run_id)}/{part(target)}/{part(step)}/results/{int(attempt)}-"
 
 
 def cases(run_id: str, target: str, step: str, sha256: str) -> str:
@@ -99,7 +101,7 @@ def cases(run_id: str, target: str, step: str, sha256: str) -> str:
     ROLE_READS); named by the sha256 of the object, which the record is sealed with."""
     if len(sha256) != 64 or sha256.strip("0123456789abcdef"):
         raise ValueError(f"cases digest {sha256[:80]!r} is not a sha256 (64 hex digits)")
-    return f"runs/{_part(run_id)}/{_part(target)}/{_part(step)}/cases/{sha256}.json.zst"
+    return f"runs/{part(run_id)}/{part(target)}/{part(step)}/cases/{sha256}.json.zst"
 
 
 def is_result(key: str) -> bool:
@@ -107,15 +109,15 @@ def is_result(key: str) -> bool:
 
 
 def run_closed(run_id: str) -> str:
-    return f"runs/{_part(run_id)}/closed.json"
+    return f"runs/{part(run_id)}/closed.json"
 
 
 def run_prefix(run_id: str) -> str:
-    return f"runs/{_part(run_id)}/"
+    return f"runs/{part(run_id)}/"
 
 
 def report(run_id: str, ext: str) -> str:
-    return f"runs/{_part(run_id)}/report.{_part(ext)}"
+    return f"runs/{part(run_id)}/report.{part(ext)}"
 
 
 def cancel(run_id: str, target: str | None = None, step: str | None = None) -> str:
@@ -124,29 +126,33 @@ def cancel(run_id: str, target: str | None = None, step: str | None = None) -> s
     role may write (ROLE_WRITES' patterns span '/': under a job's own prefix, its role could
     cancel any job of that kind). Retention prunes them with their run."""
     if target is None or step is None:
-        return f"cancels/{_part(run_id)}/run.json"
-    return f"cancels/{_part(run_id)}/{_part(target)}/{_part(step)}.json"
+        return f"cancels/{part(run_id)}/run.json"
+    return f"cancels/{part(run_id)}/{part(target)}/{part(step)}.json"
 
 
 # -- who may touch what: each worker role's MinIO user gets exactly this (s3/minio.py) ----
 
-# Object patterns under the bucket ('*' spans '/'). Every worker role reads the whole
-# bucket (sources, catalogs, artifacts, cancel markers); each writes only its own steps'
-# files, and only builds write artifacts. The collector takes results over Gearman and may
-# read the runs' files. The nightly and the dashboard use the farm's own [s3] keys.
+# Object patterns under the bucket ('*' spans '/'), {target} being each target a user serves
+# ('*' for all). Every worker role reads the whole bucket (sources, catalogs, artifacts, the
+# nightly's markers); each writes only its own steps' files of its own targets, and only builds
+# write artifacts. The collector takes results over Gearman and may read the runs' files. The
+# nightly and the dashboard use the farm's own [s3] keys.
 ROLE_WRITES: dict[str, tuple[str, ...]] = {
-    "build": ("artifacts/*", "runs/*/build/*"),
-    "test": ("runs/*/test-*",),
-    "perf": ("runs/*/perf-*",),
+    "build": ("artifacts/*/{target}/*", "runs/*/{target}/build/*"),
+    "test": ("runs/*/{target}/test-*",),
+    "perf": ("runs/*/{target}/perf-*",),
     "collector": (),
 }
 ROLE_READS: dict[str, tuple[str, ...]] = {"build": ("*",), "test": ("*",), "perf": ("*",), "collector": ("runs/*",)}
+ALL_TARGETS = ("*",)
 
 
-def role_policy(bucket: str, role: str) -> dict[str, object]:
-    """The S3 policy (IAM JSON) of ``role``'s MinIO user on ``bucket``."""
+def role_policy(bucket: str, role: str, targets: tuple[str, ...] = ALL_TARGETS) -> dict[str, object]:
+    """The S3 policy (IAM JSON) of ``role``'s MinIO user on ``bucket``, for hosts that serve
+    ``targets``: a host's user cannot write another target's artifacts or files."""
     if role not in ROLE_WRITES:
         raise ValueError(f"no S3 policy for role {role!r}; roles: {', '.join(ROLE_WRITES)}")
+    targets = tuple(t if t == "*" else part(t) for t in targets) or ALL_TARGETS
     arn = f"arn:aws:s3:::{bucket}"
     statements: list[dict[str, object]] = [
         # Listing is needed for a missing key to answer 404 rather than 403.
@@ -156,5 +162,5 @@ def role_policy(bucket: str, role: str) -> dict[str, object]:
     if ROLE_WRITES[role]:
         statements.append({"Effect": "Allow", "Action": ["s3:PutObject", "s3:AbortMultipartUpload",
                                                            "s3:ListMultipartUploadParts"],
-                           "Resource": [f"{arn}/{p}" for p in ROLE_WRITES[role]]})
+                           "Resource": [f"{arn}/{p.format(target=t)}" for p in ROLE_WRITES[role] for t in targets]})
     return {"Version": "2012-10-17", "Statement": statements}

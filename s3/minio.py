@@ -25,7 +25,7 @@ from urllib.parse import quote
 from gearfarm import process
 from gearfarm.config import S3Config, S3Keys
 from gearfarm.net import free_port
-from gearfarm.s3.keys import role_policy
+from gearfarm.s3.keys import ALL_TARGETS, role_policy
 
 
 class MinioError(RuntimeError):
@@ -124,18 +124,19 @@ class MinioServer:
 
         ArtifactStore(self.s3_config(), retry_for=30).ensure_bucket()
 
-    def add_role_users(self, roles: dict[str, S3Keys]) -> None:
+    def add_role_users(self, roles: dict[str, S3Keys], targets: dict[str, tuple[str, ...]] | None = None) -> None:
         """Give each worker role its own MinIO user (make_role_users). Accounts live in
         MinIO's data, so a restart with the same keys and policies makes none."""
         marker = self.state_dir / "role-users.json"
         wanted = {role: [k.access_key, hashlib.sha256(k.secret_key.encode()).hexdigest(),
-                         role_policy(self.bucket, role)] for role, k in roles.items()}
+                         role_policy(self.bucket, role, (targets or {}).get(role) or ALL_TARGETS)]
+                  for role, k in roles.items()}
         try:
             if json.loads(marker.read_text()) == wanted:
                 return
         except (OSError, ValueError):
             pass
-        make_role_users(self.s3_config(), roles)
+        make_role_users(self.s3_config(), roles, targets)
         marker.write_text(json.dumps(wanted))
 
     def stop(self) -> None:
@@ -166,17 +167,21 @@ def answering_endpoint(s3: S3Config, timeout: float = 5.0) -> str:
     raise MinioError(f"no MinIO endpoint answers: tried {', '.join(errors)}")
 
 
-def role_policy_name(bucket: str, role: str) -> str:
-    """The name of ``role``'s policy on ``bucket`` in MinIO (policies are global to a MinIO, and
-    one MinIO may hold several farms' buckets)."""
-    return f"gearfarm-{bucket}-{role}"
+def role_policy_name(bucket: str, role: str, targets: tuple[str, ...] = ALL_TARGETS) -> str:
+    """The name of ``role``'s policy on ``bucket`` for ``targets`` in MinIO (policies are global
+    to a MinIO, and one MinIO may hold several farms' buckets and several hosts' target sets)."""
+    if tuple(targets) == ALL_TARGETS:
+        return f"gearfarm-{bucket}-{role}"
+    return f"gearfarm-{bucket}-{role}-{hashlib.sha256(','.join(sorted(targets)).encode()).hexdigest()[:10]}"
 
 
-def make_role_users(admin: S3Config, roles: dict[str, S3Keys]) -> None:
+def make_role_users(admin: S3Config, roles: dict[str, S3Keys],
+                    targets: dict[str, tuple[str, ...]] | None = None) -> None:
     """Make each role's MinIO user on the MinIO ``admin`` reaches (with an admin's keys), at the
     first of its endpoints that answers: a user with these keys whose only policy is the role's
-    (gearfarm.s3.keys.role_policy, stored as role_policy_name), a few ``mc`` calls per role,
-    the roles in parallel. A user that exists is made again with these keys and this policy.
+    for the targets ``targets`` gives it (all when it names none; gearfarm.s3.keys.role_policy,
+    stored as role_policy_name), a few ``mc`` calls per role, the roles in parallel. A user that
+    exists is made again with these keys and this policy.
 
     No key is ever on mc's command line, where any local user reads it (/proc/PID/cmdline):
     the admin's keys go in mc's environment (MC_HOST_<alias>) and each role's secret on mc's
@@ -222,9 +227,10 @@ def make_role_users(admin: S3Config, roles: dict[str, S3Keys]) -> None:
                                      f"({doing}): {out[-500:]}")
                 return answer
 
-            name = role_policy_name(admin.bucket, role)
+            served = (targets or {}).get(role) or ALL_TARGETS
+            name = role_policy_name(admin.bucket, role, served)
             policy = Path(tmp) / f"{role}.json"
-            policy.write_text(json.dumps(role_policy(admin.bucket, role)))
+            policy.write_text(json.dumps(role_policy(admin.bucket, role, served)))
             must(mc_call("admin", "policy", "create", "farm", name, str(policy)), f"policy {name}")
             made = mc_call("admin", "user", "add", "farm", keys.access_key, secret=keys.secret_key)
             if not made[0]:

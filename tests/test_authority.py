@@ -8,7 +8,8 @@ a rogue libgearman worker (tests/gearman_holder.c) on the wire and boto3 on S3:
   log in;
 - a build replaced in S3 with the build role's keys is refused by digest by the next nightly and
   by a bisection, and never runs;
-- a cancel marker written with the test role's keys is ignored, and the job completes;
+- a cancel marker written with the test role's keys is refused; one the nightly did not sign, or
+  signed for another run, is ignored; the job completes;
 - a rogue worker holding a job with WORK_STATUS loses it within the lease time;
 - `gearfarm artifact get` checks a build against its signed record and provenance, and
   `gearfarm artifact verify` names the check a flipped byte fails."""
@@ -35,6 +36,7 @@ from gearfarm import config as config_mod
 from gearfarm.config import Config, FarmConfig, GearmanConfig, ProjectConfig
 from gearfarm.farm import EmbeddedFarm
 from gearfarm.job import JobId, Source, make_payload, sign, verify
+from gearfarm.marker import Marker, sealed
 from gearfarm.registry import Registry
 from gearfarm.result import ResultRecord, seal_record
 from gearfarm.s3 import artifact, keys
@@ -374,9 +376,13 @@ def test_a_build_replaced_in_s3_is_refused_by_digest_and_never_runs(auth: Farm) 
     assert _marker_anywhere(auth) == []
 
 
-def test_a_cancel_marker_from_the_test_role_is_ignored(auth: Farm) -> None:
+def test_a_cancel_marker_the_nightly_did_not_sign_is_ignored(auth: Farm) -> None:
+    """The test role cannot write a cancel marker at all; and where a marker does get written
+    without the nightly (the farm's own S3 keys stand for a leaked key or a store with looser
+    policies), a marker signed by a worker host's key, or a genuine one of another run copied
+    here, is ignored, said in the log, and the job completes."""
     rogue = config_mod.load(auth.rogue)
-    s3 = s3_client(rogue)
+    s3, farm_s3 = s3_client(rogue), s3_client(auth.cfg)
     nightly = auth.start_nightly("uncancelled", "--suites", "slow")
     try:
         slow = JobId("uncancelled", T, "test-slow")
@@ -387,13 +393,22 @@ def test_a_cancel_marker_from_the_test_role_is_ignored(auth: Farm) -> None:
         assert e.value.response["Error"]["Code"] == "AccessDenied"
         # Where markers were before (the job's own prefix, which the test role may write): not read.
         s3.put_object(Bucket=rogue.s3.bucket, Key=f"runs/uncancelled/{T}/test-slow/cancel.json", Body=body)
+        forged = sealed(rogue.host_signer(), Marker("cancel", "uncancelled", T, "test-slow", "intruder", 1.0))
+        farm_s3.put_object(Bucket=rogue.s3.bucket, Key=keys.cancel("uncancelled", T, "test-slow"), Body=forged)
+        copied = sealed(auth.cfg.nightly_signer(), Marker("cancel", "another-run", who="carol", at=1.0))
+        farm_s3.put_object(Bucket=rogue.s3.bucket, Key=keys.cancel("uncancelled"), Body=copied)
         out, _ = nightly.communicate(timeout=300)
     finally:
         if nightly.poll() is None:
             nightly.kill()
     assert nightly.returncode == 0, out
     assert auth.db.job(str(slow)).status == "passed"  # type: ignore[union-attr]
-    assert "was cancelled" not in auth.logs()
+    logs = auth.logs()
+    assert "was cancelled" not in logs and "cancelled by" not in logs
+    assert f"IGNORED cancel marker {keys.cancel('uncancelled', T, 'test-slow')} for job {slow}: marker signed " \
+           "by key" in logs, logs[-3000:]
+    assert f"IGNORED cancel marker {keys.cancel('uncancelled')} for job {slow}: a cancel of another-run lies " \
+           "at the key of uncancelled: copied, not obeyed" in logs, logs[-3000:]
 
 
 def test_artifact_get_checks_a_build_and_verify_names_the_check_a_flipped_byte_fails(

@@ -25,9 +25,10 @@ from gearfarm.job import (
     unique_id,
     verify,
 )
+from gearfarm.marker import Marker, read, sealed
 from gearfarm.nightly import Plan
 from gearfarm.s3 import artifact, keys
-from gearfarm.seal import Signer, keyring, seal
+from gearfarm.seal import SealError, Signer, keyring, seal
 
 ROOT = Path(__file__).resolve().parents[1]
 REV = "a" * 40
@@ -220,6 +221,26 @@ def test_unknown_key_replay_and_commands_are_refused() -> None:
         verify(seal("payload", env["body"], NEW), KEYS, 3600)
     with pytest.raises(PayloadError, match="needs name, artifact_key"):
         verify(sign(_payload(artifact_key=None), NEW), KEYS, 3600)
+
+
+def test_a_marker_is_obeyed_only_as_the_nightly_signed_it_for_that_run_or_job() -> None:
+    c = Marker("cancel", "r1", "linux-x86_64", "test-unit", "carol", 5.0)
+    assert read(sealed(NEW, c), KEYS, c) == c
+    assert c.key == keys.cancel("r1", "linux-x86_64", "test-unit")
+    whole, closed = Marker("cancel", "r1", who="carol", at=5.0), Marker("closed", "r1", at=6.0)
+    assert read(sealed(OLD, whole), KEYS, Marker("cancel", "r1")) == whole
+    assert read(sealed(NEW, closed), KEYS, Marker("closed", "r1")) == closed and closed.key == keys.run_closed("r1")
+    for data, message in ((json.dumps({"who": "x", "at": 1}).encode(), "not a signed envelope"),
+                          (sealed(ATTACKER, c), "not one this verifier trusts"),
+                          (sign(_payload(), NEW), "not a marker"),
+                          (sealed(NEW, Marker("closed", "r1", "linux-x86_64", "test-unit")), "not a cancel marker")):
+        with pytest.raises(SealError, match=message):
+            read(data, KEYS, c)
+    # A genuine marker is for the run and job it names, not for the key it was copied to.
+    for at in (Marker("cancel", "r2", "linux-x86_64", "test-unit"), Marker("cancel", "r1", "linux-x86_64", "test-big"),
+               Marker("cancel", "r1")):
+        with pytest.raises(SealError, match="copied, not obeyed"):
+            read(sealed(NEW, c), KEYS, at)
 
 
 def test_s3_key_layout_refuses_unsafe_components() -> None:

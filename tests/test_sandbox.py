@@ -19,7 +19,7 @@ from gearfarm import process
 from gearfarm.config import ProjectConfig, S3Keys
 from gearfarm.farm import EmbeddedFarm
 from gearfarm.s3 import keys
-from gearfarm.s3.minio import MinioServer
+from gearfarm.s3.minio import MinioServer, make_role_users
 from gearfarm.s3.store import ArtifactStore, StoreError
 from gearfarm.sandbox import Sandbox, SandboxError
 from tests.farmkit import gearfarm, key_secrets
@@ -183,7 +183,8 @@ def test_a_worker_that_cannot_stage_its_jobs_for_the_job_uid_names_the_capabilit
 def test_each_role_s3_user_can_do_only_what_its_role_does(tmp_path: Path) -> None:
     """Per-role MinIO users with the policies of gearfarm.s3.keys, on a real MinIO: with the
     test role's keys no artifact (or source, catalog, build log) can be written, while the test
-    role reads artifacts and writes its own step's files."""
+    role reads artifacts and writes its own step's files; a user made for some targets writes
+    only theirs."""
     roles = {r: S3Keys(access_key=f"t-{r}", secret_key=f"{r}-secret-0123456789") for r in keys.ROLE_WRITES}
     with MinioServer(tmp_path / "minio") as minio:
         minio.add_role_users(roles)
@@ -225,6 +226,23 @@ def test_each_role_s3_user_can_do_only_what_its_role_does(tmp_path: Path) -> Non
         with pytest.raises(StoreError, match="AccessDenied"):
             store["collector"].get_bytes(art)
         assert store["collector"].get_bytes(keys.job_file(run, "linux-x86_64", "test-unit", "log.txt")) == b"ok"
+        # A host's users for its own targets only: another target's files and artifacts are refused.
+        mine = {r: S3Keys(access_key=f"t-{r}-x86", secret_key=f"{r}-x86-secret-0123456789") for r in ("build", "test")}
+        make_role_users(minio.s3_config(), mine, {r: ("linux-x86_64",) for r in mine})
+        scoped = {r: ArtifactStore(base.model_copy(update={"roles": mine}).for_role(r), retry_for=0, attempts=1)
+                  for r in mine}
+        for role, own, other in (
+                ("test", keys.job_file(run, "linux-x86_64", "test-unit", "log.txt"),
+                 keys.job_file(run, "linux-aarch64", "test-unit", "log.txt")),
+                ("test", keys.result(run, "linux-x86_64", "test-unit", 1, "e" * 64),
+                 keys.result(run, "windows-x86_64", "test-unit", 1, "e" * 64)),
+                ("build", keys.artifact("b" * 40, "linux-x86_64", "tc1"),
+                 keys.artifact("b" * 40, "linux-aarch64", "tc1")),
+                ("build", keys.job_file(run, "linux-x86_64", "build", "log.txt"),
+                 keys.job_file(run, "linux-aarch64", "build", "log.txt"))):
+            scoped[role].put_bytes(own, b"mine")
+            with pytest.raises(StoreError, match="AccessDenied"):
+                scoped[role].put_bytes(other, b"forged")
         # Wrong keys are refused outright.
         bogus = ArtifactStore(base.model_copy(update={"secret_key": "wrong-secret-123"}), retry_for=0, attempts=1)
         with pytest.raises(StoreError):
@@ -235,7 +253,8 @@ def test_store_roles_makes_the_users_and_prints_their_config(tmp_path: Path) -> 
     with MinioServer(tmp_path / "minio") as minio:
         admin = tmp_path / "admin.toml"
         config_mod.dump(config_mod.Config(s3=minio.s3_config()), admin)
-        p = gearfarm("store", "roles", "--config", str(admin), "--roles", "test", timeout=120)
+        p = gearfarm("store", "roles", "--config", str(admin), "--roles", "test", "--targets", "linux-x86_64",
+                     timeout=120)
         assert p.returncode == 0, p.stderr
         section = config_mod.tomllib.loads(p.stdout)["s3"]["roles"]
         assert set(section) == {"test"}
@@ -243,7 +262,11 @@ def test_store_roles_makes_the_users_and_prints_their_config(tmp_path: Path) -> 
             "test": S3Keys(**section["test"])}}))
         test_store = ArtifactStore(cfg.s3.for_role("test"), retry_for=0, attempts=1)
         test_store.put_bytes(keys.job_file("r1", "linux-x86_64", "test-unit", "log.txt"), b"mine")
-        with pytest.raises(StoreError, match="AccessDenied"):
-            test_store.put_bytes(keys.artifact("a" * 40, "linux-x86_64", "tc"), b"forged")
+        for forged in (keys.artifact("a" * 40, "linux-x86_64", "tc"),
+                       keys.job_file("r1", "linux-aarch64", "test-unit", "log.txt")):
+            with pytest.raises(StoreError, match="AccessDenied"):
+                test_store.put_bytes(forged, b"forged")
         bad = gearfarm("store", "roles", "--config", str(admin), "--roles", "janitor", timeout=60)
         assert bad.returncode != 0 and "give some of build, test, perf, collector" in bad.stderr
+        bad = gearfarm("store", "roles", "--config", str(admin), "--targets", "../x", timeout=60)
+        assert bad.returncode != 0 and "--targets '../x': a target is a name like linux-x86_64" in bad.stderr

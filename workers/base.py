@@ -18,7 +18,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gearfarm import host, process, sandbox
+from botocore.exceptions import ClientError
+
+from gearfarm import host, marker, process, sandbox
 from gearfarm.config import Config
 from gearfarm.connection import gearman_client, gearman_worker
 from gearfarm.gearman import GearmanError, Job
@@ -26,10 +28,12 @@ from gearfarm.hostlock import HostLock
 from gearfarm.job import COLLECT_FUNCTION, Payload, PayloadError, unique_id, verify
 from gearfarm.lease import BEAT_SECONDS, Lease, seal_lease
 from gearfarm.lease import answer as lease_answer
+from gearfarm.marker import Marker
 from gearfarm.priority import Durations
 from gearfarm.result import CASES_CONTENT_TYPE, RecordError, ResultRecord, fit, peek_record
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError
+from gearfarm.seal import SealError
 
 log = logging.getLogger("gearfarm.worker")
 HEARTBEAT_SECONDS = 5.0
@@ -57,6 +61,7 @@ class Context:
         self.client = gearman_client(cfg)
         # Checked now: a worker that could not verify payloads or sign results refuses to start.
         self.nightly = cfg.nightly_lookup()
+        self.ignored: set[tuple[str, str]] = set()  # markers found forged (key, sha256), each logged once
         self.signer = cfg.host_signer()
         self.host = host.fingerprint()
         # The name the registry knows this host by: the ledger checks a record names its signer.
@@ -162,7 +167,7 @@ class Context:
         if time.time() > p.deadline:
             return f"its run's deadline passed at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(p.deadline))}"
         try:
-            if self.store.exists(keys.run_closed(p.run_id)):
+            if self.marked(self.store, Marker("closed", p.run_id), p):
                 return f"run {p.run_id} was reported and closed"
             if self.cancelled(p):
                 return "it was cancelled"
@@ -220,9 +225,29 @@ class Context:
             log.warning("cannot send the heartbeat of %s: %s", p.job_id, e)
 
     def cancelled(self, p: Payload, quick: bool = False) -> bool:
-        """Whether a person cancelled the job or its run (the markers gearfarm web writes)."""
+        """Whether a person cancelled the job or its run: the nightly's signed marker."""
         store = self.quick_store if quick else self.store
-        return store.exists(keys.cancel(p.run_id, p.target, p.step)) or store.exists(keys.cancel(p.run_id))
+        return any(self.marked(store, Marker("cancel", p.run_id, t, s), p)
+                   for t, s in ((p.target, p.step), (None, None)))
+
+    def marked(self, store: ArtifactStore, at: Marker, p: Payload) -> bool:
+        """Whether the nightly's marker ``at`` is in S3, sealed by the nightly for this run or
+        job (gearfarm.marker). Any other object at its key is ignored, said once in the log."""
+        try:
+            data = store.get_bytes(at.key)
+        except ClientError:
+            return False  # no such marker (a refusal is a StoreError)
+        try:
+            m = marker.read(data, self.nightly, at)
+        except SealError as e:
+            seen = (at.key, hashlib.sha256(data).hexdigest())
+            if seen not in self.ignored:
+                self.ignored.add(seen)
+                log.warning("IGNORED %s marker %s for job %s: %s", at.kind, at.key, p.job_id, e)
+            return False
+        if m.kind == "cancel":
+            log.info("job %s: %s cancelled by %s", p.job_id, "the job" if m.step else "its run", m.who)
+        return True
 
 
 RoleHandler = Callable[[Context, Payload, Job], ResultRecord]

@@ -22,11 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gearfarm import catalog as catalog_mod  # noqa: E402
-from gearfarm import config as config_mod  # noqa: E402
+from gearfarm import config as config_mod
 from gearfarm.config import ProjectConfig  # noqa: E402
-from gearfarm.farm import EmbeddedFarm  # noqa: E402
-from gearfarm.store import ResultsDB  # noqa: E402
+from gearfarm.db.results import ResultsDB  # noqa: E402
+from gearfarm.formats import catalog as catalog_mod
+from gearfarm.run.farm import EmbeddedFarm  # noqa: E402
 from tests.bisect_projects import SPIN_CATALOG, spin_repo  # noqa: E402
 from tests.farmkit import gearfarm  # noqa: E402
 

@@ -19,12 +19,12 @@ Sections (all by default; --only picks some):
   cores, whichever is longer; a benchmark counts as holding every core (it has the host to
   itself, issue #12). --nightly-repeat pairs per variant, taking turns, and their median. The
   nightly starts from the job durations the one-slot run measured on this host, as a farm's
-  nightly does from the night before's (gearfarm/priority.py).
+  nightly does from the night before's (gearfarm/run/priority.py).
 * scale: the same nightly with 1, 2 and 4 targets.
 * hosts: the nightly on a lab of 1, 2 and 4 simulated hosts (network namespaces, root only)
   sharing this machine's cores, one build-and-test slot each: what more hosts cost.
 
-Figures, not pass/fail. The bench holds the host lock exclusive (gearfarm/hostlock.py) while it
+Figures, not pass/fail. The bench holds the host lock exclusive (gearfarm/hosts/hostlock.py) while it
 measures, so other farm jobs on this host wait (and so does a detector bench holding it shared).
 
 Run: .venv/bin/python bench/farm_speed.py [--only dispatch,transfer,codec,startstop,nightly,scale,hosts]
@@ -50,8 +50,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gearfarm.gearman import Client, Worker  # noqa: E402
-from gearfarm.gearmand import Gearmand  # noqa: E402
-from gearfarm.hostlock import HostLock  # noqa: E402
+from gearfarm.hosts.gearmand import Gearmand  # noqa: E402
+from gearfarm.hosts.hostlock import HostLock  # noqa: E402
 
 SECTIONS = ("dispatch", "transfer", "codec", "startstop", "nightly", "scale", "hosts")
 FUNCTION = "bench-echo"
@@ -293,8 +293,8 @@ def _mc() -> str:
 # ----------------------------------------------------------------------------------- startstop
 
 def startstop(repeat: int, tmp_root: Path) -> tuple[float, float]:
-    from gearfarm import catalog
-    from gearfarm.farm import EmbeddedFarm
+    from gearfarm.formats import catalog
+    from gearfarm.run.farm import EmbeddedFarm
 
     cat = catalog.load_file(ROOT / "jobs" / "catalog.toml")
     starts, stops = [], []
@@ -340,7 +340,7 @@ Job = tuple[str, str, float, float, float, float]
 
 def job_seconds(state: Path, run_id: str) -> list[Job]:
     """(kind, target, wall seconds of its own work, CPU seconds, started, finished) per job."""
-    from gearfarm.store import ResultsDB
+    from gearfarm.db.results import ResultsDB
 
     out = []
     for r in ResultsDB(f"sqlite:///{state / 'results.db'}").jobs(run_id):
@@ -491,14 +491,14 @@ def lab_nightly(n_hosts: int, tmp: Path, targets: str | None) -> tuple[float, in
     the collector here, one build-and-test slot per host (the first also runs the perf worker),
     each host with its own host lock. Returns (wall seconds, jobs)."""
     from gearfarm import config as config_mod
-    from gearfarm import process
     from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig
+    from gearfarm.db.registry import Registry
+    from gearfarm.db.results import ResultsDB
+    from gearfarm.formats.job import KINDS
+    from gearfarm.formats.seal import Signer
     from gearfarm.gearman import admin
-    from gearfarm.job import KINDS
-    from gearfarm.registry import Registry
+    from gearfarm.hosts import process
     from gearfarm.s3.minio import MinioServer
-    from gearfarm.seal import Signer
-    from gearfarm.store import ResultsDB
 
     base = tmp / f"lab-{n_hosts}"
     procs: list[subprocess.Popen[bytes]] = []

@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gearfarm.gearman import BackgroundJob, Client, Worker, admin  # noqa: E402
-from gearfarm.gearmand import Gearmand  # noqa: E402
+from gearfarm.hosts.gearmand import Gearmand  # noqa: E402
 
 
 def main() -> None:

@@ -34,9 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gearfarm import catalog as catalog_mod  # noqa: E402
-from gearfarm import host  # noqa: E402
-from gearfarm.hostlock import HostLock  # noqa: E402
+from gearfarm.formats import catalog as catalog_mod  # noqa: E402
+from gearfarm.hosts import host  # noqa: E402
+from gearfarm.hosts.hostlock import HostLock  # noqa: E402
 
 TARGET = "linux-x86_64"
 GOAL = 0.03

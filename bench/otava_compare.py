@@ -1,4 +1,4 @@
-"""Compare gearfarm's change-point detector (gearfarm/changepoint.py) with Apache Otava's defaults.
+"""Compare gearfarm's change-point detector (gearfarm/perf/changepoint.py) with Apache Otava's defaults.
 
 Every detector sees the same seeded synthetic nightly series (bench/series.py: 80 nights, a step
 of 2, 3, 5 or 10 % on night 60 or none, four kinds of noise at 1 % and 3 %, and the farm's side
@@ -16,7 +16,7 @@ Detectors:
   each night's build against the previous night's with its standard error;
 * "gearfarm + farm info + night test": what the nightly's report alarms on, the change points of
   "gearfarm + farm info" and the nights whose own A/B pairs alone show a change (the night's
-  paired test, gearfarm/perf.py: paired_changes, on the series' PAIRS pairs a night). Its false
+  paired test, gearfarm/perf/analysis.py: paired_changes, on the series' PAIRS pairs a night). Its false
   alarms are the farm's: the paired test judges every night of every metric on its own.
 
 One table row per (kind, noise, step size), with per detector: detections (the step alarmed within
@@ -46,10 +46,10 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.series import KINDS, LENGTH, NOISES, STEP_AT, STEPS, Series, make_series  # noqa: E402
-from gearfarm.changepoint import detect  # noqa: E402
-from gearfarm.hostlock import HostLock  # noqa: E402
-from gearfarm.pairs import Paired  # noqa: E402
-from gearfarm.perf import paired_changes  # noqa: E402
+from gearfarm.hosts.hostlock import HostLock  # noqa: E402
+from gearfarm.perf.analysis import paired_changes  # noqa: E402
+from gearfarm.perf.changepoint import detect  # noqa: E402
+from gearfarm.perf.pairs import Paired  # noqa: E402
 
 FIRST_NIGHT = 10  # nights before this are history only: nobody alarms on a 5-night series
 TOL = 2

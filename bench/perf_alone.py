@@ -29,9 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gearfarm import catalog as catalog_mod  # noqa: E402
 from gearfarm import config as config_mod  # noqa: E402
-from gearfarm.hostlock import HostLock  # noqa: E402
+from gearfarm.formats import catalog as catalog_mod  # noqa: E402
+from gearfarm.hosts.hostlock import HostLock  # noqa: E402
 from gearfarm.s3 import artifact  # noqa: E402
 from gearfarm.s3.store import ArtifactStore  # noqa: E402
 

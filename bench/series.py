@@ -37,7 +37,7 @@ when there is one, is on night STEP_AT = 60), with the farm's side information f
   level: it moves only on nights whose build changed) has standard error se and correlation 1/2
   with log ratio_t. ref_se[t] = se. Night 0 has none.
 * pairs[t]: the night's PAIRS A/B pairs themselves (log ratios), which the nightly's own paired
-  test (gearfarm/perf.py: paired_changes) judges: their mean is log ratios[t] and their scatter
+  test (gearfarm/perf/analysis.py: paired_changes) judges: their mean is log ratios[t] and their scatter
   that of PAIRS pairs whose mean has standard error se (each pair's noise N(0, se^2 PAIRS),
   centred on the night's mean, which for normal noise leaves the scatter independent of it).
   Night 0 has none.

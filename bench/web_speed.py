@@ -24,12 +24,13 @@ from urllib.parse import urlencode
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gearfarm import catalog as catalog_mod  # noqa: E402
-from gearfarm import process, publisher  # noqa: E402
 from gearfarm.config import Config, DatabaseConfig, FarmConfig, S3Config, WebConfig, dump  # noqa: E402
-from gearfarm.net import free_port  # noqa: E402
-from gearfarm.result import ResultRecord  # noqa: E402
-from gearfarm.store import Case, CatalogRow, Job, Regression, ResultsDB, Run, SampleRow  # noqa: E402
+from gearfarm.db.results import Case, CatalogRow, Job, Regression, ResultsDB, Run, SampleRow  # noqa: E402
+from gearfarm.formats import catalog as catalog_mod  # noqa: E402
+from gearfarm.formats.result import ResultRecord  # noqa: E402
+from gearfarm.hosts import process  # noqa: E402
+from gearfarm.hosts.net import free_port  # noqa: E402
+from gearfarm.report import publisher  # noqa: E402
 
 TARGETS = [f"linux-t{i:02d}" for i in range(10)]
 BENCHMARKS = {"iibench-betree": ["insert_rate", "insert_rate_last10pct", "insert_rate_cpu", "file_bytes"],

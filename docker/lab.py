@@ -31,16 +31,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gearfarm import config as config_mod
-from gearfarm import tls
 from gearfarm.config import Config, S3Keys
-from gearfarm.connection import ssl_context
+from gearfarm.db.registry import Registry
+from gearfarm.db.results import ResultsDB
+from gearfarm.formats.seal import Signer
 from gearfarm.gearman import admin
-from gearfarm.net import free_port
-from gearfarm.registry import Registry
+from gearfarm.hosts import tls
+from gearfarm.hosts.connection import ssl_context
+from gearfarm.hosts.net import free_port
 from gearfarm.s3.minio import make_role_users
 from gearfarm.s3.store import ArtifactStore
-from gearfarm.seal import Signer
-from gearfarm.store import ResultsDB
 
 COMPOSE = Path(__file__).resolve().parent / "compose.yaml"
 SERVERS = ("gearmand1", "gearmand2", "minio1", "minio2", "minio3", "minio4", "postgres")

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from gearfarm.seal import Lookup, SealError, Signer, keyring, parse_public
+from gearfarm.formats.seal import Lookup, SealError, Signer, keyring, parse_public
 
 ENV_VAR = "GEARFARM_CONFIG"
 DEFAULT_CATALOG = "jobs/catalog.toml"
@@ -34,7 +34,7 @@ class GearmanConfig(_Section):
     # CA file to verify the job server's TLS certificate (stunnel in front of gearmand).
     tls_ca: str | None = None
     tls_server_name: str | None = None
-    # This host's client certificate and key from the farm CA (python -m gearfarm.tls client):
+    # This host's client certificate and key from the farm CA (python -m gearfarm.hosts.tls client):
     # a lab's stunnel admits no one without them (docs/tls.md).
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -259,7 +259,7 @@ class FarmConfig(_Section):
     # A payload older than this is refused as a replay.
     payload_max_age: float = 24 * 3600.0
     # A running job whose lease has had no signed heartbeat for this long (its worker died or was
-    # cut off, or whatever holds it is not a registered host: gearfarm.lease) is submitted again.
+    # cut off, or whatever holds it is not a registered host: gearfarm.formats.lease) is submitted again.
     # Workers beat every 10 s, or a third of this if shorter: give every host the same value.
     lease_timeout: float = 60.0
     # A job gearmand no longer knows, whose result has not arrived after this long, was
@@ -269,7 +269,7 @@ class FarmConfig(_Section):
     resubmit_budget: int = 20
     # The most of its commands' output a job's log keeps, in bytes or as a size ("64 MiB", "1 GiB"):
     # past it the log keeps the output's head and its last quarter, with a note of how many bytes
-    # were dropped between (gearfarm.process.CappedLog). A worker holds that quarter in memory
+    # were dropped between (gearfarm.hosts.process.CappedLog). A worker holds that quarter in memory
     # while a command runs.
     log_limit: int = Field(default=64 * 1024 * 1024, ge=64 * 1024)
 
@@ -293,12 +293,12 @@ class FarmConfig(_Section):
     # and the nightly no shorter.
     slots: int = Field(default=0, ge=0, le=256)
     # Seconds a benchmark lets its host's builds and tests go first (it takes the host when
-    # none runs); past it, new ones wait for the benchmark (gearfarm/hostlock.py).
+    # none runs); past it, new ones wait for the benchmark (gearfarm/hosts/hostlock.py).
     perf_patience: float = Field(default=600.0, ge=0)
     # Nights a target's reference build stays pinned before the last good build replaces it (the
     # perf jobs' third side: docs/performance.md, "The reference build"); 0: no reference.
     reference_nights: int = Field(default=28, ge=0, le=366)
-    # How workers confine a job's commands (gearfarm/sandbox.py): "bwrap" (bubblewrap; the
+    # How workers confine a job's commands (gearfarm/step/sandbox.py): "bwrap" (bubblewrap; the
     # worker refuses to start if it cannot) or "none" (unconfined, on purpose).
     sandbox: str = Field(default="bwrap", pattern=r"^(bwrap|none)$")
     # The uid (and gid) a root worker runs jobs' commands as, outside their sandbox: one no account
@@ -316,7 +316,7 @@ class FarmConfig(_Section):
 
 
 class BisectConfig(_Section):
-    """Bisection of what a nightly finds (gearfarm/bisection.py, docs/bisection.md)."""
+    """Bisection of what a nightly finds (gearfarm/bisection/runner.py, docs/bisection.md)."""
 
     # After a nightly's mail, bisect its new failures and performance regressions whose range
     # holds more than one commit; a follow-up mail names the culprits.
@@ -335,7 +335,7 @@ class BisectConfig(_Section):
 
 
 class RetentionConfig(_Section):
-    """What `gearfarm store prune` keeps (gearfarm/retention.py, docs/bisection.md "Retention")."""
+    """What `gearfarm store prune` keeps (gearfarm/run/retention.py, docs/bisection.md "Retention")."""
 
     # Builds, sources and run files (logs, results, reports) not used for this many days expire,
     # unless the policy keeps them: the last good and first bad builds of every regression, every

@@ -2,7 +2,7 @@
 
 artifacts/<rev>/<target>/<toolchain>/artifact.tar.zst  the packed build outputs + manifest
 artifacts/<rev>/<target>/<toolchain>/manifest.json     the manifest alone (read before download)
-artifacts/<rev>/<target>/<toolchain>/provenance.intoto.json   its signed provenance (gearfarm.provenance)
+artifacts/<rev>/<target>/<toolchain>/provenance.intoto.json   its signed provenance (gearfarm.formats.provenance)
 sources/<rev>/source.tar.zst                            the tree at a commit (the nightly uploads it once)
 sources/<rev>/manifest.json                            its sha256 and size
 catalogs/<sha256>.toml                                 a catalog the nightly validated, by content
@@ -10,8 +10,8 @@ projects/<project>/latest.json                         the project's newest cata
 runs/<run>/<target>/<step>/log.txt | junit.xml
 runs/<run>/<target>/<step>/results/<attempt>-<digest>.json   one sealed result record each
 runs/<run>/<target>/<step>/cases/<sha256>.json.zst          a record's cases, when too many for the record
-runs/<run>/closed.json                                       the run was reported: drop its jobs (gearfarm.marker)
-cancels/<run>/run.json | cancels/<run>/<target>/<step>.json   a person cancelled the run / the job (gearfarm.marker)
+runs/<run>/closed.json                                       the run was reported: drop its jobs (a marker)
+cancels/<run>/run.json | cancels/<run>/<target>/<step>.json   a person cancelled the run / the job (a marker)
 runs/<run>/report.json | report.html
 """
 
@@ -96,7 +96,7 @@ def results_of(run_id: str, target: str, step: str, attempt: int) -> str:
 
 
 def cases(run_id: str, target: str, step: str, sha256: str) -> str:
-    """A result record's test cases when they would make it too large (gearfarm.result.offload_cases):
+    """A result record's test cases when they would make it too large (gearfarm.formats.result.offload_cases):
     under the job's own prefix, which its role may write and the collector may read (ROLE_WRITES,
     ROLE_READS); named by the sha256 of the object, which the record is sealed with."""
     if len(sha256) != 64 or sha256.strip("0123456789abcdef"):

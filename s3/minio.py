@@ -2,7 +2,7 @@
 port, data under a state directory, and a bucket ready before start() returns.
 
 With ``certs_dir`` (holding ``public.crt`` and ``private.key``, e.g. from
-``python -m gearfarm.tls server DIR --minio 127.0.0.1``) MinIO serves HTTPS only, and
+``python -m gearfarm.hosts.tls server DIR --minio 127.0.0.1``) MinIO serves HTTPS only, and
 ``ca_bundle`` -- the CA that issued the certificate -- is what the readiness probe and
 ``s3_config()`` verify it with."""
 
@@ -22,9 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import quote
 
-from gearfarm import process
 from gearfarm.config import S3Config, S3Keys
-from gearfarm.net import free_port
+from gearfarm.hosts import process
+from gearfarm.hosts.net import free_port
 from gearfarm.s3.keys import ALL_TARGETS, role_policy
 
 

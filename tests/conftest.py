@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gearfarm.gearmand import Gearmand
+from gearfarm.hosts.gearmand import Gearmand
 from gearfarm.s3.minio import MinioServer
 from tests.pg import db_url, pg_server, pg_url  # noqa: F401 - fixtures
 

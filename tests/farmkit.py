@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from gearfarm.config import Config
-    from gearfarm.farm import EmbeddedFarm
-    from gearfarm.ledger import Ledger
-    from gearfarm.seal import Signer
+    from gearfarm.formats.seal import Signer
+    from gearfarm.run.farm import EmbeddedFarm
+    from gearfarm.run.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
@@ -28,9 +28,9 @@ def keyed(state: Path, db_url: str, host: str = "farmhost", roles: tuple[str, ..
     farm is: the nightly's key and the host's in ``state``/keys (made once), and the host's key
     registered in the results database at ``db_url`` for ``roles`` on ``targets``."""
     from gearfarm.config import write_private
-    from gearfarm.registry import Registry
-    from gearfarm.seal import Signer
-    from gearfarm.store import ResultsDB
+    from gearfarm.db.registry import Registry
+    from gearfarm.db.results import ResultsDB
+    from gearfarm.formats.seal import Signer
 
     paths = {}
     for name in ("nightly", host):
@@ -57,7 +57,7 @@ def key_secrets(cfg: Config) -> list[str]:
 
 def claim(ledger: Ledger, signer: Signer, job_id: str, attempt: int, host: str, worker: str = "w") -> str:
     """A worker's claim of an attempt, as the collector hands it to the ledger: its answer word."""
-    from gearfarm.lease import Lease, seal_lease
+    from gearfarm.formats.lease import Lease, seal_lease
 
     word, _ = ledger.lease(seal_lease(Lease(job_id=job_id, attempt=attempt, host=host, worker=worker, beat=0), signer))
     return word
@@ -152,8 +152,8 @@ def six_nights(base: Path) -> tuple[EmbeddedFarm, Path, dict[str, str]]:
     """Six real nightlies (w1..w6: build, unit suite, a counted iiBench) of an engine repository
     whose fifth commit breaks a unit test and makes inserts ~20 % slower. Returns the farm,
     still running (the caller stops it), the repository and each run's revision."""
-    from gearfarm import catalog as catalog_mod
-    from gearfarm.farm import EmbeddedFarm
+    from gearfarm.formats import catalog as catalog_mod
+    from gearfarm.run.farm import EmbeddedFarm
 
     repo = make_repo(base / "repo")
     cat = repo / "jobs" / "catalog.toml"
@@ -212,8 +212,8 @@ def start_web(config: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     import time
     import urllib.request
 
-    from gearfarm import process
-    from gearfarm.net import free_port
+    from gearfarm.hosts import process
+    from gearfarm.hosts.net import free_port
 
     port = free_port()
     proc = process.spawn([sys.executable, "-m", "gearfarm.cli", "web", "--config", str(config), "--listen",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gearfarm.net import free_port
+from gearfarm.hosts.net import free_port
 
 BINDIR = Path(os.environ.get("GEARFARM_TEST_PG_BINDIR", "/usr/lib/postgresql/15/bin"))
 SUPERUSER = "gearfarm"

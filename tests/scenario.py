@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gearfarm import catalog as catalog_mod
-from gearfarm.farm import EmbeddedFarm
+from gearfarm.formats import catalog as catalog_mod
+from gearfarm.run.farm import EmbeddedFarm
 from tests.farmkit import commit, gearfarm, make_repo
 
 TARGET = "linux-x86_64"

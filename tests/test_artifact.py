@@ -566,7 +566,7 @@ def _linked_outputs(root: Path) -> Path:
 
 
 def test_collect_outputs_keeps_links_inside_the_tree_and_refuses_links_out(tmp_path: Path) -> None:
-    from gearfarm import step
+    from gearfarm.step import runner as step
 
     root = _linked_outputs(tmp_path / "root")
     # Links are outputs of their own; a directory link is never descended (src/api.h is not
@@ -598,9 +598,9 @@ def test_collect_outputs_keeps_links_inside_the_tree_and_refuses_links_out(tmp_p
 
 
 def test_a_build_leaving_a_link_out_of_its_tree_fails_naming_it(tmp_path: Path) -> None:
-    from gearfarm import catalog as catalog_mod
-    from gearfarm import step
-    from gearfarm.sandbox import Sandbox
+    from gearfarm.formats import catalog as catalog_mod
+    from gearfarm.step import runner as step
+    from gearfarm.step.sandbox import Sandbox
 
     cat = catalog_mod.parse('schema = 2\n[build]\nargv = ["sh", "-c", "mkdir out && echo x > out/a && '
                             'ln -s /etc/passwd out/leak"]\noutputs = ["out"]\n'
@@ -615,7 +615,7 @@ def test_a_build_leaving_a_link_out_of_its_tree_fails_naming_it(tmp_path: Path) 
 
 
 def test_links_are_packed_as_links_reproducibly_and_unpacked_verified(tmp_path: Path) -> None:
-    from gearfarm import step
+    from gearfarm.step import runner as step
 
     packs = []
     for where in ("a", "elsewhere/b"):

@@ -31,18 +31,18 @@ import pytest
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import ClientError
 
-from gearfarm import catalog as catalog_mod
 from gearfarm import config as config_mod
 from gearfarm.config import Config, FarmConfig, GearmanConfig, ProjectConfig
-from gearfarm.farm import EmbeddedFarm
-from gearfarm.job import JobId, Source, make_payload, sign, verify
-from gearfarm.marker import Marker, sealed
-from gearfarm.registry import Registry
-from gearfarm.result import ResultRecord, seal_record
+from gearfarm.db.registry import Registry
+from gearfarm.db.results import ResultsDB
+from gearfarm.formats import catalog as catalog_mod
+from gearfarm.formats.job import JobId, Source, make_payload, sign, verify
+from gearfarm.formats.marker import Marker, sealed
+from gearfarm.formats.result import ResultRecord, seal_record
+from gearfarm.formats.seal import Signer
+from gearfarm.run.farm import EmbeddedFarm
 from gearfarm.s3 import artifact, keys
 from gearfarm.s3.store import ArtifactStore
-from gearfarm.seal import Signer
-from gearfarm.store import ResultsDB
 from tests.farmkit import ROOT, add_user, commit, gearfarm, start_web, wait_for
 from tests.projects import _init
 
@@ -234,7 +234,7 @@ def test_a_cookie_signed_with_what_a_worker_host_holds_does_not_log_in(auth: Far
     from flask.sessions import SecureCookieSessionInterface
     from flask_wtf.csrf import generate_csrf
 
-    from gearfarm import process
+    from gearfarm.hosts import process
 
     rogue = config_mod.load(auth.rogue)
     held = [Path(str(rogue.farm.host_key)).read_text(), rogue.farm.nightly_keys[0], rogue.s3.secret_key]
@@ -278,7 +278,8 @@ def test_the_run_page_links_each_build_with_its_sha256_and_provenance_for_accoun
     import urllib.error
     import urllib.request
 
-    from gearfarm import process, provenance
+    from gearfarm.formats import provenance
+    from gearfarm.hosts import process
 
     assert auth.nightly("page-run", "--suites", "good").returncode == 0
     build = auth.db.job(str(JobId("page-run", T, "build")))

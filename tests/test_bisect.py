@@ -1,4 +1,4 @@
-"""The bisection search (gearfarm/bisect.py) with revisions judged by rule: every culprit
+"""The bisection search (gearfarm/bisection/search.py) with revisions judged by rule: every culprit
 position is found within log2 probes, unbuildable commits are skipped like `git bisect skip`,
 the budget stops it with the range so far, and a flaky verdict stops it saying so."""
 
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from gearfarm.bisect import Budget, Probe, judge_test, search
+from gearfarm.bisection.search import Budget, Probe, judge_test, search
 
 REVS = [f"c{i:02d}" + "0" * 37 for i in range(1, 17)]  # c01 (last good) .. c16 (first bad)
 

@@ -17,13 +17,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from gearfarm import catalog as catalog_mod
 from gearfarm import config as config_mod
-from gearfarm import process
 from gearfarm.config import ProjectConfig
-from gearfarm.farm import EmbeddedFarm
+from gearfarm.db.results import ResultsDB
+from gearfarm.formats import catalog as catalog_mod
+from gearfarm.hosts import process
+from gearfarm.run.farm import EmbeddedFarm
 from gearfarm.s3.store import ArtifactStore
-from gearfarm.store import ResultsDB
 from tests.bisect_projects import CATALOG, SPIN_CATALOG, calc_repo, spin_repo
 from tests.farmkit import gearfarm, start_web
 

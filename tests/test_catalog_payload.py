@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from gearfarm import catalog
-from gearfarm.job import (
+from gearfarm.formats import catalog
+from gearfarm.formats.job import (
     Artifact,
     JobId,
     Payload,
@@ -25,10 +25,10 @@ from gearfarm.job import (
     unique_id,
     verify,
 )
-from gearfarm.marker import Marker, read, sealed
-from gearfarm.nightly import Plan
+from gearfarm.formats.marker import Marker, read, sealed
+from gearfarm.formats.seal import SealError, Signer, keyring, seal
+from gearfarm.run.nightly import Plan
 from gearfarm.s3 import artifact, keys
-from gearfarm.seal import SealError, Signer, keyring, seal
 
 ROOT = Path(__file__).resolve().parents[1]
 REV = "a" * 40

@@ -1,14 +1,14 @@
-"""Behaviour of the performance change-point detector (gearfarm/changepoint.py) and its plots
-(gearfarm/perfplot.py), issue #6. Seeded series, so every assertion is deterministic."""
+"""Behaviour of the performance change-point detector (gearfarm/perf/changepoint.py) and its plots
+(gearfarm/perf/plot.py), issue #6. Seeded series, so every assertion is deterministic."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-import gearfarm.changepoint as changepoint
-from gearfarm.changepoint import detect, find_changes
-from gearfarm.perfplot import plot
+import gearfarm.perf.changepoint as changepoint
+from gearfarm.perf.changepoint import detect, find_changes
+from gearfarm.perf.plot import plot
 
 
 def noisy(n: int = 60, noise: float = 0.01, seed: int = 1, level: float = 1000.0) -> np.ndarray:

@@ -33,17 +33,17 @@ from types import TracebackType
 import pytest
 from sqlalchemy import select
 
-from gearfarm import catalog as catalog_mod
 from gearfarm import config as config_mod
-from gearfarm.farm import EmbeddedFarm
+from gearfarm.db.registry import Registry
+from gearfarm.db.results import Job, ResultsDB
+from gearfarm.formats import catalog as catalog_mod
+from gearfarm.formats.job import COLLECT_FUNCTION, JobId, Payload, Source, make_payload, sign
+from gearfarm.formats.result import PRODUCT, ResultRecord, open_record, seal_record
+from gearfarm.formats.seal import Lookup, Signer, keyring
 from gearfarm.gearman import BackgroundJob, Client, admin
-from gearfarm.job import COLLECT_FUNCTION, JobId, Payload, Source, make_payload, sign
-from gearfarm.registry import Registry
-from gearfarm.result import PRODUCT, ResultRecord, open_record, seal_record
+from gearfarm.run.farm import EmbeddedFarm
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore
-from gearfarm.seal import Lookup, Signer, keyring
-from gearfarm.store import Job, ResultsDB
 from tests.farmkit import ROOT, edit_catalog, key_secrets, keyed, make_repo
 from tests.pg import PostgresServer, pg_server, pg_url  # noqa: F401 - fixtures
 
@@ -678,9 +678,9 @@ def lab_netns() -> Iterator[tuple[str, str, str]]:
 
 def test_a_worker_host_cut_off_mid_job_and_the_job_completes_on_another_host(
         chaos_repo: Path, tmp_path: Path, lab_netns: tuple[str, str, str]) -> None:
-    from gearfarm import process
     from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig
-    from gearfarm.gearmand import Gearmand
+    from gearfarm.hosts import process
+    from gearfarm.hosts.gearmand import Gearmand
     from gearfarm.s3.minio import MinioServer
 
     ns, addr, host_if = lab_netns
@@ -735,9 +735,9 @@ def test_a_worker_host_cut_off_mid_job_and_the_job_completes_on_another_host(
 def test_fuzzed_forged_and_replayed_payloads_are_never_executed(tmp_path: Path, chaos_repo: Path) -> None:
     """A real test worker gets garbage, forged, tampered, replayed, oversized and misdirected
     jobs through gearmand: it rejects every one with a log line, runs none, and stays up."""
-    from gearfarm import process
     from gearfarm.config import Config, FarmConfig, GearmanConfig
-    from gearfarm.gearmand import Gearmand
+    from gearfarm.hosts import process
+    from gearfarm.hosts.gearmand import Gearmand
 
     rng = random.Random(7)
     n = int(SIZE["fuzz_payloads"])

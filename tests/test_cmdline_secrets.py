@@ -14,9 +14,9 @@ import threading
 import time
 from pathlib import Path
 
-from gearfarm import catalog as catalog_mod
 from gearfarm import config as config_mod
-from gearfarm.farm import EmbeddedFarm
+from gearfarm.formats import catalog as catalog_mod
+from gearfarm.run.farm import EmbeddedFarm
 from tests.farmkit import key_secrets
 
 CATALOG = """schema = 2

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gearfarm import catalog, process
-from gearfarm.farm import EmbeddedFarm, FarmError
+from gearfarm.formats import catalog
+from gearfarm.hosts import process
+from gearfarm.run.farm import EmbeddedFarm, FarmError
 
 ROOT = Path(__file__).resolve().parent.parent
 

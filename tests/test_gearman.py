@@ -1,4 +1,4 @@
-"""Tests of gearfarm.gearman (client, worker, admin, protocol) and gearfarm.gearmand.
+"""Tests of gearfarm.gearman (client, worker, admin, protocol) and gearfarm.hosts.gearmand.
 
 Everything except the pure protocol tests runs against a real gearmand on a free
 loopback port (fixture ``gearmand`` in conftest.py), and the interoperability tests
@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from gearfarm import gearmand as gearmand_module
 from gearfarm.gearman import (
     BackgroundJob,
     Client,
@@ -38,8 +37,9 @@ from gearfarm.gearman import (
 from gearfarm.gearman.client import _PIPELINE_CHUNK
 from gearfarm.gearman.errors import StatusUnknown
 from gearfarm.gearman.protocol import REQ, RES, decode, encode, format_address
-from gearfarm.gearmand import Gearmand, GearmandError
-from gearfarm.net import free_port
+from gearfarm.hosts import gearmand as gearmand_module
+from gearfarm.hosts.gearmand import Gearmand, GearmandError
+from gearfarm.hosts.net import free_port
 
 FAST = {"poll_interval": 0.1, "max_backoff": 0.3}
 

@@ -23,10 +23,11 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, text
 
-from gearfarm import history, report
-from gearfarm.ledger import Ledger
-from gearfarm.result import CaseResult, ResultRecord
-from gearfarm.store import Base, ResultsDB, alembic_config, current_revision, head_revision
+from gearfarm.db import history
+from gearfarm.db.results import Base, ResultsDB, alembic_config, current_revision, head_revision
+from gearfarm.formats.result import CaseResult, ResultRecord
+from gearfarm.report import document as report
+from gearfarm.run.ledger import Ledger
 from tests.pg import pg_server, pg_url  # noqa: F401 - fixtures
 
 T, U = "linux-x86_64", "linux-aarch64"
@@ -109,7 +110,7 @@ def test_migrations_create_the_models_schema_and_upgrade_a_database_made_before_
 
 def test_processes_opening_a_new_database_at_once_all_get_the_schema(db_url: str) -> None:
     # The collector, the nightly and the CLI open the database at the same moment.
-    code = ("import sys; from gearfarm.store import ResultsDB, current_revision; "
+    code = ("import sys; from gearfarm.db.results import ResultsDB, current_revision; "
             "print(current_revision(ResultsDB(sys.argv[1]).engine))")
     procs = [subprocess.Popen([sys.executable, "-c", code, db_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, cwd=Path(__file__).resolve().parents[1]) for _ in range(4)]
@@ -248,7 +249,7 @@ class SMTPSink:
     def __init__(self) -> None:
         from aiosmtpd.controller import Controller
 
-        from gearfarm.net import free_port
+        from gearfarm.hosts.net import free_port
 
         self.messages: list[email.message.EmailMessage] = []
         self.envelopes: list[tuple[str, list[str]]] = []
@@ -274,7 +275,7 @@ class LabFarm:
 
     def __init__(self, base: Path, repo: Path, db_url: str, smtp_port: int) -> None:
         from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig, MailConfig, dump
-        from gearfarm.gearmand import Gearmand
+        from gearfarm.hosts.gearmand import Gearmand
         from gearfarm.s3.minio import MinioServer
         from tests.farmkit import keyed
 
@@ -296,8 +297,8 @@ class LabFarm:
         dump(self.cfg, self.config)
 
     def start(self) -> LabFarm:
-        from gearfarm import process
         from gearfarm.gearman import admin
+        from gearfarm.hosts import process
 
         env = dict(os.environ, PYTHONUNBUFFERED="1", GFE_FLAKY_TOKEN=str(self.token))
         for name, args in (("collector", ["collector"]),
@@ -318,7 +319,7 @@ class LabFarm:
             time.sleep(0.3)
 
     def stop(self) -> None:
-        from gearfarm import process
+        from gearfarm.hosts import process
 
         for p in self.procs:
             process.stop(p, timeout=10)

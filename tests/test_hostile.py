@@ -35,11 +35,11 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from gearfarm import catalog as catalog_mod
 from gearfarm import config as config_mod
-from gearfarm.catalog import CatalogError
 from gearfarm.config import Config, ProjectConfig
-from gearfarm.farm import EmbeddedFarm
+from gearfarm.formats import catalog as catalog_mod
+from gearfarm.formats.catalog import CatalogError
+from gearfarm.run.farm import EmbeddedFarm
 from gearfarm.s3.store import ArtifactStore
 from tests.farmkit import commit, gearfarm, key_secrets, start_web
 from tests.pg import PostgresServer
@@ -288,7 +288,7 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
     finally:
         stop.set()
         if web is not None:
-            from gearfarm import process
+            from gearfarm.hosts import process
 
             process.stop(web, timeout=5)
         farm.stop()
@@ -470,8 +470,8 @@ def test_no_secret_reaches_the_store_the_disk_or_the_dashboard(hostile: Hostile)
 
 
 def test_a_worker_whose_config_every_user_can_read_refuses_to_start(tmp_path: Path) -> None:
-    from gearfarm import sandbox
-    from gearfarm.sandbox import SandboxError
+    from gearfarm.step import sandbox
+    from gearfarm.step.sandbox import SandboxError
 
     path = tmp_path / "farm.toml"
     config_mod.dump(Config(), path)

@@ -1,4 +1,4 @@
-"""The host lock (gearfarm/hostlock.py) between real processes: a benchmark waits for running
+"""The host lock (gearfarm/hosts/hostlock.py) between real processes: a benchmark waits for running
 builds and tests, new ones wait for the benchmark (it is not starved by a stream of them), a
 killed holder frees the host, and the benchmark counts who else is running from what is
 actually registered."""
@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from gearfarm.host import Activity
-from gearfarm.hostlock import HostLock
+from gearfarm.hosts.host import Activity
+from gearfarm.hosts.hostlock import HostLock
 
 HOLDER = """
 import sys, time
 from pathlib import Path
-from gearfarm.hostlock import HostLock
+from gearfarm.hosts.hostlock import HostLock
 mode, what, hold, log = sys.argv[1], sys.argv[2], float(sys.argv[3]), Path(sys.argv[4])
 lock = HostLock(Path(sys.argv[5]))
 with (lock.shared if mode == "shared" else lock.exclusive)(what) as waited:

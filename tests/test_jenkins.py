@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from gearfarm import catalog as catalog_mod
-from gearfarm import junit
 from gearfarm.config import ProjectConfig
-from gearfarm.farm import EmbeddedFarm
-from gearfarm.result import CaseResult, ResultRecord
+from gearfarm.formats import catalog as catalog_mod
+from gearfarm.formats.result import CaseResult, ResultRecord
+from gearfarm.run.farm import EmbeddedFarm
+from gearfarm.step import junit
 from tests import projects
 from tests.farmkit import ROOT, gearfarm
 
@@ -123,7 +123,7 @@ def test_the_nightly_writes_what_the_jenkinsfile_publishes(jenkins_run: tuple[in
 
 
 def test_exit_codes_the_jenkinsfile_relies_on_are_the_nightlys(tmp_path: Path) -> None:
-    from gearfarm import cli
+    from gearfarm.cli import main as cli
 
     assert (cli.EXIT_OK, cli.EXIT_FAILED, cli.EXIT_FARM) == (0, 1, 2)
     for line in ("0  everything passed", "1  a build, test or benchmark failed", "2  the farm itself could not run"):

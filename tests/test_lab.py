@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from gearfarm import config as config_mod
-from gearfarm.connection import ssl_context
+from gearfarm.db.results import ResultsDB
 from gearfarm.gearman import admin
+from gearfarm.hosts.connection import ssl_context
 from gearfarm.s3.store import ArtifactStore
-from gearfarm.store import ResultsDB
 from tests.farmkit import ROOT, make_repo
 
 sys.path.insert(0, str(ROOT / "docker"))

@@ -40,10 +40,10 @@ def test_report_and_mail_do_not_import_each_other_and_history_only_classifies() 
     g = ROOT / "gearfarm"
     assert not {m for m in imports(g / "report.py") if "mail" in m}
     assert not {m for m in imports(g / "mail.py") if "report" in m}
-    assert not {m for m in imports(g / "history.py") if m.startswith(("gearfarm.nightly", "gearfarm.gearman"))}
+    assert not {m for m in imports(g / "history.py") if m.startswith(("gearfarm.run.nightly", "gearfarm.gearman"))}
     for path in sorted((ROOT / "s3").glob("*.py")):
-        above = {m for m in imports(path) if m.startswith(("gearfarm.nightly", "gearfarm.ledger", "gearfarm.workers",
-                                                            "gearfarm.report", "gearfarm.cli"))}
+        above = {m for m in imports(path) if m.startswith(("gearfarm.run.nightly", "gearfarm.run.ledger", "gearfarm.workers",
+                                                            "gearfarm.report.document", "gearfarm.cli.main"))}
         assert not above, f"{path.relative_to(ROOT)} imports {sorted(above)}"
 
 

@@ -1,4 +1,4 @@
-"""The run ledger's rules (gearfarm.ledger), on SQLite and on a real PostgreSQL: the final state
+"""The run ledger's rules (gearfarm.run.ledger), on SQLite and on a real PostgreSQL: the final state
 does not depend on the order records arrive in, a product result is never replaced by a
 farm-made status, an older attempt never wins, a re-delivery changes nothing, results after
 the report are late, unknown jobs and forged records are rejected, a failed build ends its
@@ -14,12 +14,12 @@ from pathlib import Path
 
 from sqlalchemy import update
 
-from gearfarm.job import JobId
-from gearfarm.lease import TAKEOVER, Lease, seal_lease
-from gearfarm.ledger import Ledger, farm_record
-from gearfarm.result import CaseResult, ResultRecord, seal_record
-from gearfarm.seal import Signer
-from gearfarm.store import LeaseRow, ResultsDB
+from gearfarm.db.results import LeaseRow, ResultsDB
+from gearfarm.formats.job import JobId
+from gearfarm.formats.lease import TAKEOVER, Lease, seal_lease
+from gearfarm.formats.result import CaseResult, ResultRecord, seal_record
+from gearfarm.formats.seal import Signer
+from gearfarm.run.ledger import Ledger, farm_record
 from tests.farmkit import claim
 from tests.pg import pg_server, pg_url  # noqa: F401 - fixtures
 
@@ -237,7 +237,7 @@ def test_concurrent_writers_on_postgresql_lose_and_duplicate_nothing(pg_url: str
     with setup.session() as s:
         from sqlalchemy import func, select
 
-        from gearfarm.store import Case, Delivery
+        from gearfarm.db.results import Case, Delivery
 
         n_deliveries = s.scalar(select(func.count()).select_from(Delivery).where(Delivery.run_id == "conc"))
         applied_per_job = dict(s.execute(select(Delivery.job_id, func.count()).where(

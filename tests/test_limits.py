@@ -20,20 +20,22 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from gearfarm import catalog as catalog_mod
 from gearfarm import config as config_mod
-from gearfarm import process, sandbox, step
 from gearfarm.config import FarmConfig, ProjectConfig
-from gearfarm.farm import EmbeddedFarm
-from gearfarm.job import JobId
-from gearfarm.ledger import Ledger
-from gearfarm.registry import Registry
-from gearfarm.result import CaseResult, ResultRecord, seal_record
+from gearfarm.db.registry import Registry
+from gearfarm.db.results import Case, Delivery, ResultsDB
+from gearfarm.formats import catalog as catalog_mod
+from gearfarm.formats.job import JobId
+from gearfarm.formats.result import CaseResult, ResultRecord, seal_record
+from gearfarm.formats.seal import MAX_ENVELOPE, Signer
+from gearfarm.hosts import process
+from gearfarm.run.farm import EmbeddedFarm
+from gearfarm.run.ledger import Ledger
 from gearfarm.s3 import keys
 from gearfarm.s3.minio import MinioServer
 from gearfarm.s3.store import ArtifactStore
-from gearfarm.seal import MAX_ENVELOPE, Signer
-from gearfarm.store import Case, Delivery, ResultsDB
+from gearfarm.step import runner as step
+from gearfarm.step import sandbox
 from tests.farmkit import claim, gearfarm
 from tests.pg import pg_server, pg_url  # noqa: F401 - fixtures
 from tests.projects import _init
@@ -49,7 +51,7 @@ FLOOD = "echo first-line-of-the-flood; yes 0123456789abcdef | head -c {n}; echo;
 STREAMER = textwrap.dedent("""
     import json, sys
     from pathlib import Path
-    from gearfarm import process
+    from gearfarm.hosts import process
     log, cmd, limit = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     kw = {} if limit == "default" else {"limit": int(limit)}
     rc, timed_out = process.run_logged(["sh", "-c", cmd], log, 600, **kw)
@@ -219,7 +221,7 @@ def last_delivery(db: ResultsDB) -> Delivery:
 
 def test_a_record_over_the_envelope_limit_delivers_every_case_through_s3(
         ledger_and_store: tuple[Ledger, ArtifactStore, ResultsDB]) -> None:
-    from gearfarm.result import offload_cases
+    from gearfarm.formats.result import offload_cases
 
     ledger, store, db = ledger_and_store
     rec = big_record("r-limits-1", 50_000)
@@ -255,7 +257,7 @@ def _glob(pattern: str, key: str) -> bool:
 @pytest.mark.parametrize("attack", ["tampered", "truncated", "count", "missing", "elsewhere", "no-store"])
 def test_cases_that_do_not_match_the_signed_digest_reject_the_record(
         ledger_and_store: tuple[Ledger, ArtifactStore, ResultsDB], attack: str) -> None:
-    from gearfarm.result import cases_blob, offload_cases
+    from gearfarm.formats.result import cases_blob, offload_cases
 
     ledger, store, db = ledger_and_store
     rec = big_record(f"r-limits-{attack}", 4000)
@@ -293,9 +295,9 @@ def test_a_spooled_record_sends_its_cases_first_and_reconcile_reads_them(tmp_pat
     it cannot be delivered its cases wait in the spool beside it, go to S3 before it does, and
     the nightly's reconcile from S3 records every case."""
     from gearfarm.config import Config, GearmanConfig
-    from gearfarm.gearmand import Gearmand
-    from gearfarm.nightly import reconcile
-    from gearfarm.result import peek_record
+    from gearfarm.formats.result import peek_record
+    from gearfarm.hosts.gearmand import Gearmand
+    from gearfarm.run.nightly import reconcile
     from gearfarm.workers.base import Context
     from tests.farmkit import keyed
 
@@ -328,7 +330,7 @@ def test_a_spooled_record_sends_its_cases_first_and_reconcile_reads_them(tmp_pat
 
 
 def test_huge_message_and_log_tail_cannot_push_a_record_over_the_limit() -> None:
-    from gearfarm.result import bounded
+    from gearfarm.formats.result import bounded
 
     rec = big_record("r-limits-msg", 1).model_copy(update={
         "message": "\u2603" * 1_000_000, "log_tail": "\U0001f4a5" * 1_000_000, "status": "failed"})
@@ -345,8 +347,8 @@ def test_a_record_that_fits_is_sealed_as_before() -> None:
     and its digest (its identity in the ledger) is the one it had."""
     import hashlib
 
-    from gearfarm.result import fit
-    from gearfarm.seal import canonical
+    from gearfarm.formats.result import fit
+    from gearfarm.formats.seal import canonical
 
     rec = big_record("r-limits-small", 3)
     got, body, blob = fit(rec, KEYS)
@@ -440,7 +442,7 @@ def test_a_suite_of_50000_cases_reports_every_case(night: dict[str, Any]) -> Non
     suite = next(s for s in suites.iter("testsuite") if s.get("name") == f"{T}.test-many")
     assert len(suite.findall("testcase")) == 50_000
     # The dashboard: a case from the end of the suite has its result in this run.
-    from gearfarm import dashboard
+    from gearfarm.web import dashboard
 
     seen = dashboard.test(db, "many/case 49999")
     assert [(x["run_id"], x["status"]) for t in seen["targets"] for x in t["results"]] == [(run_id, "passed")]

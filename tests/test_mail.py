@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from gearfarm import history, mail, publisher, report
 from gearfarm.config import Config, DatabaseConfig, FarmConfig, MailConfig, S3Config, dump
-from gearfarm.net import free_port
-from gearfarm.store import ResultsDB
+from gearfarm.db import history
+from gearfarm.db.results import ResultsDB
+from gearfarm.hosts.net import free_port
+from gearfarm.report import document as report
+from gearfarm.report import mail, publisher
 from tests.farmkit import gearfarm
 from tests.test_history import SMTPSink, T, add_run
 

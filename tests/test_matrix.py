@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from gearfarm import catalog as catalog_mod
 from gearfarm import config as config_mod
-from gearfarm.farm import EmbeddedFarm
+from gearfarm.formats import catalog as catalog_mod
 from gearfarm.gearman import admin
+from gearfarm.run.farm import EmbeddedFarm
 from gearfarm.s3.artifact import unpack
 from gearfarm.s3.store import ArtifactStore
 from tests.farmkit import gearfarm, make_repo
@@ -113,7 +113,7 @@ def test_a_worker_serves_only_its_target_and_an_unserved_target_ends_as_no_worke
 def test_a_worker_asked_for_a_target_it_cannot_serve_fails_at_start(tmp_path: Path) -> None:
     """The worker has no repository: it learns the projects' targets from their newest catalogs
     in S3 (stored by the nightly), and refuses at start a target this host cannot serve."""
-    from gearfarm import snapshot
+    from gearfarm.run import snapshot
     from gearfarm.s3.minio import MinioServer
 
     repo = make_repo(tmp_path / "repo")

@@ -21,13 +21,13 @@ import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.exc import OperationalError
 
-from gearfarm import tls
 from gearfarm.config import Config, GearmanConfig
-from gearfarm.connection import ssl_context
+from gearfarm.db.results import ResultsDB
+from gearfarm.formats.job import COLLECT_FUNCTION
 from gearfarm.gearman import Client, ServerUnavailable, Worker, admin
-from gearfarm.gearmand import Gearmand
-from gearfarm.job import COLLECT_FUNCTION
-from gearfarm.store import ResultsDB
+from gearfarm.hosts import tls
+from gearfarm.hosts.connection import ssl_context
+from gearfarm.hosts.gearmand import Gearmand
 from tests.pg import PostgresError, PostgresServer
 
 SERVER_NAME = "gearman.farm.test"
@@ -247,7 +247,7 @@ def test_half_a_client_certificate_is_a_config_error() -> None:
 
 
 def test_an_unreadable_client_certificate_names_the_fix(tmp_path: Path, farm: MTLSFarm) -> None:
-    with pytest.raises(tls.TLSError, match="python -m gearfarm.tls client"):
+    with pytest.raises(tls.TLSError, match="python -m gearfarm.hosts.tls client"):
         tls.client_context(farm.ca.cert, tmp_path / "missing.crt", tmp_path / "missing.key")
 
 

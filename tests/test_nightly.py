@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from gearfarm import config as config_mod
+from gearfarm.db.results import ResultsDB
 from gearfarm.s3.artifact import unpack
 from gearfarm.s3.minio import MinioServer
 from gearfarm.s3.store import ArtifactStore
-from gearfarm.store import ResultsDB
 from tests.farmkit import commit, gearfarm, keyed, make_repo
 
 TARGET = "linux-x86_64"
@@ -139,7 +139,7 @@ def test_unknown_target_or_suite_exits_2_listing_the_known_ones(farm) -> None:  
 
 def test_unreachable_gearmand_or_minio_exits_2_naming_the_address(tmp_path: Path, farm) -> None:  # type: ignore[no-untyped-def]
     from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig, S3Config, dump
-    from gearfarm.net import free_port
+    from gearfarm.hosts.net import free_port
 
     repo, _ = farm
     dead = free_port()

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gearfarm.outcome import (
+from gearfarm.formats.result import CaseResult
+from gearfarm.step.outcome import (
     FORMATS,
     OutcomeError,
     cases,
@@ -19,7 +20,6 @@ from gearfarm.outcome import (
     metrics_from_pattern,
     relocate_ctest,
 )
-from gearfarm.result import CaseResult
 
 
 def log(tmp_path: Path, text: str, name: str = "step.log") -> Path:

@@ -1,4 +1,4 @@
-"""A night's A/B pairs (gearfarm.pairs, gearfarm.perf.paired_changes): the estimate a user
+"""A night's A/B pairs (gearfarm.perf.pairs, gearfarm.perf.analysis.paired_changes): the estimate a user
 reads every morning and the test that alarms on it, on heavy-tailed pair noise like this VM's
 (a few wild pairs among many that agree within a few percent)."""
 
@@ -10,8 +10,8 @@ import numpy as np
 from scipy import stats
 from scipy.stats import mstats
 
-from gearfarm.pairs import Paired, paired_test
-from gearfarm.perf import PAIRED_ALPHA, paired_changes
+from gearfarm.perf.analysis import PAIRED_ALPHA, paired_changes
+from gearfarm.perf.pairs import Paired, paired_test
 
 
 def night(logs: np.ndarray) -> Paired:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gearfarm import catalog as catalog_mod
-from gearfarm.farm import EmbeddedFarm
+from gearfarm.formats import catalog as catalog_mod
+from gearfarm.run.farm import EmbeddedFarm
 from tests.farmkit import commit, counted_iibench, gearfarm, make_repo, slow_down_inserts
 
 TARGET = "linux-x86_64"

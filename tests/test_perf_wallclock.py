@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from gearfarm.pairs import TRIM
+from gearfarm.perf.pairs import TRIM
 from tests.scenario import Scenario, describe
 
 

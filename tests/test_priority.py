@@ -8,13 +8,13 @@ import multiprocessing
 import subprocess
 from pathlib import Path
 
-from gearfarm import catalog as catalog_mod
 from gearfarm import config as config_mod
-from gearfarm.catalog import Target
 from gearfarm.config import ProjectConfig
-from gearfarm.farm import EmbeddedFarm
-from gearfarm.priority import Durations, longest_first, order
-from gearfarm.store import ResultsDB
+from gearfarm.db.results import ResultsDB
+from gearfarm.formats import catalog as catalog_mod
+from gearfarm.formats.catalog import Target
+from gearfarm.run.farm import EmbeddedFarm
+from gearfarm.run.priority import Durations, longest_first, order
 from tests.farmkit import GIT, commit, gearfarm
 
 TARGETS = {

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gearfarm import probe
-from gearfarm.catalog import Target
+from gearfarm.formats.catalog import Target
+from gearfarm.hosts import probe
 
 
 @pytest.fixture()
@@ -76,7 +76,7 @@ def test_failure_is_not_remembered(cc: tuple[Path, Path]) -> None:
 
 
 def test_servable_probes_targets_in_parallel_and_names_what_is_missing(cc: tuple[Path, Path]) -> None:
-    from gearfarm.catalog import parse
+    from gearfarm.formats.catalog import parse
 
     wrapper, starts = cc
     cat = parse(Path(__file__).resolve().parent.parent.joinpath("jobs", "catalog.toml").read_text(), "catalog")

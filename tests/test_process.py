@@ -1,4 +1,4 @@
-"""Tests of gearfarm.process and gearfarm.reaper with real processes, no mocks: a job's whole
+"""Tests of gearfarm.hosts.process and gearfarm.step.reaper with real processes, no mocks: a job's whole
 process tree dies with the job and with its worker (even on kill -9 of the worker), exit codes
 and timeouts come back exactly, a dead worker's job directories are swept, and stopping a farm
 from its state file kills only the processes it can prove it started."""
@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from gearfarm import process, reaper
-from gearfarm.farm import STATE_FILE, EmbeddedFarm, stop_from_state
+from gearfarm.hosts import process
+from gearfarm.run.farm import STATE_FILE, EmbeddedFarm, stop_from_state
+from gearfarm.step import reaper
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,7 +75,7 @@ TREES = {
 WORKER = """
 import sys
 from pathlib import Path
-from gearfarm.process import run_logged
+from gearfarm.hosts.process import run_logged
 print(run_logged(sys.argv[2:], Path(sys.argv[1]), 600), flush=True)
 """
 
@@ -158,7 +159,7 @@ def test_command_gets_its_output_log_env_cwd_and_no_stdin(tmp_path: Path) -> Non
 
 THREAD_STARTS_JOB = """
 import marshal, os, subprocess, threading, time
-from gearfarm.process import REAPER_COMMAND
+from gearfarm.hosts.process import REAPER_COMMAND
 status_r, status_w = os.pipe()
 def start():
     # The thread that forks the reaper is its PDEATHSIG parent; it exits while the job runs.
@@ -189,7 +190,7 @@ def test_the_job_survives_the_exit_of_the_thread_that_started_it(marker: str) ->
 JOB_DIR_OWNER = """
 import sys, time
 from pathlib import Path
-from gearfarm.process import job_dir
+from gearfarm.hosts.process import job_dir
 with job_dir(Path(sys.argv[1]), "test-") as d:
     (d / "scratch").write_text("left behind")
     print(d, flush=True)

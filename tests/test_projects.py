@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from gearfarm import catalog as catalog_mod
 from gearfarm import config as config_mod
 from gearfarm.config import ProjectConfig
-from gearfarm.farm import EmbeddedFarm
+from gearfarm.db.results import ResultsDB
+from gearfarm.formats import catalog as catalog_mod
+from gearfarm.run.farm import EmbeddedFarm
 from gearfarm.s3.store import ArtifactStore
-from gearfarm.store import ResultsDB
 from tests import projects
 from tests.farmkit import gearfarm
 

@@ -17,11 +17,12 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, func, select, text
 
-from gearfarm import catalog as catalog_mod
-from gearfarm import history, perf
-from gearfarm.ledger import Ledger
-from gearfarm.result import ResultRecord, Sample
-from gearfarm.store import Base, CatalogRow, ResultsDB, alembic_config, current_revision
+from gearfarm.db import history
+from gearfarm.db.results import Base, CatalogRow, ResultsDB, alembic_config, current_revision
+from gearfarm.formats import catalog as catalog_mod
+from gearfarm.formats.result import ResultRecord, Sample
+from gearfarm.perf import analysis as perf
+from gearfarm.run.ledger import Ledger
 from tests.pg import pg_server, pg_url  # noqa: F401 - fixtures
 from tests.test_history import T, add_run, rev_of, verdicts
 
@@ -254,7 +255,7 @@ def test_the_catalog_is_stored_once_and_gives_the_metric_directions(db_url: str,
     cat = db.catalog_of(run)
     assert cat is not None and cat.benchmarks["iibench"].metrics == {"rate": "higher", "latency": "lower"}
 
-    caplog.set_level(logging.WARNING, logger="gearfarm.store")
+    caplog.set_level(logging.WARNING, logger="gearfarm.db.results")
     add_run(db, "e2", 3.0, {T: {"a": "passed"}})
     assert perf.directions(db, db.get_run("e2")) == {}  # type: ignore[arg-type]
     assert "run e2 has no stored job catalog" in caplog.text

@@ -10,10 +10,10 @@ import sys
 import time
 from pathlib import Path
 
-from gearfarm import catalog as catalog_mod
 from gearfarm.config import ProjectConfig
-from gearfarm.farm import EmbeddedFarm
-from gearfarm.job import verify
+from gearfarm.formats import catalog as catalog_mod
+from gearfarm.formats.job import verify
+from gearfarm.run.farm import EmbeddedFarm
 from tests.farmkit import ROOT
 from tests.projects import _init
 

@@ -1,4 +1,4 @@
-"""Retention by value (issue #16, gearfarm/retention.py) on a real MinIO and a results database
+"""Retention by value (issue #16, gearfarm/run/retention.py) on a real MinIO and a results database
 of 60 nights, one a day: `gearfarm store prune` keeps exactly what the policy says (the last
 good and first bad builds of every regression, every revision a bisection judged, tagged
 revisions, each target's last good build, the runs that first showed a regression, and what is
@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 
 from gearfarm import config as config_mod
-from gearfarm import triage
 from gearfarm.config import Config
-from gearfarm.job import JobId
-from gearfarm.ledger import Ledger
-from gearfarm.result import CaseResult, ResultRecord
+from gearfarm.db import triage
+from gearfarm.db.results import ResultsDB
+from gearfarm.formats.job import JobId
+from gearfarm.formats.result import CaseResult, ResultRecord
+from gearfarm.run.ledger import Ledger
 from gearfarm.s3 import keys
 from gearfarm.s3.minio import MinioServer
 from gearfarm.s3.store import ArtifactStore
-from gearfarm.store import ResultsDB
 from tests.farmkit import GIT, commit, gearfarm
 
 DAY = 86400.0

@@ -17,7 +17,7 @@ import pytest
 from pydantic import ValidationError
 
 from gearfarm.config import S3Config, S3Keys
-from gearfarm.net import free_port
+from gearfarm.hosts.net import free_port
 from gearfarm.s3 import keys
 from gearfarm.s3.minio import MinioServer, make_role_users
 from gearfarm.s3.store import ArtifactStore, StoreError

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from gearfarm import catalog as catalog_mod
 from gearfarm import config as config_mod
-from gearfarm import process
 from gearfarm.config import ProjectConfig, S3Keys
-from gearfarm.farm import EmbeddedFarm
+from gearfarm.formats import catalog as catalog_mod
+from gearfarm.hosts import process
+from gearfarm.run.farm import EmbeddedFarm
 from gearfarm.s3 import keys
 from gearfarm.s3.minio import MinioServer, make_role_users
 from gearfarm.s3.store import ArtifactStore, StoreError
-from gearfarm.sandbox import Sandbox, SandboxError
+from gearfarm.step.sandbox import Sandbox, SandboxError
 from tests.farmkit import gearfarm, key_secrets
 from tests.projects import _init
 
@@ -165,7 +165,7 @@ def test_files_the_config_names_are_masked_inside_visible_trees(tmp_path: Path) 
 
 def test_a_sandbox_that_cannot_start_stops_the_worker_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
-    monkeypatch.setattr("gearfarm.sandbox.os.access", lambda path, mode: False)
+    monkeypatch.setattr("gearfarm.step.sandbox.os.access", lambda path, mode: False)
     with pytest.raises(SandboxError, match="apt-get install bubblewrap"):
         Sandbox("bwrap").check()
     Sandbox("none").check()  # unconfined on purpose needs nothing
@@ -175,7 +175,7 @@ def test_a_worker_that_cannot_stage_its_jobs_for_the_job_uid_names_the_capabilit
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A root worker in a container without SYS_ADMIN cannot make the job's mount namespace: as
     if its staging directory could not be mounted, it refuses to start and says what to add."""
-    monkeypatch.setattr("gearfarm.sandbox.STAGE", "/nonexistent-gearfarm-stage/mnt")
+    monkeypatch.setattr("gearfarm.step.sandbox.STAGE", "/nonexistent-gearfarm-stage/mnt")
     with pytest.raises(SandboxError, match=r"--cap-add SYS_ADMIN"):
         Sandbox("bwrap", uid=2_000_000_000).check()
 

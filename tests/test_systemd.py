@@ -106,9 +106,9 @@ def test_a_workers_slot_number_names_the_unit_and_nothing_else(tmp_path: Path) -
 
 
 def test_the_gearmand_units_command_line_runs_a_job_server(tmp_path: Path) -> None:
-    from gearfarm import process
     from gearfarm.gearman import admin
-    from gearfarm.net import free_port
+    from gearfarm.hosts import process
+    from gearfarm.hosts.net import free_port
 
     text = (UNITS / "gearfarm-gearmand.service").read_text().replace("\\\n", " ")
     (exec_line,) = [ln for ln in text.splitlines() if ln.startswith("ExecStart=")]

@@ -3,7 +3,7 @@
 Everything runs against the real programs on free loopback ports, state in tmp dirs:
 gearmand bound to 127.0.0.1, stunnel (Debian stunnel4) terminating TLS in front of it, and
 MinIO with ``--certs-dir``.  Clients and workers are configured the way the farm configures
-them (``gearfarm.connection.ssl_context`` from ``[gearman] tls_ca`` / ``tls_server_name``).
+them (``gearfarm.hosts.connection.ssl_context`` from ``[gearman] tls_ca`` / ``tls_server_name``).
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import SSLError as BotoSSLError
 
-from gearfarm import tls
 from gearfarm.config import Config, GearmanConfig
-from gearfarm.connection import ssl_context
 from gearfarm.gearman import Client, Command, Job, ServerUnavailable, Worker, admin
 from gearfarm.gearman.protocol import REQ, RES, encode
-from gearfarm.gearmand import Gearmand
+from gearfarm.hosts import tls
+from gearfarm.hosts.connection import ssl_context
+from gearfarm.hosts.gearmand import Gearmand
 from gearfarm.s3.minio import MinioServer
 from gearfarm.s3.store import ArtifactStore, StoreError
 

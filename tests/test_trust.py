@@ -21,17 +21,17 @@ from pathlib import Path
 
 import pytest
 
-from gearfarm import catalog as catalog_mod
 from gearfarm import config as config_mod
 from gearfarm.config import MailConfig
-from gearfarm.farm import EmbeddedFarm
+from gearfarm.db.results import ResultsDB
+from gearfarm.formats import catalog as catalog_mod
+from gearfarm.formats.job import JobId
+from gearfarm.formats.lease import Lease, seal_lease
+from gearfarm.formats.result import ResultRecord, peek_record, seal_record
 from gearfarm.gearman import Client, admin
-from gearfarm.job import JobId
-from gearfarm.lease import Lease, seal_lease
-from gearfarm.result import ResultRecord, peek_record, seal_record
+from gearfarm.run.farm import EmbeddedFarm
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore
-from gearfarm.store import ResultsDB
 from tests.farmkit import ROOT, commit, edit_catalog, keyed, make_repo, wait_for
 from tests.pg import pg_server, pg_url  # noqa: F401 - fixtures
 from tests.test_mail import SMTPSink, sink  # noqa: F401 - fixture
@@ -253,9 +253,9 @@ def test_kill_9_of_a_worker_mid_suite_leaves_no_process_of_that_suite(repo: Path
 def test_an_older_attempt_delivered_after_a_newer_one_changes_nothing(tmp_path: Path) -> None:
     """Through real gearmand and a real collector process: attempt 2's record, then attempt
     1's (a cut-off host reporting late); the row keeps attempt 2 whatever the order."""
-    from gearfarm import process
     from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig
-    from gearfarm.gearmand import Gearmand
+    from gearfarm.hosts import process
+    from gearfarm.hosts.gearmand import Gearmand
 
     with Gearmand(tmp_path / "gm") as gm:
         db_url = f"sqlite:///{tmp_path / 'r.db'}"
@@ -279,7 +279,7 @@ def test_an_older_attempt_delivered_after_a_newer_one_changes_nothing(tmp_path: 
 
         try:
             with Client([gm.address]) as c:
-                for attempt in (1, 2):  # each attempt claimed by the host that runs it (gearfarm.lease)
+                for attempt in (1, 2):  # each attempt claimed by the host that runs it (gearfarm.formats.lease)
                     claim = Lease(job_id=str(unit), attempt=attempt, host=cfg.host_name(), worker=f"w{attempt}",
                                   beat=0)
                     assert c.submit("collect", seal_lease(claim, cfg.host_signer()), unique=f"c{attempt}",
@@ -297,9 +297,9 @@ def test_an_older_attempt_delivered_after_a_newer_one_changes_nothing(tmp_path: 
 
 def test_the_report_is_written_and_mailed_with_s3_and_the_database_down(
         tmp_path: Path, sink: SMTPSink, pg_server, pg_url: str) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
-    from gearfarm import publisher
     from gearfarm.config import Config, DatabaseConfig, FarmConfig
-    from gearfarm.ledger import Ledger
+    from gearfarm.report import publisher
+    from gearfarm.run.ledger import Ledger
     from gearfarm.s3.minio import MinioServer
 
     db = ResultsDB(pg_url)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gearfarm import process
+from gearfarm.hosts import process
 from tests.farmkit import TARGET, add_user, six_nights, start_web
 
 BROKEN_TEST = "unit/limits_and_bad_arguments"
@@ -272,7 +272,7 @@ def test_a_quiet_nights_report_and_mail_carry_every_figure_with_its_trend(site: 
     import email
     from email import policy
 
-    from gearfarm.trend import BLOCKS
+    from gearfarm.perf.trend import BLOCKS
 
     run_dir = site.state / "runs" / "w4"
     rep = json.loads((run_dir / "report.json").read_text())
@@ -293,7 +293,7 @@ def test_a_quiet_nights_report_and_mail_carry_every_figure_with_its_trend(site: 
 
 
 def test_trend_blocks_scale_to_the_nights_shown() -> None:
-    from gearfarm.trend import blocks
+    from gearfarm.perf.trend import blocks
 
     assert blocks([1.0, 2.0, 3.0, 4.0]) == "▁▃▆█"
     assert blocks([5.0, 5.0, 5.0]) == "▄▄▄"  # flat is the middle, not a fall
@@ -317,8 +317,8 @@ def test_the_run_page_plots_the_curves_the_benchmark_recorded_while_it_ran(site:
 
 
 def test_curves_are_read_from_the_benchmarks_json_lines_one_line_per_split_value() -> None:
-    from gearfarm.catalog import Benchmark, Curve
-    from gearfarm.step import curves_of
+    from gearfarm.formats.catalog import Benchmark, Curve
+    from gearfarm.step.runner import curves_of
 
     bench = Benchmark(name="oltp", argv=["x"], metrics={"tps": "higher"},
                       metrics_pattern='"(?P<metric>tps)":(?P<value>[0-9.]+)',

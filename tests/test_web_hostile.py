@@ -34,17 +34,17 @@ from pathlib import Path
 import pytest
 
 from gearfarm import config as config_mod
-from gearfarm import process
 from gearfarm.config import Config
-from gearfarm.gearmand import Gearmand
-from gearfarm.job import JobId
-from gearfarm.ledger import Ledger
-from gearfarm.net import free_port
-from gearfarm.result import ResultRecord
+from gearfarm.db.results import ResultsDB
+from gearfarm.formats.job import JobId
+from gearfarm.formats.result import ResultRecord
+from gearfarm.hosts import process
+from gearfarm.hosts.gearmand import Gearmand
+from gearfarm.hosts.net import free_port
+from gearfarm.run.ledger import Ledger
 from gearfarm.s3 import keys
 from gearfarm.s3.minio import MinioServer
 from gearfarm.s3.store import ArtifactStore
-from gearfarm.store import ResultsDB
 from tests.farmkit import GIT, add_user, api_call, commit, gearfarm, keyed, start_web
 
 TARGET = "linux-x86_64"
@@ -438,7 +438,7 @@ def test_the_session_key_is_the_dashboards_own_not_derived_from_a_workers_key(tm
     import hmac
 
     from gearfarm.config import FarmConfig
-    from gearfarm.web import create_app
+    from gearfarm.web.app import create_app
 
     (tmp_path / "state").mkdir()
     farm = keyed(tmp_path / "state", f"sqlite:///{tmp_path / 'r.db'}")

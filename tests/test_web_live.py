@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from gearfarm import catalog as catalog_mod
-from gearfarm import process
-from gearfarm.farm import EmbeddedFarm
+from gearfarm.formats import catalog as catalog_mod
+from gearfarm.hosts import process
+from gearfarm.run.farm import EmbeddedFarm
 from tests.farmkit import TARGET, add_user, api_call, commit, edit_catalog, gearfarm, make_repo, start_web
 
 SLEEPY = """
@@ -179,7 +179,7 @@ def test_the_dashboard_behind_the_farms_tls_answers_only_verified_https(live: Li
     import ssl
     from urllib.parse import urlparse
 
-    from gearfarm.tls import Stunnel, client_context, create_ca, create_server_cert
+    from gearfarm.hosts.tls import Stunnel, client_context, create_ca, create_server_cert
 
     ca = create_ca(tmp_path / "ca")
     server = create_server_cert(ca, ["127.0.0.1"], tmp_path / "web.crt", tmp_path / "web.key")

@@ -1,4 +1,4 @@
-"""A job's own wine prefix (gearfarm/wine.py), from a template tree made here: what the job may
+"""A job's own wine prefix (gearfarm/step/wine.py), from a template tree made here: what the job may
 write is its own, what every job shares it cannot write, and nothing points at the HOME the
 template was made with. The whole path, wineboot included, runs in tests/test_hostile.py."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gearfarm import wine
+from gearfarm.step import wine
 
 JOB_UID = 2_000_000_000
 

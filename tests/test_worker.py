@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 
 from gearfarm.config import Config, FarmConfig, GearmanConfig
+from gearfarm.formats.result import ResultRecord, open_record
+from gearfarm.formats.seal import keyring
 from gearfarm.gearman import admin
-from gearfarm.gearmand import Gearmand
-from gearfarm.result import ResultRecord, open_record
+from gearfarm.hosts.gearmand import Gearmand
 from gearfarm.s3 import keys
 from gearfarm.s3.minio import MinioServer
-from gearfarm.seal import keyring
 from gearfarm.workers.base import Context
 from tests.farmkit import keyed
 
@@ -60,8 +60,8 @@ def test_the_heartbeats_look_for_a_cancel_does_not_wait_out_an_s3_outage(tmp_pat
     for a cancel marker must give up at once when S3 is away, while the job's own S3 calls
     (the normal store) keep waiting the outage out."""
     from gearfarm.config import S3Config
-    from gearfarm.job import Payload
-    from gearfarm.net import free_port
+    from gearfarm.formats.job import Payload
+    from gearfarm.hosts.net import free_port
     from gearfarm.s3.store import StoreError
 
     dead = S3Config(endpoint=f"http://127.0.0.1:{free_port()}", secret_key="x")  # nothing listens
@@ -85,7 +85,7 @@ def test_a_worker_without_the_keys_it_needs_refuses_to_start_saying_how_to_get_t
     """A worker verifies payloads with the nightly's public key and signs with its own: without
     either it would run nothing or deliver nothing the ledger accepts, so it does not start. A
     config still holding the shared HMAC keys of old is refused, naming what replaced them."""
-    from gearfarm.seal import Signer
+    from gearfarm.formats.seal import Signer
     from tests.farmkit import gearfarm
 
     nightly = Signer.generate().public_text

@@ -20,20 +20,22 @@ from pathlib import Path
 
 from botocore.exceptions import ClientError
 
-from gearfarm import host, marker, process, sandbox
 from gearfarm.config import Config
-from gearfarm.connection import gearman_client, gearman_worker
+from gearfarm.formats import marker
+from gearfarm.formats.job import COLLECT_FUNCTION, Payload, PayloadError, unique_id, verify
+from gearfarm.formats.lease import BEAT_SECONDS, Lease, seal_lease
+from gearfarm.formats.lease import answer as lease_answer
+from gearfarm.formats.marker import Marker
+from gearfarm.formats.result import CASES_CONTENT_TYPE, RecordError, ResultRecord, fit, peek_record
+from gearfarm.formats.seal import SealError
 from gearfarm.gearman import GearmanError, Job
-from gearfarm.hostlock import HostLock
-from gearfarm.job import COLLECT_FUNCTION, Payload, PayloadError, unique_id, verify
-from gearfarm.lease import BEAT_SECONDS, Lease, seal_lease
-from gearfarm.lease import answer as lease_answer
-from gearfarm.marker import Marker
-from gearfarm.priority import Durations
-from gearfarm.result import CASES_CONTENT_TYPE, RecordError, ResultRecord, fit, peek_record
+from gearfarm.hosts import host, process
+from gearfarm.hosts.connection import gearman_client, gearman_worker
+from gearfarm.hosts.hostlock import HostLock
+from gearfarm.run.priority import Durations
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError
-from gearfarm.seal import SealError
+from gearfarm.step import sandbox
 
 log = logging.getLogger("gearfarm.worker")
 HEARTBEAT_SECONDS = 5.0
@@ -50,7 +52,7 @@ class Context:
         # Per host and role, not per process: a restarted worker delivers what its
         # predecessor spooled.
         self.spool = self.state / "spool" / f"{socket.gethostname()}-{role}"
-        # Job directories, one owner directory per worker process (gearfarm.process.job_dir).
+        # Job directories, one owner directory per worker process (gearfarm.hosts.process.job_dir).
         self.work = self.state / "work"
         # The role's own MinIO user: a build may write artifacts, a test may not (s3.keys).
         self.s3 = cfg.s3.for_role(role)
@@ -79,7 +81,7 @@ class Context:
 
     def deliver(self, rec: ResultRecord) -> None:
         """Report a result; never loses it: on failure it waits in the local spool. A record
-        whose cases would make it too large for its envelope (gearfarm.result.fit) stores them
+        whose cases would make it too large for its envelope (gearfarm.formats.result.fit) stores them
         in S3 beside it first, or, on failure, in the spool beside it."""
         rec, body, blob = fit(rec, self.signer)
         try:
@@ -192,7 +194,7 @@ class Context:
                                 beat=beat), self.signer)
 
     def claim(self, p: Payload, stop: threading.Event) -> str:
-        """Claim the attempt from the ledger before running it (gearfarm.lease): "" once granted,
+        """Claim the attempt from the ledger before running it (gearfarm.formats.lease): "" once granted,
         else why not (it ran already, it is not ours to run, or the run ended first). While
         another live worker holds it, or the collector does not answer, it asks again."""
         data = self._lease(p, 0)
@@ -232,7 +234,7 @@ class Context:
 
     def marked(self, store: ArtifactStore, at: Marker, p: Payload) -> bool:
         """Whether the nightly's marker ``at`` is in S3, sealed by the nightly for this run or
-        job (gearfarm.marker). Any other object at its key is ignored, said once in the log."""
+        job (gearfarm.formats.marker). Any other object at its key is ignored, said once in the log."""
         try:
             data = store.get_bytes(at.key)
         except ClientError:
@@ -343,7 +345,7 @@ def _run_role(ctx: Context, role_handler: RoleHandler, p: Payload, job: Job) -> 
 def serve(cfg: Config, functions: list[tuple[str, str, RoleHandler]], stop: threading.Event | None = None) -> None:
     """Run a worker slot until SIGTERM/SIGINT (or ``stop``): one job at a time, of the
     (role, function, handler) it serves, preferring them in the order given
-    (gearfarm.priority)."""
+    (gearfarm.run.priority)."""
     ctxs = {role: Context(cfg, role) for role, _, _ in functions}
     first = next(iter(ctxs.values()))
     for gone in process.sweep_work_dirs(first.work):

@@ -16,13 +16,16 @@ import subprocess
 import time
 from pathlib import Path
 
-from gearfarm import catalog as catalog_mod
-from gearfarm import process, provenance, snapshot, step
-from gearfarm.catalog import Catalog, Target
+from gearfarm.formats import catalog as catalog_mod
+from gearfarm.formats import provenance
+from gearfarm.formats.catalog import Catalog, Target
+from gearfarm.formats.job import Payload, SignedBuild
+from gearfarm.formats.result import ResultRecord
 from gearfarm.gearman import Job
-from gearfarm.job import Payload, SignedBuild
-from gearfarm.result import ResultRecord
+from gearfarm.hosts import process
+from gearfarm.run import snapshot
 from gearfarm.s3 import artifact, keys
+from gearfarm.step import runner as step
 from gearfarm.workers.base import Context
 
 log = logging.getLogger("gearfarm.worker.build")

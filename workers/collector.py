@@ -1,6 +1,6 @@
 """The collector: takes sealed result records from the `collect` Gearman function and offers
 them to the run ledger (and workers' signed claims and heartbeats of job attempts, which the
-ledger keeps as leases: gearfarm.lease), which verifies the seal against the registry of host keys and the job,
+ledger keeps as leases: gearfarm.formats.lease), which verifies the seal against the registry of host keys and the job,
 applies its rules and logs every outcome (rejections included, counted on `gearfarm status`).
 While the results database is away (a PostgreSQL restart) it holds the job and retries, so no record is dropped: if the
 collector dies meanwhile, gearmand hands the job to the next one. A record that keeps its cases
@@ -17,14 +17,14 @@ import time
 from sqlalchemy.exc import SQLAlchemyError
 
 from gearfarm.config import Config
-from gearfarm.connection import gearman_worker
+from gearfarm.db.results import ResultsDB
+from gearfarm.formats.job import COLLECT_FUNCTION
+from gearfarm.formats.lease import MAX_LEASE
+from gearfarm.formats.result import CaseStore
 from gearfarm.gearman import Job
-from gearfarm.job import COLLECT_FUNCTION
-from gearfarm.lease import MAX_LEASE
-from gearfarm.ledger import Ledger
-from gearfarm.result import CaseStore
+from gearfarm.hosts.connection import gearman_worker
+from gearfarm.run.ledger import Ledger
 from gearfarm.s3.store import ArtifactStore, StoreError
-from gearfarm.store import ResultsDB
 
 log = logging.getLogger("gearfarm.collector")
 
@@ -58,7 +58,7 @@ def make_handler(ledger: Ledger, store: CaseStore | None = None):  # noqa: ANN20
 
 
 def is_lease(data: bytes) -> bool:
-    """Whether a `collect` job is a worker's claim or heartbeat (gearfarm.lease) rather than a
+    """Whether a `collect` job is a worker's claim or heartbeat (gearfarm.formats.lease) rather than a
     result record: both are signed envelopes, told apart by their purpose (which the signature
     covers, so a purpose changed on the way fails verification either way)."""
     if len(data) > MAX_LEASE:

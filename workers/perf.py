@@ -2,8 +2,8 @@
 one, on the last good build of the same target, alternately (A B, B A, ...) on this host, as
 many pairs as the catalog's `repetitions` (5 by default), and on the target's pinned reference
 build as a third side when it is another build (A B C, B C A, ...). It measures alone: it holds the host
-lock exclusive (gearfarm.hostlock) while the pairs run, so no build or test of any farm on the
-host runs beside it, and it records how quiet the host was (gearfarm.host.Activity). Every
+lock exclusive (gearfarm.hosts.hostlock) while the pairs run, so no build or test of any farm on the
+host runs beside it, and it records how quiet the host was (gearfarm.hosts.host.Activity). Every
 figure is reported as a sample with this host's fingerprint, and each A/B pair also as a
 paired ratio, which cancels the host's drift and noise between nights. The figures come from
 the metrics file or the output pattern the catalog declares."""
@@ -14,15 +14,17 @@ import json
 import time
 from pathlib import Path
 
-from gearfarm import host, process, snapshot, step
-from gearfarm.catalog import Benchmark, Catalog, Target
+from gearfarm.formats.catalog import Benchmark, Catalog, Target
+from gearfarm.formats.job import Payload
+from gearfarm.formats.result import CurveRecord, ResultRecord, Sample
 from gearfarm.gearman import Job
-from gearfarm.job import Payload
-from gearfarm.pairs import Paired
-from gearfarm.result import CurveRecord, ResultRecord, Sample
+from gearfarm.hosts import host, process
+from gearfarm.perf.pairs import Paired
+from gearfarm.run import snapshot
 from gearfarm.s3 import keys
 from gearfarm.s3.artifact import MANIFEST, ArtifactError
-from gearfarm.sandbox import Sandbox
+from gearfarm.step import runner as step
+from gearfarm.step.sandbox import Sandbox
 from gearfarm.workers.base import Context
 from gearfarm.workers.test import fetch_artifact
 

@@ -9,11 +9,14 @@ import logging
 import time
 from pathlib import Path
 
-from gearfarm import process, snapshot, step, wine
+from gearfarm.formats.job import Payload
+from gearfarm.formats.result import ResultRecord
 from gearfarm.gearman import Job
-from gearfarm.job import Payload
-from gearfarm.result import ResultRecord
+from gearfarm.hosts import process
+from gearfarm.run import snapshot
 from gearfarm.s3 import artifact, keys
+from gearfarm.step import runner as step
+from gearfarm.step import wine
 from gearfarm.workers.base import Context
 
 log = logging.getLogger("gearfarm.worker.test")

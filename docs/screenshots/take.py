@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from gearfarm import process  # noqa: E402
+from gearfarm.hosts import process  # noqa: E402
 from tests.farmkit import TARGET, add_user, commit, six_nights, start_web  # noqa: E402
 
 OUT = Path(__file__).resolve().parent

@@ -1,0 +1,168 @@
+"""The search of a bisection: given the commits of a range (last good revision first, first bad
+last) and a way to judge one revision, narrow the range to the commit that changed the verdict.
+
+Pure: judging a revision (building it or reusing its stored build, running the test or the
+benchmark on the farm) is the caller's (gearfarm.bisection.runner). What this decides:
+
+* which revision to judge next: the middle of the commits still suspect, like `git bisect`;
+  a revision that does not build is skipped and the nearest suspect to the middle is judged
+  instead, like `git bisect skip`; when only unbuildable commits stand between the last good
+  and the first bad, the answer is that range, not one of its commits;
+* when to stop: one suspect left (the culprit), or the budget spent (the range so far);
+* how a failing test is judged: by repetitions (``judge_test``). A test that both passes and
+  fails at one revision is flaky there, and a flaky test is not bisected as a regression: its
+  "first bad" commit would be wherever chance put it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Verdict = Literal["good", "bad", "skip", "flaky"]
+# How a bisection ended: one culprit; no culprit (the bad end does not differ from the good
+# end after all); flaky (the verdict is chance); budget (builds, jobs or hours spent: the range
+# so far); unbuildable (only commits that do not build are left between good and bad).
+State = Literal["found", "no_culprit", "flaky", "budget", "unbuildable"]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one bisection may spend. Reused builds are free: the farm keeps every build."""
+
+    builds: int = 8
+    jobs: int = 60
+    seconds: float = 4 * 3600.0
+
+
+@dataclass
+class Probe:
+    """One revision judged: its verdict, whether a build was made for it (not reused), how many
+    jobs it ran, and the evidence (figures, per-repetition statuses) for the report."""
+
+    rev: str
+    verdict: Verdict
+    built: bool = False
+    jobs: int = 0
+    evidence: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass
+class Outcome:
+    state: State
+    # The culprit (state "found"), else None.
+    culprit: str | None
+    # The commits still suspect, oldest first (the culprit alone when found).
+    suspects: list[str]
+    last_good: str
+    first_bad: str
+    probes: list[Probe]
+    message: str = ""
+
+    @property
+    def builds(self) -> int:
+        return sum(p.built for p in self.probes)
+
+    @property
+    def jobs(self) -> int:
+        return sum(p.jobs for p in self.probes)
+
+
+Judge = Callable[[str], Probe]
+
+
+def search(revs: list[str], judge: Judge, budget: Budget | None = None, ends: tuple[Probe, Probe] | None = None,
+           clock: Callable[[], float] = time.monotonic, unreproduced: State = "no_culprit") -> Outcome:
+    """Bisect ``revs`` (the last good revision first, then every later commit up to the first bad
+    one). ``ends``: the verdicts of both ends when the caller judged them already (a confirmed
+    pair: good, then bad); otherwise both ends are judged first, and the search stops unless
+    the first is good and the last bad. ``unreproduced``: the state when the first bad end is
+    judged good after all: no culprit for a benchmark that did not move, flaky for a test that
+    was seen failing there."""
+    if len(revs) < 2:
+        raise ValueError("a bisection needs the last good and the first bad revision")
+    budget = budget or Budget()
+    start = clock()
+    probes: list[Probe] = []
+    good, bad = ends if ends is not None else (judge(revs[0]), judge(revs[-1]))
+    probes += [good, bad]
+    lo, hi = 0, len(revs) - 1
+
+    def outcome(state: State, message: str) -> Outcome:
+        suspects = revs[lo + 1:hi + 1]
+        culprit = suspects[0] if state == "found" else None
+        return Outcome(state, culprit, suspects, revs[lo], revs[hi], probes, message)
+
+    for end, want in ((good, "good"), (bad, "bad")):
+        if end.verdict == "flaky":
+            return outcome("flaky", f"{end.rev[:12]} both passes and fails: the failure is flaky, not bisected")
+        if end.verdict != want:
+            state: State = unreproduced if end is bad else "flaky"
+            if end is bad and state == "flaky":
+                return outcome(state, f"the failure at {end.rev[:12]} did not come back in {end.jobs} runs: "
+                                      "flaky, not bisected")
+            return outcome(state, f"{end.rev[:12]} ({'first bad' if end is bad else 'last good'}) judged "
+                                  f"{end.verdict} on repetition: nothing to bisect")
+    skipped: set[int] = set()
+    while hi - lo > 1:
+        spent = sum(p.built for p in probes), sum(p.jobs for p in probes), clock() - start
+        if spent[0] >= budget.builds or spent[1] >= budget.jobs or spent[2] >= budget.seconds:
+            return outcome("budget", f"budget spent ({spent[0]} builds of {budget.builds}, {spent[1]} jobs of "
+                                     f"{budget.jobs}, {spent[2]:.0f}s of {budget.seconds:.0f}s) with "
+                                     f"{hi - lo} commits still suspect")
+        middle = _pick(lo, hi, skipped)
+        if middle is None:
+            return outcome("unbuildable", f"the {hi - lo - 1} commits between {revs[lo][:12]} and {revs[hi][:12]} "
+                                          "do not build: the culprit is one of them or the first bad")
+        p = judge(revs[middle])
+        probes.append(p)
+        if p.verdict == "good":
+            lo = middle
+        elif p.verdict == "bad":
+            hi = middle
+        elif p.verdict == "skip":
+            skipped.add(middle)
+        else:
+            return outcome("flaky", f"{p.rev[:12]} both passes and fails: the failure is flaky, not bisected")
+    return outcome("found", f"{revs[hi][:12]} is the first bad commit")
+
+
+def _pick(lo: int, hi: int, skipped: set[int]) -> int | None:
+    """The suspect nearest the middle of (lo, hi) that was not skipped; None if all were."""
+    mid = (lo + hi) // 2
+    for d in range(hi - lo):
+        for i in (mid - d, mid + d):
+            if lo < i < hi and i not in skipped:
+                return i
+    return None
+
+
+def judge_test(statuses: list[str]) -> Verdict:
+    """A test's verdict from its repetitions at one revision: all passed is good, all failed is
+    bad, both is flaky; no repetition that ran (the build failed, the case is missing) is skip."""
+    ran = [s for s in statuses if s in ("passed", "failed", "error")]
+    if not ran:
+        return "skip"
+    failed = sum(s != "passed" for s in ran)
+    if failed == 0:
+        return "good"
+    return "bad" if failed == len(ran) else "flaky"
+
+
+def ordered_evidence(detail: dict[str, Any]) -> list[dict[str, Any]]:
+    """A bisection's judged revisions (its detail's probes), oldest revision first."""
+    order = {rev: i for i, rev in enumerate(detail.get("revs", []))}
+    return sorted(detail.get("probes", []), key=lambda p: order.get(p["rev"], -1))
+
+
+def evidence_line(ev: dict[str, object]) -> str:
+    """One revision's evidence as a person reads it (report, mail, command line): the test's
+    statuses, or the benchmark's change against the known-good build over its pairs."""
+    if "statuses" in ev:
+        return ", ".join(str(s) for s in ev["statuses"]) or str(ev.get("why", ""))  # type: ignore[attr-defined]
+    if "change" in ev:
+        return (f"{float(ev['change']):+.2%} over {ev['pairs']} pairs against the known-good build "  # type: ignore[arg-type]
+                f"(p={float(ev['p']):.3g}, {ev['result']})")  # type: ignore[arg-type]
+    return "the known-good build" if ev.get("known_good") else str(ev.get("why", ""))

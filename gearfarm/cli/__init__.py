@@ -1,0 +1,1 @@
+"""The `gearfarm` command: click groups over the packages below."""

@@ -1,0 +1,954 @@
+"""The results database (SQLAlchemy): runs (each of one project, with the job catalog it ran
+with), jobs (one row per job id), test cases, benchmark samples, hosts, late results, the
+delivery log and the catalogs (content-addressed). SQLite by default; PostgreSQL when the
+configured URL says so. The schema is owned by the Alembic migrations in gearfarm/migrations,
+applied when the database is opened. This module reads; every change of a job's state is made
+by gearfarm.run.ledger, the one owner of the transition rules."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    case,
+    create_engine,
+    event,
+    func,
+    inspect,
+    select,
+    text,
+)
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, load_only, mapped_column, sessionmaker
+
+from gearfarm.config import DEFAULT_PROJECT
+from gearfarm.formats import catalog as catalog_mod
+from gearfarm.formats.catalog import Catalog, CatalogError
+from gearfarm.formats.job import Artifact
+from gearfarm.formats.result import TERMINAL, ResultRecord
+
+log = logging.getLogger("gearfarm.store")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class CatalogRow(Base):
+    """A job catalog's text, once per content: runs name it by its sha256 (gearfarm.formats.catalog.digest)."""
+
+    __tablename__ = "catalogs"
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    text: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    run_id: Mapped[str] = mapped_column(String(96), primary_key=True)
+    rev: Mapped[str] = mapped_column(String(40))
+    created_at: Mapped[float] = mapped_column(Float, index=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Every job id the run must end with, so a missing one is visible, never silent.
+    expected: Mapped[list[str]] = mapped_column(JSON)
+    targets: Mapped[list[str]] = mapped_column(JSON)
+    state: Mapped[str] = mapped_column(String(16), default="running")
+    notes: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # A re-run of a run's new failures is its own run (own job ids, own S3 keys), linked here
+    # so history can use its verdicts without counting it as a run of its own.
+    parent_run_id: Mapped[str | None] = mapped_column(String(96), nullable=True, index=True)
+    # Set when the report is made: a result arriving after it is recorded as late.
+    reported_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    deadline: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # History, perf series and "last good build" only ever compare runs of one project.
+    project: Mapped[str] = mapped_column(String(64), default=DEFAULT_PROJECT, server_default=DEFAULT_PROJECT,
+                                         index=True)
+    # The catalog the run was planned from; the report reads metric directions from it.
+    catalog_sha256: Mapped[str | None] = mapped_column(ForeignKey("catalogs.sha256"), nullable=True)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    job_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.run_id"), index=True)
+    target: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(16))
+    step: Mapped[str] = mapped_column(String(80))
+    status: Mapped[str] = mapped_column(String(16))
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    worker: Mapped[str] = mapped_column(String(200), default="")
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    record: Mapped[dict[str, Any]] = mapped_column(JSON)
+    host_id: Mapped[str | None] = mapped_column(ForeignKey("hosts.host_id"), nullable=True)
+    # The record's precedence (gearfarm.run.ledger.rank): product results over farm-made ones,
+    # then the newer attempt, then the earlier finish, then the digest (a total order).
+    prio: Mapped[int] = mapped_column(Integer, default=0)
+    digest: Mapped[str] = mapped_column(String(64), default="")
+
+
+class LateResult(Base):
+    """A result that arrived after its run's report: kept and shown, never changing the row
+    the report was made from."""
+
+    __tablename__ = "late_results"
+    __table_args__ = (UniqueConstraint("job_id", "digest", name="uq_late_result"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(200), index=True)
+    run_id: Mapped[str] = mapped_column(String(96), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))
+    digest: Mapped[str] = mapped_column(String(64))
+    record: Mapped[dict[str, Any]] = mapped_column(JSON)
+    arrived_at: Mapped[float] = mapped_column(Float)
+
+
+class Delivery(Base):
+    """Every record offered to the ledger and what it did: applied, duplicate, superseded,
+    late, or rejected (forged, unknown job, malformed). Chaos tests count from it; status
+    shows the rejections."""
+
+    __tablename__ = "deliveries"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[float] = mapped_column(Float, index=True)
+    source: Mapped[str] = mapped_column(String(32))
+    outcome: Mapped[str] = mapped_column(String(16), index=True)
+    job_id: Mapped[str | None] = mapped_column(String(200), nullable=True, index=True)
+    run_id: Mapped[str | None] = mapped_column(String(96), nullable=True, index=True)
+    attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    status: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+
+
+class Host(Base):
+    """A machine as a fingerprint, so results can be traced to the hardware they came from."""
+
+    __tablename__ = "hosts"
+    # sha256 of the fingerprint fields: the same machine in the same shape is one row.
+    host_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(200), default="")
+    host_class: Mapped[str] = mapped_column(String(64), default="", index=True)
+    cpu_model: Mapped[str] = mapped_column(String(200), default="")
+    cores: Mapped[int] = mapped_column(Integer, default=0)
+    memory_gib: Mapped[int] = mapped_column(Integer, default=0)
+    kernel: Mapped[str] = mapped_column(String(200), default="")
+    machine: Mapped[str] = mapped_column(String(64), default="")
+    compiler: Mapped[str] = mapped_column(String(300), default="")
+    first_seen: Mapped[float] = mapped_column(Float)
+    last_seen: Mapped[float] = mapped_column(Float)
+
+
+class Case(Base):
+    __tablename__ = "cases"
+    # History reads one test case on one target across runs.
+    __table_args__ = (Index("ix_cases_target_suite_name", "target", "suite", "name"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), index=True)
+    run_id: Mapped[str] = mapped_column(String(96), index=True)
+    target: Mapped[str] = mapped_column(String(64))
+    suite: Mapped[str] = mapped_column(String(64))
+    classname: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str] = mapped_column(String(300), index=True)
+    status: Mapped[str] = mapped_column(String(16))
+    time: Mapped[float] = mapped_column(Float, default=0.0)
+    message: Mapped[str] = mapped_column(Text, default="")
+
+
+class SampleRow(Base):
+    __tablename__ = "samples"
+    __table_args__ = (Index("ix_samples_series", "target", "benchmark", "metric"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), index=True)
+    run_id: Mapped[str] = mapped_column(String(96), index=True)
+    rev: Mapped[str] = mapped_column(String(40))
+    target: Mapped[str] = mapped_column(String(64))
+    host_class: Mapped[str] = mapped_column(String(64))
+    benchmark: Mapped[str] = mapped_column(String(64))
+    metric: Mapped[str] = mapped_column(String(64))
+    variant: Mapped[str] = mapped_column(String(16))
+    repetition: Mapped[int] = mapped_column(Integer)
+    value: Mapped[float] = mapped_column(Float)
+
+
+class Annotation(Base):
+    """A performance change a user marked as expected (by its first bad revision)."""
+
+    __tablename__ = "perf_annotations"
+    __table_args__ = (UniqueConstraint("benchmark", "metric", "target", "rev", name="uq_perf_annotation"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    benchmark: Mapped[str] = mapped_column(String(64))
+    metric: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(64))
+    rev: Mapped[str] = mapped_column(String(40))
+    note: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Regression(Base):
+    """A detected change worth a person's attention: a new failure or a performance change,
+    once per (kind, project, target, subject, first bad revision), with its triage state.
+    The state lives here, on the server, so every reader sees the same (asv keeps it in one
+    browser's local storage)."""
+
+    __tablename__ = "regressions"
+    __table_args__ = (UniqueConstraint("kind", "project", "target", "subject", "first_bad_rev",
+                                       name="uq_regression"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(16))  # failure | performance
+    project: Mapped[str] = mapped_column(String(64), index=True)
+    target: Mapped[str] = mapped_column(String(64))
+    # failure: "suite/test"; performance: "benchmark/metric@host class"
+    subject: Mapped[str] = mapped_column(String(400))
+    first_bad_run: Mapped[str] = mapped_column(String(96), index=True)
+    first_bad_rev: Mapped[str] = mapped_column(String(40))
+    last_good_rev: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    detected_at: Mapped[float] = mapped_column(Float, index=True)
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    state: Mapped[str] = mapped_column(String(16), default="untriaged")
+    state_by: Mapped[str] = mapped_column(String(64), default="")
+    state_note: Mapped[str] = mapped_column(Text, default="")
+    state_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class TriageEvent(Base):
+    """Every change of a regression's triage state: who, when, why (the page shows the trail)."""
+
+    __tablename__ = "triage_events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    regression_id: Mapped[int] = mapped_column(ForeignKey("regressions.id"), index=True)
+    state: Mapped[str] = mapped_column(String(16))
+    who: Mapped[str] = mapped_column(String(64))
+    note: Mapped[str] = mapped_column(Text, default="")
+    at: Mapped[float] = mapped_column(Float)
+
+
+class WebUser(Base):
+    """A person (or a script) allowed to triage, cancel and start runs on the dashboard. Only
+    the token's sha256 is kept: the token itself is shown once, when it is made."""
+
+    __tablename__ = "web_users"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class WebSession(Base):
+    """A browser logged in to the dashboard: the sha256 of the random id its session cookie
+    carries (so a copy of the database logs no one in). Logging out or removing the account
+    deletes the row, which ends the session even for a copy of the cookie."""
+
+    __tablename__ = "web_sessions"
+    id_sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user: Mapped[str] = mapped_column(ForeignKey("web_users.name"), index=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Cancellation(Base):
+    """A person's request to cancel a run (job_id None) or one job: the nightly that owns the
+    run records the jobs it stops as cancelled; workers learn of it from the S3 marker."""
+
+    __tablename__ = "cancellations"
+    __table_args__ = (UniqueConstraint("run_id", "job_id", name="uq_cancellation"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(96), index=True)
+    job_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    who: Mapped[str] = mapped_column(String(64))
+    at: Mapped[float] = mapped_column(Float)
+
+
+class LiveJob(Base):
+    """What the nightly last saw of a job not yet finished: waiting (for its build), queued
+    (in gearmand, no worker has it) or running, and its attempt. The live page reads it."""
+
+    __tablename__ = "live_jobs"
+    job_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(96), index=True)
+    state: Mapped[str] = mapped_column(String(16))
+    attempt: Mapped[int] = mapped_column(Integer)
+    since: Mapped[float] = mapped_column(Float)
+
+
+class HostKey(Base):
+    """A worker host's public key and what it may sign: the registry (gearfarm.db.registry). The
+    ledger applies a worker's record only when its signer is here, not revoked, registered for the
+    record's role and target, and the record names this host."""
+
+    __tablename__ = "host_keys"
+    kid: Mapped[str] = mapped_column(String(16), primary_key=True)
+    host: Mapped[str] = mapped_column(String(64), index=True)
+    public_key: Mapped[str] = mapped_column(String(64))
+    roles: Mapped[list[str]] = mapped_column(JSON)
+    # The targets it may serve; ["*"]: every target.
+    targets: Mapped[list[str]] = mapped_column(JSON)
+    added_at: Mapped[float] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class LeaseRow(Base):
+    """Who holds one attempt of a job (gearfarm.formats.lease): the first registered host to claim it,
+    its signed beats, and whether the attempt delivered its record."""
+
+    __tablename__ = "leases"
+    job_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kid: Mapped[str] = mapped_column(String(16))
+    host: Mapped[str] = mapped_column(String(64))
+    worker: Mapped[str] = mapped_column(String(200))
+    run_id: Mapped[str] = mapped_column(String(96), index=True)
+    claimed_at: Mapped[float] = mapped_column(Float)
+    beat_at: Mapped[float] = mapped_column(Float)
+    beats: Mapped[int] = mapped_column(Integer)
+    done: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Bisection(Base):
+    """A search for the commit that broke a test or moved a benchmark (gearfarm.bisection.runner).
+    Its probes are runs of their own whose parent_run_id is ``bisect-<id>``, so nightly history,
+    series and last-good-build queries never count them."""
+
+    __tablename__ = "bisections"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    project: Mapped[str] = mapped_column(String(64), index=True)
+    target: Mapped[str] = mapped_column(String(64))
+    # "test" (subject: suite, case) or "perf" (subject: benchmark, metric).
+    kind: Mapped[str] = mapped_column(String(16))
+    subject: Mapped[dict[str, Any]] = mapped_column(JSON)
+    good_rev: Mapped[str] = mapped_column(String(40))
+    bad_rev: Mapped[str] = mapped_column(String(40))
+    # The nightly run that found the regression; None for one started by hand.
+    origin_run_id: Mapped[str | None] = mapped_column(String(96), nullable=True, index=True)
+    # running, then gearfarm.bisection.search.State (found, no_culprit, flaky, budget, unbuildable) or error.
+    state: Mapped[str] = mapped_column(String(16))
+    culprit_rev: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    # The evidence: every revision judged, the suspects left, builds and jobs spent, the
+    # culprit's author and subject, the confidence, the message.
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+    @property
+    def run_prefix(self) -> str:
+        """The parent_run_id of its probe runs."""
+        return f"bisect-{self.id}"
+
+
+class ResultsDB:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        # pre_ping: a PostgreSQL restart leaves dead pooled connections; test before use.
+        sqlite = url.startswith("sqlite")
+        # SQLite's busy timeout (pysqlite's `timeout`: lock contention becomes waiting instead of
+        # errors) is set as the connection opens, so it already covers the first statement:
+        # switching a new file to WAL needs the file to itself, and processes opening a new
+        # database at once (the collector, the nightly, the CLI) must wait for the one migrating
+        # it, which on a loaded machine takes longer than pysqlite's default 5 s.
+        self.engine: Engine = create_engine(url, future=True, pool_pre_ping=not sqlite,
+                                            connect_args={"timeout": 30} if sqlite else {})
+        if sqlite:
+            # The collector writes while the nightly and CLI read: WAL lets them overlap.
+            @event.listens_for(self.engine, "connect")
+            def _pragmas(conn: Any, _rec: Any) -> None:
+                # pysqlite's own implicit BEGIN is turned off so _begin below decides.
+                conn.isolation_level = None
+                cur = conn.cursor()
+                cur.execute("PRAGMA journal_mode=WAL")
+                cur.close()
+
+            @event.listens_for(self.engine, "begin")
+            def _begin(conn: Any) -> None:
+                # A write transaction that starts as a reader can get SQLITE_BUSY at once when
+                # it upgrades (no busy wait); writers take the write lock up front instead.
+                immediate = conn.get_execution_options().get("write", False)
+                conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+        self._session = sessionmaker(self.engine, expire_on_commit=False)
+        self._write_session = sessionmaker(self.engine.execution_options(write=True), expire_on_commit=False)
+        upgrade(self.engine)
+
+    @contextmanager
+    def session(self, write: bool = False) -> Iterator[Session]:
+        with (self._write_session if write else self._session)() as s, s.begin():
+            yield s
+
+    @contextmanager
+    def writing(self) -> Iterator[Connection]:
+        """One write transaction (on SQLite holding the write lock from its start)."""
+        with self.engine.connect().execution_options(write=True) as conn, conn.begin():
+            yield conn
+
+    def insert(self, table: Any) -> Any:
+        """The dialect's INSERT, which has ON CONFLICT (both PostgreSQL and SQLite do): every
+        upsert is the database's own, never read-then-insert, so concurrent writers can
+        neither lose nor duplicate a row."""
+        if self.engine.dialect.name == "postgresql":
+            return pg_insert(table)
+        return sqlite_insert(table)
+
+    def create_run(self, run_id: str, rev: str, targets: list[str], expected: list[str],
+                   notes: dict[str, Any] | None = None, parent_run_id: str | None = None,
+                   created_at: float | None = None, deadline: float | None = None,
+                   project: str | None = None, catalog: tuple[str, str] | None = None) -> bool:
+        """Record a run; False when it exists already (a resubmission adds nothing).
+
+        ``catalog`` is (sha256, text) of the job catalog the run was planned from; its text is
+        stored once per sha256. A re-run (``parent_run_id``) is of its parent's project and
+        catalog unless they are given; without a parent, ``project`` defaults to DEFAULT_PROJECT.
+        ValueError when the sha256 is not the text's, or a re-run names another project."""
+        if catalog is not None and catalog_mod.digest(catalog[1]) != catalog[0]:
+            raise ValueError(f"run {run_id}: catalog sha256 {catalog[0]!r} is not the digest of its text")
+        now = time.time()
+        with self.writing() as conn:
+            catalog_sha = catalog[0] if catalog is not None else None
+            if parent_run_id is not None:
+                parent = conn.execute(select(Run.project, Run.catalog_sha256)
+                                      .where(Run.run_id == parent_run_id)).first()
+                if parent is not None:
+                    if project is not None and project != parent.project:
+                        raise ValueError(f"re-run {run_id} of project {project!r} cannot re-run {parent_run_id} "
+                                         f"of project {parent.project!r}")
+                    project = parent.project
+                    catalog_sha = catalog_sha or parent.catalog_sha256
+            if catalog is not None:
+                conn.execute(self.insert(CatalogRow).values(sha256=catalog[0], text=catalog[1], created_at=now)
+                             .on_conflict_do_nothing(index_elements=["sha256"]))
+            stmt = self.insert(Run).values(
+                run_id=run_id, rev=rev, created_at=now if created_at is None else created_at,
+                expected=expected, targets=targets, state="running", notes=notes or {},
+                parent_run_id=parent_run_id, deadline=deadline, project=project or DEFAULT_PROJECT,
+                catalog_sha256=catalog_sha)
+            return conn.execute(stmt.on_conflict_do_nothing(index_elements=["run_id"])
+                                .returning(Run.run_id)).first() is not None
+
+    def catalog_text(self, sha256: str) -> str | None:
+        with self.session() as s:
+            row = s.get(CatalogRow, sha256)
+            return row.text if row is not None else None
+
+    def catalog_of(self, run: Run) -> Catalog | None:
+        """The job catalog ``run`` was planned from; None (and a warning) when it has none
+        stored or it no longer parses (an older run, or a catalog schema this gearfarm drops)."""
+        if not run.catalog_sha256:
+            log.warning("run %s has no stored job catalog", run.run_id)
+            return None
+        text = self.catalog_text(run.catalog_sha256)
+        if text is None:
+            log.warning("run %s names catalog %s, which is not stored", run.run_id, run.catalog_sha256[:12])
+            return None
+        try:
+            return catalog_mod.parse(text, f"catalog {run.catalog_sha256[:12]} of run {run.run_id}")
+        except CatalogError as e:
+            log.warning("the stored catalog of run %s does not parse: %s", run.run_id, e)
+            return None
+
+    def update_notes(self, run_id: str, **notes: Any) -> None:
+        """Merge keys into a run's notes (the JSON column is replaced whole, so a change is seen)."""
+        with self.session(write=True) as s:
+            run = s.get(Run, run_id)
+            if run is not None:
+                run.notes = {**(run.notes or {}), **notes}
+
+    def get_run(self, run_id: str) -> Run | None:
+        with self.session() as s:
+            return s.get(Run, run_id)
+
+    def runs(self, limit: int = 50, reruns: bool = False, project: str | None = None) -> list[Run]:
+        """The newest runs first (of every project, or of ``project``); re-runs (children of a
+        run) only when asked for."""
+        with self.session() as s:
+            q = select(Run).order_by(Run.created_at.desc()).limit(limit)
+            if not reruns:
+                q = q.where(Run.parent_run_id.is_(None))
+            if project is not None:
+                q = q.where(Run.project == project)
+            return list(s.scalars(q))
+
+    def projects(self) -> list[str]:
+        """Every project that has a run, by name."""
+        with self.session() as s:
+            return sorted(s.scalars(select(Run.project).distinct()))
+
+    def reruns_of(self, run_ids: Iterable[str]) -> dict[str, list[str]]:
+        """Parent run id -> its re-run ids."""
+        ids = list(run_ids)
+        if not ids:
+            return {}
+        with self.session() as s:
+            out: dict[str, list[str]] = {}
+            for rid, parent in s.execute(select(Run.run_id, Run.parent_run_id).where(Run.parent_run_id.in_(ids))):
+                out.setdefault(parent, []).append(rid)
+            return out
+
+    def finish_run(self, run_id: str, state: str) -> None:
+        with self.session(write=True) as s:
+            run = s.get(Run, run_id)
+            if run is not None:
+                run.state = state
+                run.finished_at = time.time()
+
+    def jobs(self, run_id: str) -> list[ResultRecord]:
+        with self.session() as s:
+            rows = s.scalars(select(Job).where(Job.run_id == run_id).order_by(Job.job_id))
+            return [ResultRecord.model_validate(r.record) for r in rows]
+
+    def job(self, job_id: str) -> ResultRecord | None:
+        """The record a job's row holds now (the one the ledger ranked first), if any."""
+        with self.session() as s:
+            row = s.get(Job, job_id)
+            return ResultRecord.model_validate(row.record) if row is not None else None
+
+    def job_states(self, run_id: str) -> dict[str, str]:
+        """{job id: status} of a run's jobs, without reading their records (polled often)."""
+        with self.session() as s:
+            return {jid: st for jid, st in s.execute(select(Job.job_id, Job.status).where(Job.run_id == run_id))}
+
+    def terminal_ids(self, run_id: str) -> set[str]:
+        return {jid for jid, st in self.job_states(run_id).items() if st in TERMINAL}
+
+    def cases_of(self, name: str, target: str | None = None, suite: str | None = None,
+                 reruns: bool = False, project: str | None = None, recent: int | None = None) -> list[tuple[Case, Run]]:
+        """Every result of a test case, oldest run first (a name may be "suite/name"), in every
+        project or in ``project``; with ``recent``, only in the newest that many runs. The runs
+        come with their identity only (id, revision, project, time), not their JSON columns."""
+        if suite is None and "/" in name:
+            suite, name = name.split("/", 1)
+        with self.session() as s:
+            q = (select(Case, Run).join(Run, Run.run_id == Case.run_id)
+                 .options(load_only(Run.run_id, Run.rev, Run.created_at, Run.project, Run.parent_run_id))
+                 .where(Case.name == name).order_by(Run.created_at, Case.id))
+            if recent is not None:
+                newest = select(Run.created_at).where(Run.parent_run_id.is_(None)).order_by(Run.created_at.desc())
+                if project is not None:
+                    newest = newest.where(Run.project == project)
+                cutoff = s.scalar(newest.offset(recent - 1).limit(1))
+                if cutoff is not None:
+                    q = q.where(Run.created_at >= cutoff)
+            if target is not None:
+                q = q.where(Case.target == target)
+            if suite is not None:
+                q = q.where(Case.suite == suite)
+            if project is not None:
+                q = q.where(Run.project == project)
+            if not reruns:
+                q = q.where(Run.parent_run_id.is_(None))
+            return list(s.execute(q).tuples())
+
+    def cases_in(self, run_ids: Iterable[str]) -> list[tuple[str, str, str, str, str]]:
+        """(run_id, target, suite, name, status) of every case in the given runs."""
+        ids = list(run_ids)
+        if not ids:
+            return []
+        with self.session() as s:
+            q = select(Case.run_id, Case.target, Case.suite, Case.name, Case.status).where(Case.run_id.in_(ids))
+            return [tuple(r) for r in s.execute(q)]  # type: ignore[misc]
+
+    def job_cells(self, run_ids: Iterable[str]) -> list[tuple[str, str, str, str, float | None, float | None]]:
+        """(run_id, target, step, status, started_at, finished_at) of every job recorded in the
+        given runs, without their records (the dashboard's status grid reads hundreds)."""
+        ids = list(run_ids)
+        if not ids:
+            return []
+        with self.session() as s:
+            q = select(Job.run_id, Job.target, Job.step, Job.status, Job.started_at, Job.finished_at
+                       ).where(Job.run_id.in_(ids))
+            return [tuple(r) for r in s.execute(q)]  # type: ignore[misc]
+
+    def run_times(self, run_ids: Iterable[str]) -> dict[str, float]:
+        """Run id -> when it started."""
+        ids = list(run_ids)
+        if not ids:
+            return {}
+        with self.session() as s:
+            return dict(s.execute(select(Run.run_id, Run.created_at).where(Run.run_id.in_(ids))).tuples().all())
+
+    def series_keys(self, run_ids: Iterable[str]) -> list[tuple[str, str, str, str, str]]:
+        """(project, target, host class, benchmark, metric) of every series the given runs measured."""
+        ids = list(run_ids)
+        if not ids:
+            return []
+        with self.session() as s:
+            q = (select(Run.project, SampleRow.target, SampleRow.host_class, SampleRow.benchmark, SampleRow.metric)
+                 .join(Run, Run.run_id == SampleRow.run_id)
+                 .where(SampleRow.run_id.in_(ids), SampleRow.variant == "new").distinct())
+            return sorted(tuple(r) for r in s.execute(q))  # type: ignore[misc]
+
+    def request_cancel(self, run_id: str, job_id: str | None, who: str) -> bool:
+        """Record a cancel request; False when the same one was made already."""
+        with self.writing() as conn:
+            if job_id is None:
+                # NULL never equals NULL in a unique constraint: look first, under the write lock.
+                exists = conn.execute(select(Cancellation.id).where(Cancellation.run_id == run_id,
+                                                                    Cancellation.job_id.is_(None))).first()
+                if exists is not None:
+                    return False
+            stmt = self.insert(Cancellation).values(run_id=run_id, job_id=job_id, who=who, at=time.time())
+            return conn.execute(stmt.on_conflict_do_nothing(index_elements=["run_id", "job_id"])
+                                .returning(Cancellation.id)).first() is not None
+
+    def cancellations(self, run_id: str) -> list[Cancellation]:
+        with self.session() as s:
+            return list(s.scalars(select(Cancellation).where(Cancellation.run_id == run_id)
+                                  .order_by(Cancellation.id)))
+
+    def set_live(self, run_id: str, states: dict[str, tuple[str, int]]) -> None:
+        """{job id: (state, attempt)} of jobs whose state changed, as the nightly sees them now."""
+        if not states:
+            return
+        now = time.time()
+        with self.writing() as conn:
+            for jid, (state, attempt) in states.items():
+                stmt = self.insert(LiveJob).values(job_id=jid, run_id=run_id, state=state, attempt=attempt, since=now)
+                # Never lower: the row's attempt is the highest the farm submitted, which the
+                # ledger checks a worker's record against (a nightly started again counts from 1).
+                highest = case((LiveJob.attempt > stmt.excluded.attempt, LiveJob.attempt), else_=stmt.excluded.attempt)
+                conn.execute(stmt.on_conflict_do_update(index_elements=["job_id"],
+                                                        set_={"state": state, "attempt": highest, "since": now}))
+
+    def submitted_attempt(self, conn: Connection, job_id: str) -> int:
+        """The highest attempt of a job the farm submitted (0: none), in the caller's transaction."""
+        got = conn.execute(select(LiveJob.attempt).where(LiveJob.job_id == job_id)).scalar()
+        return int(got or 0)
+
+    def leases(self, run_id: str) -> dict[tuple[str, int], tuple[str, int]]:
+        """{(job id, attempt): (holder's host, signed beats so far)} of a run's leases."""
+        with self.session() as s:
+            q = (select(LeaseRow.job_id, LeaseRow.attempt, LeaseRow.host, LeaseRow.beats)
+                 .where(LeaseRow.run_id == run_id))
+            return {(j, a): (h, b) for j, a, h, b in s.execute(q)}
+
+    def live(self, run_ids: Iterable[str]) -> dict[str, LiveJob]:
+        ids = list(run_ids)
+        if not ids:
+            return {}
+        with self.session() as s:
+            return {j.job_id: j for j in s.scalars(select(LiveJob).where(LiveJob.run_id.in_(ids)))}
+
+    def create_bisection(self, project: str, target: str, kind: str, subject: dict[str, Any], good_rev: str,
+                         bad_rev: str, origin_run_id: str | None = None) -> Bisection:
+        with self.session(write=True) as s:
+            b = Bisection(project=project, target=target, kind=kind, subject=subject, good_rev=good_rev,
+                          bad_rev=bad_rev, origin_run_id=origin_run_id, state="running", detail={},
+                          created_at=time.time())
+            s.add(b)
+            s.flush()
+            s.expunge(b)
+            return b
+
+    def get_bisection(self, bid: int) -> Bisection:
+        with self.session() as s:
+            b = s.get(Bisection, bid)
+            if b is None:
+                raise KeyError(f"no bisection {bid}")
+            return b
+
+    def update_bisection(self, bid: int, state: str | None = None, culprit_rev: str | None = None,
+                         **detail: Any) -> None:
+        """Merge keys into its detail; a state other than running ends it."""
+        with self.session(write=True) as s:
+            b = s.get(Bisection, bid)
+            if b is None:
+                raise KeyError(f"no bisection {bid}")
+            b.detail = {**(b.detail or {}), **detail}
+            if state is not None:
+                b.state = state
+                if state != "running":
+                    b.finished_at = time.time()
+            if culprit_rev is not None:
+                b.culprit_rev = culprit_rev
+
+    def bisections(self, origin_run_ids: Iterable[str] | None = None, project: str | None = None,
+                   limit: int = 100) -> list[Bisection]:
+        """Newest first: of the given nightly runs, or of a project, or all."""
+        with self.session() as s:
+            q = select(Bisection).order_by(Bisection.id.desc()).limit(limit)
+            if origin_run_ids is not None:
+                q = q.where(Bisection.origin_run_id.in_(list(origin_run_ids)))
+            if project is not None:
+                q = q.where(Bisection.project == project)
+            return list(s.scalars(q))
+
+    def revisions_last_used(self) -> dict[str, float]:
+        """Each revision's newest run of any kind (nightly, re-run, bisection probe), by start."""
+        with self.session() as s:
+            return {rev: at for rev, at in s.execute(select(Run.rev, func.max(Run.created_at)).group_by(Run.rev))}
+
+    def run_ages(self) -> dict[str, tuple[float, str]]:
+        """Every run id -> (created_at, state)."""
+        with self.session() as s:
+            return {rid: (at, state) for rid, at, state in s.execute(select(Run.run_id, Run.created_at, Run.state))}
+
+    def running_runs(self, limit: int = 20) -> list[Run]:
+        """Runs not finished yet (re-runs included), newest first."""
+        with self.session() as s:
+            return list(s.scalars(select(Run).where(Run.state == "running").order_by(Run.created_at.desc())
+                                  .limit(limit)))
+
+    def runs_before(self, created_at: float, project: str, target: str | None = None,
+                    limit: int = 50) -> list[Run]:
+        """Runs (not re-runs) of ``project`` older than ``created_at`` that planned ``target``,
+        newest first."""
+        with self.session() as s:
+            q = (select(Run).where(Run.created_at < created_at, Run.parent_run_id.is_(None), Run.project == project)
+                 .order_by(Run.created_at.desc()))
+            if target is None:
+                return list(s.scalars(q.limit(limit)))
+            # targets is a JSON list; filtering it portably in SQL is not worth it for a few
+            # hundred rows, so filter here and read in pages until ``limit`` are found.
+            out: list[Run] = []
+            for run in s.scalars(q.execution_options(yield_per=200)):
+                if target in (run.targets or []):
+                    out.append(run)
+                    if len(out) >= limit:
+                        break
+            return out
+
+    def last_good_build(self, project: str, target: str, exclude_rev: str) -> ResultRecord | None:
+        """The newest passed build of ``project`` for ``target`` at another revision whose tests
+        all passed: the baseline a perf job runs against tonight's build."""
+        for run in self.runs_before(time.time(), project, target, limit=60):
+            if run.rev == exclude_rev:
+                continue
+            recs = [r for r in self.jobs(run.run_id) if r.target == target]
+            build = next((r for r in recs if r.step == "build"), None)
+            if (build is not None and build.status == "passed" and build.artifact_key and build.artifact_sha256
+                    and all(r.status == "passed" for r in recs if r.kind == "test")):
+                return build
+        return None
+
+    def signed_builds(self, project: str, rev: str, target: str, limit: int = 16) -> list[ResultRecord]:
+        """Passed builds of ``project`` at ``rev`` for ``target`` that name their artifact and its
+        manifest by sha256 (records the ledger applied, so signed by a registered build host),
+        newest first, one per artifact key: the builds a build job may reuse."""
+        with self.session() as s:
+            q = (select(Job.record).join(Run, Run.run_id == Job.run_id)
+                 .where(Run.project == project, Run.rev == rev, Job.target == target, Job.step == "build",
+                        Job.status == "passed").order_by(Job.finished_at.desc()))
+            out: dict[str, ResultRecord] = {}
+            for (data,) in s.execute(q.limit(200)):
+                r = ResultRecord.model_validate(data)
+                if r.artifact_key and r.artifact_sha256 and r.manifest_sha256 and r.artifact_key not in out:
+                    out[r.artifact_key] = r
+                    if len(out) >= limit:
+                        break
+            return list(out.values())
+
+    def step_seconds(self, project: str, target: str, before: float) -> dict[str, float]:
+        """{step: seconds of its own work} of ``target``'s jobs in ``project``'s newest run created
+        before ``before`` that has finished jobs of it: which of its suites to queue first tonight
+        (gearfarm.run.priority)."""
+        for run in self.runs_before(before, project, target, limit=5):
+            got = {r.step: w for r in self.jobs(run.run_id)
+                   if r.target == target and r.status in ("passed", "failed") and (w := r.work_seconds) is not None}
+            if got:
+                return got
+        return {}
+
+    def reference_build(self, project: str, target: str, nights: int) -> Artifact | None:
+        """The reference build ``target``'s perf jobs keep measuring against (the perf jobs' third
+        side, docs/performance.md): the one the newest nights used, while fewer than ``nights``
+        nights have used it and its build is on record; None when it is time to pin a new one (the
+        nightly then pins tonight's baseline) or ``nights`` is 0. A night that measured nothing
+        (its build failed) neither uses nor ends a reference."""
+        if nights <= 0:
+            return None
+        rev, used = None, 0
+        for run in self.runs_before(time.time(), project, target, limit=2 * nights + 10):
+            refs = {r.reference_rev for r in self.jobs(run.run_id)
+                    if r.target == target and r.kind == "perf" and r.reference_rev}
+            if not refs:
+                continue
+            if rev is None:
+                rev = sorted(refs)[0]
+            if rev not in refs:
+                break
+            used += 1
+            if used >= nights:
+                return None
+        if rev is None:
+            return None
+        for run in self.runs_before(time.time(), project, target, limit=400):
+            if run.rev != rev:
+                continue
+            build = next((r for r in self.jobs(run.run_id) if r.target == target and r.step == "build"), None)
+            if build is not None and build.status == "passed" and build.artifact_key and build.artifact_sha256:
+                return Artifact(build.artifact_key, build.artifact_sha256, rev)
+        return None
+
+    def annotate(self, benchmark: str, metric: str, target: str, rev: str, note: str) -> bool:
+        """Mark a change as expected; False when it was marked already."""
+        with self.session(write=True) as s:
+            q = select(Annotation).where(Annotation.benchmark == benchmark, Annotation.metric == metric,
+                                         Annotation.target == target, Annotation.rev == rev)
+            if s.scalars(q).first() is not None:
+                return False
+            s.add(Annotation(benchmark=benchmark, metric=metric, target=target, rev=rev, note=note,
+                             created_at=time.time()))
+            return True
+
+    def expected_changes(self) -> dict[tuple[str, str, str], set[str]]:
+        """(benchmark, metric, target) -> revisions whose changes are expected."""
+        out: dict[tuple[str, str, str], set[str]] = {}
+        with self.session() as s:
+            for a in s.scalars(select(Annotation)):
+                out.setdefault((a.benchmark, a.metric, a.target), set()).add(a.rev)
+        return out
+
+    def perf_series(self, project: str, target: str, host_class: str, benchmark: str, metric: str, upto: float,
+                    window: int) -> list[tuple[str, str, dict[str, list[float]]]]:
+        """[(run id, rev, {variant: values})] oldest first for the last ``window`` runs of
+        ``project`` up to ``upto`` that measured this metric on this host class (re-runs
+        excluded; two projects' benchmarks of one name are two series). Variants:
+        new (tonight's build), baseline (the last good build), ratio (new/baseline per pair)."""
+        with self.session() as s:
+            q = (select(Run.run_id, Run.rev, SampleRow.variant, SampleRow.value)
+                 .join(Run, Run.run_id == SampleRow.run_id)
+                 .where(SampleRow.target == target, SampleRow.host_class == host_class,
+                        SampleRow.benchmark == benchmark, SampleRow.metric == metric,
+                        Run.project == project, Run.created_at <= upto, Run.parent_run_id.is_(None))
+                 .order_by(Run.created_at, SampleRow.repetition))
+            by_run: dict[str, tuple[str, dict[str, list[float]]]] = {}
+            for run_id, rev, variant, value in s.execute(q):
+                by_run.setdefault(run_id, (rev, {}))[1].setdefault(variant, []).append(value)
+        rows = [(rid, rev, values) for rid, (rev, values) in by_run.items()]
+        return rows[-window:]
+
+    def step_records(self, run_ids: list[str], target: str, step: str) -> dict[str, ResultRecord]:
+        """Run id -> the record of one step (e.g. "perf-iibench") on one target, for each of
+        ``run_ids`` that has one: what a series needs beyond its samples (baseline, quietness)."""
+        if not run_ids:
+            return {}
+        with self.session() as s:
+            rows = s.scalars(select(Job).where(Job.run_id.in_(run_ids), Job.target == target, Job.step == step))
+            return {r.run_id: ResultRecord.model_validate(r.record) for r in rows}
+
+    def perf_keys(self, run_id: str) -> list[tuple[str, str, str, str]]:
+        """The (target, host class, benchmark, metric) series a run has samples in."""
+        with self.session() as s:
+            q = (select(SampleRow.target, SampleRow.host_class, SampleRow.benchmark, SampleRow.metric)
+                 .where(SampleRow.run_id == run_id, SampleRow.variant == "new").distinct())
+            return sorted(tuple(r) for r in s.execute(q))  # type: ignore[misc]
+
+    def hosts(self) -> list[Host]:
+        with self.session() as s:
+            return list(s.scalars(select(Host).order_by(Host.first_seen)))
+
+    def late_results(self, run_id: str) -> list[tuple[float, ResultRecord]]:
+        """Results that arrived after the run's report, oldest first."""
+        with self.session() as s:
+            q = select(LateResult).where(LateResult.run_id == run_id).order_by(LateResult.arrived_at)
+            return [(r.arrived_at, ResultRecord.model_validate(r.record)) for r in s.scalars(q)]
+
+    def delivery_counts(self, since: float = 0.0) -> dict[str, int]:
+        """Outcome -> number of records offered to the ledger since ``since``."""
+        with self.session() as s:
+            q = select(Delivery.outcome, func.count()).where(Delivery.at >= since).group_by(Delivery.outcome)
+            return {outcome: n for outcome, n in s.execute(q)}
+
+    def deliveries(self, run_id: str) -> list[Delivery]:
+        with self.session() as s:
+            return list(s.scalars(select(Delivery).where(Delivery.run_id == run_id).order_by(Delivery.id)))
+
+    def upsert_host(self, conn: Connection, fp: dict[str, str]) -> str:
+        """The host's id; its row made or refreshed in the caller's transaction."""
+        fields = {k: str(fp.get(k, "")) for k in ("hostname", "cpu", "cores", "mem_gib", "kernel", "machine",
+                                                  "compiler")}
+        host_id = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+        now = time.time()
+        stmt = self.insert(Host).values(
+            host_id=host_id, hostname=fields["hostname"], host_class=fp.get("class", ""), cpu_model=fields["cpu"],
+            cores=_int(fields["cores"]), memory_gib=_int(fields["mem_gib"]), kernel=fields["kernel"],
+            machine=fields["machine"], compiler=fields["compiler"], first_seen=now, last_seen=now)
+        conn.execute(stmt.on_conflict_do_update(index_elements=["host_id"], set_={"last_seen": now}))
+        return host_id
+
+
+def _int(v: str) -> int:
+    try:
+        return int(v)
+    except ValueError:
+        return 0
+
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+# The revision whose schema equals what create_all made before migrations existed: a database
+# from then is stamped with it and upgraded from there.
+BASELINE = "0001"
+
+
+def alembic_config(connection: Any = None) -> Any:
+    """Alembic configured in code: no alembic.ini, the scripts ship inside the package."""
+    from alembic.config import Config as AlembicConfig
+
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.attributes["connection"] = connection
+    return cfg
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    from alembic.migration import MigrationContext
+
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(engine: Engine) -> None:
+    """Bring the schema to the newest revision. The collector, the nightly and the CLI may open
+    the database at the same moment, so the upgrade runs under a lock (a file lock beside a
+    SQLite file, an advisory lock on PostgreSQL) and is skipped at once when already current."""
+    from alembic import command
+
+    head = head_revision()
+    if current_revision(engine) == head:
+        return
+    with _migration_lock(engine):
+        with engine.begin() as conn:
+            if engine.dialect.name == "postgresql":
+                # Held until this transaction ends: PostgreSQL runs the DDL transactionally.
+                conn.execute(text("SELECT pg_advisory_xact_lock(7141590)"))
+            cfg = alembic_config(conn)
+            tables = set(inspect(conn).get_table_names())
+            if "alembic_version" not in tables and "runs" in tables:
+                command.stamp(cfg, BASELINE)
+            command.upgrade(cfg, "head")
+
+
+@contextmanager
+def _migration_lock(engine: Engine) -> Iterator[None]:
+    db = engine.url.database if engine.dialect.name == "sqlite" else None
+    if not db or db == ":memory:":
+        yield
+        return
+    with open(f"{db}.migrate.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

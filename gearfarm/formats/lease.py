@@ -1,0 +1,70 @@
+"""A job attempt's lease: the wire format of the claim a worker makes before it runs an attempt,
+and of the heartbeats that keep it, both signed with the worker host's own key and sent to the
+collector, whose ledger keeps one lease per (job, attempt) (gearfarm.run.ledger.Ledger.lease).
+
+Why through the ledger and not gearmand: anything holding a Gearman connection can grab a job
+and send WORK_STATUS for it forever; only a registered host can sign a claim. So
+
+- each attempt runs once: the first claim wins; a second copy of the attempt (a replay, or the
+  same job from a second gearmand) is refused while the holder beats, and for good once the
+  attempt delivered its record; a holder that stopped beating for TAKEOVER seconds (its worker
+  died, gearmand handed the job on) can be taken over;
+- a held job is noticed: the nightly judges a running job by its lease's signed beats, and
+  resubmits one held with no lease at all (a rogue worker) or whose beats stopped;
+- a record is applied only from the host holding its attempt's lease."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gearfarm.formats.seal import Lookup, SealError, Signer, seal, unseal
+
+# Seconds between a holder's signed beats: each is a write of the ledger's, so fewer than the
+# worker's 5 s WORK_STATUS (a lease is judged over [farm] lease_timeout, a minute by default).
+BEAT_SECONDS = 10.0
+# Seconds without a beat after which another worker may take an attempt over (three beats).
+TAKEOVER = 3 * BEAT_SECONDS
+MAX_LEASE = 4096
+
+
+class LeaseError(ValueError):
+    """A lease message that is malformed or not genuinely signed."""
+
+
+class Lease(BaseModel):
+    """A claim (beat 0) or a heartbeat (beat n) of one attempt by one worker process."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    job_id: str = Field(max_length=200)
+    attempt: int = Field(ge=1, le=100)
+    host: str = Field(max_length=64)
+    worker: str = Field(max_length=200)
+    beat: int = Field(ge=0)
+
+
+Answer = Literal["granted", "held", "done", "refused"]
+
+
+def seal_lease(lease: Lease, signer: Signer) -> bytes:
+    return seal("lease", lease.model_dump(mode="json"), signer)
+
+
+def open_lease(data: bytes, lookup: Lookup) -> tuple[Lease, str]:
+    """(the lease, the signer's key id); LeaseError saying what is wrong."""
+    try:
+        body, kid = unseal(data, "lease", lookup, MAX_LEASE)
+        return Lease.model_validate(body), kid
+    except SealError as e:
+        raise LeaseError(str(e)) from e
+    except ValidationError as e:
+        raise LeaseError(f"invalid lease: {e.errors()[0]['loc']} {e.errors()[0]['msg']}") from e
+
+
+def answer(text: bytes) -> tuple[Answer, str]:
+    """The collector's answer to a claim: (granted | held | done | refused, why)."""
+    word, _, why = text.decode(errors="replace").partition(" ")
+    if word not in ("granted", "held", "done", "refused"):
+        return "refused", f"unexpected answer {text[:100]!r}"
+    return word, why  # type: ignore[return-value]

@@ -1,0 +1,29 @@
+"""Connections to the farm's job servers as the config says (TLS through stunnel when it names
+a CA), shared by the nightly, the CLI, the collector and the worker roles."""
+
+from __future__ import annotations
+
+import ssl
+
+from gearfarm.config import Config
+from gearfarm.gearman import Client, Worker
+from gearfarm.hosts.tls import client_context
+
+
+def ssl_context(cfg: Config) -> ssl.SSLContext | None:
+    """TLS to the job servers (stunnel in front of gearmand) when the config names a CA, with
+    this host's client certificate when it names one."""
+    g = cfg.gearman
+    if not g.tls_ca:
+        return None
+    return client_context(cfg.path(g.tls_ca), cfg.path(g.tls_cert) if g.tls_cert else None,
+                          cfg.path(g.tls_key) if g.tls_key else None)
+
+
+def gearman_client(cfg: Config) -> Client:
+    return Client(cfg.gearman.addresses(), ssl_context=ssl_context(cfg), server_hostname=cfg.gearman.tls_server_name)
+
+
+def gearman_worker(cfg: Config, client_id: str) -> Worker:
+    return Worker(cfg.gearman.addresses(), client_id=client_id, ssl_context=ssl_context(cfg),
+                  server_hostname=cfg.gearman.tls_server_name)

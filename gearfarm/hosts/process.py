@@ -1,0 +1,516 @@
+"""Starting and stopping the farm's local daemons (MinIO, workers, the collector) so that
+nothing outlives the farm: each runs in its own process group, which stop() kills whole.
+Also running a job's catalog command so that nothing of it outlives the job or its worker
+(run_logged, through gearfarm/step/reaper.py) and its output stays within the job's log limit
+(the head and the tail of it, and a note of what was dropped between), the per-job temporary
+directories that a restarted worker sweeps (job_dir, sweep_work_dirs), and telling whether a
+pid is still the very process that was recorded (identity, is_same), so that a stale pid is
+never killed."""
+
+from __future__ import annotations
+
+import fcntl
+import marshal
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, BinaryIO, NamedTuple
+
+
+def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None,
+          cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True,
+        )
+
+
+def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGTERM the process group, then SIGKILL what is left after ``timeout``."""
+    stop_all([proc], timeout)
+
+
+def stop_all(procs: Sequence[subprocess.Popen[bytes]], timeout: float = 10.0) -> None:
+    """SIGTERM every process group at once, then SIGKILL what is left after ``timeout``: the
+    stop takes as long as the slowest process, not the sum of them."""
+    for proc in procs:
+        if proc.poll() is None:
+            kill_group(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    # The groups too: a job's children outlive a worker that exited on SIGTERM.
+    for proc in procs:
+        kill_group(proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def log_tail(path: Path, lines: int = 20, max_bytes: int = 64 * 1024) -> str:
+    """The last ``lines`` lines of a log, read from its last ``max_bytes`` only: a job's log may
+    be as large as its limit, and this is asked of every failed job."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - max_bytes))
+            data = f.read(max_bytes)
+    except FileNotFoundError:
+        return "(no log)"
+    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+
+class Cancelled(Exception):
+    """The job was cancelled while its command ran; the command's whole tree is gone."""
+
+
+# The cancel flag of the job the calling thread runs (set by gearfarm.workers.base for the
+# job's duration): every command the job starts is stopped when it is set, without passing it
+# through each role's code.
+CANCEL: ContextVar[threading.Event | None] = ContextVar("gearfarm_job_cancel", default=None)
+# How often a running command looks at its job's cancel flag.
+CANCEL_POLL = 0.25
+
+
+REAPER = Path(__file__).resolve().parents[1] / "step" / "reaper.py"
+# -I -S: no site, no PYTHON* variables of the job's environment, no job cwd on sys.path (a
+# scratch dir's ctypes.py must not shadow the stdlib), a few milliseconds less per job.
+# Imported, not run as a script, so that its .pyc is used instead of compiling it each time;
+# appended to sys.path, so nothing in gearfarm/ shadows the standard library.
+REAPER_COMMAND = [sys.executable, "-I", "-S", "-c", f"import sys; sys.path.append({str(REAPER.parent)!r}); "
+                  "import reaper; sys.exit(reaper.main(sys.argv[1:]))"]
+# The reaper enforces the timeout itself; the worker waits this much longer before deciding
+# the reaper is wedged (it needs at most its startup, TERM_GRACE and KILL_PATIENCE past the timeout).
+REAPER_GRACE = 60.0
+
+MiB = 1024 * 1024
+# The most of a command's output a job's log keeps by default (a worker passes its [farm] log_limit,
+# through its sandbox: gearfarm.step.runner). Past it the log keeps the output's head and its
+# tail, with a note between of how many bytes were dropped there.
+LOG_LIMIT = 64 * MiB
+# The part of the limit kept from the end of the output: a failure is usually at the end, and the
+# tail is held in memory until the command ends, so it bounds what a job costs its worker.
+TAIL_SHARE = 4
+# The tail kept of output appended to a log that is full already (a benchmark's later runs): the
+# log then grows by this and a note per command, not by a quarter of its limit.
+MIN_TAIL = 64 * 1024
+# The output pipe's size (the kernel's default is 64 KiB): fewer, larger reads for the pump.
+# 1 MiB is also the most an unprivileged process may ask for (/proc/sys/fs/pipe-max-size).
+PIPE_SIZE = MiB
+# After the reaper has reported, how long the pump still reads: to the pipe's end, unless a
+# process the reaper could not kill holds it open.
+PUMP_DRAIN = 5.0
+
+
+def _size_text(n: int) -> str:
+    return f"{n // MiB} MiB" if n % MiB == 0 else f"{n} bytes"
+
+
+class CappedLog:
+    """Output written into an open log file with at most ``limit`` bytes of the log kept: what
+    fits first (the output's head) goes straight to the file, the last ``limit // TAIL_SHARE``
+    bytes are kept in a ring buffer of that size, allocated once, and written, after a note of
+    how many bytes were dropped before them, by close(). Output that fits is written whole and
+    unchanged. The log's size when this starts (its header, earlier commands) counts: appended to
+    a full log, a command's output keeps only its last MIN_TAIL bytes.
+
+    One buffer, allocated once, not a queue of the chunks read: what a flood costs the worker is
+    the tail and nothing that depends on how the output happened to arrive."""
+
+    def __init__(self, out: BinaryIO, limit: int) -> None:
+        if limit <= 0:
+            raise ValueError(f"a log limit must be a number of bytes above 0, not {limit}")
+        used = out.tell()
+        self.out, self.limit = out, limit
+        self.tail = min(limit // TAIL_SHARE, max(limit - used, MIN_TAIL))
+        self.head = max(0, limit - used - self.tail)
+        self.total = 0  # bytes of output seen
+        self.written = 0  # of them, the head written to the file
+        self.ring: bytearray | None = None  # made when the head is full
+        self.pos = 0  # where the ring's next byte goes
+        self.kept = 0  # bytes in the ring
+
+    def write(self, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        self.total += len(view)
+        if self.written < self.head:
+            n = min(len(view), self.head - self.written)
+            self.out.write(view[:n])
+            self.written += n
+            view = view[n:]
+        if not len(view):
+            return
+        if self.ring is None:
+            self.ring = bytearray(self.tail)
+        if len(view) >= self.tail:
+            self.ring[:] = view[len(view) - self.tail:]
+            self.pos, self.kept = 0, self.tail
+            return
+        first = min(len(view), self.tail - self.pos)
+        self.ring[self.pos:self.pos + first] = view[:first]
+        rest = len(view) - first
+        self.ring[:rest] = view[first:]
+        self.pos = (self.pos + len(view)) % self.tail
+        self.kept = min(self.tail, self.kept + len(view))
+
+    def close(self) -> int:
+        """Write the note (if anything was dropped) and the tail; the bytes dropped."""
+        dropped = self.total - self.written - self.kept
+        if dropped:
+            self.out.write(f"\n*** {dropped} bytes of output dropped here (log capped at {_size_text(self.limit)}: "
+                           "[farm] log_limit) ***\n".encode())
+        if self.ring is not None:
+            ring = memoryview(self.ring)
+            if self.kept < self.tail:
+                self.out.write(ring[:self.kept])
+            else:
+                self.out.write(ring[self.pos:])
+                self.out.write(ring[:self.pos])
+        self.ring = None
+        self.pos = self.kept = 0
+        self.out.flush()
+        return dropped
+
+
+def append_capped(src: Path, dst: Path, limit: int | None = None, header: str = "") -> int:
+    """Append ``header`` and the file ``src`` to the log ``dst``, streaming, within the log's
+    limit (default LOG_LIMIT) as run_logged keeps it; the bytes dropped."""
+    with dst.open("ab") as out, src.open("rb") as f:
+        out.write(header.encode())
+        capped = CappedLog(out, limit or LOG_LIMIT)
+        while chunk := f.read(MiB):
+            capped.write(chunk)
+        return capped.close()
+
+
+class _Pump(threading.Thread):
+    """Reads a command's output pipe into its CappedLog until the pipe's end, or until told the
+    command is over and PUMP_DRAIN has passed. A write error (disk full) is kept for the caller,
+    and reading goes on, so the command is never left blocked on a full pipe."""
+
+    def __init__(self, fd: int, sink: CappedLog) -> None:
+        super().__init__(name="gearfarm-log-pump", daemon=True)
+        self.fd, self.sink = fd, sink
+        self.over = threading.Event()
+        self.error: OSError | None = None
+
+    def run(self) -> None:
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        # Read into one buffer: no allocation per read (see CappedLog).
+        buf = bytearray(PIPE_SIZE)
+        view = memoryview(buf)
+        until: float | None = None
+        while True:
+            if until is None and self.over.is_set():
+                until = time.monotonic() + PUMP_DRAIN
+            wait = 0.25 if until is None else until - time.monotonic()
+            if wait <= 0:
+                return  # a process the reaper could not kill still holds the pipe: stop reading it
+            if not poller.poll(wait * 1000):
+                continue
+            n = os.readv(self.fd, [buf])
+            if not n:
+                return
+            if self.error is None:
+                try:
+                    self.sink.write(view[:n])
+                except OSError as e:
+                    self.error = e
+
+
+def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | None = None,
+               env: Mapping[str, str] | None = None, shown: Sequence[str] | None = None,
+               limit: int | None = None) -> tuple[int | None, bool]:
+    """Run a catalog command with its output appended to ``log_path``, at most ``limit`` bytes
+    of the log (default LOG_LIMIT, the worker's [farm] log_limit) kept: see CappedLog.
+
+    Returns (exit code, timed_out); the exit code is Popen's returncode (negative: killed by
+    that signal). Whatever happens -- the command exits, the timeout passes, or the worker
+    is killed, even by kill -9 -- every process the command started is killed, grandchildren
+    that left the process group or daemonised included, because suites spawn children (the
+    recovery suite's writers, wine's server) that would otherwise outlive the job and hold
+    the worker's files. The command runs under gearfarm/step/reaper.py, see there how.
+
+    ``shown`` is what the log says was run, when that is not all of ``argv`` (the catalog's
+    command without the sandbox's wrapping).
+
+    When the calling thread's job is cancelled (CANCEL), the command's tree is stopped the same
+    way and Cancelled is raised.
+
+    The output reaches the log through a pipe that a thread of the caller pumps (the reaper's
+    stdout and stderr, which the command inherits), not by giving the command the log file: the
+    cap is kept as the output arrives, so neither the disk nor the worker's memory ever holds
+    more than the limit, and the job never holds the log file itself. The cap is here rather
+    than in the reaper, which stays a small single-threaded loop around signals.
+
+    Any thread may call this. The reaper hears of its parent's death through
+    PR_SET_PDEATHSIG, which the kernel also fires when only the calling thread exits; the
+    reaper then checks getppid() and goes on while the worker process lives.
+    """
+    with log_path.open("ab") as log:
+        log.write(("$ " + " ".join(shown if shown is not None else argv) + "\n").encode())
+        log.flush()
+        # argv and env go through a pipe, not the reaper's own argv and environment: Python
+        # would add LC_CTYPE=C.UTF-8 to a C-locale environment at startup (PEP 538), and the
+        # command must get exactly the environment it was given.
+        job = marshal.dumps((list(argv), dict(env) if env is not None else dict(os.environ)))
+        capped = CappedLog(log, limit or LOG_LIMIT)
+        status_r, status_w = os.pipe()
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        with suppress(OSError):
+            fcntl.fcntl(out_w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+        pump = _Pump(out_r, capped)
+        try:
+            try:
+                reaper = subprocess.Popen(
+                    [*REAPER_COMMAND, str(os.getpid()), str(status_w), repr(float(timeout))],
+                    stdin=subprocess.PIPE, stdout=out_w, stderr=subprocess.STDOUT, cwd=cwd,
+                    start_new_session=True, pass_fds=(status_w,))
+            except OSError as e:
+                log.write(f"cannot start {(shown or argv)[0]}: {e}\n".encode())
+                return 127, False
+            finally:
+                # Only the reaper and its command hold the pipe now: its end means they are gone.
+                os.close(status_w)
+                os.close(out_w)
+            pump.start()
+            try:
+                report, wedged = _supervise(reaper, job, timeout, status_r, CANCEL.get())
+            finally:
+                pump.over.set()
+                pump.join()
+            reason, _, detail = report.decode(errors="replace").partition(" ")
+        finally:
+            os.close(status_r)
+            os.close(out_r)
+        capped.close()
+        if pump.error is not None:
+            raise OSError(pump.error.errno, f"cannot write the job's log {log_path}: {pump.error.strerror}")
+        cancel = CANCEL.get()
+        if cancel is not None and cancel.is_set():
+            log.write(b"\n*** cancelled: the command and everything it started were stopped ***\n")
+            raise Cancelled(f"{argv[0]} stopped: the job was cancelled")
+        if reason == "error":
+            log.write(f"cannot start {argv[0]}: {detail}\n".encode())
+            return 127, False
+        if reason == "timeout" or wedged:
+            log.write(f"\n*** killed after the catalog timeout of {timeout:.0f}s ***\n".encode())
+            return None, True
+        if reason in ("exit", "terminated") and detail.isdigit():
+            return os.waitstatus_to_exitcode(int(detail)), False
+        log.write(f"\n*** the job's supervisor {REAPER.name} ended ({reaper.returncode}) with "
+                  f"{reason or 'no'} result {detail} ***\n".encode())
+        return None, False
+
+
+def _supervise(reaper: subprocess.Popen[bytes], job: bytes, timeout: float, status_r: int,
+               cancel: threading.Event | None = None) -> tuple[bytes, bool]:
+    """Hand the job to the reaper, wait for its report; (report, True if it had to be stopped
+    as wedged). Waits on the report pipe, not with Popen.wait(timeout), which polls with
+    sleeps of up to 50 ms and would add them to every job."""
+    assert reaper.stdin is not None
+    wedged = False
+    try:
+        try:
+            reaper.stdin.write(job)
+            reaper.stdin.close()
+        except BrokenPipeError:
+            pass  # it died at once; its missing report says so
+        deadline = time.monotonic() + timeout + REAPER_GRACE
+        poller = select.poll()
+        poller.register(status_r, select.POLLIN)
+        chunks = []
+        stopping = False
+        while True:
+            left = deadline - time.monotonic()
+            if cancel is not None and cancel.is_set() and not stopping:
+                stopping = True
+                reaper.terminate()  # the reaper kills the command's tree, reports and exits
+            wait = min(left, 3600.0, CANCEL_POLL if cancel is not None else 3600.0)
+            if left > 0 and not poller.poll(wait * 1000):
+                continue
+            if left <= 0:
+                wedged = True
+                reaper.terminate()  # SIGTERM: the reaper kills the job's tree, then exits
+                try:
+                    reaper.wait(REAPER_GRACE)
+                except subprocess.TimeoutExpired:
+                    reaper.kill()
+                break
+            chunk = os.read(status_r, 4096)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        reaper.wait()
+        return b"".join(chunks), wedged
+    except BaseException:
+        # Interrupted (KeyboardInterrupt in an interactive worker): the job must not outlive us.
+        reaper.terminate()
+        reaper.wait()
+        raise
+
+
+# -- knowing a process again ----------------------------------------------------------------
+
+class ProcStat(NamedTuple):
+    state: str
+    ppid: int
+    pgid: int
+    start: int  # clock ticks after boot: with the pid, names one process for the boot's life
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """Fields of /proc/<pid>/stat; None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ")".
+    fields = stat[stat.rindex(b")") + 2:].split()
+    return ProcStat(fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[19]))
+
+
+def start_time(pid: int) -> int | None:
+    """The start time (field 22 of /proc/<pid>/stat) of a live process; None if it is gone or
+    a zombie (dead, waiting to be reaped)."""
+    st = proc_stat(pid)
+    return st.start if st is not None and st.state not in ("Z", "X") else None
+
+
+def boot_id() -> str:
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        return f.read().strip().replace("-", "")
+
+
+def cmdline(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return [os.fsdecode(a) for a in raw.split(b"\0")[:-1]]
+
+
+def identity(pid: int) -> dict[str, Any] | None:
+    """What proves later that ``pid`` is still this process (JSON-ready); None if it is gone.
+    The start time tells a recycled pid apart, the boot id a pid of an earlier boot, the
+    command line guards against both failing at once."""
+    st = proc_stat(pid)
+    args = cmdline(pid)
+    if st is None or st.state in ("Z", "X") or args is None:
+        return None
+    return {"pid": pid, "start": st.start, "boot": boot_id(), "pgid": st.pgid, "cmdline": args}
+
+
+def is_same(record: Mapping[str, Any]) -> bool:
+    """True if the process ``record`` (from identity()) describes is alive and is still it."""
+    try:
+        pid = int(record["pid"])
+        if record["boot"] != boot_id() or start_time(pid) != record["start"]:
+            return False
+        now = identity(pid)
+    except (KeyError, TypeError, ValueError):
+        return False  # a record we did not write: nothing proves the process is ours
+    return now is not None and now["start"] == record["start"] and now["cmdline"] == record["cmdline"]
+
+
+# -- per-job temporary directories ----------------------------------------------------------
+
+_OWNER = re.compile(r"(\d+)-(\d+)-([0-9a-f]+)")
+_owner_cache: tuple[int, str] | None = None
+
+
+def _owner() -> str:
+    """This process's owner directory name: pid, start time and boot, so that no other
+    process -- a later one with the recycled pid, or one of another boot -- is taken for it."""
+    global _owner_cache
+    pid = os.getpid()
+    if _owner_cache is None or _owner_cache[0] != pid:  # recomputed in a forked child
+        _owner_cache = (pid, f"{pid}-{start_time(pid)}-{boot_id()[:12]}")
+    return _owner_cache[1]
+
+
+@contextmanager
+def job_dir(root: Path, prefix: str) -> Iterator[Path]:
+    """A fresh directory for one job under ``root/<owner>/``, removed on exit. What a worker
+    killed in the middle of a job leaves behind, sweep_work_dirs() removes."""
+    owner = root / _owner()
+    owner.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=owner))
+    try:
+        yield path
+    finally:
+        _rmtree(path)
+
+
+def release_work_dir(root: Path) -> None:
+    """On a clean exit: remove this process's owner directory (empty by then: every job_dir
+    removes itself), so stopped workers leave nothing for the next sweep."""
+    with suppress(OSError):
+        (root / _owner()).rmdir()
+
+
+def sweep_work_dirs(root: Path) -> list[Path]:
+    """Remove the owner directories under ``root`` of processes that are gone (a dead pid,
+    the pid now another process, or an earlier boot); returns what was removed. Directories
+    of live owners, and names that are not owner directories, are left alone."""
+    removed: list[Path] = []
+    if not root.is_dir():
+        return removed
+    boot = boot_id()[:12]
+    for d in sorted(root.iterdir()):
+        m = _OWNER.fullmatch(d.name)
+        if m is None or d.is_symlink() or not d.is_dir():
+            continue
+        if m.group(3) == boot and start_time(int(m.group(1))) == int(m.group(2)):
+            continue
+        _rmtree(d)
+        if not d.exists():
+            removed.append(d)
+    return removed
+
+
+def _rmtree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    if not path.exists():
+        return
+    # Jobs leave read-only and unreadable directories (suites testing error paths): a worker
+    # that is not root must open them up to empty them. Symlinks are not followed: chmod on
+    # one would change its target, which may be anything.
+    with suppress(OSError):
+        os.chmod(path, 0o700)
+    for d, dirs, _ in os.walk(path):
+        for sub in dirs:
+            p = os.path.join(d, sub)
+            if not os.path.islink(p):
+                with suppress(OSError):
+                    os.chmod(p, 0o700)
+    shutil.rmtree(path, ignore_errors=True)

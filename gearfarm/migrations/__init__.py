@@ -1,1 +1,0 @@
-"""Alembic migrations of the results database (configured in code by gearfarm.store)."""

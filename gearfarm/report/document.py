@@ -1,0 +1,339 @@
+"""The run report: one document (JSON, HTML, text, JUnit) per run, i.e. per project of a
+nightly, with its project, a headline, the matrix, the test cases classified against history
+(new failures with their log tail and a reproducer, fixed, flaky, known), links to each job's log
+(gearfarm.report.links: the dashboard, or the copies on disk), and
+per-stage timings so the farm's own overhead shows. Written beside the run on disk and in S3.
+The nightly's one mail is made from the reports of all its runs (mail_subject, render_mail_*):
+for one run it is that run's report, for several one section per run, in the order given."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader
+from markupsafe import Markup, escape
+
+from gearfarm.bisection import search as bisect
+from gearfarm.db.history import Verdict
+from gearfarm.db.results import Run
+from gearfarm.formats.result import PRODUCT_FAILURES, ResultRecord
+from gearfarm.perf import trend
+from gearfarm.report.links import Links
+from gearfarm.s3 import keys
+from gearfarm.s3.store import ArtifactStore
+from gearfarm.step import junit
+
+STAGES = ("queue_wait", "export", "lookup", "build", "upload", "download", "verify", "test")
+# The farm's own cost per job: moving and checking bytes. Queue wait is shown apart: it is
+# mostly jobs waiting for a busy worker, i.e. capacity, not overhead.
+OVERHEAD = ("export", "lookup", "upload", "download", "verify")
+_env = Environment(loader=FileSystemLoader(Path(__file__).parents[1] / "templates"),
+                   autoescape=lambda name: bool(name and name.endswith(".html.j2")),
+                   trim_blocks=True, lstrip_blocks=True)
+_env.filters["utc"] = lambda t: time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
+
+
+def image_cid(section: int, index: int) -> str:
+    """The content id of a plot in the mail: the ``index``-th performance entry of the
+    ``section``-th run, unique across the runs one message covers."""
+    return f"perf{section}-{index}"
+
+
+_env.globals["image_cid"] = image_cid
+_env.globals["spark"] = trend.blocks
+_env.globals["trend_svg"] = trend.svg
+
+
+def build(run: Run, records: list[ResultRecord], links: Links | None = None,
+          verdicts: list[Verdict] | None = None, reruns: list[ResultRecord] | None = None) -> dict[str, Any]:
+    """The report document. ``verdicts`` (gearfarm.db.history.classify_run) add the classified
+    sections and the classified headline; ``reruns`` are the records of the run's re-run;
+    ``links`` says where the logs are read (default: the copies beside the report)."""
+    links = links or Links()
+
+    by_target: dict[str, dict[str, ResultRecord]] = {}
+    for r in records:
+        by_target.setdefault(r.target, {})[r.step] = r
+    steps: list[str] = []
+    for r in sorted(records, key=lambda r: (r.kind != "build", r.kind, r.step)):
+        if r.step not in steps:
+            steps.append(r.step)
+    missing = [j for j in run.expected if j not in {r.job_id for r in records}]
+    matrix = {
+        t: {s: {"status": r.status, "duration": r.duration, "log": links.log(r), "worker": r.worker,
+                "reused_artifact": r.reused_artifact, "message": r.message}
+            for s, r in sorted(cells.items())}
+        for t, cells in sorted(by_target.items())
+    }
+    failures = []
+    for r in sorted(records, key=lambda r: r.job_id):
+        if r.status in ("passed", "skipped", "cancelled"):
+            continue
+        bad_cases = [c for c in r.cases if c.status in ("failed", "error")]
+        failures.append({
+            "target": r.target, "step": r.step, "status": r.status, "message": r.message,
+            "log_tail": r.log_tail, "log": links.log(r), "artifact": links.artifact(r),
+            "cases": [{"name": c.name, "classname": c.classname, "message": c.message[:2000]} for c in bad_cases],
+            "reproducer": reproducer(r, run),
+            "product": r.status in PRODUCT_FAILURES,
+        })
+    stage_totals = {s: round(sum(r.timings.get(s, 0.0) for r in records), 3) for s in STAGES}
+    finished = run.finished_at or time.time()
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    product_failed = sum(1 for f in failures if f["product"])
+    infra = len(failures) - product_failed
+    classes = _classes(run, records, verdicts, reruns or [], links) if verdicts is not None else None
+    if classes is not None:
+        new, known, flaky, fixed = (len(classes[k]) for k in ("new", "known", "flaky", "fixed"))
+        lead = [_plural(new, "new failure") if new else "", f"{known} still failing" if known else "",
+                f"{flaky} flaky" if flaky else ""]
+    else:
+        lead, fixed = [f"{product_failed} failed" if product_failed else ""], 0
+    cancelled = [{"target": r.target, "step": r.step, "message": r.message} for r in records if r.status == "cancelled"]
+    green = not (any(lead) or infra or missing or cancelled)
+    headline = _headline(green, lead, fixed, infra, missing, len(records), len(by_target))
+    if cancelled:
+        headline = ", ".join(x for x in (headline, f"{len(cancelled)} cancelled") if x)
+    rep: dict[str, Any] = {
+        "run_id": run.run_id, "project": run.project, "rev": run.rev, "created_at": run.created_at,
+        "finished_at": finished, "wall_seconds": round(finished - run.created_at, 3), "headline": headline,
+        "all_green": green, "counts": counts,
+        "targets": sorted(by_target), "steps": steps, "matrix": matrix, "failures": failures,
+        "infra": [f for f in failures if not f["product"]], "cancelled": cancelled,
+        "classified": classes is not None,
+        "new": classes["new"] if classes else [], "known": classes["known"] if classes else [],
+        "fixed": classes["fixed"] if classes else [], "flaky": classes["flaky"] if classes else [],
+        "links_base": links.base, "dashboard": links.run(run.run_id),
+        "missing": missing, "stage_seconds": stage_totals, "target_seconds": _target_spans(records),
+        "overhead_seconds": round(sum(stage_totals[s] for s in OVERHEAD), 3),
+        "queue_wait_seconds": stage_totals["queue_wait"],
+        "work_seconds": round(stage_totals["build"] + stage_totals["test"], 3),
+        "jobs": [r.model_dump(mode="json", exclude={"log_tail"}) for r in records],
+        "reruns": [r.model_dump(mode="json", exclude={"log_tail", "cases"}) for r in reruns or []],
+    }
+    _titles(rep)
+    return rep
+
+
+def _titles(rep: dict[str, Any]) -> None:
+    """The run's one-line titles, made from its headline: ``subject`` (its own mail's, and its
+    HTML title) and ``summary`` (its part of a nightly mail's subject: "engine passed")."""
+    rep["subject"] = f"[gearfarm] {rep['project']} {rep['run_id']} at {rep['rev'][:12]}: {rep['headline']}"
+    fixed = len(rep["fixed"])
+    green = "passed" + (f", {fixed} fixed" if fixed else "")
+    rep["summary"] = f"{rep['project']} {green if rep['all_green'] else rep['headline']}"
+
+
+def _target_spans(records: list[ResultRecord]) -> dict[str, float]:
+    """Per target, from its build's submission to its last job's end: its wall time."""
+    spans: dict[str, float] = {}
+    for t in {r.target for r in records}:
+        rs = [r for r in records if r.target == t and r.finished_at is not None]
+        starts = [r.submitted_at or r.started_at for r in rs if (r.submitted_at or r.started_at)]
+        if rs and starts:
+            spans[t] = round(max(r.finished_at for r in rs if r.finished_at) - min(starts), 3)  # type: ignore[type-var]
+    return spans
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word.replace('failure', 'failures')}"
+
+
+def _headline(green: bool, lead: list[str], fixed: int, infra: int, missing: list[str], jobs: int,
+              targets: int) -> str:
+    """Headline first: what is broken (``lead``: new, still failing, flaky — or failed when
+    the run is not classified), then fixed, then what the farm could not run; ``green`` when
+    none of them is there."""
+    bad = [p for p in lead if p]
+    if green:
+        text = f"all green: {jobs} jobs passed or skipped on {targets} target{'' if targets == 1 else 's'}"
+        return text + (f"; {fixed} fixed" if fixed else "")
+    parts = bad + ([f"{fixed} fixed"] if fixed else [])
+    parts += [f"{infra} not run by the farm (infrastructure)"] if infra else []
+    parts += [f"{len(missing)} missing"] if missing else []
+    return ", ".join(parts)
+
+
+def _classes(run: Run, records: list[ResultRecord], verdicts: list[Verdict], reruns: list[ResultRecord],
+             links: Links) -> dict[str, list[dict[str, Any]]]:
+    by_job = {r.job_id: r for r in records}
+    rerun_of = {(r.target, r.step): r for r in reruns}
+    out: dict[str, list[dict[str, Any]]] = {k: [] for k in ("new", "known", "fixed", "flaky")}
+    for v in verdicts:
+        if v.kind not in out:
+            continue
+        rec = by_job.get(v.job_id)
+        case = next((c for c in rec.cases if c.name == v.name), None) if rec else None
+        job_level = v.name.startswith("[")
+        item = v.as_dict()
+        item.update({
+            "step": rec.step if rec else "", "status": rec.status if rec else "",
+            "message": (case.message if case else (rec.message if rec else ""))[:2000],
+            "worker": rec.worker if rec else "", "log": links.log(rec) if rec else None,
+            "artifact": links.artifact(rec) if rec else None,
+            "reproducer": reproducer(rec, run, None if job_level else v.name) if rec else "",
+        })
+        if v.kind in ("new", "flaky"):
+            item["log_tail"] = rec.log_tail if rec else ""
+        rr = rerun_of.get((v.target, rec.step)) if rec else None
+        if rr is not None:
+            # The test's own result on the re-run; the suite as a whole may fail for others.
+            item["rerun_record"] = {"status": v.rerun or rr.status, "job_status": rr.status,
+                                    "worker": rr.worker, "log": links.log(rr),
+                                    "other_worker": bool(rr.worker) and rr.worker != item["worker"]}
+        out[v.kind].append(item)
+    return out
+
+
+def reproducer(r: ResultRecord, run: Run, test: str | None = None) -> str:
+    """One line that names everything needed to run the failure again."""
+    if r.kind == "build":
+        return f"gearfarm nightly --project {run.project} --rev {run.rev[:12]} --targets {r.target} --suites none"
+    seed = run.notes.get("seed") if isinstance(run.notes, dict) else None
+    line = f"target={r.target} artifact={r.artifact_key} sha256={r.artifact_sha256} suite={r.name}"
+    if test:
+        line += f" test={test}"
+    return line + (f" seed={seed}" if seed is not None else "")
+
+
+def add_performance(rep: dict[str, Any], entries: list[dict[str, Any]],
+                    figures: Sequence[dict[str, Any]] = ()) -> None:
+    """Put the performance section in the report: the changes (``entries``; regressions also go
+    into the headline) and the night's figures (gearfarm.perf.analysis.figures)."""
+    rep["performance"] = entries
+    rep["perf_figures"] = list(figures)
+    regressions = sum(1 for e in entries if e["direction"] == "regression")
+    if regressions:
+        word = "regression" if regressions == 1 else "regressions"
+        rep["headline"] = f"{regressions} performance {word}, " + rep["headline"].removeprefix("all green: ")
+        rep["all_green"] = False
+        _titles(rep)
+
+
+def _run_html(report: dict[str, Any], mail: bool, section: int, prefix: str) -> Markup:
+    base = (report.get("links_base") or "") if mail else ""
+    return Markup(_env.get_template("run.html.j2").render(r=report, mail=mail, section=section, pre=prefix,
+                                                           base=base))
+
+
+def render_html(report: dict[str, Any], mail: bool = False) -> str:
+    """The HTML report of one run; ``mail`` refers to plots as inline PNG parts (mail_images),
+    since mail clients do not show inline SVG, while the file embeds the SVG itself."""
+    return _env.get_template("report.html.j2").render(title=report["subject"], heading=None,
+                                                      sections=[_run_html(report, mail, 0, "")])
+
+
+def render_text(report: dict[str, Any]) -> str:
+    """The text report of one run: the mail's text part and the console summary."""
+    return _env.get_template("report.txt.j2").render(r=report)
+
+
+def mail_subject(reports: Sequence[dict[str, Any]]) -> str:
+    """The subject of the message covering ``reports``: a single run's own subject, or every
+    project's summary in order ("gearfarm nightly: engine 2 new failures; zlibish passed")."""
+    if len(reports) == 1:
+        return str(reports[0]["subject"])
+    return "gearfarm nightly: " + "; ".join(r["summary"] for r in reports)
+
+
+def render_mail_html(reports: Sequence[dict[str, Any]]) -> str:
+    """The message's HTML part: the run's report, or for several runs the subject as heading
+    and one section per run (its report, ids prefixed by its project), in the order given."""
+    if len(reports) == 1:
+        return render_html(reports[0], mail=True)
+    subject = mail_subject(reports)
+    sections = [_run_html(r, True, i, f"{r['project']}-") for i, r in enumerate(reports)]
+    return _env.get_template("report.html.j2").render(title=subject, heading=subject, sections=sections)
+
+
+def render_mail_text(reports: Sequence[dict[str, Any]]) -> str:
+    """The message's text part: the run's text report, or for several runs the subject and each
+    run's text report after a rule, in the order given."""
+    if len(reports) == 1:
+        return render_text(reports[0])
+    rule = "=" * 72
+    return mail_subject(reports) + "\n" + "".join(f"\n{rule}\n{render_text(r)}" for r in reports)
+
+
+def mail_images(reports: Sequence[dict[str, Any]]) -> dict[str, bytes]:
+    """Content id -> PNG of every plot the message's HTML part refers to."""
+    return {image_cid(i, j): base64.b64decode(e["png_b64"])
+            for i, r in enumerate(reports) for j, e in enumerate(r.get("performance", []))}
+
+
+def add_late(rep: dict[str, Any], late: list[tuple[float, ResultRecord]]) -> None:
+    """Results that arrived after the report was made: shown apart and marked, never mixed into
+    the matrix the report and the mail were made from."""
+    rep["late"] = [{"job_id": r.job_id, "target": r.target, "step": r.step, "status": r.status, "attempt": r.attempt,
+                    "worker": r.worker, "arrived_at": at, "message": r.message} for at, r in late]
+
+
+def write(report: dict[str, Any], records: list[ResultRecord], out_dir: Path) -> dict[str, Path]:
+    """The report files on disk; they never depend on S3 or the database being up."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "report.json", "html": out_dir / "report.html", "txt": out_dir / "report.txt",
+             "junit": out_dir / "junit.xml"}
+    plain = dict(report, performance=[{k: v for k, v in e.items() if k not in ("svg", "png_b64")}
+                                      for e in report.get("performance", [])])
+    paths["json"].write_text(json.dumps(plain, indent=2, sort_keys=True, default=str))
+    paths["html"].write_text(render_html(report))
+    paths["txt"].write_text(render_text(report))
+    junit.write_run(records, paths["junit"])
+    return paths
+
+
+def upload(report: dict[str, Any], paths: dict[str, Path], store: ArtifactStore) -> None:
+    for ext, ctype in (("json", "application/json"), ("html", "text/html; charset=utf-8"),
+                       ("txt", "text/plain; charset=utf-8")):
+        store.put_file(keys.report(report["run_id"], ext), paths[ext], ctype)
+
+
+def add_bisections(rep: dict[str, Any], rows: Sequence[Any]) -> None:
+    """The bisections of the regressions the run found (gearfarm.db.results.Bisection rows), each
+    with its culprit, confidence and the evidence per revision, oldest revision first."""
+    out = []
+    for b in rows:
+        d = b.detail or {}
+        out.append({
+            "id": b.id, "kind": b.kind, "target": b.target, "what": "/".join(str(v) for v in b.subject.values()),
+            "state": b.state, "good_rev": b.good_rev, "bad_rev": b.bad_rev,
+            "commits": max(len(d.get("revs", [])) - 1, 0),
+            "culprit": b.culprit_rev, "culprit_subject": d.get("subject", ""), "author": d.get("author", ""),
+            "confidence": d.get("confidence"), "message": d.get("message", ""), "builds": d.get("builds", 0),
+            "jobs": d.get("jobs", 0), "suspects": d.get("suspects", []),
+            "evidence": [{"rev": e["rev"], "verdict": e["verdict"], "built": bool(e.get("built")),
+                          "figures": bisect.evidence_line(e)}
+                         for e in bisect.ordered_evidence(d)],
+        })
+    rep["bisections"] = out
+
+
+def bisection_subject(reports: Sequence[dict[str, Any]]) -> str:
+    """The follow-up message's subject: the culprits found, by project and test or benchmark."""
+    found = [f"{b['what']} on {b['target']}: {b['culprit'][:10]}" for r in reports for b in r.get("bisections", [])
+             if b["culprit"]]
+    done = sum(len(r.get("bisections", [])) for r in reports)
+    runs = ", ".join(r["run_id"] for r in reports)
+    return (f"gearfarm bisection ({runs}): " + ("; ".join(found) if found else f"no culprit in {done} bisections"))
+
+
+def render_bisection_text(reports: Sequence[dict[str, Any]]) -> str:
+    """The follow-up message's text: each run's bisections, under its project and run."""
+    return bisection_subject(reports) + "\n" + "".join(
+        f"\n{r['project']}: run {r['run_id']} at {r['rev'][:12]}\n" + _env.get_template("bisection.txt.j2").render(r=r)
+        for r in reports if r.get("bisections"))
+
+
+def render_bisection_html(reports: Sequence[dict[str, Any]]) -> str:
+    subject = bisection_subject(reports)
+    sections = [Markup(f"<h2>{escape(r['project'])}: run {escape(r['run_id'])}</h2>")
+                + Markup(_env.get_template("bisection.html.j2").render(r=r, pre=f"{r['project']}-", base=""))
+                for r in reports if r.get("bisections")]
+    return _env.get_template("report.html.j2").render(title=subject, heading=subject, sections=sections)

@@ -1,0 +1,322 @@
+"""The run ledger: the one owner of a job's state. Every path that records a result — the
+collector, reconcile from S3, the nightly's no-worker and deadline expiry, re-runs — goes
+through ``Ledger.apply``, and the rules below decide, never the order of arrival.
+
+Precedence (a record replaces the stored one only if it ranks higher; ranks are totally
+ordered, so the final state is the same whatever order records arrive in):
+
+| rule | rank component                                   | example                                      |
+|------|--------------------------------------------------|----------------------------------------------|
+| 1    | product result (passed, failed, timed_out) over   | a test that passed stays passed when the     |
+|      | farm-made (skipped, no_worker, infra)             | deadline's `infra` comes after it            |
+| 2    | then the newer attempt                            | attempt 1 arriving after attempt 2 is        |
+|      |                                                   | superseded                                   |
+| 3    | then the earlier finish, then the record's digest | the same attempt run twice (gearmand replayed|
+|      | (tie-breaks, so the order is total)               | it after a restart): the first to finish     |
+
+And around the ranking:
+
+| rule | what                                                                                   |
+|------|----------------------------------------------------------------------------------------|
+| 4    | the same record again (same digest) changes nothing: `duplicate`                        |
+| 5    | after the run's report was made (`runs.reported_at`), a record changes no row: it is    |
+|      | stored as `late` and `gearfarm report RUN` shows it so; the report and mail stay as sent|
+| 6    | a record whose job the run does not expect, or whose run is unknown, is `rejected`      |
+| 7    | a build that ends other than passed ends its target's test and perf jobs: `skipped`     |
+|      | with the reason, in the same transaction (so no run waits for a job that cannot start)  |
+| 8    | a worker's record is `rejected` unless its attempt was submitted (the nightly records   |
+|      | each attempt before it submits it) and its host holds the attempt's lease               |
+|      | (gearfarm.formats.lease: the first registered host to claim it)                                 |
+| 9    | a worker's record saying `skipped` or `no_worker` is `rejected`: only the farm decides  |
+|      | those (rule 7, the nightly's expiry)                                                    |
+
+Signed records are checked by ``accept``: a worker seals its record with its host's own key,
+and the record is `rejected` (logged, never with a key) unless its signature verifies against a
+key of the registry (gearfarm.db.registry) that is not revoked, is registered for the record's role
+(build, test, perf) and target, and belongs to the host the record names; unless the attempt is
+one the farm submitted (rule 8); and unless its status is one a worker reports (rule 9).
+A record that keeps its cases in S3 (a suite too large for the record's envelope) has them
+loaded and checked there against the sha256 and count it was sealed with
+(gearfarm.formats.result.load_cases); a copy that does not match rejects the record. Every record
+offered, whatever its outcome, is written to the deliveries table, which is what `gearfarm
+status` and the chaos suite count from.
+
+The write is the database's own upsert (INSERT ... ON CONFLICT DO UPDATE ... WHERE new rank >
+old rank) under a shared lock on the run's row, which closing the run takes exclusively, so
+on PostgreSQL concurrent writers neither lose nor duplicate a row, and no result slips between
+the report's snapshot and the run's close.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+from sqlalchemy import delete, func, select, tuple_, update
+from sqlalchemy.engine import Connection
+
+from gearfarm.db.registry import Registry
+from gearfarm.db.results import Case, Delivery, Job, LateResult, LeaseRow, ResultsDB, Run, SampleRow
+from gearfarm.formats.job import JobId
+from gearfarm.formats.lease import TAKEOVER, Answer, LeaseError, open_lease
+from gearfarm.formats.result import PRODUCT, CaseStore, RecordError, ResultRecord, load_cases, open_record
+
+log = logging.getLogger("gearfarm.ledger")
+_NAME_MAX = Case.__table__.c.name.type.length
+_CLASSNAME_MAX = Case.__table__.c.classname.type.length
+Outcome = Literal["applied", "duplicate", "superseded", "late", "rejected"]
+Source = Literal["collect", "reconcile", "nightly", "rule"]
+
+
+@dataclass(frozen=True)
+class Rank:
+    prio: int
+    attempt: int
+    finished: float
+    digest: str
+
+
+def rank(rec: ResultRecord) -> Rank:
+    # Negated: of two runs of the same attempt, the first to finish is the result (a replay
+    # by gearmand after a restart, which may only have reused the artifact, does not replace it).
+    return Rank(1 if rec.status in PRODUCT else 0, rec.attempt, -(rec.finished_at or 0.0), rec.digest)
+
+
+class Ledger:
+    def __init__(self, db: ResultsDB) -> None:
+        self.db = db
+        self.registry = Registry(db)
+
+    # ------------------------------------------------------------------ entry points
+
+    def accept(self, data: bytes, source: Source,
+               store: CaseStore | None = None) -> tuple[Outcome, ResultRecord | None]:
+        """A sealed record from a worker (through the collector or from S3). ``store`` reads the
+        cases of a record that keeps them in S3; StoreError (nothing recorded) when it cannot
+        now: offer the record again later."""
+        try:
+            rec, kid = open_record(data, self.registry.public_key)
+        except RecordError as e:
+            self.reject(source, str(e))
+            return "rejected", None
+        why = self.registry.authorize(kid, rec.kind, rec.target, rec.host.get("hostname", "")) or _worker_status(rec)
+        if why:
+            self.reject(source, why, rec)
+            return "rejected", None
+        try:
+            rec = load_cases(rec, store)
+        except RecordError as e:
+            self.reject(source, str(e), rec)
+            return "rejected", None
+        with self.db.writing() as conn:
+            return self._apply(conn, rec, source, worker=True), rec
+
+    def lease(self, data: bytes) -> tuple[Answer, str]:
+        """A worker's signed claim of an attempt (beat 0) or heartbeat (beat n): ``granted`` (run
+        it; beats renewed), ``held`` (another live worker holds it: try again later), ``done``
+        (it delivered its record already: drop the copy) or ``refused`` (never: forged, not
+        registered for it, not submitted, run closed), with the reason."""
+        try:
+            lease, kid = open_lease(data, self.registry.public_key)
+            jid = JobId.parse(lease.job_id)
+        except (LeaseError, ValueError) as e:
+            return self._refuse_lease(str(e))
+        why = self.registry.authorize(kid, jid.kind, jid.target, lease.host)
+        if why:
+            return self._refuse_lease(f"{lease.job_id} attempt {lease.attempt}: {why}")
+        now = time.time()
+        with self.db.writing() as conn:
+            run = conn.execute(select(Run.expected, Run.reported_at).where(Run.run_id == jid.run_id)).first()
+            if run is None or lease.job_id not in (run.expected or []) or run.reported_at is not None:
+                return self._refuse_lease(f"{lease.job_id}: " + ("its run is unknown" if run is None else
+                                          "its run expects no such job" if run.reported_at is None else
+                                          "its run was reported and closed"))
+            submitted = self.db.submitted_attempt(conn, lease.job_id)
+            if lease.attempt > submitted:
+                return self._refuse_lease(f"attempt {lease.attempt} of {lease.job_id} was never submitted")
+            mine = dict(kid=kid, host=lease.host, worker=lease.worker, beat_at=now)
+            conn.execute(self.db.insert(LeaseRow).values(job_id=lease.job_id, attempt=lease.attempt, run_id=jid.run_id,
+                                                         claimed_at=now, beats=0, done=False, **mine)
+                         .on_conflict_do_nothing(index_elements=["job_id", "attempt"]))
+            key = (LeaseRow.job_id == lease.job_id) & (LeaseRow.attempt == lease.attempt)
+            held = conn.execute(select(LeaseRow).where(key)).one()
+            if held.done:
+                return "done", f"attempt {lease.attempt} of {lease.job_id} ran already (on {held.host})"
+            if held.worker != lease.worker:
+                if lease.beat or now - held.beat_at < TAKEOVER:
+                    return "held", f"held by {held.worker} on {held.host}, last beat {now - held.beat_at:.0f}s ago"
+                log.warning("lease of %s attempt %d taken over by %s from %s (no beat for %.0fs)", lease.job_id,
+                            lease.attempt, lease.worker, held.worker, now - held.beat_at)
+            conn.execute(update(LeaseRow).where(key).values(beats=LeaseRow.beats + 1, **mine))
+        return "granted", ""
+
+    def _refuse_lease(self, why: str) -> tuple[Answer, str]:
+        log.error("REFUSED lease: %s", why)
+        return "refused", why
+
+    def apply(self, rec: ResultRecord, source: Source) -> Outcome:
+        with self.db.writing() as conn:
+            return self._apply(conn, rec, source)
+
+    def reject(self, source: Source, reason: str, rec: ResultRecord | None = None) -> None:
+        log.error("REJECTED result record (%s): %s", source, reason)
+        with self.db.writing() as conn:
+            self._log(conn, source, "rejected", rec, reason)
+
+    def close(self, run_id: str) -> float:
+        """Mark the run reported; from now on its results are late. Waits (on PostgreSQL) for
+        every apply in flight on this run, which holds the run's row shared."""
+        now = time.time()
+        with self.db.writing() as conn:
+            conn.execute(update(Run).where(Run.run_id == run_id, Run.reported_at.is_(None)).values(reported_at=now))
+            got = conn.execute(select(Run.reported_at).where(Run.run_id == run_id)).scalar()
+        return float(got or now)
+
+    # ------------------------------------------------------------------ the rules
+
+    def _apply(self, conn: Connection, rec: ResultRecord, source: Source, worker: bool = False) -> Outcome:
+        why = _inconsistent(rec)
+        if why:
+            log.error("REJECTED result record for %s (%s): %s", rec.job_id, source, why)
+            self._log(conn, source, "rejected", rec, why)
+            return "rejected"
+        q = select(Run.expected, Run.reported_at).where(Run.run_id == rec.run_id)
+        if conn.dialect.name == "postgresql":
+            q = q.with_for_update(read=True)
+        row = conn.execute(q).first()
+        if row is None or rec.job_id not in (row.expected or []):
+            why = f"run {rec.run_id!r} is unknown" if row is None else f"run {rec.run_id} expects no job {rec.job_id}"
+            log.error("REJECTED result record for %s (%s): %s", rec.job_id, source, why)
+            self._log(conn, source, "rejected", rec, why)
+            return "rejected"
+        if worker:
+            why = self._not_leased(conn, rec)
+            if why:
+                log.error("REJECTED result record for %s (%s): %s", rec.job_id, source, why)
+                self._log(conn, source, "rejected", rec, why)
+                return "rejected"
+        data = rec.model_dump(mode="json")
+        r = rank(rec)
+        if row.reported_at is not None:
+            seen = select(Delivery.id).where(Delivery.job_id == rec.job_id, Delivery.digest == r.digest,
+                                             Delivery.outcome.in_(("applied", "superseded", "duplicate")))
+            if conn.execute(seen.limit(1)).first():
+                # Rule 4 before rule 5: the ledger ranked this very record before the report
+                # (a spool or queue replay); it is no news.
+                self._log(conn, source, "duplicate", rec, "")
+                return "duplicate"
+            stmt = self.db.insert(LateResult).values(job_id=rec.job_id, run_id=rec.run_id, attempt=rec.attempt,
+                                                     status=rec.status, digest=r.digest, record=data,
+                                                     arrived_at=time.time())
+            new = conn.execute(stmt.on_conflict_do_nothing(index_elements=["job_id", "digest"])
+                               .returning(LateResult.id)).first()
+            outcome: Outcome = "late" if new is not None else "duplicate"
+            self._log(conn, source, outcome, rec, "arrived after the run's report")
+            return outcome
+        host_id = self.db.upsert_host(conn, rec.host) if rec.host else None
+        values = dict(job_id=rec.job_id, run_id=rec.run_id, target=rec.target, kind=rec.kind, step=rec.step,
+                      status=rec.status, attempt=rec.attempt, worker=rec.worker, started_at=rec.started_at,
+                      finished_at=rec.finished_at, record=data, host_id=host_id, prio=r.prio, digest=r.digest)
+        stmt = self.db.insert(Job).values(**values)
+        new_rank = tuple_(stmt.excluded.prio, stmt.excluded.attempt, -func.coalesce(stmt.excluded.finished_at, 0.0),
+                          stmt.excluded.digest)
+        old_rank = tuple_(Job.prio, Job.attempt, -func.coalesce(Job.finished_at, 0.0), Job.digest)
+        stmt = stmt.on_conflict_do_update(index_elements=["job_id"],
+                                          set_={k: v for k, v in values.items() if k != "job_id"},
+                                          where=new_rank > old_rank).returning(Job.job_id)
+        if conn.execute(stmt).first() is None:
+            old = conn.execute(select(Job.digest, Job.attempt, Job.status).where(Job.job_id == rec.job_id)).one()
+            outcome = "duplicate" if old.digest == r.digest else "superseded"
+            reason = "" if outcome == "duplicate" else f"kept attempt {old.attempt} ({old.status})"
+            self._log(conn, source, outcome, rec, reason)
+            return outcome
+        conn.execute(delete(Case).where(Case.job_id == rec.job_id))
+        conn.execute(delete(SampleRow).where(SampleRow.job_id == rec.job_id))
+        suite = rec.name or rec.step
+        if rec.cases:
+            # Cut to the columns' sizes: a suite printing a name longer than PostgreSQL's column
+            # would fail the insert, which the collector takes for an outage and retries forever.
+            conn.execute(Case.__table__.insert(), [
+                dict(job_id=rec.job_id, run_id=rec.run_id, target=rec.target, suite=suite,
+                     classname=c.classname[:_CLASSNAME_MAX], name=c.name[:_NAME_MAX], status=c.status, time=c.time,
+                     message=c.message[:4000]) for c in rec.cases])
+        if rec.samples:
+            host_class = rec.host.get("class", "")
+            conn.execute(SampleRow.__table__.insert(), [
+                dict(job_id=rec.job_id, run_id=rec.run_id, rev=rec.rev, target=rec.target, host_class=host_class,
+                     benchmark=x.benchmark, metric=x.metric, variant=x.variant, repetition=x.repetition,
+                     value=x.value) for x in rec.samples])
+        self._log(conn, source, "applied", rec, "")
+        if rec.kind == "build" and rec.status != "passed":
+            self._end_dependents(conn, rec, list(row.expected or []))
+        return "applied"
+
+    def _not_leased(self, conn: Connection, rec: ResultRecord) -> str:
+        """Rule 8: why a worker's record is not the attempt's holder's ("" when it is); marks the
+        lease done, so no copy of the attempt runs after it."""
+        submitted = self.db.submitted_attempt(conn, rec.job_id)
+        if rec.attempt > submitted:
+            return (f"attempt {rec.attempt} of {rec.job_id} was never submitted (the farm submitted "
+                    f"{f'up to attempt {submitted}' if submitted else 'none'})")
+        key = (LeaseRow.job_id == rec.job_id) & (LeaseRow.attempt == rec.attempt)
+        held = conn.execute(select(LeaseRow.host).where(key)).first()
+        host = rec.host.get("hostname", "")
+        if held is None:
+            return f"no host claimed attempt {rec.attempt} of {rec.job_id}: {host} never held it"
+        if held.host != host:
+            return f"attempt {rec.attempt} of {rec.job_id} is leased to host {held.host}, not {host}"
+        conn.execute(update(LeaseRow).where(key).values(done=True))
+        return ""
+
+    def _end_dependents(self, conn: Connection, build: ResultRecord, expected: list[str]) -> None:
+        """Rule 7: nothing of this target can start without its build."""
+        now = time.time()
+        reason = f"skipped: the {build.target} build ended {build.status}"
+        if build.message:
+            reason += f" ({build.message[:300]})"
+        for text in expected:
+            jid = JobId.parse(text)
+            if jid.target != build.target or jid.kind == "build":
+                continue
+            dep = ResultRecord(job_id=text, run_id=jid.run_id, target=jid.target, kind=jid.kind, step=jid.step,
+                               name=jid.name, rev=build.rev, status="skipped", attempt=1, worker=build.worker,
+                               started_at=now, finished_at=now, message=reason)
+            self._apply(conn, dep, "rule")
+
+    def _log(self, conn: Connection, source: str, outcome: str, rec: ResultRecord | None, reason: str) -> None:
+        conn.execute(Delivery.__table__.insert().values(
+            at=time.time(), source=source, outcome=outcome, reason=reason[:2000],
+            job_id=rec.job_id if rec else None, run_id=rec.run_id if rec else None,
+            attempt=rec.attempt if rec else None, status=rec.status if rec else None,
+            digest=rec.digest if rec else None))
+
+
+def _worker_status(rec: ResultRecord) -> str:
+    """Rule 9: what a worker may report (it ran the job, or could not, or it was cancelled)."""
+    if rec.status in ("skipped", "no_worker"):
+        return f"a worker's record says {rec.status}, which only the farm decides"
+    return ""
+
+
+def _inconsistent(rec: ResultRecord) -> str:
+    """A record must say the same thing in its job id as in its fields."""
+    try:
+        jid = JobId.parse(rec.job_id)
+    except ValueError as e:
+        return str(e)
+    if (jid.run_id, jid.target, jid.step, jid.kind, jid.name) != (rec.run_id, rec.target, rec.step, rec.kind,
+                                                                  rec.name):
+        return f"record fields (run {rec.run_id}, target {rec.target}, step {rec.step}) contradict its job id"
+    return ""
+
+
+def farm_record(jid: JobId, rev: str, status: str, message: str, attempt: int = 1,
+                worker: str = "nightly") -> ResultRecord:
+    """A status the farm decided for a job (no worker, deadline, cannot resubmit)."""
+    now = time.time()
+    return ResultRecord(job_id=str(jid), run_id=jid.run_id, target=jid.target, kind=jid.kind, step=jid.step,
+                        name=jid.name, rev=rev, status=status, attempt=attempt, worker=worker,  # type: ignore[arg-type]
+                        started_at=now, finished_at=now, message=message)
+

@@ -1,0 +1,624 @@
+"""Submitting a run and seeing it to its end: plan the expected jobs from the catalog, submit
+one background build job per target (or, for a re-run, the test jobs themselves), submit each
+target's test and perf jobs once the ledger has applied its passed build (with the artifact's
+sha256 from that signed record), then watch until every job is terminal — resubmitting jobs that
+lost their lease, recording "no worker" and deadline expiries through the ledger instead of
+hanging — and close the run. Every payload is signed here, with the nightly's own key: no
+worker host holds it, so no worker host can make a job.
+
+This is the one wait loop: the nightly and the re-run of new failures both use it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from gearfarm.config import Config, ProjectConfig
+from gearfarm.db import history
+from gearfarm.db.results import ResultsDB
+from gearfarm.formats import catalog as catalog_mod
+from gearfarm.formats.catalog import Catalog
+from gearfarm.formats.job import (
+    COLLECT_FUNCTION,
+    Artifact,
+    JobId,
+    Payload,
+    SignedBuild,
+    Source,
+    make_payload,
+    sign,
+    step_name,
+)
+from gearfarm.formats.marker import Marker, sealed
+from gearfarm.formats.result import TERMINAL, ResultRecord
+from gearfarm.formats.seal import Signer
+from gearfarm.gearman import Client, GearmanError, JobStatus, StatusUnknown, admin
+from gearfarm.hosts.connection import ssl_context
+from gearfarm.run import snapshot
+from gearfarm.run.ledger import Ledger, farm_record
+from gearfarm.s3 import keys
+from gearfarm.s3.store import ArtifactStore, StoreError
+
+log = logging.getLogger("gearfarm.nightly")
+RERUN_SUFFIX = ".rerun"
+# How long the nightly keeps waiting for an unreachable results database past the deadline.
+DB_OUTAGE_LIMIT = 600.0
+
+
+class RunError(RuntimeError):
+    """The farm itself cannot run (exit status 2)."""
+
+
+@dataclass
+class Plan:
+    run_id: str
+    # The project's tree and catalog this run builds (sha256s in every payload).
+    source: Source
+    targets: list[str]
+    suites: dict[str, list[str]]
+    benchmarks: dict[str, list[str]]
+    seed: int = 1
+    # Epoch seconds by which the run ends; fixed when the run is first recorded.
+    deadline: float = 0.0
+    # target -> the baseline build (last good), for paired perf runs.
+    baselines: dict[str, Artifact] = field(default_factory=dict)
+    # target -> the pinned reference build, the perf jobs' third side (ResultsDB.reference_build).
+    references: dict[str, Artifact] = field(default_factory=dict)
+    # A re-run has no build step: target -> the build its test jobs run on.
+    artifacts: dict[str, Artifact] = field(default_factory=dict)
+    # A child run is linked to its parent (a nightly for a re-run, ``bisect-<id>`` for a
+    # bisection's probe), which keeps it out of nightly history, series and last good builds.
+    parent: str | None = None
+    # False for a re-run: its test jobs run on the builds in ``artifacts``.
+    build: bool = True
+    # Run only these cases of the suites (a bisection's probe); empty: the whole suites.
+    cases: list[str] = field(default_factory=list)
+    # The catalog's text, recorded with the run (history and reports read it, not a repository).
+    catalog_text: str = ""
+    # Bytes of source and catalog this nightly uploaded for the run (0: already in S3).
+    source_bytes: int = 0
+
+    @property
+    def rev(self) -> str:
+        return self.source.rev
+
+    @property
+    def project(self) -> str:
+        return self.source.project
+
+    @property
+    def rerun(self) -> bool:
+        return not self.build
+
+    def steps(self, target: str) -> list[str]:
+        return (([] if self.rerun else [step_name("build")]) + [step_name("test", s) for s in self.suites[target]]
+                + [step_name("perf", b) for b in self.benchmarks[target]])
+
+    @property
+    def expected(self) -> list[JobId]:
+        return [JobId(self.run_id, t, s) for t in self.targets for s in self.steps(t)]
+
+    def first_jobs(self) -> list[JobId]:
+        """What is submitted at once; the rest waits for its target's build (Watchdog.release)."""
+        return [j for j in self.expected if self.rerun or j.kind == "build"]
+
+    def ready(self, jid: JobId, states: dict[str, str]) -> bool:
+        """A test or perf job exists only after its build passed; before that it waits on the
+        build, not on a worker."""
+        return self.rerun or jid.kind == "build" or states.get(str(JobId(self.run_id, jid.target, "build"))) == "passed"
+
+    def payload(self, jid: JobId, attempt: int = 1, artifact: Artifact | None = None,
+                signed_builds: list[SignedBuild] | None = None) -> Payload:
+        t = jid.target
+        if jid.kind == "build":
+            return make_payload(jid, source=self.source, deadline=self.deadline, attempt=attempt, seed=self.seed,
+                                suites=self.suites[t], benchmarks=self.benchmarks[t], baseline=self.baselines.get(t),
+                                reference=self.references.get(t), cases=self.cases, signed_builds=signed_builds or [])
+        return make_payload(jid, source=self.source, deadline=self.deadline, attempt=attempt, seed=self.seed,
+                            artifact=artifact or self.artifacts.get(t), baseline=self.baselines.get(t),
+                            reference=self.references.get(t), cases=self.cases)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A project resolved for tonight: its repository, the commit, and the validated catalog."""
+
+    name: str
+    repo: Path
+    rev: str
+    catalog: Catalog
+    catalog_text: str
+    # The project's [[projects]] targets, each defined by the catalog; None: all of them.
+    targets: list[str] | None = None
+
+
+def load_project(cfg: Config, project: ProjectConfig, rev: str | None = None) -> Loaded:
+    """Fetch the project, resolve ``rev`` (default: its configured branch) and validate its
+    catalog. RunError or CatalogError saying what to fix."""
+    try:
+        repo = snapshot.repository(cfg, project)
+        full = snapshot.resolve(repo, rev or project.branch)
+    except snapshot.SourceError as e:
+        raise RunError(f"project {project.name}: {e}") from e
+    text, origin = snapshot.catalog_text(cfg, project, repo, full)
+    cat = catalog_mod.parse(text, origin)
+    for t in project.targets or []:
+        try:
+            cat.target(t)
+        except catalog_mod.CatalogError as e:
+            raise RunError(f"project {project.name}: [[projects]] targets: {e}") from e
+    return Loaded(project.name, repo, full, cat, text, project.targets)
+
+
+def prepare(store: ArtifactStore, loaded: Loaded) -> tuple[Source, int]:
+    """Upload the revision's snapshot and the catalog, each once, content-addressed; returns
+    the run's source and the bytes this call uploaded (0 when both were there)."""
+    try:
+        snap = snapshot.publish_source(store, loaded.repo, loaded.rev)
+        sha, cat_bytes = snapshot.publish_catalog(store, loaded.catalog_text)
+        snapshot.publish_latest(store, loaded.name, loaded.rev, sha)
+    except (snapshot.SourceError, StoreError) as e:
+        raise RunError(f"project {loaded.name}: cannot store the source of {loaded.rev[:12]} in S3: {e}") from e
+    return Source(loaded.name, loaded.rev, snap.sha256, sha), snap.uploaded_bytes + cat_bytes
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a run of one project covers: its targets and, per target, suites and benchmarks."""
+
+    targets: list[str]
+    suites: dict[str, list[str]]
+    benchmarks: dict[str, list[str]]
+
+
+def select(cat: Catalog, targets: list[str] | None, suites: list[str] | None,
+           benchmarks: list[str] | None) -> Selection:
+    """Raise CatalogError naming the known entries for anything unknown."""
+    names = targets if targets else sorted(cat.targets)
+    for t in names:
+        cat.target(t)
+    benches = sorted(cat.benchmarks) if benchmarks is None else benchmarks
+    for b in benches:
+        cat.benchmark(b)
+    return Selection(names, {t: cat.suites_for(t, suites) for t in names},
+                     {t: list(benches) if cat.target(t).perf else [] for t in names})
+
+
+def plan(run_id: str, source: Source, sel: Selection, seed: int = 1, catalog_text: str = "",
+         source_bytes: int = 0) -> Plan:
+    return Plan(run_id=run_id, source=source, targets=sel.targets, suites=sel.suites, benchmarks=sel.benchmarks,
+                seed=seed, catalog_text=catalog_text, source_bytes=source_bytes)
+
+
+def preflight(cfg: Config) -> dict[str, admin.FunctionStatus]:
+    """gearmand's function table, from the first server that answers; RunError naming every
+    address tried when none does."""
+    errors = []
+    for host, port in cfg.gearman.addresses():
+        try:
+            return admin.status(host, port, ssl_context=ssl_context(cfg))
+        except (OSError, GearmanError) as e:
+            errors.append(f"{host}:{port} ({e})")
+    raise RunError(f"gearmand is unreachable: tried {', '.join(errors)}; start it or fix [gearman] servers")
+
+
+def submit(cfg: Config, db: ResultsDB, client: Client, p: Plan) -> bool:
+    """Record the run and submit its first jobs. False when the run existed already: a
+    resubmission then only re-sends jobs that are not terminal (gearmand dedupes queued ones
+    by unique id), under the deadline the run was first given."""
+    if not p.rerun:
+        # A baseline set by the caller stays (a bisection's probe measures against its known-good build).
+        for t in p.targets:
+            if p.benchmarks[t] and t not in p.baselines:
+                base = db.last_good_build(p.project, t, p.rev)
+                if base is not None and base.artifact_key and base.artifact_sha256:
+                    p.baselines[t] = Artifact(base.artifact_key, base.artifact_sha256, base.rev)
+                    ref = db.reference_build(p.project, t, cfg.farm.reference_nights)
+                    if ref is not None:
+                        p.references[t] = ref
+                    elif cfg.farm.reference_nights:
+                        p.references[t] = p.baselines[t]  # (re-)pinned tonight: the last good build
+    created = db.create_run(p.run_id, p.rev, p.targets, [str(j) for j in p.expected],
+                            notes={"suites": p.suites, "benchmarks": p.benchmarks, "seed": p.seed,
+                                   "source_sha256": p.source.sha256, "source_uploaded_bytes": p.source_bytes},
+                            parent_run_id=p.parent, deadline=p.deadline or time.time() + cfg.farm.run_deadline,
+                            project=p.project,
+                            catalog=(p.source.catalog_sha256, p.catalog_text) if p.catalog_text else None)
+    run = db.get_run(p.run_id)
+    assert run is not None
+    p.deadline = run.deadline or run.created_at + cfg.farm.run_deadline
+    done = db.terminal_ids(p.run_id)
+    signer = cfg.nightly_signer()
+    for jid in p.first_jobs():
+        if str(jid) not in done:
+            send(db, client, signer, build_payload(db, p, jid) if jid.kind == "build" else p.payload(jid))
+    return created
+
+
+def build_payload(db: ResultsDB, p: Plan, jid: JobId, attempt: int = 1) -> Payload:
+    """A build's payload, naming the builds of its revision the farm signed before (the only
+    stored artifacts it may reuse)."""
+    signed = [SignedBuild(artifact_key=r.artifact_key, artifact_sha256=r.artifact_sha256,  # type: ignore[arg-type]
+                          manifest_sha256=r.manifest_sha256)
+              for r in db.signed_builds(p.project, p.rev, jid.target)]
+    return p.payload(jid, attempt, signed_builds=signed)
+
+
+def send(db: ResultsDB, client: Client, signer: Signer, payload: Payload) -> None:
+    """Sign and submit one payload. The attempt is recorded first: the ledger applies a worker's
+    record only for an attempt the farm submitted."""
+    db.set_live(payload.run_id, {payload.job_id: ("queued", payload.attempt)})
+    client.submit_background(payload.function, sign(payload, signer), unique=payload.unique)
+
+
+def reconcile(ledger: Ledger, store: ArtifactStore, run_id: str, seen: set[str]) -> int:
+    """Offer the ledger every sealed record in S3 it has not been offered by this loop (a
+    collector outage loses nothing). Each key holds one immutable record, so ``seen`` keys are
+    skipped; the ledger's rules make the order irrelevant."""
+    try:
+        found = [k for k in store.list(keys.run_prefix(run_id)) if keys.is_result(k) and k not in seen]
+    except StoreError as e:
+        log.warning("cannot reconcile from S3 now: %s", e)
+        return 0
+    applied = 0
+    for key in found:
+        try:
+            data = store.get_bytes(key)
+        except StoreError as e:
+            log.warning("cannot read %s: %s", key, e)
+            continue
+        try:
+            outcome, _ = ledger.accept(data, "reconcile", store)
+        except StoreError as e:
+            log.warning("cannot read the cases of %s: %s", key, e)  # not seen: offered again next time
+            continue
+        seen.add(key)
+        applied += outcome == "applied"
+    return applied
+
+
+Progress = Callable[[dict[str, str], dict[str, admin.FunctionStatus]], None]
+
+
+class Watchdog:
+    """Submits each target's test and perf jobs once its build passed; finds jobs that lost their
+    lease (heartbeat stalled: worker dead or cut off) or that gearmand dropped (--job-retries
+    exhausted, which it does silently for background jobs), and submits them again under the
+    next attempt's unique id, within the run's budget."""
+
+    def __init__(self, cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, client: Client, p: Plan,
+                 seen: set[str]) -> None:
+        self.cfg, self.db, self.ledger, self.store, self.client, self.plan = cfg, db, ledger, store, client, p
+        self.seen = seen
+        self.attempts: dict[JobId, int] = {}
+        self.beats: dict[JobId, tuple[int, float]] = {}
+        self.unknown_since: dict[JobId, float] = {}
+        self.spent = 0
+        # What the live page was last told of each unfinished job: (state, attempt).
+        self.live: dict[str, tuple[str, int]] = {}
+        # Cancel requests whose S3 marker is written.
+        self.marked: set[int] = set()
+        self.signer = cfg.nightly_signer()
+        self._lease_view: tuple[float, dict[tuple[str, int], tuple[str, int]]] | None = None
+        run = db.get_run(p.run_id)
+        self.created_at = run.created_at if run is not None else time.time()
+        # Jobs of this plan submitted by this process (builds and a re-run's jobs by submit()).
+        self.released: set[JobId] = set(p.first_jobs())
+
+    def attempt(self, jid: JobId) -> int:
+        return self.attempts.get(jid, 1)
+
+    def check(self, pending: list[JobId], states: dict[str, str], now: float,
+              table: dict[str, admin.FunctionStatus]) -> None:
+        seen: dict[str, tuple[str, int]] = {}
+        try:
+            self._check(pending, states, now, seen, _collector_keeps_up(table))
+        finally:
+            changed = {jid: s for jid, s in seen.items() if self.live.get(jid) != s}
+            if changed:
+                self.db.set_live(self.plan.run_id, changed)
+                self.live.update(changed)
+
+    def _check(self, pending: list[JobId], states: dict[str, str], now: float,
+               seen: dict[str, tuple[str, int]], judge: bool) -> None:
+        self.release([j for j in pending if j not in self.released and self.plan.ready(j, states)])
+        leases: dict[tuple[str, int], tuple[str, int]] | None = None
+        for jid in pending:
+            if not self.plan.ready(jid, states):
+                seen[str(jid)] = ("waiting", self.attempt(jid))
+                continue
+            away = ""
+            try:
+                st = self.client.get_status_unique(jid.unique(self.attempt(jid)))
+            except StatusUnknown as e:
+                # Unknown to every server that answered; it may be on one that did not. A
+                # server away for the lost grace is taken as lost with its queue (a lab's second
+                # gearmand goes on): the job is submitted again to those that answer, and if the
+                # server comes back and replays it, the ledger keeps one result (rule 3).
+                st, away = JobStatus(e.key, False, False, 0, 0), ", ".join(e.addresses)
+            except GearmanError as e:
+                # No server answered: no verdict on any job now.
+                log.warning("cannot ask gearmand about %s: %s", jid, e)
+                return
+            if st.known:
+                seen[str(jid)] = ("running" if st.running else "queued", self.attempt(jid))
+                self.unknown_since.pop(jid, None)
+                if not st.running:
+                    self.beats.pop(jid, None)
+                    continue
+                if not judge:
+                    # The collector is behind or away: the beats may be waiting in its queue, and
+                    # are counted once it has taken them.
+                    continue
+                if leases is None:
+                    leases = self._leases(now)
+                host, count = leases.get((str(jid), self.attempt(jid)), ("", -1))
+                last = self.beats.get(jid)
+                if last is None or last[0] != count:
+                    self.beats[jid] = (count, now)
+                elif now - last[1] > self.cfg.farm.lease_timeout:
+                    # Liveness is the holder's signed beats, not WORK_STATUS: anything holding the
+                    # Gearman job can send that, and a worker that is not a registered host's
+                    # never gets a lease at all.
+                    self.resubmit(jid, f"lease lost: no signed heartbeat from {host} for {now - last[1]:.0f}s"
+                                  if host else f"held for {now - last[1]:.0f}s by a worker that never claimed it "
+                                  "(no registered host holds its lease)")
+                continue
+            since = self.unknown_since.setdefault(jid, now)
+            if now - since > self.cfg.farm.lost_grace:
+                # Its result may be on the way: S3 has it if the worker reported at all.
+                reconcile(self.ledger, self.store, self.plan.run_id, self.seen)
+                if str(jid) in self.db.terminal_ids(self.plan.run_id):
+                    continue
+                self.resubmit(jid, f"gearmand at {away} has not answered for {now - since:.0f}s, no other server "
+                                   "holds the job and no result arrived" if away else
+                                   "gearmand no longer holds the job and no result arrived")
+
+    def _leases(self, now: float) -> dict[tuple[str, int], tuple[str, int]]:
+        """The run's leases, read at most once a second: beats come every few seconds and a lease
+        is judged over a minute, and on the embedded farm a perf job measures on this host."""
+        if self._lease_view is None or now - self._lease_view[0] >= 1.0:
+            self._lease_view = (now, self.db.leases(self.plan.run_id))
+        return self._lease_view[1]
+
+    def release(self, jids: list[JobId]) -> None:
+        """Submit test and perf jobs whose build passed, a target's suites measured longest last
+        time first (gearmand hands out one function's jobs in the order they came)."""
+        if not jids:
+            return
+        for target in sorted({j.target for j in jids}):
+            mine = [j for j in jids if j.target == target]
+            seconds = self.db.step_seconds(self.plan.project, target, self.created_at)
+            for jid in sorted(mine, key=lambda j: (-seconds.get(j.step, 0.0), self.plan.steps(target).index(j.step))):
+                artifact = self._artifact(jid)
+                if artifact is None:
+                    expire(self.ledger, self.plan, [jid], "infra", "its build passed but left no artifact on record")
+                else:
+                    send(self.db, self.client, self.signer, self.plan.payload(jid, self.attempt(jid), artifact))
+                self.released.add(jid)
+
+    def _artifact(self, jid: JobId) -> Artifact | None:
+        """What a test or perf job runs on: a re-run's given build, else the artifact its target's
+        build record (signed by the host that built it) names."""
+        if self.plan.rerun:
+            return self.plan.artifacts.get(jid.target)
+        build = self.db.job(str(JobId(self.plan.run_id, jid.target, "build")))
+        if build is None or not build.artifact_key or not build.artifact_sha256:
+            return None
+        return Artifact(build.artifact_key, build.artifact_sha256)
+
+    def resubmit(self, jid: JobId, why: str) -> None:
+        self.beats.pop(jid, None)
+        self.unknown_since.pop(jid, None)
+        attempt = self.attempt(jid)
+        if self.spent >= self.cfg.farm.resubmit_budget:
+            expire(self.ledger, self.plan, [jid], "infra",
+                   f"{why}; the run's resubmission budget ({self.cfg.farm.resubmit_budget}) is spent", attempt)
+            return
+        artifact = None
+        if jid.kind != "build":
+            artifact = self._artifact(jid)
+            if artifact is None:
+                expire(self.ledger, self.plan, [jid], "infra", f"{why}; cannot resubmit: its build left no artifact",
+                       attempt)
+                return
+        self.spent += 1
+        self.attempts[jid] = attempt + 1
+        payload = (build_payload(self.db, self.plan, jid, attempt + 1) if jid.kind == "build"
+                   else self.plan.payload(jid, attempt + 1, artifact))
+        log.warning("%s: %s; submitting attempt %d", jid, why, attempt + 1)
+        send(self.db, self.client, self.signer, payload)
+
+
+def _collector_keeps_up(table: dict[str, admin.FunctionStatus]) -> bool:
+    """Whether the collector takes what is sent to it now (a worker registered, nothing waiting):
+    only then does a lease whose beats stopped mean its worker stopped."""
+    st = table.get(COLLECT_FUNCTION)
+    return st is not None and st.workers > 0 and st.queued <= st.running
+
+
+def wait(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, client: Client, p: Plan,
+         progress: Progress | None = None, poll: float = 0.2) -> list[ResultRecord]:
+    """Block until every expected job is terminal; returns the run's records. The results
+    database may be away for a while (a restart): the loop waits for it rather than fail."""
+    no_worker_since: dict[str, float] = {}
+    seen: set[str] = set()
+    last_reconcile = time.monotonic()
+    watchdog = Watchdog(cfg, db, ledger, store, client, p, seen)
+    db_down_since: float | None = None
+    while True:
+        try:
+            # Polled every `poll` seconds: the end of a run is noticed within it (it was 1 s, the
+            # average 0.5 s of every nightly's tail), and reading statuses only keeps it cheap.
+            states = db.job_states(p.run_id)
+            pending = [j for j in p.expected if states.get(str(j)) not in TERMINAL]
+            try:
+                table = preflight(cfg)
+            except RunError as e:
+                log.warning("%s", e)
+                table = {}
+            if progress:
+                progress(states, table)
+            if not pending:
+                break
+            if _cancel(db, ledger, store, p, pending, watchdog):
+                continue
+            now = time.time()
+            if now > p.deadline:
+                reconcile(ledger, store, p.run_id, seen)
+                done = db.terminal_ids(p.run_id)
+                # Builds first: ending a build ends its dependents (skipped, with the reason).
+                for jid in sorted(pending, key=lambda j: j.kind != "build"):
+                    if str(jid) in done:
+                        continue
+                    expire(ledger, p, [jid], "infra", f"not finished by the run deadline "
+                           f"({time.strftime('%H:%M:%S', time.localtime(p.deadline))})", watchdog.attempt(jid))
+                    if jid.kind == "build":
+                        done = db.terminal_ids(p.run_id)  # its dependents ended with it
+                continue
+            if time.monotonic() - last_reconcile > 30:
+                # The collector may be down; S3 holds every result the workers reported.
+                reconcile(ledger, store, p.run_id, seen)
+                last_reconcile = time.monotonic()
+            for jid in pending:
+                fn = jid.function
+                st = table.get(fn)
+                if table and (st is None or st.workers == 0):
+                    since = no_worker_since.setdefault(fn, now)
+                    if now - since >= cfg.farm.no_worker_wait and p.ready(jid, states):
+                        expire(ledger, p, [jid], "no_worker",
+                               f"no worker registered for {fn} within {cfg.farm.no_worker_wait:.0f}s",
+                               watchdog.attempt(jid))
+                else:
+                    no_worker_since.pop(fn, None)
+            if table:
+                watchdog.check(pending, states, now, table)
+            db_down_since = None
+        except SQLAlchemyError as e:
+            db_down_since = db_down_since or time.time()
+            log.warning("results database unavailable (%s); waiting for it", str(e).splitlines()[0])
+            if time.time() > max(p.deadline, db_down_since) + DB_OUTAGE_LIMIT:
+                raise RunError(f"the results database has been unreachable since "
+                               f"{time.strftime('%H:%M:%S', time.localtime(db_down_since))}: {e}") from e
+        time.sleep(poll)
+    reconcile(ledger, store, p.run_id, seen)
+    return db.jobs(p.run_id)
+
+
+def _cancel(db: ResultsDB, ledger: Ledger, store: ArtifactStore, p: Plan, pending: list[JobId],
+            watchdog: Watchdog) -> bool:
+    """Record as cancelled the pending jobs a person cancelled (the whole run, or some jobs),
+    and write the S3 markers, signed by this nightly's key, that stop them on the workers
+    (gearfarm.formats.marker: the dashboard only records the request). True when it recorded any."""
+    asked = db.cancellations(p.run_id)
+    if not asked:
+        return False
+    for c in asked:
+        if c.id in watchdog.marked:
+            continue
+        target, step = c.job_id.split(":")[1:] if c.job_id else (None, None)
+        try:
+            m = Marker("cancel", p.run_id, target, step, c.who, c.at)
+            store.put_bytes(m.key, sealed(watchdog.signer, m), "application/json")
+            watchdog.marked.add(c.id)
+        except StoreError as e:
+            log.warning("cannot write the cancel marker of %s (%s); trying again", c.job_id or p.run_id, e)
+    whole = next((c for c in asked if c.job_id is None), None)
+    by_job = {c.job_id: c for c in asked if c.job_id is not None}
+    todo = [(j, whole or by_job[str(j)]) for j in pending if whole is not None or str(j) in by_job]
+    # Builds first: a cancelled build ends its tests with it (skipped, saying why).
+    for jid, c in sorted(todo, key=lambda x: x[0].kind != "build"):
+        if str(jid) in db.terminal_ids(p.run_id):
+            continue
+        what = "the run" if c.job_id is None else "the job"
+        expire(ledger, p, [jid], "cancelled", f"{what} was cancelled by {c.who}", watchdog.attempt(jid))
+    return bool(todo)
+
+
+def expire(ledger: Ledger, p: Plan, jids: list[JobId], status: str, message: str, attempt: int = 1) -> None:
+    """Record what the farm decided for jobs that did not run; the ledger's rules keep any
+    product result that got there first and end a build's dependents with it."""
+    for jid in jids:
+        ledger.apply(farm_record(jid, p.rev, status, message, attempt), "nightly")
+
+
+def close(ledger: Ledger, store: ArtifactStore | None, run_id: str, signer: Signer | None) -> float:
+    """The run is being reported: later results are late, and its jobs still in a queue are
+    dropped by any worker that finds them (the signed marker in S3; the payload's deadline too)."""
+    at = ledger.close(run_id)
+    if store is not None:
+        try:
+            m = Marker("closed", run_id, at=at)
+            store.put_bytes(m.key, sealed(signer, m), "application/json")
+        except StoreError as e:
+            log.warning("cannot mark run %s closed in S3 (%s); its payloads' deadline still stops its jobs", run_id, e)
+    return at
+
+
+# ---------------------------------------------------------------------------------- re-run
+
+def rerun_id(run_id: str) -> str:
+    return run_id + RERUN_SUFFIX
+
+
+def rerun_new_failures(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, client: Client, p: Plan,
+                       records: list[ResultRecord], say: Callable[[str], None] | None = None,
+                       poll: float = 1.0) -> list[ResultRecord]:
+    """Re-run, once, every test job of the run that has a new failure, and wait for the results
+    (the report is written after). The re-run is a run of its own (R.rerun, linked to R), so the
+    first attempt's log and result are never overwritten; it goes through the same submit and
+    wait as any run. gearmand, not the farm, picks the worker: with several registered it is
+    often another one; the record says which ran it and the run's notes whether it differed."""
+    say = say or (lambda _msg: None)
+    run = db.get_run(p.run_id)
+    if run is None or run.parent_run_id is not None:
+        return []
+    by_id = {r.job_id: r for r in records}
+    todo: dict[JobId, ResultRecord] = {}
+    for v in history.classify_run(db, run, records):
+        rec = by_id.get(v.job_id)
+        if v.kind == "new" and rec is not None and rec.kind == "test" and rec.artifact_key and rec.artifact_sha256:
+            todo[JobId(rerun_id(p.run_id), rec.target, rec.step)] = rec
+    if not todo:
+        return []
+    if len(rerun_id(p.run_id)) > 96:
+        log.warning("run id %s too long for a re-run id; new failures stay unconfirmed", p.run_id)
+        return []
+    targets = sorted({j.target for j in todo})
+    timeout = 300.0
+    cat = db.catalog_of(run)
+    if cat is not None and all(r.name in cat.suites for r in todo.values()):
+        timeout = max(cat.suite(r.name or "").timeout for r in todo.values())
+    rp = Plan(run_id=rerun_id(p.run_id), source=p.source, targets=targets,
+              suites={t: sorted(r.name or "" for j, r in todo.items() if j.target == t) for t in targets},
+              benchmarks={t: [] for t in targets}, seed=p.seed, parent=p.run_id, build=False,
+              deadline=min(p.deadline, time.time() + timeout + 120) if p.deadline else time.time() + timeout + 120,
+              artifacts={r.target: Artifact(r.artifact_key, r.artifact_sha256)  # type: ignore[arg-type]
+                         for r in todo.values()})
+    functions = {fn: st.workers for fn, st in _functions(cfg).items()}
+    submit(cfg, db, client, rp)
+    for jid in todo:
+        say(f"re-running {jid.target}/{jid.step} (new failure; {functions.get(jid.function, 0)} worker(s) "
+            f"registered for {jid.function})")
+    recs = wait(cfg, db, ledger, store, client, rp, poll=poll)
+    first = {str(j): r for j, r in todo.items()}
+    db.update_notes(rp.run_id, workers={
+        r.job_id: {"first": first[r.job_id].worker, "rerun": r.worker,
+                   "other_worker": bool(r.worker) and r.worker != first[r.job_id].worker}
+        for r in recs if r.job_id in first})
+    close(ledger, store, rp.run_id, cfg.nightly_signer())
+    db.finish_run(rp.run_id, "finished")
+    return recs
+
+
+def _functions(cfg: Config) -> dict[str, admin.FunctionStatus]:
+    try:
+        return preflight(cfg)
+    except RunError:
+        return {}
+

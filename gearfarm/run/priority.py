@@ -1,0 +1,121 @@
+"""Which queued job a worker slot takes first: the one on the longest remaining path of the
+nightly (critical-path list scheduling), so slow emulated suites and the builds they wait for
+start before quick native ones instead of being left for last on a busy host.
+
+gearmand orders jobs only within one function (priorities) and offers a worker the functions in
+the order it registered them (gearfarm.gearman.Worker.register), so a slot registers its
+functions in this order. Each host learns how long its jobs take: every finished job updates a
+per-host file of durations in the state directory (per function and per job of it: a target's
+model suite took ten times its unit suite), read at the next start; a build worker queues its
+target's suites longest first, since gearmand hands out one function's jobs in the order they
+came. Until a function has been seen, an emulated target's suites count three times a native
+one's (measured on the default nightly: the aarch64 suites under qemu and the Windows suites
+under wine took 2.5-4 times the native ones)."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from gearfarm.formats.catalog import Target
+from gearfarm.formats.job import function_name, step_name
+
+EMULATED = 3.0
+# Weight of the newest duration in the running average: the engine and the host change.
+RECENT = 0.5
+
+
+class Durations:
+    """Seconds per job of each function on one host (a running average), kept in a file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def of_host(cls, state_dir: Path) -> Durations:
+        return cls(state_dir / "durations" / f"{socket.gethostname()}.json")
+
+    def load(self) -> dict[str, float]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}  # never measured, or unreadable: the defaults order the slots
+        return {k: float(v) for k, v in data.items() if isinstance(v, (int, float)) and v >= 0} \
+            if isinstance(data, dict) else {}
+
+    def record(self, function: str, seconds: float, step: str | None = None) -> None:
+        """Fold one job's duration into its function's and (given) its step's average, in one
+        write; several slot processes of the host write the file."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path.with_suffix(".lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                data = self.load()
+                for key in [function] + ([step_key(function, step)] if step else []):
+                    old = data.get(key)
+                    data[key] = seconds if old is None else RECENT * seconds + (1 - RECENT) * old
+                fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".durations-")
+                with os.fdopen(fd, "w") as f:
+                    json.dump(data, f, indent=1, sort_keys=True)
+                os.replace(tmp, self.path)
+        except OSError:
+            pass  # only the next start's order depends on it
+
+
+def step_key(function: str, step: str) -> str:
+    """The key of one job of a function (``test:linux-x86_64/test-model``): a target's suites
+    differ by ten times and more, so a function's average cannot say which of them goes first."""
+    return f"{function}/{step}"
+
+
+def estimate(durations: Mapping[str, float], targets: Mapping[str, Target], role: str, target: str,
+             step: str | None = None) -> float:
+    """Seconds one job is expected to take on this host: the step as measured, else its
+    function's running average, else 1 (three for an emulated target's suites)."""
+    function = function_name(role, target)  # type: ignore[arg-type]
+    for key in ([step_key(function, step)] if step else []) + [function]:
+        if key in durations:
+            return durations[key]
+    t = targets.get(target)
+    return EMULATED if role == "test" and t is not None and t.runner else 1.0
+
+
+def longest_first(steps: Iterable[str], function: str, durations: Mapping[str, float]) -> list[str]:
+    """A build's test steps in the order to submit them: gearmand hands out one function's jobs
+    first in, first out, so the suite measured longest must be queued first. A step never
+    measured counts as its function's average (0 when that too is unknown); ties keep the
+    catalog's order."""
+    listed = list(steps)
+
+    def key(i: int) -> tuple[float, int]:
+        seen = durations.get(step_key(function, listed[i]))
+        return (-(seen if seen is not None else durations.get(function, 0.0)), i)
+
+    return [listed[i] for i in sorted(range(len(listed)), key=key)]
+
+
+def order(functions: Iterable[tuple[str, str]], targets: Mapping[str, Target],
+          durations: Mapping[str, float]) -> list[tuple[str, str]]:
+    """(role, target) pairs, longest remaining path first. A build's path is its own duration and
+    then its target's longest suite (they wait for it and run side by side); a test function's
+    is its longest suite, which the build queued first (``longest_first``)."""
+
+    def suites(target: str) -> list[float]:
+        t = targets.get(target)
+        names = t.suites if t is not None and t.suites else [""]
+        return [estimate(durations, targets, "test", target, step_name("test", n) if n else None) for n in names]
+
+    def path(role: str, target: str) -> float:
+        if role == "build":
+            return estimate(durations, targets, "build", target) + max(suites(target))
+        if role == "test":
+            return max(suites(target))
+        return estimate(durations, targets, role, target)
+
+    pairs = list(functions)
+    return sorted(pairs, key=lambda rt: (-path(*rt), rt))

@@ -1,0 +1,270 @@
+"""What a run is made of, moved through S3: a project's tree at one commit (the source snapshot)
+and the catalog the nightly validated. The nightly is the only part of the farm that runs git:
+it fetches the project, resolves the revision, and uploads each object once, content-addressed
+(a second nightly at the same revision moves 0 bytes). Workers download both by the sha256 in
+their signed payload, check it, and need no clone, no git and no network but gearmand and S3.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from botocore.exceptions import ClientError
+
+from gearfarm.config import Config, ProjectConfig
+from gearfarm.formats import catalog as catalog_mod
+from gearfarm.formats.catalog import Catalog, CatalogError
+from gearfarm.s3 import keys
+from gearfarm.s3.artifact import ARCHIVE_SUFFIX, ARCHIVE_TYPE, ArtifactError, compressed, safe_extract
+from gearfarm.s3.store import ArtifactStore, StoreError, sha256_file
+
+log = logging.getLogger("gearfarm.snapshot")
+
+
+class SourceError(RuntimeError):
+    """The project's repository cannot be fetched, or the revision is not in it."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A revision's tree in S3 and what moving it cost."""
+
+    rev: str
+    sha256: str
+    size: int
+    uploaded_bytes: int
+
+
+def _git(args: list[str], cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess[bytes]:
+    try:
+        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, timeout=timeout)
+    except FileNotFoundError as e:
+        raise SourceError("git is not installed on the host that runs the nightly (apt-get install git)") from e
+    except subprocess.TimeoutExpired as e:
+        raise SourceError(f"git {' '.join(args[:2])} took longer than {timeout:.0f}s") from e
+
+
+def _err(proc: subprocess.CompletedProcess[bytes]) -> str:
+    return proc.stderr.decode(errors="replace").strip()
+
+
+def repository(cfg: Config, project: ProjectConfig) -> Path:
+    """A git repository holding the project's commits. A path is used in place (it is the
+    project's own clone); anything else is a URL, mirrored under the state directory and
+    fetched now, so tonight's commits are there however recently they were pushed."""
+    local = cfg.path(project.repo)
+    if "://" not in project.repo and not project.repo.startswith("git@") and local.is_dir():
+        return local
+    if "://" not in project.repo and ":" not in project.repo:
+        raise SourceError(f"project {project.name}: repository {project.repo!r} is neither a directory "
+                          f"({local} does not exist) nor a URL; fix [[projects]] repo")
+    mirror = cfg.path(cfg.farm.state_dir) / "repos" / f"{project.name}.git"
+    if not (mirror / "HEAD").exists():
+        mirror.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(mirror, ignore_errors=True)
+        proc = _git(["clone", "--mirror", "--quiet", project.repo, str(mirror)])
+        if proc.returncode != 0:
+            shutil.rmtree(mirror, ignore_errors=True)
+            raise SourceError(f"project {project.name}: cannot clone {project.repo}: {_err(proc)}")
+        return mirror
+    for args in (["remote", "set-url", "origin", project.repo], ["fetch", "--prune", "--quiet", "origin"]):
+        proc = _git(args, cwd=mirror)
+        if proc.returncode != 0:
+            raise SourceError(f"project {project.name}: cannot fetch {project.repo}: {_err(proc)}")
+    return mirror
+
+
+def resolve(repo: Path, rev: str) -> str:
+    proc = _git(["rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], cwd=repo)
+    if proc.returncode != 0:
+        raise SourceError(f"revision {rev!r} not found in {repo}{': ' + _err(proc) if _err(proc) else ''}; "
+                          "name a branch, tag or commit the repository has")
+    return proc.stdout.decode().strip()
+
+
+def catalog_text(cfg: Config, project: ProjectConfig, repo: Path, rev: str) -> tuple[str, str]:
+    """(text, origin) of the project's catalog for ``rev``: the file beside the config when the
+    project names one, else the path in the repository at that revision (never the work tree)."""
+    if project.catalog_file:
+        path = cfg.path(project.catalog_file)
+        try:
+            return path.read_text(), str(path)
+        except OSError as e:
+            raise CatalogError(f"project {project.name}: catalog_file {path} cannot be read: {e}") from e
+    proc = _git(["show", f"{rev}:{project.catalog_path}"], cwd=repo)
+    if proc.returncode != 0:
+        raise CatalogError(f"project {project.name}: no catalog at {project.catalog_path} in {repo} at {rev[:12]} "
+                           f"({_err(proc)}); commit one there, or set catalog / catalog_file in [[projects]]")
+    return proc.stdout.decode(), f"{project.name}@{rev[:12]}:{project.catalog_path}"
+
+
+def pack(repo: Path, rev: str, dest: Path) -> None:
+    """The tree at ``rev`` as tar.zst, byte-reproducible: git archive is deterministic for a
+    commit, and the archive codec adds no time and no name."""
+    proc = subprocess.Popen(["git", "archive", "--format=tar", rev], cwd=repo, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    with compressed(dest) as out:
+        shutil.copyfileobj(proc.stdout, out, 1 << 20)
+    err = proc.stderr.read().decode(errors="replace").strip()
+    if proc.wait() != 0:
+        raise SourceError(f"git archive {rev} failed in {repo}: {err}")
+
+
+def publish_source(store: ArtifactStore, repo: Path, rev: str) -> Snapshot:
+    """Upload the snapshot of ``rev`` unless it is there. The manifest is written after the
+    archive, so its presence means both are complete; a racing nightly's archive wins and its
+    sha256 is the one recorded."""
+    man_key, key = keys.source_manifest(rev), keys.source(rev)
+    try:
+        if store.exists(man_key):
+            man = json.loads(store.get_bytes(man_key))
+            return Snapshot(rev, man["sha256"], int(man["size"]), 0)
+    except (ValueError, KeyError, TypeError) as e:
+        raise SourceError(f"source manifest {man_key} in S3 is not valid ({e}); it is never overwritten: "
+                          "delete it by hand") from e
+    uploaded = 0
+    with tempfile.TemporaryDirectory(prefix="gearfarm-source-") as tmp:
+        archive = Path(tmp) / f"source{ARCHIVE_SUFFIX}"
+        pack(repo, rev, archive)
+        if store.put_file_if_absent(key, archive, ARCHIVE_TYPE):
+            uploaded += archive.stat().st_size
+        else:
+            store.get_file(key, archive)  # another nightly's upload: record what is stored
+        sha, size = sha256_file(archive), archive.stat().st_size
+    body = json.dumps({"rev": rev, "sha256": sha, "size": size}, sort_keys=True).encode()
+    if store.put_bytes_if_absent(man_key, body, "application/json"):
+        uploaded += len(body)
+    log.info("source %s: %d bytes uploaded", rev[:12], uploaded)
+    return Snapshot(rev, sha, size, uploaded)
+
+
+def publish_catalog(store: ArtifactStore, text: str) -> tuple[str, int]:
+    """(sha256, bytes uploaded) of a validated catalog, stored by its content."""
+    sha = catalog_mod.digest(text)
+    key = keys.catalog(sha)
+    if store.exists(key):
+        return sha, 0
+    data = text.encode()
+    return sha, len(data) if store.put_bytes_if_absent(key, data, "application/toml") else 0
+
+
+def publish_latest(store: ArtifactStore, project: str, rev: str, catalog_sha256: str) -> None:
+    """Where a worker started without --targets learns which targets the project has."""
+    store.put_bytes(keys.project_latest(project),
+                    json.dumps({"project": project, "rev": rev, "catalog_sha256": catalog_sha256}).encode(),
+                    "application/json")
+
+
+# ------------------------------------------------------------------------------- worker side
+
+_catalogs: dict[str, Catalog] = {}
+
+
+def fetch_catalog(store: ArtifactStore, sha256: str) -> Catalog:
+    """The catalog with this sha256, checked; cached per process (content-addressed, so a
+    cached entry can never be stale)."""
+    if sha256 in _catalogs:
+        return _catalogs[sha256]
+    try:
+        data = store.get_bytes(keys.catalog(sha256))
+    except (StoreError, ClientError) as e:
+        raise CatalogError(f"catalog {sha256[:12]} cannot be read from S3 ({keys.catalog(sha256)}): {e}") from e
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != sha256:
+        raise CatalogError(f"catalog {keys.catalog(sha256)} in S3 has sha256 {actual}, not {sha256}: tampered")
+    cat = catalog_mod.parse(data.decode(), keys.catalog(sha256))
+    _catalogs[sha256] = cat
+    return cat
+
+
+def fetch_source(store: ArtifactStore, rev: str, sha256: str, dest: Path, scratch: Path) -> int:
+    """Download the snapshot of ``rev``, check its sha256, extract it into ``dest``; returns
+    its size. ArtifactError when it does not verify (nothing of it is extracted)."""
+    archive = scratch / f"source{ARCHIVE_SUFFIX}"
+    try:
+        size = store.get_file(keys.source(rev), archive)
+    except (StoreError, ClientError) as e:
+        raise ArtifactError(f"source snapshot of {rev[:12]} cannot be downloaded ({keys.source(rev)}): {e}") from e
+    try:
+        safe_extract(archive, dest, sha256, f"source snapshot of {rev[:12]}")
+    finally:
+        archive.unlink(missing_ok=True)
+    return size
+
+
+@dataclass(frozen=True)
+class Commit:
+    rev: str
+    author: str
+    at: float
+    subject: str
+
+
+def local_repository(cfg: Config, project: ProjectConfig) -> Path | None:
+    """The project's commits as they are on this host, without fetching (the dashboard reads
+    them on every page view): its own clone, or the mirror the nightly keeps; None if neither."""
+    local = cfg.path(project.repo)
+    if "://" not in project.repo and local.is_dir():
+        return local
+    mirror = cfg.path(cfg.farm.state_dir) / "repos" / f"{project.name}.git"
+    return mirror if (mirror / "HEAD").exists() else None
+
+
+def changes(repo: Path, old: str, new: str, limit: int = 200) -> list[Commit]:
+    """The commits in ``new`` that ``old`` lacks, newest first (at most ``limit``)."""
+    proc = _git(["log", f"--max-count={limit}", "--format=%H%x1f%an%x1f%at%x1f%s", f"{old}..{new}", "--"],
+                cwd=repo, timeout=30)
+    if proc.returncode != 0:
+        raise SourceError(f"git log {old[:12]}..{new[:12]} in {repo}: {_err(proc)}")
+    out = []
+    for line in proc.stdout.decode(errors="replace").splitlines():
+        rev, author, at, subject = line.split("\x1f", 3)
+        out.append(Commit(rev, author, float(at), subject))
+    return out
+
+
+def first_parent_range(repo: Path, good: str, bad: str) -> list[str]:
+    """``good`` then every commit after it on ``bad``'s first-parent line up to ``bad``, oldest
+    first: what a bisection searches (a merge is judged as one commit, as the nightly built it).
+    SourceError unless ``good`` is an ancestor of ``bad``."""
+    good, bad = resolve(repo, good), resolve(repo, bad)
+    if _git(["merge-base", "--is-ancestor", good, bad], cwd=repo, timeout=30).returncode != 0:
+        raise SourceError(f"{good[:12]} is not an ancestor of {bad[:12]}: give the last good revision first "
+                          "(GOOD..BAD)")
+    proc = _git(["rev-list", "--first-parent", "--reverse", f"{good}..{bad}"], cwd=repo, timeout=60)
+    if proc.returncode != 0:
+        raise SourceError(f"git rev-list {good[:12]}..{bad[:12]} in {repo}: {_err(proc)}")
+    revs = proc.stdout.decode().split()
+    if not revs or revs[-1] != bad:
+        raise SourceError(f"{bad[:12]} is not on the first-parent line from {good[:12]}")
+    return [good, *revs]
+
+
+def commit_of(repo: Path, rev: str) -> Commit:
+    proc = _git(["show", "-s", "--format=%H%x1f%an <%ae>%x1f%at%x1f%s", rev, "--"], cwd=repo, timeout=30)
+    if proc.returncode != 0:
+        raise SourceError(f"git show {rev[:12]} in {repo}: {_err(proc)}")
+    full, author, at, subject = proc.stdout.decode(errors="replace").strip().split("\x1f", 3)
+    return Commit(full, author, float(at), subject)
+
+
+def tags(repo: Path) -> dict[str, list[str]]:
+    """Commit -> the names of the tags pointing at it (annotated tags peeled to their commit)."""
+    proc = _git(["for-each-ref", "refs/tags", "--format=%(objectname) %(*objectname) %(refname:short)"],
+                cwd=repo, timeout=60)
+    if proc.returncode != 0:
+        raise SourceError(f"git for-each-ref refs/tags in {repo}: {_err(proc)}")
+    out: dict[str, list[str]] = {}
+    for line in proc.stdout.decode(errors="replace").splitlines():
+        parts = line.split(" ")
+        obj, peeled, name = parts[0], parts[1], " ".join(parts[2:])
+        out.setdefault(peeled or obj, []).append(name)
+    return out

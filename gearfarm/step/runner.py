@@ -1,0 +1,321 @@
+"""Running one catalog step in a job's tree: the build (and the outputs it must leave), a suite
+(and the test cases its declared format yields), one benchmark run (and its metrics). The
+farm's workers and `gearfarm project check` run steps through here, so a team's trial run of
+its catalog is the very code its nightly will run."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from gearfarm.formats import catalog as catalog_mod
+from gearfarm.formats.catalog import Benchmark, Catalog, Suite, Target
+from gearfarm.formats.result import CaseResult, CurveRecord
+from gearfarm.hosts import process
+from gearfarm.s3.artifact import ArtifactError, link_target
+from gearfarm.step import outcome
+from gearfarm.step.outcome import OutcomeError
+from gearfarm.step.sandbox import Sandbox, within
+
+
+class OutputsMissing(RuntimeError):
+    """A declared build output matched nothing: the catalog or the build is wrong."""
+
+
+class OutputsUnsafe(RuntimeError):
+    """A build output is a link leading out of the job's tree (or nowhere), or a pattern names a
+    path outside it: packing it would carry a file of the worker's host out in the artifact."""
+
+
+class BenchmarkFailed(RuntimeError):
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def collect_outputs(root: Path, patterns: list[str]) -> list[str]:
+    """The files and symlinks (relative to ``root``) the output globs name; a directory means
+    every file and link under it. Every glob must match: a missing output is a broken build,
+    not an empty artifact.
+
+    Nothing is followed: the build is the project's code and the worker reads its outputs
+    outside the sandbox, so a link could hand it any host file. Paths are looked at with lstat,
+    a link is an output of its own (never descended, even to a directory), and a match a glob
+    reached through a directory link stands for that link. A link must lead inside ``root`` to
+    something that exists (gearfarm.s3.artifact.link_target), else OutputsUnsafe."""
+    files: set[str] = set()
+    for pattern in patterns:
+        try:
+            matched = sorted(root.glob(pattern)) if pattern not in ("", ".") else [root]
+        except (NotImplementedError, ValueError):  # pathlib's answer to an absolute pattern
+            matched = [Path(pattern)]
+        if not matched and os.path.islink(root / pattern):
+            matched = [root / pattern]  # a dangling link: glob skips it, but it is what the build left
+        if not matched:
+            raise OutputsMissing(f"build output {pattern!r} (catalog key build.outputs) matched nothing under the "
+                                 "source tree after the build: fix the path (relative to the tree's root, not to "
+                                 "build.cwd) or make the build write it")
+        for m in matched:
+            files.update(_outputs_at(root, m, pattern))
+    return sorted(f for f in files if not f.startswith(".gearfarm/"))
+
+
+def _outputs_at(root: Path, match: Path, pattern: str) -> list[str]:
+    try:
+        rel = match.relative_to(root)
+    except ValueError:
+        rel = match
+    if rel.is_absolute() or ".." in rel.parts:
+        raise OutputsUnsafe(f"build output {pattern!r} (catalog key build.outputs) names {str(match)!r}, outside "
+                            "the build's tree: name paths relative to the tree's root, without `..`")
+    # The topmost link on the way stands for everything below it.
+    for i in range(1, len(rel.parts)):
+        if (root / Path(*rel.parts[:i])).is_symlink():
+            rel = Path(*rel.parts[:i])
+            break
+    path = root / rel
+    if path.is_symlink():
+        return [_checked_link(root, str(rel))]
+    if path.is_file():
+        return [str(rel)]
+    if not path.is_dir():
+        return []  # a fifo, socket or device: not an output, as before
+    out: list[str] = []
+    for d, dirs, names in os.walk(path):  # os.walk lists links to directories but never enters them
+        for name in dirs + names:
+            p = Path(d) / name
+            r = str(p.relative_to(root))
+            if p.is_symlink():
+                out.append(_checked_link(root, r))
+            elif p.is_file():
+                out.append(r)
+    return out
+
+
+def _checked_link(root: Path, rel: str) -> str:
+    try:
+        link_target(root, rel)
+    except ArtifactError as e:
+        raise OutputsUnsafe(f"{e} (catalog key build.outputs): the worker packs no file from outside the job's "
+                            "tree. Make the build copy the file into the tree, or link to a path inside it, or "
+                            "leave the link out of build.outputs") from None
+    return rel
+
+
+@dataclass
+class BuildRun:
+    rc: int | None
+    timed_out: bool
+    outputs: list[str] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def status(self) -> str:
+        if self.timed_out:
+            return "timed_out"
+        return "passed" if self.rc == 0 and not self.error else "failed"
+
+    def message(self, timeout: float) -> str:
+        if self.timed_out:
+            return f"build timed out after {timeout:.0f}s"
+        return self.error or ("" if self.rc == 0 else f"build failed (exit {self.rc})")
+
+
+def _run(sandbox: Sandbox, argv: list[str], log_path: Path, timeout: float, cwd: Path, env: dict[str, str],
+         writable: list[Path], wine_prefix: Path | None = None) -> tuple[int | None, bool]:
+    """Every catalog command starts here: confined by the worker's sandbox, writing only to
+    the job's own directories, which are handed to the job's uid first. The log is the
+    worker's: it lives beside those directories, never in one the job writes."""
+    sandbox.give(writable)
+    full, env = sandbox.command(argv, env, cwd, writable, wine_prefix)
+    return process.run_logged(full, log_path, timeout, cwd=cwd, env=env, shown=argv, limit=sandbox.log_limit)
+
+
+def run_build(cat: Catalog, target: Target, root: Path, scratch: Path, log_path: Path, sandbox: Sandbox,
+              started: Callable[[], None] | None = None) -> BuildRun:
+    """Run the catalog's build of ``target`` in the snapshot at ``root``."""
+    vals = catalog_mod.values(cat, target, {"root": str(root), "scratch": str(scratch), "junit": "", "seed": "1"})
+    argv = catalog_mod.expand(cat.build.argv, vals, target.runner)
+    env = catalog_mod.environment(sandbox.environment(), target, cat.build, vals)
+    cwd = root / cat.build.cwd.format_map(vals)
+    if not cwd.is_dir():
+        return BuildRun(None, False, error=f"build.cwd {cat.build.cwd!r} is not a directory of the source tree: "
+                                           "fix the catalog's build.cwd (relative to the repository's root)")
+    if started is not None:
+        started()
+    rc, timed_out = _run(sandbox, argv, log_path, cat.build.timeout, cwd, env, [scratch, root])
+    run = BuildRun(rc, timed_out)
+    if rc == 0 and not timed_out:
+        try:
+            run.outputs = collect_outputs(root, [o.format_map(vals) for o in cat.build.outputs])
+        except (OutputsMissing, OutputsUnsafe) as e:
+            run.error = str(e)
+            with log_path.open("a") as f:
+                f.write(f"error: {e}\n")
+    return run
+
+
+@dataclass
+class SuiteRun:
+    status: str
+    message: str
+    cases: list[CaseResult]
+    results: Path | None
+    seconds: float
+
+
+def run_suite(cat: Catalog, target: Target, suite: Suite, tree: Path, scratch: Path, log_path: Path, seed: int,
+              sandbox: Sandbox, wine_prefix: Path | None = None, cases: list[str] | None = None) -> SuiteRun:
+    """Run one suite in ``tree`` (the artifact's files, over the source when the suite asks);
+    ``wine_prefix`` is the job's own prefix for a wine runner (gearfarm.step.wine). ``cases``: only
+    these, by the suite's `only` items (a suite without them runs whole)."""
+    # The JUnit file is written in a directory of the job's own beside the scratch directory.
+    out = scratch.parent / f"{scratch.name}-out"
+    out.mkdir(exist_ok=True)
+    junit = out / "junit.xml"
+    vals = catalog_mod.values(cat, target, {"root": str(tree), "scratch": str(scratch), "junit": str(junit),
+                                            "seed": str(seed)})
+    argv = (target.runner if suite.runner else []) + catalog_mod.expand(suite.argv, vals, target.runner)
+    for case in (cases or []) if suite.only else []:
+        argv += catalog_mod.expand(suite.only, {**vals, "case": case})
+    env = catalog_mod.environment(sandbox.environment(), target, suite, vals)
+    cwd = tree / suite.cwd.format_map(vals)
+    results = Path(suite.results_file.format_map(vals)) if suite.results_file else None
+    if results is not None and not results.is_absolute():
+        results = cwd / results
+    if not cwd.is_dir():
+        return SuiteRun("failed", f"suite {suite.name}: cwd {suite.cwd!r} is not a directory of the job's tree "
+                                  "(the artifact's files): add it to build.outputs or fix suites."
+                                  f"{suite.name}.cwd", [], None, 0.0)
+    if suite.format == "ctest":
+        try:
+            outcome.relocate_ctest(cwd, tree)
+        except OutcomeError as e:
+            return SuiteRun("failed", f"suite {suite.name}: {e}", [], None, 0.0)
+    t0 = time.monotonic()
+    rc, timed_out = _run(sandbox, argv, log_path, suite.timeout, cwd, env, [scratch, out, tree], wine_prefix)
+    seconds = time.monotonic() - t0
+    cases_found: list[CaseResult] = []
+    message = ""
+    if results is not None:
+        inside = within(results, [tree, scratch, out])
+        if inside is None:
+            # Read nothing through it: the suite made its results file a link out of the job.
+            message = (f"suite {suite.name}: its results file {results} is a link leading outside the job's "
+                       "directories; the worker reads only files inside them: write the results there")
+        results = inside
+    try:
+        if not message:
+            cases_found = outcome.cases(suite.format, suite.name, rc=rc if rc is not None else -1, output=log_path,
+                                        results=results)
+    except OutcomeError as e:
+        message = f"suite {suite.name}: {e}"
+    if timed_out:
+        return SuiteRun("timed_out", f"suite {suite.name} timed out after {suite.timeout:.0f}s and was killed",
+                        cases_found, results, seconds)
+    if rc == 0 and cases_found and all(c.status in ("passed", "skipped") for c in cases_found):
+        return SuiteRun("passed", "", cases_found, results, seconds)
+    bad = [c.name for c in cases_found if c.status in ("failed", "error")]
+    message = message or (f"{len(bad)} failed: {', '.join(bad[:10])}" if bad
+                          else f"suite exited {rc} with {len(cases_found)} test results")
+    return SuiteRun("failed", message, cases_found, results, seconds)
+
+
+def run_benchmark(cat: Catalog, target: Target, bench: Benchmark, tree: Path, work: Path, tag: str, seed: int,
+                  log_path: Path, sandbox: Sandbox, curves: list[CurveRecord] | None = None,
+                  variant: Literal["new", "baseline"] = "new") -> dict[str, float]:
+    """One run of ``bench`` in ``tree``: its declared metrics, or BenchmarkFailed. With
+    ``curves``, the curves the catalog declares are read from its output and appended."""
+    scratch = work / f"scratch-{tag}"
+    scratch.mkdir()
+    out_path = work / f"out-{tag}.log"
+    vals = catalog_mod.values(cat, target, {"root": str(tree), "scratch": str(scratch), "junit": "",
+                                            "seed": str(seed)})
+    argv = (target.runner if bench.runner else []) + catalog_mod.expand(bench.argv, vals, target.runner)
+    # callgrind writes its count from inside the sandbox, so into a directory of the job's own.
+    count_dir = work / f"counted-{tag}"
+    count_dir.mkdir()
+    counted = count_dir / "callgrind.out"
+    if bench.counter == "instructions":
+        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={counted}", *argv]
+    env = catalog_mod.environment(sandbox.environment(), target, bench, vals)
+    cwd = tree / bench.cwd.format_map(vals)
+    rc, timed_out = _run(sandbox, argv, out_path, bench.timeout, cwd, env, [scratch, count_dir, tree])
+    # Into the job's log within its cap, streamed (the run's output was capped as it came).
+    process.append_capped(out_path, log_path, sandbox.log_limit, header=f"--- {tag} ---\n")
+    text = out_path.read_text(errors="replace")
+    if timed_out or rc != 0:
+        raise BenchmarkFailed("timed_out" if timed_out else "failed",
+                              f"benchmark {bench.name} ({tag}) " + ("timed out" if timed_out else f"exited {rc}"))
+    declared = [m for m in bench.metrics if not (bench.counter == "instructions" and m == "instructions")]
+    try:
+        if not declared:
+            metrics = {}
+        elif bench.metrics_file is not None:
+            path = Path(bench.metrics_file.format_map(vals))
+            path = path if path.is_absolute() else cwd / path
+            inside = within(path, [tree, scratch])
+            if inside is None:
+                raise OutcomeError(f"metrics_file {path} is a link leading outside the job's directories; the worker "
+                                   "reads only files inside them: write the metrics there")
+            metrics = outcome.metrics_from_file(inside, declared)
+        else:
+            assert bench.metrics_pattern is not None
+            metrics = outcome.metrics_from_pattern(text, bench.metrics_pattern, declared)
+    except OutcomeError as e:
+        raise BenchmarkFailed("failed", f"benchmark {bench.name}: {e}") from e
+    if bench.counter == "instructions":
+        metrics["instructions"] = instructions(within(counted, [count_dir]), bench.name)
+    if curves is not None:
+        curves += curves_of(bench, text, variant)
+    return {m: v for m, v in metrics.items() if m in bench.metrics}
+
+
+MAX_POINTS = 2000
+
+
+def curves_of(bench: Benchmark, text: str, variant: Literal["new", "baseline"]) -> list[CurveRecord]:
+    """The catalog's curves from a benchmark's output: every line that is a JSON object with
+    the curve's keys is a point (other output is ignored), at most MAX_POINTS a line."""
+    rows = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                rows.append(obj)
+    out = []
+    for c in bench.curves:
+        lines: dict[str, list[tuple[float, float]]] = {}
+        for obj in rows:
+            x, y = obj.get(c.x), obj.get(c.y)
+            if isinstance(x, int | float) and isinstance(y, int | float) and not isinstance(x, bool):
+                key = str(obj.get(c.split, "")) if c.split else ""
+                pts = lines.setdefault(key, [])
+                if len(pts) < MAX_POINTS:
+                    pts.append((float(x), float(y)))
+        if lines:
+            out.append(CurveRecord(benchmark=bench.name, title=c.title, x=c.x, y=c.y, variant=variant,
+                                   split_name=c.split or "", lines=lines))
+    return out
+
+
+def instructions(callgrind_out: Path | None, bench: str) -> float:
+    """Total instructions executed, from callgrind's "summary:" line (None: no such file inside
+    the job's directory)."""
+    try:
+        for line in (callgrind_out.read_text() if callgrind_out is not None else "").splitlines():
+            if line.startswith("summary:"):
+                return float(line.split()[1])
+    except (OSError, IndexError, ValueError):
+        pass
+    raise BenchmarkFailed("failed", f"benchmark {bench}: callgrind wrote no instruction count "
+                                    "(is valgrind installed? apt-get install valgrind)")

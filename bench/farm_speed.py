@@ -174,7 +174,7 @@ def dispatch(n: int, rounds: int = 10) -> None:
 # ------------------------------------------------------------------------------------ transfer
 
 def transfer(size_mib: int, repeat: int) -> None:
-    from gearfarm.s3.minio import MinioServer
+    from gearfarm.hosts.minio_server import MinioServer
     from gearfarm.s3.store import ArtifactStore
 
     print(f"\n## Transfer: a {size_mib} MiB incompressible artifact to and from MinIO on loopback, best of {repeat}")
@@ -498,7 +498,7 @@ def lab_nightly(n_hosts: int, tmp: Path, targets: str | None) -> tuple[float, in
     from gearfarm.formats.seal import Signer
     from gearfarm.gearman import admin
     from gearfarm.hosts import process
-    from gearfarm.s3.minio import MinioServer
+    from gearfarm.hosts.minio_server import MinioServer
 
     base = tmp / f"lab-{n_hosts}"
     procs: list[subprocess.Popen[bytes]] = []

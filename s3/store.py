@@ -22,7 +22,7 @@ from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, SSLError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from gearfarm.config import S3Config
+from gearfarm.s3.settings import S3Config
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

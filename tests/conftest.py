@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gearfarm.hosts.gearmand import Gearmand
-from gearfarm.s3.minio import MinioServer
+from gearfarm.hosts.minio_server import MinioServer
 from tests.pg import db_url, pg_server, pg_url  # noqa: F401 - fixtures
 
 

@@ -29,9 +29,9 @@ from typing import Any, TypeVar
 import pytest
 import zstandard
 
+from gearfarm.hosts.minio_server import MinioServer
 from gearfarm.s3 import artifact
 from gearfarm.s3 import store as store_mod
-from gearfarm.s3.minio import MinioServer
 from gearfarm.s3.store import ArtifactStore
 
 T = TypeVar("T")

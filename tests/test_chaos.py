@@ -681,7 +681,7 @@ def test_a_worker_host_cut_off_mid_job_and_the_job_completes_on_another_host(
     from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig
     from gearfarm.hosts import process
     from gearfarm.hosts.gearmand import Gearmand
-    from gearfarm.s3.minio import MinioServer
+    from gearfarm.hosts.minio_server import MinioServer
 
     ns, addr, host_if = lab_netns
     procs: list[subprocess.Popen[bytes]] = []

@@ -276,7 +276,7 @@ class LabFarm:
     def __init__(self, base: Path, repo: Path, db_url: str, smtp_port: int) -> None:
         from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig, MailConfig, dump
         from gearfarm.hosts.gearmand import Gearmand
-        from gearfarm.s3.minio import MinioServer
+        from gearfarm.hosts.minio_server import MinioServer
         from tests.farmkit import keyed
 
         self.base, self.procs = base, []  # type: ignore[var-annotated]

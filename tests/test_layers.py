@@ -29,22 +29,71 @@ def imports(path: Path, top_level_only: bool = False) -> set[str]:
     return out
 
 
-def test_the_core_never_imports_the_worker_roles() -> None:
-    for path in sorted((ROOT / "gearfarm").rglob("*.py")):
-        found = {m for m in imports(path, top_level_only=path.name == "cli.py")
-                 if m.startswith(("gearfarm.workers", "workers"))}
-        assert not found, f"{path.relative_to(ROOT)} imports {sorted(found)}"
+# The farm's packages from the bottom up (submit -> build -> store -> test -> collect -> report
+# runs through them upwards). A module may import its own package and any package below it,
+# never one above: gearman/ and s3/ import nothing of the farm's, formats/ only those two, and
+# so on up to cli/, the only one that may import everything (the worker roles included).
+LAYERS = ("gearman", "s3", "formats", "config", "hosts", "step", "db", "run", "perf", "workers", "bisection",
+          "report", "web", "cli")
+def package_of(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "gearfarm" or len(parts) < 2:
+        return None
+    return parts[1] if parts[1] in LAYERS else None
 
 
-def test_report_and_mail_do_not_import_each_other_and_history_only_classifies() -> None:
-    g = ROOT / "gearfarm"
-    assert not {m for m in imports(g / "report.py") if "mail" in m}
+def upward_imports(root: Path = ROOT) -> list[str]:
+    found = []
+    for layer, name in enumerate(LAYERS):
+        folder = root / name if name in ("workers", "s3") else root / "gearfarm" / name
+        files = [folder.with_suffix(".py")] if name == "config" else sorted(folder.rglob("*.py"))
+        for path in files:
+            for m in sorted(imports(path)):
+                above = package_of(m)
+                if above is not None and LAYERS.index(above) > layer:
+                    found.append(f"{path.relative_to(root)} ({name}) imports {m} ({above}, above it)")
+    return found
+
+
+def test_each_package_imports_only_its_own_and_the_packages_below_it() -> None:
+    assert upward_imports() == []
+
+
+def test_the_layer_check_finds_a_planted_upward_import(tmp_path: Path) -> None:
+    for part in ("gearfarm", "workers", "s3"):
+        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+    assert upward_imports(tmp_path) == []
+    seal = tmp_path / "gearfarm" / "formats" / "seal.py"
+    seal.write_text(seal.read_text() + "\nfrom gearfarm.run.nightly import plan  # planted\n")
+    store = tmp_path / "s3" / "store.py"
+    store.write_text(store.read_text() + "\nfrom gearfarm import config  # planted\n")
+    assert upward_imports(tmp_path) == [
+        "s3/store.py (s3) imports gearfarm.config (config, above it)",
+        "gearfarm/formats/seal.py (formats) imports gearfarm.run.nightly (run, above it)",
+        "gearfarm/formats/seal.py (formats) imports gearfarm.run.nightly.plan (run, above it)"]
+
+
+def test_every_module_is_in_a_package_of_the_order() -> None:
+    loose = sorted(p.name for p in (ROOT / "gearfarm").glob("*.py") if p.stem not in ("__init__", "config"))
+    assert loose == []
+    packages = sorted(p.name for p in (ROOT / "gearfarm").iterdir() if (p / "__init__.py").exists())
+    assert set(packages) == set(LAYERS) - {"config", "workers", "s3"}
+
+
+def test_report_and_mail_do_not_import_each_other() -> None:
+    g = ROOT / "gearfarm" / "report"
+    assert not {m for m in imports(g / "document.py") if "mail" in m}
     assert not {m for m in imports(g / "mail.py") if "report" in m}
-    assert not {m for m in imports(g / "history.py") if m.startswith(("gearfarm.run.nightly", "gearfarm.gearman"))}
-    for path in sorted((ROOT / "s3").glob("*.py")):
-        above = {m for m in imports(path) if m.startswith(("gearfarm.run.nightly", "gearfarm.run.ledger", "gearfarm.workers",
-                                                            "gearfarm.report.document", "gearfarm.cli.main"))}
-        assert not above, f"{path.relative_to(ROOT)} imports {sorted(above)}"
+
+
+def test_no_two_modules_share_a_basename() -> None:
+    seen: dict[str, list[str]] = {}
+    for folder in (ROOT / "gearfarm", ROOT / "workers", ROOT / "s3"):
+        for path in folder.rglob("*.py"):
+            if path.name in ("__init__.py", "__main__.py") or "migrations" in path.parts:
+                continue
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {k: v for k, v in seen.items() if len(v) > 1} == {}
 
 
 def test_nothing_imports_the_generic_top_level_names() -> None:

@@ -29,10 +29,10 @@ from gearfarm.formats.job import JobId
 from gearfarm.formats.result import CaseResult, ResultRecord, seal_record
 from gearfarm.formats.seal import MAX_ENVELOPE, Signer
 from gearfarm.hosts import process
+from gearfarm.hosts.minio_server import MinioServer
 from gearfarm.run.farm import EmbeddedFarm
 from gearfarm.run.ledger import Ledger
 from gearfarm.s3 import keys
-from gearfarm.s3.minio import MinioServer
 from gearfarm.s3.store import ArtifactStore
 from gearfarm.step import runner as step
 from gearfarm.step import sandbox
@@ -233,7 +233,7 @@ def test_a_record_over_the_envelope_limit_delivers_every_case_through_s3(
     assert small.cases == [] and small.cases_count == 50_000 and small.cases_key is not None
     assert small.cases_key.startswith(f"runs/{rec.run_id}/{T}/test-many/")
     # The role policies already allow it: the test role writes there, the collector reads there.
-    assert any(_glob(p, small.cases_key) for p in keys.ROLE_WRITES["test"])
+    assert any(_glob(p.format(target=T), small.cases_key) for p in keys.ROLE_WRITES["test"])
     assert any(_glob(p, small.cases_key) for p in keys.ROLE_READS["collector"])
     store.put_bytes(small.cases_key, blob, "application/zstd")
     outcome, got = ledger.accept(body, "collect", store)

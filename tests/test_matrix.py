@@ -113,8 +113,8 @@ def test_a_worker_serves_only_its_target_and_an_unserved_target_ends_as_no_worke
 def test_a_worker_asked_for_a_target_it_cannot_serve_fails_at_start(tmp_path: Path) -> None:
     """The worker has no repository: it learns the projects' targets from their newest catalogs
     in S3 (stored by the nightly), and refuses at start a target this host cannot serve."""
+    from gearfarm.hosts.minio_server import MinioServer
     from gearfarm.run import snapshot
-    from gearfarm.s3.minio import MinioServer
 
     repo = make_repo(tmp_path / "repo")
     text = (repo / "jobs" / "catalog.toml").read_text() + """

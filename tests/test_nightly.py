@@ -11,8 +11,8 @@ import pytest
 
 from gearfarm import config as config_mod
 from gearfarm.db.results import ResultsDB
+from gearfarm.hosts.minio_server import MinioServer
 from gearfarm.s3.artifact import unpack
-from gearfarm.s3.minio import MinioServer
 from gearfarm.s3.store import ArtifactStore
 from tests.farmkit import commit, gearfarm, keyed, make_repo
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from gearfarm.formats.catalog import check_pattern
 from gearfarm.formats.result import CaseResult
 from gearfarm.step.outcome import (
     FORMATS,
     OutcomeError,
     cases,
-    check_pattern,
     metrics_from_file,
     metrics_from_pattern,
     relocate_ctest,

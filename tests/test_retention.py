@@ -21,9 +21,9 @@ from gearfarm.db import triage
 from gearfarm.db.results import ResultsDB
 from gearfarm.formats.job import JobId
 from gearfarm.formats.result import CaseResult, ResultRecord
+from gearfarm.hosts.minio_server import MinioServer
 from gearfarm.run.ledger import Ledger
 from gearfarm.s3 import keys
-from gearfarm.s3.minio import MinioServer
 from gearfarm.s3.store import ArtifactStore
 from tests.farmkit import GIT, commit, gearfarm
 

@@ -17,9 +17,10 @@ import pytest
 from pydantic import ValidationError
 
 from gearfarm.config import S3Config, S3Keys
+from gearfarm.hosts.minio_server import MinioServer
 from gearfarm.hosts.net import free_port
 from gearfarm.s3 import keys
-from gearfarm.s3.minio import MinioServer, make_role_users
+from gearfarm.s3.minio import make_role_users
 from gearfarm.s3.store import ArtifactStore, StoreError
 
 # Well under the first outage wait: the store's default retry_for is 300 s.

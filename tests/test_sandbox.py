@@ -17,9 +17,10 @@ from gearfarm import config as config_mod
 from gearfarm.config import ProjectConfig, S3Keys
 from gearfarm.formats import catalog as catalog_mod
 from gearfarm.hosts import process
+from gearfarm.hosts.minio_server import MinioServer
 from gearfarm.run.farm import EmbeddedFarm
 from gearfarm.s3 import keys
-from gearfarm.s3.minio import MinioServer, make_role_users
+from gearfarm.s3.minio import make_role_users
 from gearfarm.s3.store import ArtifactStore, StoreError
 from gearfarm.step.sandbox import Sandbox, SandboxError
 from tests.farmkit import gearfarm, key_secrets

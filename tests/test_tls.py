@@ -30,7 +30,7 @@ from gearfarm.gearman.protocol import REQ, RES, encode
 from gearfarm.hosts import tls
 from gearfarm.hosts.connection import ssl_context
 from gearfarm.hosts.gearmand import Gearmand
-from gearfarm.s3.minio import MinioServer
+from gearfarm.hosts.minio_server import MinioServer
 from gearfarm.s3.store import ArtifactStore, StoreError
 
 # The name clients ask for (tls_server_name); deliberately not resolvable, because the

@@ -298,9 +298,9 @@ def test_an_older_attempt_delivered_after_a_newer_one_changes_nothing(tmp_path: 
 def test_the_report_is_written_and_mailed_with_s3_and_the_database_down(
         tmp_path: Path, sink: SMTPSink, pg_server, pg_url: str) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     from gearfarm.config import Config, DatabaseConfig, FarmConfig
+    from gearfarm.hosts.minio_server import MinioServer
     from gearfarm.report import publisher
     from gearfarm.run.ledger import Ledger
-    from gearfarm.s3.minio import MinioServer
 
     db = ResultsDB(pg_url)
     jobs = [JobId("down", T, s) for s in ("build", "test-unit")]

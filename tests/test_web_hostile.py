@@ -40,10 +40,10 @@ from gearfarm.formats.job import JobId
 from gearfarm.formats.result import ResultRecord
 from gearfarm.hosts import process
 from gearfarm.hosts.gearmand import Gearmand
+from gearfarm.hosts.minio_server import MinioServer
 from gearfarm.hosts.net import free_port
 from gearfarm.run.ledger import Ledger
 from gearfarm.s3 import keys
-from gearfarm.s3.minio import MinioServer
 from gearfarm.s3.store import ArtifactStore
 from tests.farmkit import GIT, add_user, api_call, commit, gearfarm, keyed, start_web
 

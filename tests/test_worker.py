@@ -12,8 +12,8 @@ from gearfarm.formats.result import ResultRecord, open_record
 from gearfarm.formats.seal import keyring
 from gearfarm.gearman import admin
 from gearfarm.hosts.gearmand import Gearmand
+from gearfarm.hosts.minio_server import MinioServer
 from gearfarm.s3 import keys
-from gearfarm.s3.minio import MinioServer
 from gearfarm.workers.base import Context
 from tests.farmkit import keyed
 

@@ -128,6 +128,7 @@ size_t item_msg_size(const item *it);
 size_t item_piv_size(const item *it);
 node *node_alloc(tree *t, int leaf);
 void node_free_mem(node *n);
+int node_reserve(node *n, uint32_t want);
 void node_recount(node *n);
 size_t node_encode_raw(const node *n, unsigned char *out);
 /* Decodes one stored node extent; on error fills err and returns NULL.

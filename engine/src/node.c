@@ -185,7 +185,9 @@ static void errf(char *err, size_t n, const char *fmt, ...)
     va_end(ap);
 }
 
-static int grow_items(node *n, uint32_t want)
+/* Room for `want` item pointers in n->it, doubling from 16: decoding a page and the tree's
+ * inserts and splits share it. 0, or -1 when out of memory (n is unchanged). */
+int node_reserve(node *n, uint32_t want)
 {
     if (want <= n->cap) return 0;
     uint32_t c = n->cap ? n->cap : 16;
@@ -246,7 +248,7 @@ node *node_decode(const unsigned char *buf, size_t len, uint64_t blk, uint32_t i
     if (type == 1) {
         if (count > rawlen / 3) BAD("page %llu: leaf claims %u entries in %u bytes", (unsigned long long)blk,
                                     count, rawlen);
-        if (grow_items(n, count)) BAD("page %llu: out of memory", (unsigned long long)blk);
+        if (node_reserve(n, count)) BAD("page %llu: out of memory", (unsigned long long)blk);
         const item *prev = NULL;
         for (uint32_t i = 0; i < count; i++) {
             uint64_t s, sl, vl;
@@ -303,7 +305,7 @@ node *node_decode(const unsigned char *buf, size_t len, uint64_t blk, uint32_t i
         uint32_t nm = get32(p);
         p += 4;
         if (nm > (uint64_t)(end - p) / 3) BAD("page %llu: claims %u messages", (unsigned long long)blk, nm);
-        if (grow_items(n, nm)) BAD("page %llu: out of memory", (unsigned long long)blk);
+        if (node_reserve(n, nm)) BAD("page %llu: out of memory", (unsigned long long)blk);
         for (uint32_t i = 0; i < nm; i++) {
             uint64_t kl, vl;
             if (p >= end) BAD("page %llu: message %u truncated", (unsigned long long)blk, i);

@@ -161,18 +161,6 @@ static uint32_t child_for(const node *n, const void *k, uint32_t kl)
     return upper_bound(n->piv, n->nk - 1, k, kl);
 }
 
-static int ensure_cap(node *n, uint32_t want)
-{
-    if (want <= n->cap) return 0;
-    uint32_t c = n->cap ? n->cap : 16;
-    while (c < want) c *= 2;
-    item **p = realloc(n->it, (size_t)c * sizeof *p);
-    if (!p) return -1;
-    n->it = p;
-    n->cap = c;
-    return 0;
-}
-
 static int ensure_kids(node *n, uint32_t want)
 {
     if (want <= n->kcap) return 0;
@@ -213,7 +201,7 @@ static int node_put_item(node *n, item *m)
     } else if (n->leaf && m->type == MSG_DEL) {
         free(m);
     } else {
-        if (ensure_cap(n, n->n + 1)) { free(m); return GFE_ENOMEM; }
+        if (node_reserve(n, n->n + 1)) { free(m); return GFE_ENOMEM; }
         memmove(n->it + pos + 1, n->it + pos, (n->n - pos) * sizeof *n->it);
         n->it[pos] = m;
         n->n++;
@@ -289,7 +277,7 @@ static int split_child(node *p, uint32_t j)
         uint32_t m = 0;
         while (m < c->n - 1 && acc < half) acc += item_leaf_size(c->it[m++]);
         if (m == 0) m = 1;
-        if (ensure_cap(r, c->n - m)) { free(r); return GFE_ENOMEM; }
+        if (node_reserve(r, c->n - m)) { free(r); return GFE_ENOMEM; }
         memcpy(r->it, c->it + m, (c->n - m) * sizeof *r->it);
         r->n = c->n - m;
         c->n = m;
@@ -310,7 +298,7 @@ static int split_child(node *p, uint32_t j)
                 c->nloaded--;
             }
         uint32_t s = lower_bound(c->it, c->n, pivot->d, pivot->klen);
-        if (ensure_cap(r, c->n - s)) return GFE_ENOMEM;
+        if (node_reserve(r, c->n - s)) return GFE_ENOMEM;
         if (c->n > s) memcpy(r->it, c->it + s, (c->n - s) * sizeof *r->it);
         r->n = c->n - s;
         c->n = s;

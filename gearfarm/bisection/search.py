@@ -2,7 +2,7 @@
 last) and a way to judge one revision, narrow the range to the commit that changed the verdict.
 
 Pure: judging a revision (building it or reusing its stored build, running the test or the
-benchmark on the farm) is the caller's (gearfarm.bisection.runner). What this decides:
+benchmark on the farm) is the caller's (gearfarm.bisection.driver). What this decides:
 
 * which revision to judge next: the middle of the commits still suspect, like `git bisect`;
   a revision that does not build is skipped and the nearest suspect to the middle is judged

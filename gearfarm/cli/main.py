@@ -336,7 +336,7 @@ def _bisect_after(cfg: Config, db: ResultsDB, store: ArtifactStore, runs: list, 
     its state "error", but does not change the nightly's exit status."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from gearfarm.bisection import runner as bisection
+    from gearfarm.bisection import driver as bisection
     from gearfarm.report import publisher
     from gearfarm.run.snapshot import SourceError
 
@@ -1246,7 +1246,7 @@ def bisect_cmd(range_: str, test: str | None, benchmark: str | None, metric: str
     './nightly.bash --keep'). Exit 0 with a culprit, 1 without one (flaky, no change, budget
     spent, unbuildable), 2 if the farm cannot bisect. Budgets and repetitions not given come
     from the config's [bisect] section."""
-    from gearfarm.bisection import runner as bisection
+    from gearfarm.bisection import driver as bisection
     from gearfarm.bisection import search as bisect
     from gearfarm.db.results import ResultsDB
 

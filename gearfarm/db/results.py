@@ -1,7 +1,7 @@
 """The results database (SQLAlchemy): runs (each of one project, with the job catalog it ran
 with), jobs (one row per job id), test cases, benchmark samples, hosts, late results, the
 delivery log and the catalogs (content-addressed). SQLite by default; PostgreSQL when the
-configured URL says so. The schema is owned by the Alembic migrations in gearfarm/migrations,
+configured URL says so. The schema is owned by the Alembic migrations in gearfarm/db/migrations,
 applied when the database is opened. This module reads; every change of a job's state is made
 by gearfarm.run.ledger, the one owner of the transition rules."""
 
@@ -322,7 +322,7 @@ class LeaseRow(Base):
 
 
 class Bisection(Base):
-    """A search for the commit that broke a test or moved a benchmark (gearfarm.bisection.runner).
+    """A search for the commit that broke a test or moved a benchmark (gearfarm.bisection.driver).
     Its probes are runs of their own whose parent_run_id is ``bisect-<id>``, so nightly history,
     series and last-good-build queries never count them."""
 

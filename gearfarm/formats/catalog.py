@@ -15,13 +15,11 @@ import os
 import re
 import string
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
-from gearfarm.step.outcome import check_pattern
-from gearfarm.step.sandbox import reserved
 
 SCHEMA = 2
 TARGET_RE = re.compile(r"^[a-z0-9]+-[a-z0-9_]+$")
@@ -392,7 +390,7 @@ def parse(text: str, origin: str) -> Catalog:
 
 
 def _check_env(cat: Catalog, origin: str) -> None:
-    """No catalog variable may set what the worker sets for a job (gearfarm.step.sandbox.RESERVED_ENV):
+    """No catalog variable may set what the worker sets for a job (RESERVED_ENV):
     the sandbox makes HOME and the wine prefix writable, so a catalog naming them could open a
     host path to the job."""
     envs: list[tuple[str, dict[str, str]]] = [("build", cat.build.env)]
@@ -462,3 +460,49 @@ def definition(cat: Catalog, target: Target) -> str:
     body: dict[str, Any] = {"build": cat.build.model_dump(exclude={"name"}),
                             "target": target.model_dump(exclude={"perf", "suites"})}
     return json.dumps(body, sort_keys=True)
+
+
+# -- rules a catalog is checked against (the step package applies them when it runs one) ------
+
+# What the worker alone sets in a job's environment; a catalog's env, a target's env or
+# runner_env naming one of these is refused (parse), because each names a place the worker
+# would otherwise make writable or a setting of the farm's own (gearfarm.step.sandbox).
+RESERVED_ENV = ("HOME", "TMPDIR", "WINEPREFIX")
+RESERVED_PREFIXES = ("GEARFARM_",)
+
+
+def reserved(name: str) -> bool:
+    """Whether only the worker may set environment variable ``name`` for a job."""
+    return name in RESERVED_ENV or name.startswith(RESERVED_PREFIXES)
+
+
+def compile_pattern(pattern: str) -> re.Pattern[str]:
+    """A benchmark's `metrics_pattern` as gearfarm.step.outcome reads output with it: benchmarks
+    print one figure per line, so ^ and $ are meant per line."""
+    return re.compile(pattern, re.MULTILINE)
+
+
+def check_pattern(pattern: str, declared: Iterable[str]) -> str | None:
+    """None if `pattern` can give the declared metrics, else what is wrong and the fix."""
+    wanted = list(dict.fromkeys(declared))
+    try:
+        rx = compile_pattern(pattern)
+    except re.error as e:
+        return f"{pattern!r} does not compile as a regular expression: {e}"
+    groups = list(rx.groupindex)
+    if "metric" in groups and "value" in groups:
+        return None
+    pair_hint = "or capture each metric's name and number as (?P<metric>...) and (?P<value>...)"
+    for one, other in (("metric", "value"), ("value", "metric")):
+        if one in groups and one not in wanted:
+            return f"{pattern!r} has a group named {one!r} but none named {other!r}: add (?P<{other}>...)"
+    if not groups:
+        example = next((n for n in wanted if n.isidentifier()), "name")
+        return (f"{pattern!r} has no named group: name each group after the metric it captures, e.g. "
+                f"(?P<{example}>[0-9.]+), {pair_hint}")
+    undeclared = [g for g in groups if g not in wanted]
+    if undeclared:
+        return (f"named group {', '.join(map(repr, undeclared))} of {pattern!r} is not a declared metric "
+                f"(declared: {', '.join(wanted) or 'none'}): rename the group after a declared metric, or declare "
+                f"it in the benchmark's `metrics`")
+    return None

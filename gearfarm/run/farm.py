@@ -28,8 +28,8 @@ from gearfarm.formats.seal import Signer
 from gearfarm.gearman import admin
 from gearfarm.hosts import probe, process
 from gearfarm.hosts.gearmand import Gearmand
+from gearfarm.hosts.minio_server import MinioServer
 from gearfarm.s3.keys import ROLE_WRITES
-from gearfarm.s3.minio import MinioServer
 
 log = logging.getLogger("gearfarm.farm")
 STATE_FILE = "farm.json"

@@ -22,6 +22,7 @@ from typing import Any
 from tap.line import Result
 from tap.parser import Parser
 
+from gearfarm.formats.catalog import compile_pattern
 from gearfarm.formats.result import CaseResult
 from gearfarm.step import junit
 
@@ -381,17 +382,12 @@ def metrics_from_file(path: Path, declared: Iterable[str]) -> dict[str, float]:
     return out
 
 
-def _compile(pattern: str) -> re.Pattern[str]:
-    # Benchmarks print one figure per line: ^ and $ are meant per line.
-    return re.compile(pattern, re.MULTILINE)
-
-
 def metrics_from_pattern(text: str, pattern: str, declared: Iterable[str]) -> dict[str, float]:
     """The declared metrics in a benchmark's output, by the catalog's `metrics_pattern`. The last
     match of a metric wins: progress lines come before the summary."""
     wanted = list(dict.fromkeys(declared))
     try:
-        rx = _compile(pattern)
+        rx = compile_pattern(pattern)
     except re.error as e:
         raise OutcomeError(f"metrics_pattern {pattern!r} does not compile: {e}") from e
     last: dict[str, str] = {}
@@ -424,29 +420,3 @@ def metrics_from_pattern(text: str, pattern: str, declared: Iterable[str]) -> di
         raise OutcomeError(f"metrics_pattern {pattern!r} captured values that are not numbers: {'; '.join(bad)}: "
                            f"make the value's group capture only the number, e.g. ([0-9.]+)")
     return out
-
-
-def check_pattern(pattern: str, declared: Iterable[str]) -> str | None:
-    """None if `pattern` can give the declared metrics, else what is wrong and the fix."""
-    wanted = list(dict.fromkeys(declared))
-    try:
-        rx = _compile(pattern)
-    except re.error as e:
-        return f"{pattern!r} does not compile as a regular expression: {e}"
-    groups = list(rx.groupindex)
-    if "metric" in groups and "value" in groups:
-        return None
-    pair_hint = "or capture each metric's name and number as (?P<metric>...) and (?P<value>...)"
-    for one, other in (("metric", "value"), ("value", "metric")):
-        if one in groups and one not in wanted:
-            return f"{pattern!r} has a group named {one!r} but none named {other!r}: add (?P<{other}>...)"
-    if not groups:
-        example = next((n for n in wanted if n.isidentifier()), "name")
-        return (f"{pattern!r} has no named group: name each group after the metric it captures, e.g. "
-                f"(?P<{example}>[0-9.]+), {pair_hint}")
-    undeclared = [g for g in groups if g not in wanted]
-    if undeclared:
-        return (f"named group {', '.join(map(repr, undeclared))} of {pattern!r} is not a declared metric "
-                f"(declared: {', '.join(wanted) or 'none'}): rename the group after a declared metric, or declare "
-                f"it in the benchmark's `metrics`")
-    return None

@@ -17,7 +17,7 @@ Its file system holds only:
   * the job's own directories, writable (handed to the job's uid).
 Nothing a catalog says can add to this: mounts, HOME, TMPDIR and a wine prefix (one per job,
 inside the job's directory) come from the worker only, and catalog.parse refuses an `env` that
-names them (RESERVED_ENV).
+names them (gearfarm.formats.catalog.RESERVED_ENV).
 Nothing else of the host exists there: not the state directory with the results database,
 the spool or the caches; not /root, /home, /var or /run. The network namespace has only its
 own loopback, so the job cannot reach gearmand, MinIO or the database.
@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gearfarm.config import Config
+from gearfarm.formats.catalog import RESERVED_ENV  # the rule is the catalog's
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +59,6 @@ FARM_DIRS = ("/etc/gearfarm",)
 ENV_PASSED = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM", "SOURCE_DATE_EPOCH")
 ENV_PREFIXES = ("LC_",)
 UNPRIVILEGED = "65534"  # nobody / nogroup
-# What the worker alone sets in a job's environment; a catalog's env, a target's env or
-# runner_env naming one of these is refused (catalog.parse), because each names a place the
-# worker would otherwise make writable or a setting of the farm's own.
-RESERVED_ENV = ("HOME", "TMPDIR", "WINEPREFIX")
-RESERVED_PREFIXES = ("GEARFARM_",)
 
 
 # Where a root worker binds a job's directories for bubblewrap to find as the job's uid (in a
@@ -76,11 +72,6 @@ while [ "$1" != -- ]; do mkdir -m 0711 "$m/$n"; mount --bind "$1" "$m/$n"; n=$((
 shift
 exec "$@"
 """
-
-
-def reserved(name: str) -> bool:
-    """Whether only the worker may set environment variable ``name`` for a job."""
-    return name in RESERVED_ENV or name.startswith(RESERVED_PREFIXES)
 
 
 class SandboxError(RuntimeError):

@@ -2,7 +2,7 @@
 runs writes, so a prefix shared by jobs carries one job's writes into the next, and a prefix a
 catalog could name (WINEPREFIX=/tmp, or the state directory) would be mounted writable into the
 job. So the worker makes one per job, inside the job's directory, and no catalog can set it
-(gearfarm.step.sandbox.RESERVED_ENV).
+(gearfarm.formats.catalog.RESERVED_ENV).
 
 A fresh prefix costs wineboot 8-30 s and ~700 MB (wine 8 copies its DLLs into it), so a host makes
 one template per wine version, confined like a job, and each job gets a copy: its directories and

@@ -303,7 +303,7 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
         if job is not None and job not in (run.expected or []):
             return 400, f"run {run_id} has no job {job!r}"
         # Recorded only: the nightly that owns the run signs and writes the marker that stops
-        # the running jobs (gearfarm.cancel) within its poll; the dashboard holds no key of it.
+        # the running jobs (gearfarm.formats.marker) within its poll; the dashboard holds no key of it.
         db.request_cancel(run_id, job, who)
         return 200, f"cancelled {job or 'run ' + run_id}"
 

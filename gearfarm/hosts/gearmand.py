@@ -11,17 +11,15 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
-from types import TracebackType
 
 from gearfarm.gearman import admin
 from gearfarm.gearman.errors import GearmanError
 from gearfarm.hosts import process
+from gearfarm.hosts.daemon import Daemon, Failure, PortTaken
 from gearfarm.hosts.net import free_port, wait_port
 
 _FALLBACK_BINARY = "/usr/sbin/gearmand"
-_PORT_TAKEN = "port taken by another process"
 
 
 class GearmandError(RuntimeError):
@@ -41,8 +39,16 @@ def find_gearmand() -> str:
     )
 
 
-class Gearmand:
-    """A gearmand child process.  Use as a context manager or call start()/stop()."""
+class Gearmand(Daemon):
+    """A gearmand child process.  Use as a context manager or call start()/stop(); restart()
+    comes back on the same port, with the queue if it is persistent (``queue_db``)."""
+
+    name = "gearmand"
+    error = GearmandError
+    stop_grace = 5.0
+    # SIGKILL at once: a gearmand that lost its port keeps retrying the bind and ignores SIGTERM
+    # meanwhile (measured on 1.1.20), so a grace period would only add to every lost race.
+    abandon_grace = 0.0
 
     def __init__(
         self,
@@ -54,50 +60,29 @@ class Gearmand:
         start_timeout: float = 15.0,
         extra_args: list[str] | None = None,
     ) -> None:
-        self.state_dir = Path(state_dir)
-        self.host = host
-        self.port = port
+        state_dir = Path(state_dir)
+        # gearmand writes its own log (--log-file); the process's stdout and stderr go to a second file.
+        super().__init__(state_dir, state_dir / "gearmand.stderr", host, port, start_timeout)
         self.queue_db = Path(queue_db) if queue_db is not None else None
         self.job_retries = job_retries
-        self.start_timeout = start_timeout
         self.extra_args = list(extra_args or [])
         self.log_file = self.state_dir / "gearmand.log"
-        self.stderr_file = self.state_dir / "gearmand.stderr"
+        self.stderr_file = self.log_path
         self.pid_file = self.state_dir / "gearmand.pid"
-        self._proc: subprocess.Popen[bytes] | None = None
-        # A port we picked ourselves may be stolen between free_port() and bind();
-        # a port the caller asked for (or a restart) must be kept.
-        self._port_is_ours = port is None
+        self._binary = ""
 
-    def __repr__(self) -> str:
-        return f"<Gearmand {self.host}:{self.port} pid={self.pid}>"
+    def prepare(self) -> None:
+        self._binary = find_gearmand()
+        if self.queue_db is not None:
+            self.queue_db.parent.mkdir(parents=True, exist_ok=True)
 
-    @property
-    def address(self) -> tuple[str, int]:
-        if self.port is None:
-            raise GearmandError("gearmand has no port yet; call start() first")
-        return (self.host, self.port)
+    def pick_port(self) -> int:
+        # This module's free_port, looked up at call time: tests replace it to stage a lost race.
+        return free_port(self.host)
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def __enter__(self) -> Gearmand:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    def _command(self, binary: str, port: int) -> list[str]:
+    def command(self, port: int) -> list[str]:
         cmd = [
-            binary,
+            self._binary,
             "-L",
             self.host,
             "-p",
@@ -117,6 +102,24 @@ class Gearmand:
             cmd += ["--job-retries", str(self.job_retries)]
         return cmd + self.extra_args
 
+    def ready(self, proc: subprocess.Popen[bytes], port: int) -> bool:
+        if not wait_port(self.host, port, timeout=0.2):
+            return False
+        # Something listens -- make sure it is *our* process: on a bind conflict gearmand does
+        # not exit, it keeps retrying (measured on 1.1.20), so only the pid it reports tells.
+        try:
+            pid: int | None = admin.getpid(self.host, port, timeout=1.0)
+        except (GearmanError, OSError):
+            pid = None
+        if pid != proc.pid:
+            raise PortTaken
+        return True
+
+    def lost_race(self, failure: Failure) -> bool:
+        # gearmand never exits over a taken port (see ready()): an exit is a bad option or an
+        # unusable queue db, and a timeout would just repeat; only another answering process is a race.
+        return failure.taken
+
     def log_tail(self, lines: int = 30) -> str:
         """Last lines of gearmand's log and stderr, for error messages."""
         parts = []
@@ -129,79 +132,13 @@ class Gearmand:
                 parts.append(f"--- {path} ---\n" + "\n".join(text))
         return "\n".join(parts) or "(no gearmand output)"
 
-    def start(self) -> Gearmand:
-        """Start gearmand and wait until it answers on its port."""
-        if self.running:
-            return self
-        binary = find_gearmand()
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        if self.queue_db is not None:
-            self.queue_db.parent.mkdir(parents=True, exist_ok=True)
-        deadline = time.monotonic() + self.start_timeout
-        failures: list[str] = []
-        while True:
-            if self.port is None or (self._port_is_ours and failures):
-                self.port = free_port(self.host)
-            outcome = self._try_start(binary, self.port, deadline)
-            if outcome == "ok":
-                # From now on the port is part of the address clients know: restarts
-                # must come back on it.
-                self._port_is_ours = False
-                return self
-            failures.append(f"port {self.port}: {outcome}")
-            # Only a lost bind race on a port we picked is worth another try; an exit
-            # (bad option, unusable queue db) or a timeout would just repeat.
-            retry = outcome == _PORT_TAKEN and self._port_is_ours and len(failures) < 5
-            if not retry or time.monotonic() >= deadline:
-                raise GearmandError(
-                    f"gearmand failed to start on {self.host}: {'; '.join(failures[-3:])}\n"
-                    f"command: {' '.join(self._command(binary, self.port))}\n{self.log_tail()}"
-                )
-
-    def _try_start(self, binary: str, port: int, deadline: float) -> str:
-        """One launch attempt: "ok", _PORT_TAKEN, or a description of the failure."""
-        # Own session (process.spawn): a Ctrl-C on the test run must not hit gearmand first,
-        # and stop() decides how it dies.
-        self._proc = proc = process.spawn(self._command(binary, port), self.stderr_file)
-        outcome = f"did not answer within {self.start_timeout}s"
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                outcome = f"exited with code {proc.returncode}"
-                break
-            if not wait_port(self.host, port, timeout=0.2):
-                continue
-            # Something listens -- make sure it is *our* process.  On a bind conflict
-            # gearmand 1.1.20 does not exit, it keeps retrying (measured), so another
-            # process answering here means we lost the race for a port we picked.
-            try:
-                pid: int | None = admin.getpid(self.host, port, timeout=1.0)
-            except (GearmanError, OSError):
-                pid = None
-            if pid == proc.pid:
-                return "ok"
-            if self._port_is_ours:
-                outcome = _PORT_TAKEN
-                break
-            time.sleep(0.1)  # fixed port still held by someone (an old instance?): wait
-        process.kill_group(proc.pid)
-        proc.wait()
-        self._proc = None
-        return outcome
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """SIGTERM, then SIGKILL if it does not exit within ``timeout`` seconds."""
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            process.stop(proc, timeout)
+    def start_error(self, failures: list[Failure]) -> str:
+        return (f"gearmand failed to start on {self.host}: {'; '.join(map(str, failures[-3:]))}\n"
+                f"command: {' '.join(self.command(failures[-1].port))}\n{self.log_tail()}")
 
     def kill9(self) -> None:
         """Crash the server (SIGKILL) -- for testing persistence and reconnects."""
-        proc, self._proc = self._proc, None
+        proc, self.proc = self.proc, None
         if proc is not None:
             process.kill_group(proc.pid)
             proc.wait()
-
-    def restart(self) -> Gearmand:
-        """Stop and start again on the same port (the queue survives if persistent)."""
-        self.stop()
-        return self.start()

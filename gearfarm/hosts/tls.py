@@ -41,11 +41,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 from gearfarm.config import write_private
 from gearfarm.hosts import process
-from gearfarm.hosts.net import free_port
+from gearfarm.hosts.daemon import Daemon, Failure
 
 CA_CERT = "ca.crt"
 CA_KEY = "ca.key"
@@ -505,89 +504,57 @@ def _hostport(address: tuple[str, int]) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-class Stunnel:
+class Stunnel(Daemon):
     """An stunnel child process terminating TLS in front of ``target`` (host, port).
 
     Listens on ``host`` (loopback by default) on ``port`` or a free one.  Use as a context
     manager or call start()/stop(), like ``Gearmand`` and ``MinioServer``.
     """
 
+    name = "stunnel"
+    error = TLSError
+    awaited = "listen"
+    stop_grace = 5.0
+
     def __init__(self, state_dir: Path, target: tuple[str, int], cert: Path, key: Path,
                  host: str = "127.0.0.1", port: int | None = None, start_timeout: float = 15.0,
                  client_ca: Path | None = None, crl: Path | None = None) -> None:
-        self.state_dir = Path(state_dir)
+        super().__init__(Path(state_dir), Path(state_dir) / "stunnel.log", host, port, start_timeout)
         self.client_ca = Path(client_ca).resolve() if client_ca is not None else None
         self.crl = Path(crl).resolve() if crl is not None else None
         self.target = (str(target[0]), int(target[1]))
         self.cert = Path(cert).resolve()
         self.key = Path(key).resolve()
-        self.host = host
-        self.port = port
-        self.start_timeout = start_timeout
         self.config_path = self.state_dir / "stunnel.conf"
-        self.log_path = self.state_dir / "stunnel.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._port_is_ours = port is None
+        self._binary = ""
 
     def __repr__(self) -> str:
         return f"<Stunnel {self.host}:{self.port} -> {_hostport(self.target)} pid={self.pid}>"
 
-    @property
-    def address(self) -> tuple[str, int]:
-        if self.port is None:
-            raise TLSError("stunnel has no port yet; call start() first")
-        return (self.host, self.port)
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def start(self) -> Stunnel:
-        if self.running:
-            return self
-        binary = find_stunnel()
+    def prepare(self) -> None:
+        self._binary = find_stunnel()
         for path in (self.cert, self.key, self.client_ca, self.crl):
             if path is not None and not path.is_file():
                 raise TLSError(f"stunnel: {path} does not exist")
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        failures: list[str] = []
-        for _ in range(5 if self._port_is_ours else 1):
-            if self.port is None or (self._port_is_ours and failures):
-                self.port = free_port(self.host)
-            self.config_path.write_text(stunnel_config((self.host, self.port), self.target, self.cert, self.key,
-                                                       client_ca=self.client_ca, crl=self.crl))
-            self.proc = process.spawn([binary, str(self.config_path)], self.log_path)
-            outcome = self._wait_ready()
-            if outcome == "ok":
-                self._port_is_ours = False  # restarts must come back on the same port
-                return self
-            process.stop(self.proc)
-            self.proc = None
-            failures.append(f"port {self.port}: {outcome}")
-            if "exited" not in outcome:
-                break  # a timeout would just repeat
-        raise TLSError(f"stunnel failed to start on {self.host}: {'; '.join(failures)}\n"
-                       f"log {self.log_path}:\n{process.log_tail(self.log_path)}")
 
-    def _wait_ready(self) -> str:
-        """"ok" once *our* process listens on the port (a lost bind race makes stunnel exit)."""
-        assert self.proc is not None and self.port is not None
-        want = (self.host, self.port)
-        deadline = time.monotonic() + self.start_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                return f"exited with code {self.proc.returncode}"
-            try:
-                if want in listening_sockets(self.proc.pid):
-                    return "ok"
-            except OSError:
-                pass  # the process is going away; poll() tells on the next round
-            time.sleep(0.05)
-        return f"did not listen within {self.start_timeout}s"
+    def command(self, port: int) -> list[str]:
+        # The port is in the configuration file, not the argv: rewritten for every launch.
+        self.config_path.write_text(stunnel_config((self.host, port), self.target, self.cert, self.key,
+                                                   client_ca=self.client_ca, crl=self.crl))
+        return [self._binary, str(self.config_path)]
+
+    def ready(self, proc: subprocess.Popen[bytes], port: int) -> bool:
+        """Once *our* process listens on the port (a lost bind race makes stunnel exit)."""
+        try:
+            return (self.host, port) in listening_sockets(proc.pid)
+        except OSError:
+            return False  # the process is going away; poll() tells on the next round
+
+    def lost_race(self, failure: Failure) -> bool:
+        # stunnel exits when its bind fails, and from outside that exit looks like any other
+        # (a bad configuration exits too, at once, so retrying it costs little); a timeout would
+        # just repeat. Unlike gearmand it never keeps running beside a port thief.
+        return failure.exited
 
     def reload(self, timeout: float = 10.0) -> None:
         """Re-read the configuration and the CRL (SIGHUP), e.g. after ``revoke``.  New
@@ -609,18 +576,6 @@ class Stunnel:
             time.sleep(0.05)
         raise TLSError(f"stunnel did not reload within {timeout}s; log {self.log_path}:\n"
                        f"{process.log_tail(self.log_path)}")
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None:
-            process.stop(proc, timeout=5.0)
-
-    def __enter__(self) -> Stunnel:
-        return self.start()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
 
 
 # -- command line ----------------------------------------------------------------------

@@ -10,7 +10,7 @@ tally. Needs a quiet machine: anything else running moves wall-clock figures.
 
 Run: .venv/bin/python bench/perf_scenario.py [--repetitions 10] [--quiet 4] [--after 1]
      [--pairs 30] [--precision 0.0075]
-     [--most-pairs 400] [--rows 20000] [--iterations 72]
+     [--most-pairs 400] [--rows 20000] [--slowdown 0.05]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.scenario import MOST_PAIRS, PAIRS, PRECISION, ROWS, SLOW_ITERATIONS, Scenario, describe  # noqa: E402
+from tests.scenario import MOST_PAIRS, PAIRS, PRECISION, ROWS, SLOWDOWN, Scenario, describe  # noqa: E402
 
 
 def main() -> int:
@@ -37,11 +37,12 @@ def main() -> int:
                     help="then more pairs until the estimate's standard error is this small")
     ap.add_argument("--most-pairs", type=int, default=MOST_PAIRS)
     ap.add_argument("--rows", type=int, default=ROWS)
-    ap.add_argument("--iterations", type=int, default=SLOW_ITERATIONS, help="extra hashing per row")
+    ap.add_argument("--slowdown", type=float, default=SLOWDOWN,
+                    help="the share of its own time the slow commit adds to the insert loop")
     args = ap.parse_args()
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="gearfarm-scenario-") as tmp:
-        sc = Scenario(Path(tmp), pairs=args.pairs, rows=args.rows, iterations=args.iterations,
+        sc = Scenario(Path(tmp), pairs=args.pairs, rows=args.rows, fraction=args.slowdown,
                       precision=args.precision, most_pairs=args.most_pairs)
         sc.start()
         try:

@@ -85,3 +85,22 @@ def test_the_nights_own_test_adds_almost_no_false_alarms_to_the_detectors() -> N
                                          [Paired(p or ()) for p in s.pairs], True, unchanged=s.unchanged)
                 found += sum(c.index >= 10 for c in changes)
     assert found <= 2, f"{found} false alarms in {len(KINDS) * len(NOISES) * 40 * 70} step-free nights"
+
+
+def test_a_quiet_night_after_noisy_ones_is_judged_by_its_own_pairs_too() -> None:
+    # The CI miss of November 26: the slow night measured -4.8 % to a 0.75 % standard error
+    # over 38 pairs, the nights before it had pairs twice as scattered, and the pooled test
+    # alone scored it p = 3e-4: no alarm. Its own pairs are sure of it.
+    rng = np.random.default_rng(26)
+    noisy = [night(rng.normal(0.0, 0.09, 160)), night(rng.normal(0.0, 0.07, 70))]
+    x = rng.normal(0.0, 0.04, 38)
+    slow = night(x - x.mean() + math.log(1 / 1.05))
+    assert slow.se is not None and slow.se < 0.0085 and noisy[0].var > 2 * slow.var
+    p = paired_test(slow, noisy)
+    assert p is not None and p < PAIRED_ALPHA
+    series = [("a", 100.0), ("b", 100.0), ("slow", 95.0)]
+    [c] = paired_changes(series, [Paired(()), *noisy[1:], slow], higher=True)
+    assert c.first_bad_rev == "slow" and c.direction == "regression"
+    # ... while a quiet night with the same scatter and no step still does not alarm.
+    same = night(x - x.mean())
+    assert (paired_test(same, noisy) or 1.0) > 0.5

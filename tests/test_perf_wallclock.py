@@ -1,7 +1,7 @@
 """One repetition of the wall-clock scenario of issue #12 (tests/scenario.py; ten of them, with
 figures, are bench/perf_scenario.py): on a real embedded farm, quiet nightlies whose commits
-change the binary but not its speed, a commit that makes iiBench's inserts ~5 % slower in
-wall-clock time, a quiet night, the revert. The slowdown must be alarmed on its first night,
+change the binary but not its speed, a commit that makes iiBench's insert loop take 5 % longer
+in wall-clock time, a quiet night, the revert. The slowdown must be alarmed on its first night,
 at its revision, as a regression, and no quiet night may raise an alarm."""
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -274,3 +276,111 @@ def test_a_nights_own_pairs_count_beside_the_reference_series():
             found += any(abs(c.index - 60) <= 1 for c in cps)
             early += any(c.index < 55 for c in cps)
     assert found >= 13 and early == 0
+
+
+# The parts of `detect` (issue #34), each fed a series whose answer is known: 0.1 % noise around
+# 1000 (too small to matter), with a step where one is made.
+
+
+def _steady(n: int, step_at: int | None = None, step: float = 0.9) -> list[float]:
+    v = noisy(n, noise=0.001, seed=34)
+    if step_at is not None:
+        v[step_at:] *= step
+    return v.tolist()
+
+
+def _ctx(values: list[float], min_persist: int = 2, **builds: Any) -> changepoint._Search:
+    """The searches' view of `values` with every night taking part (no newest night held back)."""
+    keys = ("paired_ratios", "paired_se", "unchanged", "reference_ratios", "reference_se", "reference")
+    series = changepoint._prepare(values, **{k: builds.get(k) for k in keys})
+    assert series is not None
+    return changepoint._Search.of(series, len(values), min_persist, changepoint.DEFAULT_ALPHA)
+
+
+def test_line_step_separates_a_step_from_the_drift_it_sits_on() -> None:
+    k = np.arange(12)
+    for step in (0.05, 0.0):
+        y = 0.1 + 0.01 * k + step * (k >= 6)
+        cs, ck = np.concatenate(([0.0], np.cumsum(y))), np.concatenate(([0.0], np.cumsum(k * y)))
+        d, v = changepoint._line_step(cs, ck, np.array([0]), np.array([12]), np.array([6]))
+        # The plain difference of the means would also count the line's 0.06 as a step.
+        assert d[0] == pytest.approx(step, abs=1e-12)
+        x = np.stack([np.ones(12), k, k >= 6], axis=1)
+        assert v[0] == pytest.approx(np.linalg.inv(x.T @ x)[2, 2], rel=1e-9)
+
+
+def test_pooled_sd_is_the_residual_sd_around_each_segments_mean() -> None:
+    y = np.array([0.0, 0.02, 0.0, 0.02, 1.0, 1.02, 1.0, 1.02])
+    pooled, tq = changepoint._pooled_sd(y, [0, 4, 8], sigma=0.5)
+    assert pooled == pytest.approx(np.sqrt(8 * 0.01**2 / 6), rel=1e-9)  # 8 residuals of 0.01, 6 dof
+    assert tq == pytest.approx(2.446912, rel=1e-6)  # Student t, 97.5 %, 6 dof
+    # No degree of freedom left: the series' noise scale instead.
+    assert changepoint._pooled_sd(y[:2], [0, 1, 2], sigma=0.5)[0] == 0.5
+
+
+def test_a_paired_ratio_confirms_only_a_move_its_own_way_on_a_changed_build() -> None:
+    ratios = [None, 1.0, 1.0, 1.0, 0.9]
+    se = [None, 0.01, 0.01, 0.01, 0.01]
+    builds = changepoint._Builds.of(list(range(5)), 0.01, ratios, se, None, None, None, None)
+    assert builds.confirmed(4, -0.1)
+    assert not builds.confirmed(4, 0.1)  # the builds moved the other way
+    assert not builds.confirmed(3, -0.1)  # the builds did not move
+    unchanged = changepoint._Builds.of(list(range(5)), 0.01, ratios, se, [False] * 4 + [True], None, None, None)
+    assert not unchanged.confirmed(4, -0.1)  # the same binary as the night before
+
+
+def test_the_newest_nights_jump_is_held_back_unless_the_builds_confirm_it() -> None:
+    values = _steady(30, step_at=29)
+    series = changepoint._prepare(values, None, None, None, None, None, None)
+    assert series is not None
+    assert changepoint._nights(series, min_persist=2) == 29
+    assert changepoint._nights(series, min_persist=1) == 30
+    confirmed = changepoint._prepare(values, [None] + [1.0] * 28 + [0.9], None, None, None, None, None)
+    assert confirmed is not None and changepoint._nights(confirmed, min_persist=2) == 30
+
+
+def test_stat_vetoes_a_step_the_builds_side_by_side_did_not_make() -> None:
+    def stat(night_ratio: float | None) -> tuple[float, float, bool]:
+        ratios: list[float | None] = [None] + [1.0] * 15
+        ratios[10] = night_ratio
+        ctx = _ctx(_steady(16, step_at=10), paired_ratios=ratios, paired_se=[None] + [0.005] * 15)
+        z, d, veto, from_ref = changepoint._stat(ctx, 0, 16, np.array([10]), 0, 0, True)
+        assert not from_ref[0]
+        return float(z[0]), float(d[0]), bool(veto[0])
+
+    z, values_step, veto = stat(None)  # no ratio that night: the values' step alone
+    assert z < -10 and values_step == pytest.approx(np.log(0.9), abs=2e-3) and not veto
+    z, d, veto = stat(0.9)  # the builds made the same move
+    assert z < -10 and d == pytest.approx(np.log(0.9), abs=2e-3) and not veto
+    z, d, veto = stat(1.0)  # the builds did not move: 20 standard errors off
+    assert veto and values_step < d < 0  # weighed in, the ratio pulls toward no change
+
+
+def test_span_gives_each_search_its_ages_and_caps() -> None:
+    ctx = _ctx(_steady(60))
+    assert changepoint._span(ctx, 0, 60, 0) == (2, 4, 40, 0)  # 2-4 nights old
+    assert changepoint._span(ctx, 0, 60, 1) == (5, 8, 40, 0)  # 5-8
+    assert changepoint._span(ctx, 0, 60, -1) == (2, 58, 30, 30)  # every position
+    assert changepoint._span(ctx, 0, 3, -1) is None  # no split leaves 2 nights a side
+    assert changepoint._span(_ctx(_steady(60), min_persist=3), 0, 60, -1)[0] == 3
+
+
+def test_segmentation_finds_the_step_and_the_merge_drops_a_split_it_explains() -> None:
+    ctx = _ctx(_steady(40, step_at=20))
+    assert changepoint._segment(ctx) == [20]
+    assert changepoint._merge(ctx, [10, 20]) == [20]
+    assert changepoint._segment(_ctx(_steady(40))) == []
+
+
+def test_report_estimates_the_levels_around_a_change_and_drops_a_negligible_one() -> None:
+    values = _steady(40, step_at=20)
+    ctx = _ctx(values)
+    [cp] = changepoint._report(ctx, [20], higher_is_better=True, min_change=0.015)
+    assert (cp.index, cp.direction) == (20, "regression")
+    # Each level is the mean of (at most _LEFT) nights of its own regime.
+    assert cp.before_mean == pytest.approx(np.mean(values[:20]), rel=1e-12)
+    assert cp.after_mean == pytest.approx(np.mean(values[20:]), rel=1e-12)
+    assert (cp.before_mean, cp.after_mean) == pytest.approx((1000.0, 900.0), abs=1)
+    assert cp.change == pytest.approx(-0.1, abs=2e-3) and cp.ci_low < cp.change < cp.ci_high
+    assert changepoint._report(ctx, [20], higher_is_better=False, min_change=0.015)[0].direction == "improvement"
+    assert changepoint._report(ctx, [20], higher_is_better=True, min_change=0.2) == []

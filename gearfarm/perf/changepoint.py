@@ -216,339 +216,17 @@ def detect(values: Sequence[float | None], higher_is_better: bool = True, *,
     """
     if min_persist < 1:
         raise ValueError("min_persist must be >= 1")
-    raw = [math.nan if v is None else float(v) for v in values]
-    idx = [i for i, v in enumerate(raw) if math.isfinite(v)]
-    x = np.array([raw[i] for i in idx], dtype=float)
-    if np.any(x <= 0):
-        raise ValueError("performance values must be positive")
-    n = len(x)
+    series = _prepare(values, paired_ratios, paired_se, unchanged, reference_ratios, reference_se, reference)
+    if series is None:
+        return []
+    n = _nights(series, min_persist)
     if n < 4:
         return []
-    y = np.log(x)
-    raw_y = y
-    can_start = _can_start(idx, unchanged)
-    lr, se = _ratios(idx, paired_ratios, paired_se)
-    sigma = float(_noise(y))
-    y = _clean_outliers(y, sigma)
-    if np.isnan(lr).all():
-        lr = se = None
-    else:
-        fill = np.isnan(se) & ~np.isnan(lr)
-        se[fill] = max(sigma, _SE_FLOOR)  # no se and too few ratios to estimate one: a night's noise
-    ref = _Reference.of(idx, reference_ratios, reference_se, reference, sigma)
-    if lr is None and ref is not None:
-        # The paired ratios' roles (confirm, veto, the young searches' level) fall to the
-        # reference series; where it cannot measure a step (a reference's first night) there
-        # is no ratio.
-        lr, se = np.full(len(idx), np.nan), np.full(len(idx), np.nan)
-
-    def with_pairs(taus: np.ndarray, lo: np.ndarray, hi: np.ndarray, dq: np.ndarray,
-                   vq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """A step at each of `taus` measured in the reference series (log size `dq`, variance
-        `vq`; NaN: not measured), combined with the night's own pairs where it has them: both
-        measure the step, so they are combined by generalised least squares. They are not
-        independent: the night's pairs and its reference ratio divide the same runs of tonight's
-        build (workers/perf.py), so they share half a pair's variance (_SHARED), and that night
-        weighs `share` in the reference step."""
-        if lr is None:
-            return dq, vq
-        pr, ps = lr[taus], se[taus]
-        both = ~np.isnan(dq) & ~np.isnan(vq) & np.isfinite(vq) & ~np.isnan(pr)
-        v1, v2 = np.where(both, vq, 1.0), np.where(both, ps, 1.0) ** 2
-        c = np.where(both, _SHARED * v2 * ref.share(taus, lo, hi), 0.0)  # type: ignore[union-attr]
-        den = np.maximum(v1 + v2 - 2 * c, 1e-12)
-        d = ((v2 - c) * np.where(both, dq, 0.0) + (v1 - c) * np.where(both, pr, 0.0)) / den
-        return np.where(both, d, dq), np.where(both, (v1 * v2 - c * c) / den, vq)
-
-    def ratio_side(taus: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The builds' own measurement of a step at each of `taus` (window [lo, hi)): its log
-        size, standard error (inf: none) and whether it comes from the reference series. The
-        reference series' step (every night of the window that shares the reference, with the
-        night's own pairs) where it has nights on both sides, else the night's paired ratio."""
-        has = np.zeros(len(taus), dtype=bool) if lr is None else ~np.isnan(lr[taus])
-        r = np.where(has, 0.0 if lr is None else lr[taus], 0.0)
-        s = np.where(has, 1.0 if se is None else se[taus], np.inf)
-        if ref is None:
-            return r, s, np.zeros(len(taus), dtype=bool)
-        dq, vq = with_pairs(taus, lo, hi, *ref.step(taus, lo, hi))
-        use = ~np.isnan(dq)
-        return np.where(use, dq, r), np.where(use, np.sqrt(np.where(use, vq, 1.0)), s), use
-
-    def confirmed(k: int, d: float) -> bool:
-        """The builds' measurement of a step on night k alone (its paired ratio, or the reference
-        series' jump that night) says that a regime moving by `d` starts there."""
-        if lr is None or not can_start[k]:
-            return False
-        one = np.array([k])
-        r, s, _ = ratio_side(one, np.array([0]), one + 1)
-        if not math.isfinite(s[0]):
-            return False
-        return r[0] * d > 0 and abs(r[0]) >= _CONFIRM_Z * s[0]
-
-    def unprecedented(k: int) -> tuple[float, float] | None:
-        """The newest night's jump from the level of the nights before it, when it is extreme
-        (_JUMP_Z noise SDs), larger than every such one-night deviation in the series' history
-        (at least _JUMP_HISTORY nights, spikes included: a series whose host has had nights that
-        wild cannot be judged by one night), and the builds' own measurement that night points
-        the same way (_JUMP_CONFIRM standard errors): (its z, the builds' z), else None. The
-        history is what makes one night enough: a 5-SD jump on a series that never jumped
-        that far is a new regime far more often than a spike of a kind it has never had."""
-        if lr is None or k != len(raw_y) - 1 or not can_start[k] or k < _LEFT + _JUMP_HISTORY:
-            return None
-        c = np.concatenate(([0.0], np.cumsum(raw_y)))
-        i = np.arange(_LEFT, k + 1)
-        dev = raw_y[i] - (c[i] - c[i - _LEFT]) / _LEFT
-        zj = float(dev[-1]) / (sigma * math.sqrt(1 + 1 / _LEFT))
-        if abs(zj) < _JUMP_Z or abs(dev[-1]) <= float(np.max(np.abs(dev[:-1]))):
-            return None
-        one = np.array([k])
-        r, sd, _ = ratio_side(one, np.array([0]), one + 1)
-        if not math.isfinite(sd[0]) or r[0] * zj <= 0 or abs(r[0]) < _JUMP_CONFIRM * sd[0]:
-            return None
-        return zj, abs(float(r[0] / sd[0]))
-
-    # Persistence: the newest night, if it jumps away from the night before, may be a one-night
-    # spike or the first night of a new regime; hold it back until tomorrow tells which (unless a
-    # paired A/B ratio already says it is real, or the jump is unprecedented). Without it a spike
-    # would pass as a 2-night regime.
-    if min_persist >= 2 and abs(y[-1] - y[-2]) > _HOLD_Z * sigma * math.sqrt(2) \
-            and not confirmed(n - 1, y[-1] - y[-2]) and unprecedented(n - 1) is None:
-        n -= 1
-    if n < 4:
-        return []
-    y = y[:n]
-    cs = np.concatenate(([0.0], np.cumsum(y)))
-    c2 = np.concatenate(([0.0], np.cumsum(y * y)))
-    ck = np.concatenate(([0.0], np.cumsum(np.arange(n) * y)))
-
-    def trend_step(lo: np.ndarray, hi: np.ndarray, taus: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Step at `taus` in y[lo:hi] fitted together with one straight line through the window
-        (y = a + b k + d [k >= tau]): d and d's variance per unit noise variance. A slow drift is
-        the line; only what the line cannot explain is left as a step."""
-        m, mr = hi - lo, hi - taus
-        kw, kr = (lo + hi - 1) / 2, (taus + hi - 1) / 2
-        skk = m * (m * m - 1) / 12
-        sy = cs[hi] - cs[lo]
-        sky = ck[hi] - ck[lo] - kw * sy
-        dd = mr - mr * mr / m - (mr * (kr - kw)) ** 2 / skk
-        dy = cs[hi] - cs[taus] - mr * sy / m - mr * (kr - kw) * sky / skk
-        dd = np.maximum(dd, 1e-12)
-        return dy / dd, 1 / dd
-
-    def stat(a: int, b: int, taus: np.ndarray, cap: int, rcap: int, ratios: bool,
-             support: bool = False, trend: bool = False,
-             reference: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Signed standardised change z, its estimate d (log) and whether the paired ratio
-        contradicts it, for regimes starting at `taus` in y[a:b]: the difference of the values'
-        means on either side (at most `cap` nights before and `rcap` after, 0 = all) over the pooled
-        within-regime SD of the split (a two-sample t statistic), combined with the paired ratio of
-        the night where one exists (precision-weighted: two measurements of one step) if `ratios`,
-        and with the reference series' step always (it measures an old regime as well as a young
-        one); a contradicting ratio vetoes the position either way, and so does, if `trend`, a step
-        that a straight line through the window explains (_TREND_Z). Also returns where the
-        builds' measurement came from the reference series."""
-        lo = np.maximum(a, taus - cap) if cap else np.full(len(taus), a)
-        hi = np.minimum(b, taus + rcap) if rcap else np.full(len(taus), b)
-        n1, n2 = taus - lo, hi - taus
-        dv = (cs[hi] - cs[taus]) / n2 - (cs[taus] - cs[lo]) / n1
-        na, nb = taus - a, b - taus
-        sl, sr = cs[taus] - cs[a], cs[b] - cs[taus]
-        ssw = (c2[taus] - c2[a]) - sl * sl / na + (c2[b] - c2[taus]) - sr * sr / nb
-        s2 = np.maximum(ssw / (b - a - 2), _SIGMA_FLOOR**2)
-        var = s2 * (1 / n1 + 1 / n2)
-        # A night without a ratio: r = 0 with an infinite standard error, i.e. no weight.
-        r, s, from_ref = ratio_side(taus, lo, hi)
-        has = np.isfinite(s)
-        weigh = has if ratios else from_ref & reference
-        # The values moved but the builds, measured side by side, did not (or the other way
-        # round): whatever moved is not a change of the build on that night.
-        veto = has & (np.abs(dv - r) > _VETO_Z * np.sqrt(var + s**2))
-        if support:
-            # A young regime is not believed when the builds' measurement of its start points
-            # the other way by more than -_SUPPORT_Z standard errors.
-            veto |= has & (np.sign(dv) * r < _SUPPORT_Z * np.where(has, s, 0.0))
-        if trend:
-            # The step must also stand out of a straight line through its window (a slow drift
-            # is not a step), combined with the night's paired ratio where the search uses it.
-            dt, vt = trend_step(lo, hi, taus)
-            vt = vt * s2
-            # The builds' measurement, with the same line through the reference series' window
-            # where it comes from there (a reference too short for a line has no say).
-            rt, st2 = r, s**2
-            if ref is not None and from_ref.any():
-                qt, qv = with_pairs(taus, lo, hi, *ref.trend_step(taus, lo, hi))
-                rt = np.where(from_ref, np.nan_to_num(qt), r)
-                st2 = np.where(from_ref, np.where(np.isnan(qv), np.inf, qv), st2)
-            w = np.where(weigh & np.isfinite(st2), 1 / st2, 0.0)
-            zt = (dt / vt + rt * w) / np.sqrt(1 / vt + w)
-            veto |= (np.sign(zt) != np.sign(dv)) | (np.abs(zt) < _TREND_Z)
-        if not weigh.any():
-            return dv / np.sqrt(var), dv, veto, from_ref
-        w = np.where(weigh, 1 / s**2, 0.0)
-        prec = 1 / var + w
-        d = (dv / var + r * w) / prec
-        return d * np.sqrt(prec), d, veto, from_ref
-
-    def q_of(taus: np.ndarray) -> int | None:
-        """Quantised 2 log2(sigma / se) of the positions, for the null (None: no ratios there)."""
-        if lr is None:
-            return None
-        s = se[taus][~np.isnan(lr[taus])]
-        if not len(s):
-            return None
-        return int(np.clip(round(2 * math.log2(sigma / float(np.median(s)))), -8, 8))
-
-    def search(a: int, b: int, tier: int, only: int | None = None) -> tuple[int, float] | None:
-        """Best regime start in y[a:b] as (position, p-value), or None if no position is allowed.
-        tier -1: every position (both sides capped at _WINDOW nights); tier k: only regimes of
-        (the previous tier's bound + 1).._TIERS[k][0] nights in the newest segment (at least
-        min_persist), their left sides capped at _LEFT nights, informed by the paired ratios.
-        only: test this position alone (the merge step), with the null of the search it came from."""
-        length = b - a
-        young = tier >= 0
-        if young:
-            right_min = max(min_persist, _TIERS[tier - 1][0] + 1 if tier else 1)
-            right_max, cap, rcap = min(_TIERS[tier][0], length - 2), _TIERS[tier][2], 0
-        else:
-            right_min = 2 if b < n else min_persist
-            right_max, cap, rcap = length - 2, _WINDOW, _WINDOW
-        if right_max < right_min:
-            return None
-        taus = np.arange(b - right_max, b - right_min + 1)
-        # The paired ratios inform the young tiers: an old regime's step is measured by its nights.
-        z, _, veto, from_ref = stat(a, b, taus, cap, rcap, young, young and tier in _SUPPORT_TIERS,
-                                    tier in _TREND_TIERS)
-        ok = can_start[taus] & ~veto
-        if only is not None:
-            ok &= taus == only
-        if not ok.any():
-            return None
-        j = int(np.argmax(np.where(ok, np.abs(z), -1.0)))
-        if not young:
-            return int(taus[j]), _p_max(float(abs(z[j])), length, right_min, right_max, cap, rcap=rcap)
-        # The null covers the positions searched: a small tier knows which nights could start a
-        # regime (the larger ones count them all: conservative). It is simulated for at most
-        # _NULL_LENGTH nights (fewer nights estimate the noise worse: conservative too).
-        mask = -1
-        if right_max - right_min < _MASK_MAX:
-            mask = sum(1 << k for k in range(right_max - right_min + 1) if can_start[b - right_min - k])
-        null_len = min(length, max(_NULL_LENGTH, right_max + cap + 2))
-        # A step measured by the reference series is a two-sample statistic of a second series
-        # of the same shape as the values': the values' null. A night's own ratio is an
-        # independent draw per position: the null with a ratio at every position.
-        p = _p_max(float(abs(z[j])), null_len, right_min, right_max, cap, q_of(taus[~from_ref]), mask)
-        if mask == -1:
-            # A larger tier's null counts every position; its tail scales nearly with the number
-            # of positions that could start a regime, so scale it by the allowed fraction.
-            p *= max(int(can_start[taus].sum()), 1) / len(taus)
-        return int(taus[j]), p
-
-    def short(a: int, only: int | None = None) -> tuple[int, float] | None:
-        """A regime of fewer than min_persist nights at the end of y[a:n]: the values alone cannot
-        tell it from a spike, so it needs both measurements, each on its own: the paired ratio of
-        its first night (_CONFIRM_Z standard errors, same direction) and the values' step
-        (_SHORT_Z). Returns (position, p-value) of the strongest such regime, or None."""
-        best = None
-        for k in range(max(a + 2, n - min_persist + 1), n):
-            if only is not None and k != only:
-                continue
-            taus = np.array([k])
-            z, _, veto, _ = stat(a, n, taus, _LEFT, 0, False, trend=-2 in _TREND_TIERS, reference=False)
-            zv = float(z[0])
-            if veto[0]:
-                continue
-            if confirmed(k, zv) and abs(zv) >= _SHORT_Z:
-                r, s, _ = ratio_side(taus, np.array([a]), np.array([n]))
-                zr = abs(float(r[0] / s[0]))
-                p = 2 * float(stats.t.sf(abs(zv), n - a - 2)) * float(stats.norm.sf(zr))
-            elif (jump := unprecedented(k)) is not None:
-                p = 2 * float(stats.norm.sf(abs(jump[0]))) * float(stats.norm.sf(jump[1]))
-            else:
-                continue
-            if best is None or p < best[1]:
-                best = (k, p)
-        return best
-
-    def level(tier: int) -> float:
-        if tier == -1:
-            return alpha * _OLD_ALPHA
-        if tier == -2:
-            return alpha * _SHORT_ALPHA
-        return alpha * _TIERS[tier][1] * (1.0 if lr is not None else _ALONE)
-
-    def run(a: int, b: int, tier: int, only: int | None = None) -> tuple[int, float] | None:
-        return short(a, only) if tier == -2 else search(a, b, tier, only)
-
-    def tiers(a: int, b: int, t: int | None = None) -> list[int]:
-        """The searches that apply to y[a:b] (to a regime starting at t): all positions, and in the
-        newest segment the young tiers and the short-regime rule."""
-        out = [-1]
-        if b == n:
-            out += [k for k, (young, _, _) in enumerate(_TIERS) if t is None or n - t <= young]
-            if lr is not None and min_persist > 1 and (t is None or n - t < min_persist):
-                out.append(-2)
-        return out
-
-    # Binary segmentation: split where any search finds a regime start at its level.
-    cps: list[int] = []
-    todo = [(0, n)]
-    while todo:
-        a, b = todo.pop()
-        for tier in tiers(a, b):
-            hit = run(a, b, tier)
-            if hit is not None and hit[1] <= level(tier):
-                cps.append(hit[0])
-                todo += [(a, hit[0]), (hit[0], b)]
-                break
-    cps.sort()
-
-    # Merge: re-test every change point against its final neighbours; drop the weakest that no
-    # longer holds, recompute, repeat (a split found early may be explained by later ones).
-    def retest(k: int) -> tuple[float, float]:
-        """Change point k against its neighbours: (p-value over the level it must meet, <= 1 when
-        it holds; p-value), for the search that suits it best."""
-        a = cps[k - 1] if k > 0 else 0
-        b = cps[k + 1] if k + 1 < len(cps) else n
-        best = (math.inf, 1.0)
-        for tier in tiers(a, b, cps[k]):
-            hit = run(a, b, tier, only=cps[k])
-            if hit is not None:
-                best = min(best, (hit[1] / level(tier), hit[1]))
-        return best
-
-    while cps:
-        ps = [retest(k)[0] for k in range(len(cps))]
-        worst = int(np.argmax(ps))
-        if ps[worst] <= 1:
-            break
-        del cps[worst]
+    ctx = _Search.of(series, n, min_persist, alpha)
+    cps = _merge(ctx, _segment(ctx))
     if not cps:
         return []
-
-    # Estimates: the level just before and just after each change (at most _LEFT nights of each
-    # regime, so a slow drift does not leak into the step), and a t interval of their log ratio
-    # with the pooled residual SD of the final segmentation.
-    bounds = [0, *cps, n]
-    resid = np.concatenate([y[s:e] - y[s:e].mean() for s, e in zip(bounds, bounds[1:], strict=False)])
-    dof = n - (len(bounds) - 1)
-    pooled = max(float(np.sqrt(np.sum(resid**2) / dof)), _SIGMA_FLOOR) if dof > 0 else float(sigma)
-    tq = float(stats.t.ppf(0.975, max(dof, 1)))
-    xc = np.exp(y)
-    out: list[ChangePoint] = []
-    for k, t in enumerate(cps):
-        a, b = max(bounds[k], t - _LEFT), min(bounds[k + 2], t + _LEFT)
-        before, after = float(xc[a:t].mean()), float(xc[t:b].mean())
-        change = after / before - 1
-        if abs(change) < min_change:
-            continue
-        half = tq * pooled * math.sqrt(1 / (t - a) + 1 / (b - t))
-        worse = (change < 0) == higher_is_better
-        out.append(ChangePoint(
-            index=idx[t], before_mean=before, after_mean=after, change=change,
-            ci_low=(after / before) * math.exp(-half) - 1, ci_high=(after / before) * math.exp(half) - 1,
-            p_value=min(1.0, retest(k)[1]),
-            direction="regression" if worse else "improvement"))
-    return out
+    return _report(ctx, cps, higher_is_better, min_change)
 
 
 def find_changes(series: Sequence[tuple[str, float | None]], higher_is_better: bool,
@@ -570,6 +248,485 @@ def find_changes(series: Sequence[tuple[str, float | None]], higher_is_better: b
 
 def _present(v: float | None) -> bool:
     return v is not None and math.isfinite(v)
+
+
+@dataclass(frozen=True)
+class _Builds:
+    """The builds' own measurements, per present night, beside the values: the log paired ratios
+    `lr` and their standard errors `se` (NaN where a night has none; both None when the series has
+    none at all), the reference series, and which nights could start a regime. The values say
+    that the level moved; these say whether the build moved it, so they confirm, veto and weigh."""
+
+    lr: np.ndarray | None
+    se: np.ndarray | None
+    ref: _Reference | None
+    can_start: np.ndarray
+
+    @classmethod
+    def of(cls, idx: list[int], sigma: float, paired_ratios: Sequence[float | None] | None,
+           paired_se: Sequence[float | None] | None, unchanged: Sequence[bool] | None,
+           reference_ratios: Sequence[float | None] | None, reference_se: Sequence[float | None] | None,
+           reference: Sequence[object | None] | None) -> _Builds:
+        """The measurements of the present nights `idx`; `sigma`, the values' noise SD, stands in
+        for the standard errors nothing else can estimate."""
+        can_start = _can_start(idx, unchanged)
+        lr: np.ndarray | None
+        se: np.ndarray | None
+        lr, se = _ratios(idx, paired_ratios, paired_se)
+        if np.isnan(lr).all():
+            lr = se = None
+        else:
+            fill = np.isnan(se) & ~np.isnan(lr)
+            se[fill] = max(sigma, _SE_FLOOR)  # no se and too few ratios to estimate one: a night's noise
+        ref = _Reference.of(idx, reference_ratios, reference_se, reference, sigma)
+        if lr is None and ref is not None:
+            # The paired ratios' roles (confirm, veto, the young searches' level) fall to the
+            # reference series; where it cannot measure a step (a reference's first night) there
+            # is no ratio.
+            lr, se = np.full(len(idx), np.nan), np.full(len(idx), np.nan)
+        return cls(lr=lr, se=se, ref=ref, can_start=can_start)
+
+    def with_pairs(self, taus: np.ndarray, lo: np.ndarray, hi: np.ndarray, dq: np.ndarray,
+                   vq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A step at each of `taus` measured in the reference series (log size `dq`, variance
+        `vq`; NaN: not measured), combined with the night's own pairs where it has them: both
+        measure the step, so they are combined by generalised least squares. They are not
+        independent: the night's pairs and its reference ratio divide the same runs of tonight's
+        build (workers/perf.py), so they share half a pair's variance (_SHARED), and that night
+        weighs `share` in the reference step."""
+        if self.lr is None:
+            return dq, vq
+        pr, ps = self.lr[taus], self.se[taus]  # type: ignore[index]
+        both = ~np.isnan(dq) & ~np.isnan(vq) & np.isfinite(vq) & ~np.isnan(pr)
+        v1, v2 = np.where(both, vq, 1.0), np.where(both, ps, 1.0) ** 2
+        c = np.where(both, _SHARED * v2 * self.ref.share(taus, lo, hi), 0.0)  # type: ignore[union-attr]
+        den = np.maximum(v1 + v2 - 2 * c, 1e-12)
+        d = ((v2 - c) * np.where(both, dq, 0.0) + (v1 - c) * np.where(both, pr, 0.0)) / den
+        return np.where(both, d, dq), np.where(both, (v1 * v2 - c * c) / den, vq)
+
+    def ratio_side(self, taus: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The builds' own measurement of a step at each of `taus` (window [lo, hi)): its log
+        size, standard error (inf: none) and whether it comes from the reference series. The
+        reference series' step (every night of the window that shares the reference, with the
+        night's own pairs) where it has nights on both sides, else the night's paired ratio."""
+        lr, se = self.lr, self.se
+        has = np.zeros(len(taus), dtype=bool) if lr is None else ~np.isnan(lr[taus])
+        r = np.where(has, 0.0 if lr is None else lr[taus], 0.0)
+        s = np.where(has, 1.0 if se is None else se[taus], np.inf)
+        if self.ref is None:
+            return r, s, np.zeros(len(taus), dtype=bool)
+        dq, vq = self.with_pairs(taus, lo, hi, *self.ref.step(taus, lo, hi))
+        use = ~np.isnan(dq)
+        return np.where(use, dq, r), np.where(use, np.sqrt(np.where(use, vq, 1.0)), s), use
+
+    def confirmed(self, k: int, d: float) -> bool:
+        """The builds' measurement of a step on night k alone (its paired ratio, or the reference
+        series' jump that night) says that a regime moving by `d` starts there."""
+        if self.lr is None or not self.can_start[k]:
+            return False
+        one = np.array([k])
+        r, s, _ = self.ratio_side(one, np.array([0]), one + 1)
+        if not math.isfinite(s[0]):
+            return False
+        return r[0] * d > 0 and abs(r[0]) >= _CONFIRM_Z * s[0]
+
+
+@dataclass(frozen=True)
+class _Series:
+    """One series ready for the searches, per present night."""
+
+    idx: list[int]  # the present nights' indices in `values`
+    raw_y: np.ndarray  # log values as measured
+    y: np.ndarray  # the same with single-night outliers replaced (_clean_outliers)
+    sigma: float  # noise SD of raw_y (_noise)
+    builds: _Builds
+
+
+def _prepare(values: Sequence[float | None], paired_ratios: Sequence[float | None] | None,
+             paired_se: Sequence[float | None] | None, unchanged: Sequence[bool] | None,
+             reference_ratios: Sequence[float | None] | None, reference_se: Sequence[float | None] | None,
+             reference: Sequence[object | None] | None) -> _Series | None:
+    """The present nights of `values` on a log scale (a step is then a relative change, the same
+    for rates and latencies), their noise, and the builds' measurements; None when fewer than 4
+    nights have a value: too few to split. A value <= 0 has no log: an error, not a skip."""
+    raw = [math.nan if v is None else float(v) for v in values]
+    idx = [i for i, v in enumerate(raw) if math.isfinite(v)]
+    x = np.array([raw[i] for i in idx], dtype=float)
+    if np.any(x <= 0):
+        raise ValueError("performance values must be positive")
+    if len(x) < 4:
+        return None
+    y = np.log(x)
+    sigma = float(_noise(y))
+    builds = _Builds.of(idx, sigma, paired_ratios, paired_se, unchanged, reference_ratios, reference_se, reference)
+    return _Series(idx=idx, raw_y=y, y=_clean_outliers(y, sigma), sigma=sigma, builds=builds)
+
+
+def _unprecedented(series: _Series, k: int) -> tuple[float, float] | None:
+    """The newest night's jump from the level of the nights before it, when it is extreme
+    (_JUMP_Z noise SDs), larger than every such one-night deviation in the series' history
+    (at least _JUMP_HISTORY nights, spikes included: a series whose host has had nights that
+    wild cannot be judged by one night), and the builds' own measurement that night points
+    the same way (_JUMP_CONFIRM standard errors): (its z, the builds' z), else None. The
+    history is what makes one night enough: a 5-SD jump on a series that never jumped
+    that far is a new regime far more often than a spike of a kind it has never had."""
+    raw_y, sigma, builds = series.raw_y, series.sigma, series.builds
+    if builds.lr is None or k != len(raw_y) - 1 or not builds.can_start[k] or k < _LEFT + _JUMP_HISTORY:
+        return None
+    c = np.concatenate(([0.0], np.cumsum(raw_y)))
+    i = np.arange(_LEFT, k + 1)
+    dev = raw_y[i] - (c[i] - c[i - _LEFT]) / _LEFT
+    zj = float(dev[-1]) / (sigma * math.sqrt(1 + 1 / _LEFT))
+    if abs(zj) < _JUMP_Z or abs(dev[-1]) <= float(np.max(np.abs(dev[:-1]))):
+        return None
+    one = np.array([k])
+    r, sd, _ = builds.ratio_side(one, np.array([0]), one + 1)
+    if not math.isfinite(sd[0]) or r[0] * zj <= 0 or abs(r[0]) < _JUMP_CONFIRM * sd[0]:
+        return None
+    return zj, abs(float(r[0] / sd[0]))
+
+
+def _nights(series: _Series, min_persist: int) -> int:
+    """How many of the present nights the searches see (persistence). The newest night, if it
+    jumps away from the night before, may be a one-night spike or the first night of a new
+    regime; hold it back until tomorrow tells which (unless a paired A/B ratio already says it is
+    real, or the jump is unprecedented). Without it a spike would pass as a 2-night regime."""
+    y, sigma, n = series.y, series.sigma, len(series.y)
+    if min_persist >= 2 and abs(y[-1] - y[-2]) > _HOLD_Z * sigma * math.sqrt(2) \
+            and not series.builds.confirmed(n - 1, y[-1] - y[-2]) and _unprecedented(series, n - 1) is None:
+        return n - 1
+    return n
+
+
+@dataclass(frozen=True)
+class _Search:
+    """What every search over one series shares: the first `n` of its cleaned log values (the
+    newest may be held back, `_nights`) and their prefix sums, of squares and of k * y, so that
+    any window's means, within-regime SD and straight line cost the same; and the caller's
+    persistence and level."""
+
+    series: _Series
+    y: np.ndarray  # series.y[:n]
+    min_persist: int
+    alpha: float
+    cs: np.ndarray
+    c2: np.ndarray
+    ck: np.ndarray
+
+    @classmethod
+    def of(cls, series: _Series, n: int, min_persist: int, alpha: float) -> _Search:
+        """The searches over the first `n` nights of `series`."""
+        y = series.y[:n]
+        return cls(series=series, y=y, min_persist=min_persist, alpha=alpha,
+                   cs=np.concatenate(([0.0], np.cumsum(y))), c2=np.concatenate(([0.0], np.cumsum(y * y))),
+                   ck=np.concatenate(([0.0], np.cumsum(np.arange(n) * y))))
+
+    @property
+    def n(self) -> int:
+        return len(self.y)
+
+    @property
+    def builds(self) -> _Builds:
+        return self.series.builds
+
+
+def _line_step(cs: np.ndarray, ck: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+               taus: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Step at `taus` in y[lo:hi] fitted together with one straight line through the window
+    (y = a + b k + d [k >= tau]), from y's prefix sums `cs` and those of k * y `ck`: d and d's
+    variance per unit noise variance. A slow drift is the line; only what the line cannot
+    explain is left as a step."""
+    m, mr = hi - lo, hi - taus
+    kw, kr = (lo + hi - 1) / 2, (taus + hi - 1) / 2
+    skk = m * (m * m - 1) / 12
+    sy = cs[hi] - cs[lo]
+    sky = ck[hi] - ck[lo] - kw * sy
+    dd = mr - mr * mr / m - (mr * (kr - kw)) ** 2 / skk
+    dy = cs[hi] - cs[taus] - mr * sy / m - mr * (kr - kw) * sky / skk
+    dd = np.maximum(dd, 1e-12)
+    return dy / dd, 1 / dd
+
+
+def _stat(ctx: _Search, a: int, b: int, taus: np.ndarray, cap: int, rcap: int, ratios: bool,
+          support: bool = False, trend: bool = False,
+          reference: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Signed standardised change z, its estimate d (log) and whether the paired ratio
+    contradicts it, for regimes starting at `taus` in y[a:b]: the difference of the values'
+    means on either side (at most `cap` nights before and `rcap` after, 0 = all) over the pooled
+    within-regime SD of the split (a two-sample t statistic), combined with the paired ratio of
+    the night where one exists (precision-weighted: two measurements of one step) if `ratios`,
+    and with the reference series' step always (it measures an old regime as well as a young
+    one); a contradicting ratio vetoes the position either way, and so does, if `trend`, a step
+    that a straight line through the window explains (_TREND_Z). Also returns where the
+    builds' measurement came from the reference series."""
+    cs, c2 = ctx.cs, ctx.c2
+    lo = np.maximum(a, taus - cap) if cap else np.full(len(taus), a)
+    hi = np.minimum(b, taus + rcap) if rcap else np.full(len(taus), b)
+    n1, n2 = taus - lo, hi - taus
+    dv = (cs[hi] - cs[taus]) / n2 - (cs[taus] - cs[lo]) / n1
+    na, nb = taus - a, b - taus
+    sl, sr = cs[taus] - cs[a], cs[b] - cs[taus]
+    ssw = (c2[taus] - c2[a]) - sl * sl / na + (c2[b] - c2[taus]) - sr * sr / nb
+    s2 = np.maximum(ssw / (b - a - 2), _SIGMA_FLOOR**2)
+    var = s2 * (1 / n1 + 1 / n2)
+    # A night without a ratio: r = 0 with an infinite standard error, i.e. no weight.
+    r, s, from_ref = ctx.builds.ratio_side(taus, lo, hi)
+    has = np.isfinite(s)
+    weigh = has if ratios else from_ref & reference
+    # The values moved but the builds, measured side by side, did not (or the other way
+    # round): whatever moved is not a change of the build on that night.
+    veto = has & (np.abs(dv - r) > _VETO_Z * np.sqrt(var + s**2))
+    if support:
+        # A young regime is not believed when the builds' measurement of its start points
+        # the other way by more than -_SUPPORT_Z standard errors.
+        veto |= has & (np.sign(dv) * r < _SUPPORT_Z * np.where(has, s, 0.0))
+    if trend:
+        # The step must also stand out of a straight line through its window (a slow drift
+        # is not a step), combined with the night's paired ratio where the search uses it.
+        zt = _trend_z(ctx, lo, hi, taus, s2, r, s, from_ref, weigh)
+        veto |= (np.sign(zt) != np.sign(dv)) | (np.abs(zt) < _TREND_Z)
+    if not weigh.any():
+        return dv / np.sqrt(var), dv, veto, from_ref
+    w = np.where(weigh, 1 / s**2, 0.0)
+    prec = 1 / var + w
+    d = (dv / var + r * w) / prec
+    return d * np.sqrt(prec), d, veto, from_ref
+
+
+def _trend_z(ctx: _Search, lo: np.ndarray, hi: np.ndarray, taus: np.ndarray, s2: np.ndarray, r: np.ndarray,
+             s: np.ndarray, from_ref: np.ndarray, weigh: np.ndarray) -> np.ndarray:
+    """z of the step at `taus` that is left once one straight line through y[lo:hi] explains what
+    it can (noise variance `s2`), combined where `weigh` with the builds' measurement (`r`, se `s`)
+    fitted the same way: a slow drift, of the values or of the builds, is not a step."""
+    dt, vt = _line_step(ctx.cs, ctx.ck, lo, hi, taus)
+    vt = vt * s2
+    # The builds' measurement, with the same line through the reference series' window
+    # where it comes from there (a reference too short for a line has no say).
+    rt, st2 = r, s**2
+    ref = ctx.builds.ref
+    if ref is not None and from_ref.any():
+        qt, qv = ctx.builds.with_pairs(taus, lo, hi, *ref.trend_step(taus, lo, hi))
+        rt = np.where(from_ref, np.nan_to_num(qt), r)
+        st2 = np.where(from_ref, np.where(np.isnan(qv), np.inf, qv), st2)
+    w = np.where(weigh & np.isfinite(st2), 1 / st2, 0.0)
+    return (dt / vt + rt * w) / np.sqrt(1 / vt + w)
+
+
+def _q_of(ctx: _Search, taus: np.ndarray) -> int | None:
+    """Quantised 2 log2(sigma / se) of the positions, for the null (None: no ratios there)."""
+    lr, se = ctx.builds.lr, ctx.builds.se
+    if lr is None:
+        return None
+    s = se[taus][~np.isnan(lr[taus])]  # type: ignore[index]
+    if not len(s):
+        return None
+    return int(np.clip(round(2 * math.log2(ctx.series.sigma / float(np.median(s)))), -8, 8))
+
+
+def _span(ctx: _Search, a: int, b: int, tier: int) -> tuple[int, int, int, int] | None:
+    """The regimes search `tier` considers in y[a:b]: (right_min, right_max, cap, rcap), its new
+    regime's fewest and most nights and the caps on the nights before and after the split (0:
+    none); None when the segment has no such position. tier -1: every position, both sides
+    capped at _WINDOW nights (a slow drift must not look like a step), a regime at the end of the
+    series at least min_persist nights; tier k: (the previous tier's bound + 1).._TIERS[k][0]
+    nights, at least min_persist, the left side capped at _TIERS[k][2]."""
+    length = b - a
+    if tier >= 0:
+        right_min = max(ctx.min_persist, _TIERS[tier - 1][0] + 1 if tier else 1)
+        right_max, cap, rcap = min(_TIERS[tier][0], length - 2), _TIERS[tier][2], 0
+    else:
+        right_min = 2 if b < ctx.n else ctx.min_persist
+        right_max, cap, rcap = length - 2, _WINDOW, _WINDOW
+    if right_max < right_min:
+        return None
+    return right_min, right_max, cap, rcap
+
+
+def _search(ctx: _Search, a: int, b: int, tier: int, only: int | None = None) -> tuple[int, float] | None:
+    """Best regime start in y[a:b] as (position, p-value), or None if no position is allowed, for
+    search `tier` (see _span; the young tiers, k >= 0, apply to the newest segment and are
+    informed by the paired ratios). The p-value is that of the maximum over the positions
+    searched, so the search itself manufactures no alarm.
+    only: test this position alone (the merge step), with the null of the search it came from."""
+    span = _span(ctx, a, b, tier)
+    if span is None:
+        return None
+    right_min, right_max, cap, rcap = span
+    length = b - a
+    young = tier >= 0
+    taus = np.arange(b - right_max, b - right_min + 1)
+    # The paired ratios inform the young tiers: an old regime's step is measured by its nights.
+    z, _, veto, from_ref = _stat(ctx, a, b, taus, cap, rcap, young, young and tier in _SUPPORT_TIERS,
+                                 tier in _TREND_TIERS)
+    ok = ctx.builds.can_start[taus] & ~veto
+    if only is not None:
+        ok &= taus == only
+    if not ok.any():
+        return None
+    j = int(np.argmax(np.where(ok, np.abs(z), -1.0)))
+    if not young:
+        return int(taus[j]), _p_max(float(abs(z[j])), length, right_min, right_max, cap, rcap=rcap)
+    return int(taus[j]), _young_p(ctx, float(abs(z[j])), b, taus, from_ref, length, right_min, right_max, cap)
+
+
+def _young_p(ctx: _Search, z: float, b: int, taus: np.ndarray, from_ref: np.ndarray, length: int,
+             right_min: int, right_max: int, cap: int) -> float:
+    """p-value of a young tier's largest |z| over `taus` (the regimes right_min..right_max nights
+    old ending at b), against a null that covers the positions searched."""
+    can_start = ctx.builds.can_start
+    # The null covers the positions searched: a small tier knows which nights could start a
+    # regime (the larger ones count them all: conservative). It is simulated for at most
+    # _NULL_LENGTH nights (fewer nights estimate the noise worse: conservative too).
+    mask = -1
+    if right_max - right_min < _MASK_MAX:
+        mask = sum(1 << k for k in range(right_max - right_min + 1) if can_start[b - right_min - k])
+    null_len = min(length, max(_NULL_LENGTH, right_max + cap + 2))
+    # A step measured by the reference series is a two-sample statistic of a second series
+    # of the same shape as the values': the values' null. A night's own ratio is an
+    # independent draw per position: the null with a ratio at every position.
+    p = _p_max(z, null_len, right_min, right_max, cap, _q_of(ctx, taus[~from_ref]), mask)
+    if mask == -1:
+        # A larger tier's null counts every position; its tail scales nearly with the number
+        # of positions that could start a regime, so scale it by the allowed fraction.
+        p *= max(int(can_start[taus].sum()), 1) / len(taus)
+    return p
+
+
+def _short(ctx: _Search, a: int, only: int | None = None) -> tuple[int, float] | None:
+    """A regime of fewer than min_persist nights at the end of y[a:n]: the values alone cannot
+    tell it from a spike, so it needs both measurements, each on its own: the paired ratio of
+    its first night (_CONFIRM_Z standard errors, same direction) and the values' step
+    (_SHORT_Z), or an unprecedented jump. Returns (position, p-value) of the strongest such
+    regime, or None."""
+    n, builds = ctx.n, ctx.builds
+    best = None
+    for k in range(max(a + 2, n - ctx.min_persist + 1), n):
+        if only is not None and k != only:
+            continue
+        taus = np.array([k])
+        z, _, veto, _ = _stat(ctx, a, n, taus, _LEFT, 0, False, trend=-2 in _TREND_TIERS, reference=False)
+        zv = float(z[0])
+        if veto[0]:
+            continue
+        if builds.confirmed(k, zv) and abs(zv) >= _SHORT_Z:
+            r, s, _ = builds.ratio_side(taus, np.array([a]), np.array([n]))
+            zr = abs(float(r[0] / s[0]))
+            p = 2 * float(stats.t.sf(abs(zv), n - a - 2)) * float(stats.norm.sf(zr))
+        elif (jump := _unprecedented(ctx.series, k)) is not None:
+            p = 2 * float(stats.norm.sf(abs(jump[0]))) * float(stats.norm.sf(jump[1]))
+        else:
+            continue
+        if best is None or p < best[1]:
+            best = (k, p)
+    return best
+
+
+def _level(ctx: _Search, tier: int) -> float:
+    """The p-value search `tier` must reach: each search has its share of alpha, so that
+    searching young regimes on their own does not add up to more false alarms than alpha."""
+    if tier == -1:
+        return ctx.alpha * _OLD_ALPHA
+    if tier == -2:
+        return ctx.alpha * _SHORT_ALPHA
+    return ctx.alpha * _TIERS[tier][1] * (1.0 if ctx.builds.lr is not None else _ALONE)
+
+
+def _run(ctx: _Search, a: int, b: int, tier: int, only: int | None = None) -> tuple[int, float] | None:
+    """Search `tier` (-2: the short-regime rule) of y[a:b], as (position, p-value) or None."""
+    return _short(ctx, a, only) if tier == -2 else _search(ctx, a, b, tier, only)
+
+
+def _tiers(ctx: _Search, a: int, b: int, t: int | None = None) -> list[int]:
+    """The searches that apply to y[a:b] (to a regime starting at t): all positions, and in the
+    newest segment the young tiers and the short-regime rule."""
+    n = ctx.n
+    out = [-1]
+    if b == n:
+        out += [k for k, (young, _, _) in enumerate(_TIERS) if t is None or n - t <= young]
+        if ctx.builds.lr is not None and ctx.min_persist > 1 and (t is None or n - t < ctx.min_persist):
+            out.append(-2)
+    return out
+
+
+def _segment(ctx: _Search) -> list[int]:
+    """Binary segmentation: split where any search finds a regime start at its level, then search
+    both sides again. Sorted regime starts (positions in y)."""
+    cps: list[int] = []
+    todo = [(0, ctx.n)]
+    while todo:
+        a, b = todo.pop()
+        for tier in _tiers(ctx, a, b):
+            hit = _run(ctx, a, b, tier)
+            if hit is not None and hit[1] <= _level(ctx, tier):
+                cps.append(hit[0])
+                todo += [(a, hit[0]), (hit[0], b)]
+                break
+    cps.sort()
+    return cps
+
+
+def _retest(ctx: _Search, cps: list[int], k: int) -> tuple[float, float]:
+    """Change point cps[k] against its neighbours: (p-value over the level it must meet, <= 1 when
+    it holds; p-value), for the search that suits it best."""
+    a = cps[k - 1] if k > 0 else 0
+    b = cps[k + 1] if k + 1 < len(cps) else ctx.n
+    best = (math.inf, 1.0)
+    for tier in _tiers(ctx, a, b, cps[k]):
+        hit = _run(ctx, a, b, tier, only=cps[k])
+        if hit is not None:
+            best = min(best, (hit[1] / _level(ctx, tier), hit[1]))
+    return best
+
+
+def _merge(ctx: _Search, cps: list[int]) -> list[int]:
+    """The change points that still hold: re-test every change point against its final
+    neighbours; drop the weakest that no longer holds, recompute, repeat (a split found early may
+    be explained by later ones)."""
+    cps = list(cps)
+    while cps:
+        ps = [_retest(ctx, cps, k)[0] for k in range(len(cps))]
+        worst = int(np.argmax(ps))
+        if ps[worst] <= 1:
+            break
+        del cps[worst]
+    return cps
+
+
+def _pooled_sd(y: np.ndarray, bounds: list[int], sigma: float) -> tuple[float, float]:
+    """The residual SD of y around the means of the segments between `bounds` (pooled over the
+    final segmentation: every night but one per segment says something about the noise; `sigma`
+    where no degree of freedom is left) and the t quantile of a 95 % interval with as many
+    degrees of freedom."""
+    resid = np.concatenate([y[s:e] - y[s:e].mean() for s, e in zip(bounds, bounds[1:], strict=False)])
+    dof = len(y) - (len(bounds) - 1)
+    pooled = max(float(np.sqrt(np.sum(resid**2) / dof)), _SIGMA_FLOOR) if dof > 0 else float(sigma)
+    return pooled, float(stats.t.ppf(0.975, max(dof, 1)))
+
+
+def _report(ctx: _Search, cps: list[int], higher_is_better: bool, min_change: float) -> list[ChangePoint]:
+    """The change points worth a mail, with their estimates: the level just before and just after
+    each change (at most _LEFT nights of each regime, so a slow drift does not leak into the
+    step), and a t interval of their log ratio with the pooled residual SD of the final
+    segmentation. Changes below `min_change` are real, yet negligible: dropped."""
+    y, n, idx = ctx.y, ctx.n, ctx.series.idx
+    bounds = [0, *cps, n]
+    pooled, tq = _pooled_sd(y, bounds, ctx.series.sigma)
+    xc = np.exp(y)
+    out: list[ChangePoint] = []
+    for k, t in enumerate(cps):
+        a, b = max(bounds[k], t - _LEFT), min(bounds[k + 2], t + _LEFT)
+        before, after = float(xc[a:t].mean()), float(xc[t:b].mean())
+        change = after / before - 1
+        if abs(change) < min_change:
+            continue
+        half = tq * pooled * math.sqrt(1 / (t - a) + 1 / (b - t))
+        worse = (change < 0) == higher_is_better
+        out.append(ChangePoint(
+            index=idx[t], before_mean=before, after_mean=after, change=change,
+            ci_low=(after / before) * math.exp(-half) - 1, ci_high=(after / before) * math.exp(half) - 1,
+            p_value=min(1.0, _retest(ctx, cps, k)[1]),
+            direction="regression" if worse else "improvement"))
+    return out
 
 
 def _noise(y: np.ndarray) -> np.ndarray:

@@ -34,7 +34,7 @@ def imports(path: Path, top_level_only: bool = False) -> set[str]:
 # never one above: gearman/ and s3/ import nothing of the farm's, formats/ only those two, and
 # so on up to cli/, the only one that may import everything (the worker roles included).
 LAYERS = ("gearman", "s3", "formats", "config", "hosts", "step", "db", "run", "perf", "workers", "bisection",
-          "report", "web", "cli")
+          "report", "night", "web", "cli")
 def package_of(module: str) -> str | None:
     parts = module.split(".")
     if parts[0] != "gearfarm" or len(parts) < 2:

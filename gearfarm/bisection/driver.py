@@ -42,6 +42,7 @@ from gearfarm.gearman import Client, GearmanError
 from gearfarm.hosts.connection import gearman_client
 from gearfarm.perf import compare
 from gearfarm.run import nightly, snapshot
+from gearfarm.run.execution import Executor
 from gearfarm.run.ledger import Ledger
 from gearfarm.s3.store import ArtifactStore, StoreError
 
@@ -311,11 +312,8 @@ class Runner:
             p.cases = [self.subject.case]
         if baseline is not None:
             p.baselines[self.target] = baseline
-        nightly.submit(self.cfg, self.db, self.client, p)
-        records = nightly.wait(self.cfg, self.db, self.ledger, self.store, self.client, p)
-        nightly.close(self.ledger, self.store, run_id, self.cfg.nightly_signer())
-        self.db.finish_run(run_id, "finished")
-        return run_id, records
+        ex = Executor(self.cfg, self.db, self.ledger, self.store, self.client)
+        return run_id, ex.execute([p])[run_id]
 
     def _build(self, rev: str) -> tuple[Artifact, bool]:
         """The known-good build of ``rev`` (made now, or reused) and whether it was made."""

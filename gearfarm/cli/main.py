@@ -20,26 +20,26 @@ from gearfarm import config as config_mod
 from gearfarm.config import Config, ConfigError, FarmConfig, ProjectConfig
 from gearfarm.formats import catalog as catalog_mod
 from gearfarm.formats.catalog import CatalogError
-from gearfarm.gearman import Client, GearmanError, admin
+from gearfarm.formats.exitcode import EXIT_FAILED, EXIT_FARM, EXIT_OK
+from gearfarm.gearman import GearmanError, admin
 from gearfarm.hosts import process
-from gearfarm.hosts.connection import gearman_client, ssl_context
+from gearfarm.hosts.connection import ssl_context
 from gearfarm.s3 import artifact
 from gearfarm.s3.store import ArtifactStore, StoreError, sha256_file
 from gearfarm.step import sandbox, wine
 
 if TYPE_CHECKING:
+    from rich.live import Live
     from rich.table import Table
 
     from gearfarm.db.results import ResultsDB
     from gearfarm.run import nightly
-    from gearfarm.run.ledger import Ledger
 
 # Commands import what they need when they run: a worker process starts by importing this
 # module, and the nightly's, the report's and the database's modules (SQLAlchemy, matplotlib,
 # scipy) tripled its start time (measured: 2.2 s against 0.5 s with ten workers starting).
 
 console = Console(stderr=True, soft_wrap=True)
-EXIT_OK, EXIT_FAILED, EXIT_FARM = 0, 1, 2
 
 
 def _fail(msg: str) -> NoReturn:
@@ -214,188 +214,84 @@ def _check_known(loaded: list[nightly.Loaded], targets: list[str] | None, suites
                                    f"known {kind}: {', '.join(sorted(known)) or 'none'}")
 
 
-def _run_nightly(cfg: Config, todo: list[tuple[nightly.Loaded, str, nightly.Selection]], seed: int,
-                 report_dir: Path | None = None) -> int:
-    import importlib
-    import threading
+class _ConsoleObserver:
+    """The night on the terminal: progress and problems on stderr (a live table of each run's
+    jobs on a terminal, a line per change of state otherwise), the reports on stdout."""
 
-    from sqlalchemy.exc import SQLAlchemyError
+    def __init__(self) -> None:
+        self.live: Live | None = None
+        self.last: dict[str, str] = {}
 
-    from gearfarm.db.results import ResultsDB, Run
-    from gearfarm.run import nightly
-    from gearfarm.run.ledger import Ledger
+    def say(self, text: str) -> None:
+        console.print(escape(text), highlight=False)
 
-    # The report's modules (matplotlib, scipy) take about a second to import: done while the
-    # jobs run, not between the last job and the report, nor before the first submit.
-    later = threading.Thread(target=lambda: [importlib.import_module(m) for m in
-                                             ("gearfarm.report.publisher", "gearfarm.report.document")], daemon=True)
-    try:
-        cfg.nightly_signer()  # every payload is signed with it: without it, nothing is submitted
-    except ConfigError as e:
-        _fail(str(e))
-    db = ResultsDB(cfg.database.url)
-    ledger = Ledger(db)
-    store = ArtifactStore(cfg.s3, retry_for=60)
-    plans: list[tuple[nightly.Loaded, nightly.Plan]] = []
-    try:
-        store.check()
-        table = nightly.preflight(cfg)
-        for lp, rid, sel in todo:
-            source, moved = nightly.prepare(store, lp)
-            console.print(f"project {lp.name}: revision {lp.rev[:12]}, source snapshot "
-                          f"{'uploaded, ' + str(moved) + ' bytes' if moved else 'already in S3, 0 bytes uploaded'}",
-                          highlight=False)
-            plans.append((lp, nightly.plan(rid, source, sel, seed, lp.catalog_text, moved)))
-    except (StoreError, nightly.RunError) as e:
-        _fail(str(e))
-    for t in sorted({t for _, p in plans for t in p.targets}):
-        fn = f"build:{t}"
-        if table.get(fn) is None or table[fn].workers == 0:
-            console.print(f"[yellow]preflight: no worker registered for {fn}; its jobs are recorded as "
-                          f"'no worker' after {cfg.farm.no_worker_wait:.0f}s[/]")
-    with gearman_client(cfg) as client:
-        for _, p in plans:
-            try:
-                created = nightly.submit(cfg, db, client, p)
-            except GearmanError as e:
-                _fail(f"cannot submit to gearmand: {e}")
-            console.print(f"run {p.run_id} {'submitted' if created else 'already known; resubmitted'}: "
-                          f"project {p.project}, rev {p.rev[:12]}, {len(p.targets)} targets, {len(p.expected)} jobs",
-                          highlight=False)
-        later.start()
-        try:
-            for _, p in plans:
-                records = _watch(cfg, db, ledger, store, client, p)
-                # New failures are re-run once before the report, so it can tell flaky from broken.
-                nightly.rerun_new_failures(cfg, db, ledger, store, client, p, records,
-                                           say=lambda m: console.print(m, highlight=False))
-        except nightly.RunError as e:
-            _fail(str(e))
-    problems: list[str] = []
-    runs: list[Run] = []
-    by_run: dict[str, list] = {}
-    for _, p in plans:
-        try:
-            # Closed first, then read: the report holds everything applied before the close, and
-            # anything after it is recorded as late.
-            nightly.close(ledger, store, p.run_id, cfg.nightly_signer())
-            db.finish_run(p.run_id, "finished")
-            by_run[p.run_id] = db.jobs(p.run_id)
-            run = db.get_run(p.run_id)
-            assert run is not None
-        except SQLAlchemyError as e:
-            problems.append(f"results database unavailable at the end of run {p.run_id} "
-                            f"({str(e).splitlines()[0]}): the run is not closed; the report is made from the "
-                            "results seen while waiting")
-            run = Run(run_id=p.run_id, rev=p.rev, created_at=p.deadline - cfg.farm.run_deadline,
-                      finished_at=time.time(), expected=[str(j) for j in p.expected], targets=p.targets,
-                      state="finished", notes={"seed": p.seed}, parent_run_id=None, project=p.project)
-            by_run[p.run_id] = []
-        runs.append(run)
-    from gearfarm.report import document as report
-    from gearfarm.report import publisher
+    def result(self, text: str) -> None:
+        click.echo(text)
 
-    pub = publisher.publish(cfg, db, store, runs, by_run)
-    problems = problems + pub.problems
-    reports, paths = pub.reports, pub.paths_by_run
-    for run in runs:
-        click.echo(report.render_text(reports[run.run_id]))
-        click.echo(f"report: {paths[run.run_id]['html']}")
-        if report_dir is not None:
-            import shutil
+    def warn(self, text: str) -> None:
+        console.print(f"[yellow]{escape(text)}[/]", highlight=False)
 
-            try:
-                shutil.copytree(paths[run.run_id]["html"].parent, report_dir / run.run_id, dirs_exist_ok=True)
-                click.echo(f"report copied to {report_dir / run.run_id}")
-            except OSError as e:
-                problems.append(f"cannot copy the report of {run.run_id} to {report_dir}: {e}")
-    for _, p in plans:
-        builds = [r for r in by_run[p.run_id] if r.kind == "build"]
-        click.echo(f"project {p.project}: moved {p.source_bytes} bytes of source and "
-                   f"{sum(r.bytes_uploaded for r in builds)} bytes of artifacts "
-                   f"({sum(1 for r in builds if r.reused_artifact)} of {len(builds)} builds reused)")
-    if pub.delivery is not None and not pub.delivery.error:
-        d = pub.delivery
-        click.echo(f"mail: {'sent to ' + ', '.join(d.recipients) if d.sent else d.eml}")
-    if cfg.bisect.auto:
-        problems += _bisect_after(cfg, db, store, runs, by_run, seed)
-    for problem in problems:
-        console.print(f"[bold red]farm problem:[/] {escape(problem)}", highlight=False)
-    bad = [r for recs in by_run.values() for r in recs if r.status not in ("passed", "skipped")]
-    if problems:
-        return EXIT_FARM
-    missing = any((reports[r.run_id] or {}).get("missing") for r in runs)
-    return EXIT_FAILED if bad or missing else EXIT_OK
+    def problem(self, text: str) -> None:
+        console.print(f"[bold red]farm problem:[/] {escape(text)}", highlight=False)
+
+    def submitted(self, plan: nightly.Plan, created: bool) -> None:
+        self.say(f"run {plan.run_id} {'submitted' if created else 'already known; resubmitted'}: project "
+                 f"{plan.project}, rev {plan.rev[:12]}, {len(plan.targets)} targets, {len(plan.expected)} jobs")
+
+    def progress(self, plan: nightly.Plan, states: dict[str, str], functions: dict[str, admin.FunctionStatus]) -> None:
+        if console.is_terminal:
+            from rich.live import Live
+
+            if self.live is None:
+                self.live = Live(console=console, refresh_per_second=2)
+                self.live.start()
+            self.live.update(_table(plan, states, functions))
+            return
+        for j in map(str, plan.expected):
+            if states.get(j) and states.get(j) != self.last.get(j):
+                console.print(f"  {j[len(plan.run_id) + 1:]:<40} {states[j]}", highlight=False)
+        self.last.update(states)
+
+    def waited(self, plan: nightly.Plan, records: list) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
 
 
-def _bisect_after(cfg: Config, db: ResultsDB, store: ArtifactStore, runs: list, by_run: dict[str, list],
-                  seed: int) -> list[str]:
-    """After the nightly's mail: bisect what its reports found ([bisect] auto), then write the
-    reports again with the culprits and send the follow-up mail. Returns the farm's problems
-    (a follow-up mail not sent); a bisection that could not go on is said, and recorded with
-    its state "error", but does not change the nightly's exit status."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from gearfarm.bisection import driver as bisection
-    from gearfarm.report import publisher
-    from gearfarm.run.snapshot import SourceError
-
-    try:
-        found = [c for run in runs for c in bisection.candidates(cfg, db, run.run_id)]
-    except (SQLAlchemyError, SourceError) as e:
-        console.print(f"[yellow]regressions not bisected:[/] {escape(str(e).splitlines()[0])}", highlight=False)
-        return []
-    if not found:
-        return []
-    console.print(f"bisecting {len(found)} regression(s), {cfg.bisect.parallel} at a time", highlight=False)
-    done = bisection.run_all(cfg, db, store, found, seed, say=lambda m: console.print(m, highlight=False))
-    for b in done:
-        if isinstance(b, bisection.BisectionError):
-            console.print(f"[yellow]bisection problem:[/] {escape(str(b))}", highlight=False)
-        else:
-            click.echo(bisection.describe(b))
-    with_bisections = [r for r in runs if any(c.origin_run_id == r.run_id for c in found)]
-    pub = publisher.follow_up(cfg, db, store, with_bisections, by_run)
-    if pub.delivery is not None and not pub.delivery.error:
-        d = pub.delivery
-        click.echo(f"bisection mail: {'sent to ' + ', '.join(d.recipients) if d.sent else d.eml}")
-    return pub.problems
-
-
-def _watch(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, client: Client,
-           plan: nightly.Plan) -> list:
-    from rich.live import Live
+def _table(plan: nightly.Plan, states: dict[str, str], fns: dict[str, admin.FunctionStatus]) -> Table:
     from rich.table import Table
 
     from gearfarm.formats.result import TERMINAL
-    from gearfarm.run import nightly
 
-    def table_of(states: dict[str, str], fns: dict[str, admin.FunctionStatus]) -> Table:
-        t = Table(title=f"run {plan.run_id}")
-        t.add_column("target")
-        for col in ("queued", "running", "passed", "failed", "other"):
-            t.add_column(col)
-        for target in plan.targets:
-            st = [states.get(str(j), "") for j in plan.expected if j.target == target]
-            running = sum(fns[f].running for f in fns if f.endswith(":" + target))
-            queued = sum(1 for s in st if s not in TERMINAL) - running
-            t.add_row(target, str(max(queued, 0)), str(running), str(st.count("passed")),
-                      str(st.count("failed") + st.count("timed_out")),
-                      str(sum(1 for s in st if s in ("skipped", "no_worker", "infra"))))
-        return t
+    t = Table(title=f"run {plan.run_id}")
+    t.add_column("target")
+    for col in ("queued", "running", "passed", "failed", "other"):
+        t.add_column(col)
+    for target in plan.targets:
+        st = [states.get(str(j), "") for j in plan.expected if j.target == target]
+        running = sum(fns[f].running for f in fns if f.endswith(":" + target))
+        queued = sum(1 for s in st if s not in TERMINAL) - running
+        t.add_row(target, str(max(queued, 0)), str(running), str(st.count("passed")),
+                  str(st.count("failed") + st.count("timed_out")),
+                  str(sum(1 for s in st if s in ("skipped", "no_worker", "infra"))))
+    return t
 
-    if console.is_terminal:
-        with Live(console=console, refresh_per_second=2) as live:
-            return nightly.wait(cfg, db, ledger, store, client, plan, lambda s, f: live.update(table_of(s, f)))
-    last: dict[str, str] = {}
 
-    def lines(states: dict[str, str], _fns: dict[str, admin.FunctionStatus]) -> None:
-        for j in map(str, plan.expected):
-            if states.get(j) and states.get(j) != last.get(j):
-                console.print(f"  {j[len(plan.run_id) + 1:]:<40} {states[j]}", highlight=False)
-        last.update(states)
+def _run_nightly(cfg: Config, todo: list[tuple[nightly.Loaded, str, nightly.Selection]], seed: int,
+                 report_dir: Path | None = None) -> int:
+    from gearfarm.night.sequence import NightError, Project, run_night
 
-    return nightly.wait(cfg, db, ledger, store, client, plan, lines)
+    observer = _ConsoleObserver()
+    try:
+        return run_night(cfg, [Project(lp, rid, sel) for lp, rid, sel in todo], seed, observer, report_dir)
+    except NightError as e:
+        observer.close()
+        _fail(str(e))
+    finally:
+        observer.close()
 
 
 @main.command("worker")

@@ -14,7 +14,7 @@ compile, a suite that timed out or crashed) is judged the same way as a pseudo c
 "[step]", so it is new, known or fixed like any test. Farm failures (infra, no worker) are the
 farm's, not the engine's, and are never classified.
 
-The re-run of a run R (gearfarm.run.nightly.rerun_new_failures) is a run of its own, R.rerun, linked
+The re-run of a run R (gearfarm.run.rerun) is a run of its own, R.rerun, linked
 by parent_run_id: history reads its verdicts as a second opinion, never as a run of its own.
 """
 

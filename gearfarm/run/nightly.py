@@ -6,7 +6,8 @@ lost their lease, recording "no worker" and deadline expiries through the ledger
 hanging — and close the run. Every payload is signed here, with the nightly's own key: no
 worker host holds it, so no worker host can make a job.
 
-This is the one wait loop: the nightly and the re-run of new failures both use it."""
+This is the one wait loop: gearfarm.run.execution runs every plan (the nightly's, the re-run's,
+a bisection probe's) through it."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from pathlib import Path
 from sqlalchemy.exc import SQLAlchemyError
 
 from gearfarm.config import Config, ProjectConfig
-from gearfarm.db import history
 from gearfarm.db.results import ResultsDB
 from gearfarm.formats import catalog as catalog_mod
 from gearfarm.formats.catalog import Catalog
@@ -45,7 +45,6 @@ from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError
 
 log = logging.getLogger("gearfarm.nightly")
-RERUN_SUFFIX = ".rerun"
 # How long the nightly keeps waiting for an unreachable results database past the deadline.
 DB_OUTAGE_LIMIT = 600.0
 
@@ -558,67 +557,3 @@ def close(ledger: Ledger, store: ArtifactStore | None, run_id: str, signer: Sign
         except StoreError as e:
             log.warning("cannot mark run %s closed in S3 (%s); its payloads' deadline still stops its jobs", run_id, e)
     return at
-
-
-# ---------------------------------------------------------------------------------- re-run
-
-def rerun_id(run_id: str) -> str:
-    return run_id + RERUN_SUFFIX
-
-
-def rerun_new_failures(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, client: Client, p: Plan,
-                       records: list[ResultRecord], say: Callable[[str], None] | None = None,
-                       poll: float = 1.0) -> list[ResultRecord]:
-    """Re-run, once, every test job of the run that has a new failure, and wait for the results
-    (the report is written after). The re-run is a run of its own (R.rerun, linked to R), so the
-    first attempt's log and result are never overwritten; it goes through the same submit and
-    wait as any run. gearmand, not the farm, picks the worker: with several registered it is
-    often another one; the record says which ran it and the run's notes whether it differed."""
-    say = say or (lambda _msg: None)
-    run = db.get_run(p.run_id)
-    if run is None or run.parent_run_id is not None:
-        return []
-    by_id = {r.job_id: r for r in records}
-    todo: dict[JobId, ResultRecord] = {}
-    for v in history.classify_run(db, run, records):
-        rec = by_id.get(v.job_id)
-        if v.kind == "new" and rec is not None and rec.kind == "test" and rec.artifact_key and rec.artifact_sha256:
-            todo[JobId(rerun_id(p.run_id), rec.target, rec.step)] = rec
-    if not todo:
-        return []
-    if len(rerun_id(p.run_id)) > 96:
-        log.warning("run id %s too long for a re-run id; new failures stay unconfirmed", p.run_id)
-        return []
-    targets = sorted({j.target for j in todo})
-    timeout = 300.0
-    cat = db.catalog_of(run)
-    if cat is not None and all(r.name in cat.suites for r in todo.values()):
-        timeout = max(cat.suite(r.name or "").timeout for r in todo.values())
-    rp = Plan(run_id=rerun_id(p.run_id), source=p.source, targets=targets,
-              suites={t: sorted(r.name or "" for j, r in todo.items() if j.target == t) for t in targets},
-              benchmarks={t: [] for t in targets}, seed=p.seed, parent=p.run_id, build=False,
-              deadline=min(p.deadline, time.time() + timeout + 120) if p.deadline else time.time() + timeout + 120,
-              artifacts={r.target: Artifact(r.artifact_key, r.artifact_sha256)  # type: ignore[arg-type]
-                         for r in todo.values()})
-    functions = {fn: st.workers for fn, st in _functions(cfg).items()}
-    submit(cfg, db, client, rp)
-    for jid in todo:
-        say(f"re-running {jid.target}/{jid.step} (new failure; {functions.get(jid.function, 0)} worker(s) "
-            f"registered for {jid.function})")
-    recs = wait(cfg, db, ledger, store, client, rp, poll=poll)
-    first = {str(j): r for j, r in todo.items()}
-    db.update_notes(rp.run_id, workers={
-        r.job_id: {"first": first[r.job_id].worker, "rerun": r.worker,
-                   "other_worker": bool(r.worker) and r.worker != first[r.job_id].worker}
-        for r in recs if r.job_id in first})
-    close(ledger, store, rp.run_id, cfg.nightly_signer())
-    db.finish_run(rp.run_id, "finished")
-    return recs
-
-
-def _functions(cfg: Config) -> dict[str, admin.FunctionStatus]:
-    try:
-        return preflight(cfg)
-    except RunError:
-        return {}
-

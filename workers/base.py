@@ -1,8 +1,8 @@
 """What every worker role shares: connecting to gearmand and S3, checking payloads before
 anything runs (the nightly's signature, unique id, deadline, the run not closed), a heartbeat for
-the whole job including delivery, and delivering the result record sealed with this host's own
-key (to S3 first, the durable copy, then to the collector through Gearman, spooling locally when
-that fails)."""
+the whole job including delivery, the job's dir and log around the kind's own work (a Step), and
+delivering the result record sealed with this host's own key (to S3 first, the durable copy, then
+to the collector through Gearman, spooling locally when that fails)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from botocore.exceptions import ClientError
 
 from gearfarm.config import Config
 from gearfarm.formats import marker
+from gearfarm.formats.catalog import Catalog, Target
 from gearfarm.formats.job import COLLECT_FUNCTION, Payload, PayloadError, unique_id, verify
 from gearfarm.formats.lease import BEAT_SECONDS, Lease, seal_lease
 from gearfarm.formats.lease import answer as lease_answer
@@ -32,6 +33,7 @@ from gearfarm.gearman import GearmanError, Job
 from gearfarm.hosts import host, process
 from gearfarm.hosts.connection import gearman_client, gearman_worker
 from gearfarm.hosts.hostlock import HostLock
+from gearfarm.run import snapshot
 from gearfarm.run.priority import Durations
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError
@@ -39,6 +41,7 @@ from gearfarm.step import sandbox
 
 log = logging.getLogger("gearfarm.worker")
 HEARTBEAT_SECONDS = 5.0
+LOG_TAIL_LINES = 40
 
 
 class Context:
@@ -252,76 +255,177 @@ class Context:
         return True
 
 
-RoleHandler = Callable[[Context, Payload, Job], ResultRecord]
+# One job's life, top to bottom: handle_job (the payload accepted, the attempt claimed, under
+# heartbeats) → perform_job (what escapes the work becomes the record) → run_step (the kind's
+# own work, in its job dir under the host lock) → handle_result (the record delivered). A kind's
+# module holds only its work: build.handle, test.handle, perf.handle.
+
+Work = Callable[["Step"], ResultRecord]
 
 
-def _handler(ctx: Context, role_handler: RoleHandler) -> Callable[[Job], bytes]:
-    def handle(job: Job) -> bytes:
-        try:
-            p = verify(job.data, ctx.nightly, ctx.cfg.farm.payload_max_age)
-            if p.function != job.function:
-                raise PayloadError(f"payload for {p.function} arrived on {job.function}")
-        except PayloadError as e:
-            # Refused, never executed; the line names the job so an operator can find it.
-            log.error("REJECTED job %s on %s: %s", job.handle, job.function, e)
-            raise
-        stop, cancel, leased = threading.Event(), threading.Event(), threading.Event()
+class Step:
+    """What a kind's work is given: the payload, its catalog and target, a fresh job dir whose log
+    is begun, the timings so far; and the two ways a step ends (``record``, ``refuse``)."""
 
-        def beat() -> None:
-            # The lease: the farm sees a live job by its signed beats (gearmand's WORK_STATUS is
-            # for gearmand's own status) — until the result is delivered, so a slow S3 during
-            # delivery is not a dead worker. At each beat the job also looks whether it was
-            # cancelled: its commands stop within a beat.
-            n = 0
-            while not stop.wait(HEARTBEAT_SECONDS):
-                n += 1
-                job.status(n, 0)
-                if leased.is_set() and n % ctx.lease_beats == 0:
-                    ctx.renew(p, n)
-                try:
-                    if not cancel.is_set() and ctx.cancelled(p, quick=True):
-                        log.warning("job %s (%s) was cancelled: stopping it", job.handle, p.job_id)
-                        cancel.set()
-                except StoreError as e:
-                    log.warning("cannot check whether job %s was cancelled: %s", p.job_id, e)
+    def __init__(self, ctx: Context, p: Payload, cat: Catalog, target: Target, tmpd: Path, started: float) -> None:
+        self.ctx, self.p, self.cat, self.target, self.tmpd, self.started = ctx, p, cat, target, tmpd, started
+        self.timings: dict[str, float] = {"queue_wait": max(0.0, started - p.submitted_at)}
+        self.log_key = keys.job_file(p.run_id, p.target, p.step, "log.txt")
+        self.log_path = tmpd / f"{ctx.role}.log"
+        self.log_path.write_text(f"gearfarm {p.step} of {p.project} for {p.target} at {p.rev} on {ctx.name}\n")
 
-        hb = threading.Thread(target=beat, daemon=True)
-        hb.start()
-        try:
-            why = ctx.stale(p, job) or ctx.claim(p, stop)
-            if why:
-                # Completed, so it leaves the queue; no record: the run has its answer already,
-                # or it is not this worker's to give.
-                log.warning("DROPPED job %s (%s): %s", job.handle, p.job_id, why)
-                return f"dropped: {why}".encode()
-            leased.set()
-            log.info("job %s: %s %s at %s, attempt %d", job.handle, p.function, p.step, p.rev[:12], p.attempt)
-            cpu0, began = _cpu(), time.time()
-            token = process.CANCEL.set(cancel)
+    def note(self, text: str) -> None:
+        with self.log_path.open("a") as f:
+            f.write(text + "\n")
+
+    def scratch(self) -> Path:
+        """The job's scratch dir, made when asked: a build that reuses a stored artifact has none."""
+        scratch = self.tmpd / "scratch"
+        scratch.mkdir()
+        return scratch
+
+    def record(self, status: str, message: str = "", **fields: object) -> ResultRecord:
+        """The record of work that ran. The log goes to S3 first: the record names it, and a
+        record that is not `passed` carries its tail, which is what a person reads first."""
+        self.ctx.store.put_file(self.log_key, self.log_path, "text/plain; charset=utf-8")
+        tail = "" if status == "passed" else process.log_tail(self.log_path, LOG_TAIL_LINES)
+        return self.ctx.record(self.p, status, started_at=self.started, finished_at=time.time(),
+                               timings=self.timings, log_key=self.log_key, message=message, log_tail=tail, **fields)
+
+    def refuse(self, message: str, **fields: object) -> ResultRecord:
+        """An `infra` record naming no log, for work that must not run or go on (a host without
+        the tools, an artifact that does not verify): the farm's failure, not the project's."""
+        return self.ctx.record(self.p, "infra", message=message, started_at=self.started, finished_at=time.time(),
+                               **fields)
+
+
+def handle_job(ctx: Context, work: Work, job: Job) -> bytes:
+    """One Gearman job, start to end. Completed (never WORK_FAIL) unless its payload is refused:
+    dropped when it must not run here, else with the record it delivered."""
+    p = accept(ctx, job)
+    with Heartbeat(ctx, job, p) as beat:
+        why = ctx.stale(p, job) or ctx.claim(p, beat.stop)
+        if why:
+            # Completed, so it leaves the queue; no record: the run has its answer already,
+            # or it is not this worker's to give.
+            log.warning("DROPPED job %s (%s): %s", job.handle, p.job_id, why)
+            return f"dropped: {why}".encode()
+        beat.leased.set()
+        log.info("job %s: %s %s at %s, attempt %d", job.handle, p.function, p.step, p.rev[:12], p.attempt)
+        rec = perform_job(ctx, p, job, work, beat.cancel)
+        return handle_result(ctx, p, rec)
+
+
+def accept(ctx: Context, job: Job) -> Payload:
+    """The job's payload, verified (gearfarm.formats.job.verify) and meant for the function it
+    came on; else PayloadError, which fails the Gearman job."""
+    try:
+        p = verify(job.data, ctx.nightly, ctx.cfg.farm.payload_max_age)
+        if p.function != job.function:
+            raise PayloadError(f"payload for {p.function} arrived on {job.function}")
+    except PayloadError as e:
+        # Refused, never executed; the line names the job so an operator can find it.
+        log.error("REJECTED job %s on %s: %s", job.handle, job.function, e)
+        raise
+    return p
+
+
+class Heartbeat:
+    """The lease: the farm sees a live job by its signed beats (gearmand's WORK_STATUS is for
+    gearmand's own status), sent once ``leased`` is set and until the ``with`` ends, after
+    delivery, so a slow S3 while delivering is not a dead worker. At each beat it also looks
+    whether the job was cancelled and sets ``cancel``: the job's commands stop within a beat."""
+
+    def __init__(self, ctx: Context, job: Job, p: Payload) -> None:
+        self.ctx, self.job, self.p = ctx, job, p
+        self.stop, self.cancel, self.leased = threading.Event(), threading.Event(), threading.Event()
+
+    def __enter__(self) -> Heartbeat:
+        threading.Thread(target=self._beat, daemon=True).start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+
+    def _beat(self) -> None:
+        ctx, p, n = self.ctx, self.p, 0
+        while not self.stop.wait(HEARTBEAT_SECONDS):
+            n += 1
+            self.job.status(n, 0)
+            if self.leased.is_set() and n % ctx.lease_beats == 0:
+                ctx.renew(p, n)
             try:
-                rec = _run_role(ctx, role_handler, p, job)
-            except process.Cancelled as e:
-                rec = ctx.record(p, "cancelled", message=f"cancelled while running ({e})", started_at=began,
-                                 finished_at=time.time())
-            except Exception as e:  # the farm failed, not the product: say so, never lose the job
-                log.exception("job %s failed inside the worker", job.handle)
-                rec = ctx.record(p, "infra", message=f"worker error: {type(e).__name__}: {e}",
-                                 started_at=time.time(), finished_at=time.time())
-            finally:
-                process.CANCEL.reset(token)
-            # CPU seconds of the job: its commands (every descendant reaped) and this process's
-            # own work for it (packing, checksums). The farm's lower bound counts work in it.
-            rec.timings["cpu"] = round(_cpu() - cpu0, 3)
-            ctx.deliver(rec)
-            # What the slots' order learns from: the job's own work, not its waits for the host,
-            # and not a job the farm failed before it ran.
-            if rec.status != "infra" and rec.work_seconds is not None:
-                ctx.durations.record(p.function, rec.work_seconds, p.step)
-            return f"{rec.job_id} {rec.status}".encode()
-        finally:
-            stop.set()
+                if not self.cancel.is_set() and ctx.cancelled(p, quick=True):
+                    log.warning("job %s (%s) was cancelled: stopping it", self.job.handle, p.job_id)
+                    self.cancel.set()
+            except StoreError as e:
+                log.warning("cannot check whether job %s was cancelled: %s", p.job_id, e)
 
-    return handle
+
+def perform_job(ctx: Context, p: Payload, job: Job, work: Work, cancel: threading.Event) -> ResultRecord:
+    """The job's work, its commands stopped once ``cancel`` is set. Whatever escapes it becomes
+    the record: `cancelled`, or `infra` (the farm failed, not the product: say so, never lose the
+    job)."""
+    cpu0, began = _cpu(), time.time()
+    token = process.CANCEL.set(cancel)
+    try:
+        rec = _under_host_lock(ctx, p, work)
+    except process.Cancelled as e:
+        rec = ctx.record(p, "cancelled", message=f"cancelled while running ({e})", started_at=began,
+                         finished_at=time.time())
+    except Exception as e:
+        log.exception("job %s failed inside the worker", job.handle)
+        rec = _infra(ctx, p, "worker error", e, time.time())
+    finally:
+        process.CANCEL.reset(token)
+    # CPU seconds of the job: its commands (every descendant reaped) and this process's
+    # own work for it (packing, checksums). The farm's lower bound counts work in it.
+    rec.timings["cpu"] = round(_cpu() - cpu0, 3)
+    return rec
+
+
+def _under_host_lock(ctx: Context, p: Payload, work: Work) -> ResultRecord:
+    """Builds and tests run under the host lock held shared (they wait while a benchmark
+    measures); a perf job takes it exclusive itself, only around its measurement."""
+    if ctx.role == "perf":
+        return run_step(ctx, p, work)
+    with ctx.hostlock.shared(f"{ctx.name} {p.job_id}") as waited:
+        rec = run_step(ctx, p, work)
+    rec.timings["host_wait"] = round(waited, 3)
+    return rec
+
+
+def run_step(ctx: Context, p: Payload, work: Work) -> ResultRecord:
+    """The kind's work, given the job's catalog and target (checked by the payload's sha256) and
+    a job dir that is removed after it."""
+    started = time.time()
+    try:
+        cat = snapshot.fetch_catalog(ctx.store, p.catalog_sha256)
+        target = cat.target(p.target)
+        # Under the worker's own work dir, so a worker killed mid-job has it swept on restart.
+        with process.job_dir(ctx.work, ctx.role) as tmpd:
+            return work(Step(ctx, p, cat, target, tmpd, started))
+    except Exception as e:
+        if ctx.role != "build":
+            raise
+        # A build makes its record of any failure here, under the host lock and timed from its
+        # start. This includes a cancel, which a build thus reports as `infra`, not `cancelled`.
+        log.exception("build %s failed inside the worker", p.job_id)
+        return _infra(ctx, p, "build worker error", e, started)
+
+
+def _infra(ctx: Context, p: Payload, what: str, e: Exception, started: float) -> ResultRecord:
+    return ctx.record(p, "infra", message=f"{what}: {type(e).__name__}: {e}", started_at=started,
+                      finished_at=time.time())
+
+
+def handle_result(ctx: Context, p: Payload, rec: ResultRecord) -> bytes:
+    ctx.deliver(rec)
+    # What the slots' order learns from: the job's own work, not its waits for the host,
+    # and not a job the farm failed before it ran.
+    if rec.status != "infra" and rec.work_seconds is not None:
+        ctx.durations.record(p.function, rec.work_seconds, p.step)
+    return f"{rec.job_id} {rec.status}".encode()
 
 
 def _cpu() -> float:
@@ -331,20 +435,9 @@ def _cpu() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def _run_role(ctx: Context, role_handler: RoleHandler, p: Payload, job: Job) -> ResultRecord:
-    """Builds and tests run under the host lock held shared (they wait while a benchmark
-    measures); a perf job takes it exclusive itself, only around its measurement."""
-    if ctx.role == "perf":
-        return role_handler(ctx, p, job)
-    with ctx.hostlock.shared(f"{ctx.name} {p.job_id}") as waited:
-        rec = role_handler(ctx, p, job)
-    rec.timings["host_wait"] = round(waited, 3)
-    return rec
-
-
-def serve(cfg: Config, functions: list[tuple[str, str, RoleHandler]], stop: threading.Event | None = None) -> None:
+def serve(cfg: Config, functions: list[tuple[str, str, Work]], stop: threading.Event | None = None) -> None:
     """Run a worker slot until SIGTERM/SIGINT (or ``stop``): one job at a time, of the
-    (role, function, handler) it serves, preferring them in the order given
+    (role, function, the kind's work) it serves, preferring them in the order given
     (gearfarm.run.priority)."""
     ctxs = {role: Context(cfg, role) for role, _, _ in functions}
     first = next(iter(ctxs.values()))
@@ -354,7 +447,7 @@ def serve(cfg: Config, functions: list[tuple[str, str, RoleHandler]], stop: thre
     worker = gearman_worker(cfg, f"{socket.gethostname()}-{'+'.join(ctxs)}-{os.getpid()}")
     worker.stop_on_signals(stop)
     for role, fn, h in functions:
-        worker.register(fn, _handler(ctxs[role], h))
+        worker.register(fn, functools.partial(handle_job, ctxs[role], h))
     log.info("worker %s serving, in this order: %s", worker.client_id, ", ".join(fn for _, fn, _ in functions))
     flushers = [threading.Thread(target=_flush_loop, args=(ctx, stop), daemon=True) for ctx in ctxs.values()]
     for t in flushers:

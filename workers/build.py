@@ -14,22 +14,18 @@ import logging
 import shutil
 import subprocess
 import time
-from pathlib import Path
 
 from gearfarm.formats import catalog as catalog_mod
 from gearfarm.formats import provenance
 from gearfarm.formats.catalog import Catalog, Target
-from gearfarm.formats.job import Payload, SignedBuild
+from gearfarm.formats.job import SignedBuild
 from gearfarm.formats.result import ResultRecord
-from gearfarm.gearman import Job
-from gearfarm.hosts import process
 from gearfarm.run import snapshot
 from gearfarm.s3 import artifact, keys
-from gearfarm.step import runner as step
-from gearfarm.workers.base import Context
+from gearfarm.step import runner
+from gearfarm.workers.base import Step
 
 log = logging.getLogger("gearfarm.worker.build")
-LOG_TAIL_LINES = 40
 
 
 def tool_version(tool: str) -> str:
@@ -52,127 +48,106 @@ def missing_tools(target: Target) -> list[str]:
     return [t for t in target.tools if shutil.which(t) is None]
 
 
-def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
+def handle(step: Step) -> ResultRecord:
     """Whatever goes wrong here (catalog or snapshot unreadable, tools missing, upload error)
-    becomes the build's record; the ledger then ends the target's test and perf jobs with it,
-    so no run waits for a job that cannot start."""
-    started = time.time()
+    becomes the build's record (base.run_step); the ledger then ends the target's test and perf
+    jobs with it, so no run waits for a job that cannot start."""
+    ctx, p = step.ctx, step.p
+    lacking = missing_tools(step.target)
+    if lacking:
+        return step.refuse(f"host {ctx.name} lacks {', '.join(lacking)} that project {p.project} needs "
+                           f"to build {p.target} (catalog targets.{p.target}.tools): install them, or do "
+                           f"not run a build worker for {p.target} here")
     try:
-        cat = snapshot.fetch_catalog(ctx.store, p.catalog_sha256)
-        target = cat.target(p.target)
-        lacking = missing_tools(target)
-        if lacking:
-            return ctx.record(p, "infra", started_at=started, finished_at=time.time(),
-                              message=f"host {ctx.name} lacks {', '.join(lacking)} that project {p.project} needs "
-                                      f"to build {p.target} (catalog targets.{p.target}.tools): install them, or do "
-                                      f"not run a build worker for {p.target} here")
-        return build(ctx, p, cat, target, started)
+        return build(step)
     except artifact.ArtifactError as e:  # what S3 holds is not what the farm signed: nothing reused or run
         log.error("build %s refused the stored artifact: %s", p.job_id, e)
-        return ctx.record(p, "infra", message=str(e), started_at=started, finished_at=time.time())
-    except Exception as e:  # the farm failed (S3, disk, catalog), not the project: say so
-        log.exception("build %s failed inside the worker", p.job_id)
-        return ctx.record(p, "infra", message=f"build worker error: {type(e).__name__}: {e}",
-                          started_at=started, finished_at=time.time())
+        return step.refuse(str(e))
 
 
-def build(ctx: Context, p: Payload, cat: Catalog, target: Target, started: float) -> ResultRecord:
-    timings: dict[str, float] = {"queue_wait": max(0.0, started - p.submitted_at)}
+def build(step: Step) -> ResultRecord:
+    ctx, p, cat, target, tmpd, timings = step.ctx, step.p, step.cat, step.target, step.tmpd, step.timings
     tc_id, versions, definition = toolchain(cat, target)
+    step.note(f"tools:\n{versions}")
     art_key = keys.artifact(p.rev, p.target, tc_id)
     man_key = keys.manifest(p.rev, p.target, tc_id)
-    log_key = keys.job_file(p.run_id, p.target, p.step, "log.txt")
-
-    # Under the worker's own work dir, so a worker killed mid-job has it swept on restart.
-    with process.job_dir(ctx.work, "build") as tmpd:
-        log_path = tmpd / "build.log"
-        log_path.write_text(f"gearfarm build of {p.project} for {p.target} at {p.rev} on {ctx.name}\n"
-                            f"tools:\n{versions}\n")
-        reused = False
-        bytes_up = 0
-        status = "passed"
-        message = ""
+    reused = False
+    bytes_up = 0
+    status = "passed"
+    message = ""
+    t0 = time.monotonic()
+    manifest: dict[str, object] = {}
+    man_sha: str | None = None
+    signed = next((b for b in p.signed_builds if b.artifact_key == art_key), None)
+    stored = reusable(step, signed, man_key)
+    if stored is not None and signed is not None:
+        manifest, man_sha = stored, signed.manifest_sha256
+        reused = True
+        step.note(f"artifact {art_key} exists (sha256 {signed.artifact_sha256}, manifest sha256 {man_sha}, "
+                  "as the farm signed them): build and upload skipped, 0 bytes moved")
+        timings["lookup"] = time.monotonic() - t0
+    else:
+        root, scratch = tmpd / "root", step.scratch()
+        size = snapshot.fetch_source(ctx.store, p.rev, p.source_sha256, root, tmpd)
+        timings["source"] = time.monotonic() - t0
+        step.note(f"source snapshot {keys.source(p.rev)}: {size} bytes, sha256 verified")
         t0 = time.monotonic()
-        manifest: dict[str, object] = {}
-        man_sha: str | None = None
-        signed = next((b for b in p.signed_builds if b.artifact_key == art_key), None)
-        stored = reusable(ctx, signed, man_key, log_path)
-        if stored is not None and signed is not None:
-            manifest, man_sha = stored, signed.manifest_sha256
-            reused = True
-            with log_path.open("a") as f:
-                f.write(f"artifact {art_key} exists (sha256 {signed.artifact_sha256}, manifest sha256 {man_sha}, "
-                        "as the farm signed them): build and upload skipped, 0 bytes moved\n")
-            timings["lookup"] = time.monotonic() - t0
-        else:
-            root, scratch = tmpd / "root", tmpd / "scratch"
-            scratch.mkdir()
-            size = snapshot.fetch_source(ctx.store, p.rev, p.source_sha256, root, tmpd)
-            timings["source"] = time.monotonic() - t0
-            with log_path.open("a") as f:
-                f.write(f"source snapshot {keys.source(p.rev)}: {size} bytes, sha256 verified\n")
+        run = runner.run_build(cat, target, root, scratch, step.log_path, ctx.sandbox, lambda: ctx.started(p))
+        timings["build"] = time.monotonic() - t0
+        status, message = run.status, run.message(cat.build.timeout)
+        if status == "passed":
+            # Nothing about who or when: two builds of the same inputs pack byte-identical
+            # archives (the record says who built it and when).
+            meta = {"project": p.project, "rev": p.rev, "target": p.target, "toolchain": tc_id,
+                    "tools": versions, "definition": definition}
             t0 = time.monotonic()
-            run = step.run_build(cat, target, root, scratch, log_path, ctx.sandbox, lambda: ctx.started(p))
-            timings["build"] = time.monotonic() - t0
-            status, message = run.status, run.message(cat.build.timeout)
-            if status == "passed":
-                # Nothing about who or when: two builds of the same inputs pack byte-identical
-                # archives (the record says who built it and when).
-                meta = {"project": p.project, "rev": p.rev, "target": p.target, "toolchain": tc_id,
-                        "tools": versions, "definition": definition}
-                t0 = time.monotonic()
-                archive = tmpd / f"artifact{artifact.ARCHIVE_SUFFIX}"
-                packed = artifact.pack(root, run.outputs, meta, archive)
-                # Put-if-absent: a concurrent build of the same (rev, target, toolchain) cannot
-                # replace the archive under a sha256 another build's tests were given; and an
-                # object there that is not this build's nor one the farm signed is refused.
-                manifest = artifact.publish(ctx.store, art_key, man_key, archive, packed,
-                                            [b.artifact_sha256 for b in p.signed_builds if b.artifact_key == art_key])
-                man_sha = str(manifest["manifest_sha256"])
-                if not manifest["raced"]:
-                    # What this host built, signed by it: only the host that made the archive says so.
-                    stmt = provenance.statement(
-                        archive_sha256=str(manifest["archive_sha256"]), manifest_sha256=man_sha, manifest=manifest,
-                        project=p.project, rev=p.rev, target=p.target, source_sha256=p.source_sha256,
-                        catalog_sha256=p.catalog_sha256, host=ctx.host["hostname"], tools=versions,
-                        definition=definition, job_id=p.job_id, started=started, finished=time.time())
-                    body = provenance.sign(stmt, ctx.signer)
-                    if ctx.store.put_bytes_if_absent(keys.provenance(p.rev, p.target, tc_id), body,
-                                                     "application/json"):
-                        bytes_up += len(body)
-                bytes_up += int(manifest["uploaded_bytes"])  # type: ignore[call-overload]
-                if manifest["raced"]:
-                    with log_path.open("a") as f:
-                        f.write(f"another build stored {art_key} first (sha256 {manifest['archive_sha256']}); "
-                                "using that one\n")
-                timings["upload"] = time.monotonic() - t0
-        log_tail = process.log_tail(log_path, LOG_TAIL_LINES)
-        ctx.store.put_file(log_key, log_path, "text/plain; charset=utf-8")
+            archive = tmpd / f"artifact{artifact.ARCHIVE_SUFFIX}"
+            packed = artifact.pack(root, run.outputs, meta, archive)
+            # Put-if-absent: a concurrent build of the same (rev, target, toolchain) cannot
+            # replace the archive under a sha256 another build's tests were given; and an
+            # object there that is not this build's nor one the farm signed is refused.
+            manifest = artifact.publish(ctx.store, art_key, man_key, archive, packed,
+                                        [b.artifact_sha256 for b in p.signed_builds if b.artifact_key == art_key])
+            man_sha = str(manifest["manifest_sha256"])
+            if not manifest["raced"]:
+                # What this host built, signed by it: only the host that made the archive says so.
+                stmt = provenance.statement(
+                    archive_sha256=str(manifest["archive_sha256"]), manifest_sha256=man_sha, manifest=manifest,
+                    project=p.project, rev=p.rev, target=p.target, source_sha256=p.source_sha256,
+                    catalog_sha256=p.catalog_sha256, host=ctx.host["hostname"], tools=versions,
+                    definition=definition, job_id=p.job_id, started=step.started, finished=time.time())
+                body = provenance.sign(stmt, ctx.signer)
+                if ctx.store.put_bytes_if_absent(keys.provenance(p.rev, p.target, tc_id), body,
+                                                 "application/json"):
+                    bytes_up += len(body)
+            bytes_up += int(manifest["uploaded_bytes"])  # type: ignore[call-overload]
+            if manifest["raced"]:
+                step.note(f"another build stored {art_key} first (sha256 {manifest['archive_sha256']}); "
+                          "using that one")
+            timings["upload"] = time.monotonic() - t0
 
     ok = status == "passed"
-    return ctx.record(p, status, started_at=started, finished_at=time.time(), timings=timings,
-                      bytes_uploaded=bytes_up, reused_artifact=reused, log_key=log_key,
-                      artifact_key=art_key if ok else None,
-                      artifact_sha256=str(manifest["archive_sha256"]) if ok else None,
-                      manifest_sha256=man_sha if ok else None, message=message, log_tail=log_tail if not ok else "")
+    return step.record(status, message, bytes_uploaded=bytes_up, reused_artifact=reused,
+                       artifact_key=art_key if ok else None,
+                       artifact_sha256=str(manifest["archive_sha256"]) if ok else None,
+                       manifest_sha256=man_sha if ok else None)
 
 
-def reusable(ctx: Context, signed: SignedBuild | None, man_key: str, log_path: Path) -> dict[str, object] | None:
+def reusable(step: Step, signed: SignedBuild | None, man_key: str) -> dict[str, object] | None:
     """The stored manifest of a build the farm signed, when S3 still holds it as signed (its
     sha256 and the archive's it names); None when there is nothing to reuse (the build runs).
     A manifest the farm did not sign is never trusted: the bucket is not the truth."""
     if signed is None:
         return None
     try:
-        data = ctx.store.get_bytes(man_key)
+        data = step.ctx.store.get_bytes(man_key)
     except Exception:  # gone (pruned) or unreadable: build again
         return None
     got = hashlib.sha256(data).hexdigest()
     manifest = json.loads(data) if got == signed.manifest_sha256 else None
     if manifest is None or manifest.get("archive_sha256") != signed.artifact_sha256:
-        with log_path.open("a") as f:
-            f.write(f"stored manifest {man_key} has sha256 {got}, not the {signed.manifest_sha256} the farm signed: "
-                    "it was replaced in S3; not reused\n")
+        step.note(f"stored manifest {man_key} has sha256 {got}, not the {signed.manifest_sha256} the farm signed: "
+                  "it was replaced in S3; not reused")
         log.error("stored manifest %s has sha256 %s, the farm signed %s: replaced in S3", man_key, got,
                   signed.manifest_sha256)
         return None

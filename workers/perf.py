@@ -17,15 +17,12 @@ from pathlib import Path
 from gearfarm.formats.catalog import Benchmark, Catalog, Target
 from gearfarm.formats.job import Payload
 from gearfarm.formats.result import CurveRecord, ResultRecord, Sample
-from gearfarm.gearman import Job
-from gearfarm.hosts import host, process
+from gearfarm.hosts import host
 from gearfarm.perf.pairs import Paired
-from gearfarm.run import snapshot
-from gearfarm.s3 import keys
 from gearfarm.s3.artifact import MANIFEST, ArtifactError
-from gearfarm.step import runner as step
+from gearfarm.step import runner
 from gearfarm.step.sandbox import Sandbox
-from gearfarm.workers.base import Context
+from gearfarm.workers.base import Step
 from gearfarm.workers.test import fetch_artifact
 
 
@@ -46,73 +43,58 @@ def identical(new_tree: Path, base_tree: Path) -> bool | None:
     return None if new is None or base is None else new == base
 
 
-def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
-    started = time.time()
-    timings: dict[str, float] = {"queue_wait": max(0.0, started - p.submitted_at)}
-    cat = snapshot.fetch_catalog(ctx.store, p.catalog_sha256)
-    target = cat.target(p.target)
+def handle(step: Step) -> ResultRecord:
+    ctx, p, tmpd, log_path = step.ctx, step.p, step.tmpd, step.log_path
     assert p.name is not None
-    bench = cat.benchmark(p.name)
-    log_key = keys.job_file(p.run_id, p.target, p.step, "log.txt")
+    bench = step.cat.benchmark(p.name)
     samples: list[Sample] = []
     curves: list[CurveRecord] = []
     status, message = "passed", ""
-    # Under the worker's own work dir, so a worker killed mid-job has it swept on restart.
-    with process.job_dir(ctx.work, "perf") as tmpd:
-        log_path = tmpd / "perf.log"
-        log_path.write_text(f"gearfarm {p.step} of {p.project} for {p.target} at {p.rev} on {ctx.name}\n")
-        new_tree = fetch_artifact(ctx, p, tmpd / "new", timings)
-        base_tree = None
-        if p.baseline_key and p.baseline_sha256 and p.baseline_rev:
-            base = p.model_copy(update={"rev": p.baseline_rev, "artifact_key": p.baseline_key,
-                                        "artifact_sha256": p.baseline_sha256})
-            try:
-                base_tree = fetch_artifact(ctx, base, tmpd / "base", {})
-                note = f"paired with the last good build {p.baseline_rev}"
-            except ArtifactError as e:
-                # Tonight's figures are still worth having: run unpaired, and say why.
-                note = f"the last good build {p.baseline_rev} cannot be used ({e}); running unpaired"
-            with log_path.open("a") as f:
-                f.write(note + "\n")
-        # The reference: the baseline's own runs when it is the same build, else a third side.
-        ref_tree, ref_rev = None, None
-        if base_tree is not None and p.reference is not None:
-            if p.reference_rev == p.baseline_rev:
-                ref_tree, ref_rev = base_tree, p.reference_rev
-            else:
-                ref = p.model_copy(update={"rev": p.reference_rev, "artifact_key": p.reference_key,
-                                           "artifact_sha256": p.reference_sha256})
-                try:
-                    ref_tree, ref_rev = fetch_artifact(ctx, ref, tmpd / "ref", {}), p.reference_rev
-                    note = f"and with the reference build {p.reference_rev}"
-                except ArtifactError as e:
-                    note = f"the reference build {p.reference_rev} cannot be used ({e}); running without it"
-                with log_path.open("a") as f:
-                    f.write(note + "\n")
-        same = identical(new_tree, base_tree) if base_tree is not None else None
-        t0 = time.monotonic()
-        quietness: dict[str, float] = {}
-        activity = host.Activity(ctx.hostlock.others)
+    new_tree = fetch_artifact(ctx, p, tmpd / "new", step.timings)
+    base_tree = None
+    if p.baseline_key and p.baseline_sha256 and p.baseline_rev:
+        base = p.model_copy(update={"rev": p.baseline_rev, "artifact_key": p.baseline_key,
+                                    "artifact_sha256": p.baseline_sha256})
         try:
-            with ctx.hostlock.exclusive(f"{ctx.name} {p.job_id}", ctx.cfg.farm.perf_patience) as waited:
-                quietness["lock_wait"] = round(waited, 3)
-                t0 = time.monotonic()
-                ctx.started(p)
-                with activity:
-                    _measure(cat, target, bench, p, new_tree, base_tree, tmpd, log_path, samples, ctx.sandbox,
-                             curves, ref_tree)
-        except step.BenchmarkFailed as e:
-            status, message = e.status, str(e)
-        quietness.update(activity.summary)
-        timings["test"] = time.monotonic() - t0
-        ctx.store.put_file(log_key, log_path, "text/plain; charset=utf-8")
-        return ctx.record(p, status, started_at=started, finished_at=time.time(), timings=timings,
-                          log_key=log_key, artifact_key=p.artifact_key, artifact_sha256=p.artifact_sha256,
-                          samples=samples, curves=curves, message=message, quietness=quietness,
-                          baseline_identical=same,
-                          baseline_rev=p.baseline_rev if base_tree is not None else None,
-                          reference_rev=ref_rev,
-                          log_tail="" if status == "passed" else process.log_tail(log_path, 40))
+            base_tree = fetch_artifact(ctx, base, tmpd / "base", {})
+            note = f"paired with the last good build {p.baseline_rev}"
+        except ArtifactError as e:
+            # Tonight's figures are still worth having: run unpaired, and say why.
+            note = f"the last good build {p.baseline_rev} cannot be used ({e}); running unpaired"
+        step.note(note)
+    # The reference: the baseline's own runs when it is the same build, else a third side.
+    ref_tree, ref_rev = None, None
+    if base_tree is not None and p.reference is not None:
+        if p.reference_rev == p.baseline_rev:
+            ref_tree, ref_rev = base_tree, p.reference_rev
+        else:
+            ref = p.model_copy(update={"rev": p.reference_rev, "artifact_key": p.reference_key,
+                                       "artifact_sha256": p.reference_sha256})
+            try:
+                ref_tree, ref_rev = fetch_artifact(ctx, ref, tmpd / "ref", {}), p.reference_rev
+                note = f"and with the reference build {p.reference_rev}"
+            except ArtifactError as e:
+                note = f"the reference build {p.reference_rev} cannot be used ({e}); running without it"
+            step.note(note)
+    same = identical(new_tree, base_tree) if base_tree is not None else None
+    t0 = time.monotonic()
+    quietness: dict[str, float] = {}
+    activity = host.Activity(ctx.hostlock.others)
+    try:
+        with ctx.hostlock.exclusive(f"{ctx.name} {p.job_id}", ctx.cfg.farm.perf_patience) as waited:
+            quietness["lock_wait"] = round(waited, 3)
+            t0 = time.monotonic()
+            ctx.started(p)
+            with activity:
+                _measure(step.cat, step.target, bench, p, new_tree, base_tree, tmpd, log_path, samples, ctx.sandbox,
+                         curves, ref_tree)
+    except runner.BenchmarkFailed as e:
+        status, message = e.status, str(e)
+    quietness.update(activity.summary)
+    step.timings["test"] = time.monotonic() - t0
+    return step.record(status, message, artifact_key=p.artifact_key, artifact_sha256=p.artifact_sha256,
+                       samples=samples, curves=curves, quietness=quietness, baseline_identical=same,
+                       baseline_rev=p.baseline_rev if base_tree is not None else None, reference_rev=ref_rev)
 
 
 def _measure(cat: Catalog, target: Target, bench: Benchmark, p: Payload, new_tree: Path, base_tree: Path | None,
@@ -132,7 +114,7 @@ def _measure(cat: Catalog, target: Target, bench: Benchmark, p: Payload, new_tre
         # The first pair's curves are kept: one of each side is what a person compares.
         keep = curves if rep == 0 else None
         if base_tree is None:
-            new = step.run_benchmark(cat, target, bench, new_tree, tmpd, f"new{rep}", seed, log_path, sandbox, keep)
+            new = runner.run_benchmark(cat, target, bench, new_tree, tmpd, f"new{rep}", seed, log_path, sandbox, keep)
             samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep) for m, v in new.items()]
         else:
             # A B, B A, A B ... (A B C, B C A, C A B ... with a reference of its own): whichever
@@ -143,9 +125,9 @@ def _measure(cat: Catalog, target: Target, bench: Benchmark, p: Payload, new_tre
             sides = list(trees)
             k = rep % len(sides)
             order = sides[k:] + sides[:k] if len(sides) == 3 else (sides if k == 0 else sides[::-1])
-            got = {side: step.run_benchmark(cat, target, bench, trees[side], tmpd, f"{side}{rep}", seed, log_path,
-                                            sandbox, keep if side != "ref" else None,
-                                            "new" if side == "new" else "baseline") for side in order}
+            got = {side: runner.run_benchmark(cat, target, bench, trees[side], tmpd, f"{side}{rep}", seed, log_path,
+                                              sandbox, keep if side != "ref" else None,
+                                              "new" if side == "new" else "baseline") for side in order}
             new, old = got["new"], got["base"]
             samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep) for m, v in new.items()]
             samples += [Sample(benchmark=p.name, metric=m, value=v, repetition=rep, variant="baseline")

@@ -11,13 +11,10 @@ from pathlib import Path
 
 from gearfarm.formats.job import Payload
 from gearfarm.formats.result import ResultRecord
-from gearfarm.gearman import Job
-from gearfarm.hosts import process
 from gearfarm.run import snapshot
 from gearfarm.s3 import artifact, keys
-from gearfarm.step import runner as step
-from gearfarm.step import wine
-from gearfarm.workers.base import Context
+from gearfarm.step import runner, wine
+from gearfarm.workers.base import Context, Step
 
 log = logging.getLogger("gearfarm.worker.test")
 
@@ -43,39 +40,25 @@ def fetch_artifact(ctx: Context, p: Payload, tree: Path, timings: dict[str, floa
     return tree
 
 
-def handle(ctx: Context, p: Payload, job: Job) -> ResultRecord:
-    started = time.time()
-    timings: dict[str, float] = {"queue_wait": max(0.0, started - p.submitted_at)}
-    cat = snapshot.fetch_catalog(ctx.store, p.catalog_sha256)
-    target = cat.target(p.target)
+def handle(step: Step) -> ResultRecord:
+    ctx, p, target = step.ctx, step.p, step.target
     assert p.name is not None
-    suite = cat.suite(p.name)
-    log_key = keys.job_file(p.run_id, p.target, p.step, "log.txt")
+    suite = step.cat.suite(p.name)
     junit_key = keys.job_file(p.run_id, p.target, p.step, "junit.xml")
-    # Under the worker's own work dir, so a worker killed mid-job has it swept on restart.
-    with process.job_dir(ctx.work, "test") as tmpd:
-        log_path = tmpd / "test.log"
-        log_path.write_text(f"gearfarm {p.step} of {p.project} for {p.target} at {p.rev} on {ctx.name}\n")
-        try:
-            tree = fetch_artifact(ctx, p, tmpd / "root", timings, source=suite.source)
-        except artifact.ArtifactError as e:
-            # Nothing from an unverified artifact runs; this is the farm's failure, not the project's.
-            return ctx.record(p, "infra", message=str(e), started_at=started, finished_at=time.time(),
-                              timings=timings)
-        scratch = tmpd / "scratch"
-        scratch.mkdir()
-        ctx.started(p)
-        prefix = wine.job_prefix(ctx.sandbox, ctx.state / "wine", target.runner, tmpd)
-        run = step.run_suite(cat, target, suite, tree, scratch, log_path, p.seed, ctx.sandbox, prefix, p.cases)
-        timings["test"] = run.seconds
-        status, message, cases = run.status, run.message, run.cases
-        has_junit = suite.format in ("junit", "ctest") and run.results is not None and run.results.is_file()
-        if has_junit:
-            assert run.results is not None
-            ctx.store.put_file(junit_key, run.results, "application/xml")
-        ctx.store.put_file(log_key, log_path, "text/plain; charset=utf-8")
-        return ctx.record(p, status, started_at=started, finished_at=time.time(), timings=timings,
-                          log_key=log_key, junit_key=junit_key if has_junit else None,
-                          artifact_key=p.artifact_key, artifact_sha256=p.artifact_sha256, cases=cases,
-                          message=message, log_tail="" if status == "passed" else process.log_tail(log_path, 40))
-
+    try:
+        tree = fetch_artifact(ctx, p, step.tmpd / "root", step.timings, source=suite.source)
+    except artifact.ArtifactError as e:
+        # Nothing from an unverified artifact runs; this is the farm's failure, not the project's.
+        return step.refuse(str(e), timings=step.timings)
+    scratch = step.scratch()
+    ctx.started(p)
+    prefix = wine.job_prefix(ctx.sandbox, ctx.state / "wine", target.runner, step.tmpd)
+    run = runner.run_suite(step.cat, target, suite, tree, scratch, step.log_path, p.seed, ctx.sandbox, prefix,
+                           p.cases)
+    step.timings["test"] = run.seconds
+    has_junit = suite.format in ("junit", "ctest") and run.results is not None and run.results.is_file()
+    if has_junit:
+        assert run.results is not None
+        ctx.store.put_file(junit_key, run.results, "application/xml")
+    return step.record(run.status, run.message, junit_key=junit_key if has_junit else None,
+                       artifact_key=p.artifact_key, artifact_sha256=p.artifact_sha256, cases=run.cases)

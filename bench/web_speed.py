@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gearfarm.config import Config, DatabaseConfig, FarmConfig, S3Config, WebConfig, dump  # noqa: E402
-from gearfarm.db.results import Case, CatalogRow, Job, Regression, ResultsDB, Run, SampleRow  # noqa: E402
+from gearfarm.db.results import Case, CatalogRow, JobRow, Regression, ResultsDB, Run, SampleRow  # noqa: E402
 from gearfarm.formats import catalog as catalog_mod  # noqa: E402
 from gearfarm.formats.result import ResultRecord  # noqa: E402
 from gearfarm.hosts import process  # noqa: E402
@@ -105,7 +105,7 @@ def populate(db: ResultsDB, runs: int, seed: int = 1) -> list[str]:
                     samples += [{"job_id": jid, "run_id": rid, "rev": rev, "target": t, "host_class": HOST_CLASS,
                                  "benchmark": x["benchmark"], "metric": x["metric"], "variant": x["variant"],
                                  "repetition": x["repetition"], "value": x["value"]} for x in rec_samples]
-            conn.execute(Job.__table__.insert(), jobs)
+            conn.execute(JobRow.__table__.insert(), jobs)
             conn.execute(Case.__table__.insert(), cases)
             conn.execute(SampleRow.__table__.insert(), samples)
         regs = []

@@ -9,16 +9,16 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
-class _Section(BaseModel):
+class _S3Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class S3Keys(_Section):
+class S3Keys(_S3Section):
     access_key: str
     secret_key: str
 
 
-class S3Config(_Section):
+class S3Config(_S3Section):
     endpoint: str = "http://127.0.0.1:9000"
     # Further endpoints of the same storage (the other nodes of a distributed MinIO), tried in
     # order when the one in use does not answer: one node down then costs no outage wait.

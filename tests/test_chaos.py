@@ -35,7 +35,7 @@ from sqlalchemy import select
 
 from gearfarm import config as config_mod
 from gearfarm.db.registry import Registry
-from gearfarm.db.results import Job, ResultsDB
+from gearfarm.db.results import JobRow, ResultsDB
 from gearfarm.formats import catalog as catalog_mod
 from gearfarm.formats.job import COLLECT_FUNCTION, JobId, Payload, Source, make_payload, sign
 from gearfarm.formats.result import PRODUCT, ResultRecord, open_record, seal_record
@@ -186,8 +186,8 @@ class Tally:
         if not expected:
             self.problems.append(f"{run_id}: no run recorded")
         with db.session() as s:
-            rows = {r.job_id: r for r in s.execute(select(Job.job_id, Job.status, Job.attempt, Job.digest)
-                                                   .where(Job.run_id == run_id))}
+            rows = {r.job_id: r for r in s.execute(select(JobRow.job_id, JobRow.status, JobRow.attempt, JobRow.digest)
+                                                   .where(JobRow.run_id == run_id))}
         genuine = genuine_records(store, keyring, run_id)
         self.records.update(genuine)
         starts = Counter(s.job_id for s in starts_in(logs))

@@ -78,7 +78,7 @@ def _suite(run_id: str, base: str, t: str, cases: dict[str, str], worker: str) -
                                for n, s in cases.items()])
 
 
-def verdicts(db: ResultsDB, run_id: str) -> dict[tuple[str, str], history.Verdict]:
+def verdicts(db: ResultsDB, run_id: str) -> dict[tuple[str, str], history.CaseVerdict]:
     run = db.get_run(run_id)
     assert run is not None
     return {(v.target, v.name): v for v in history.classify_run(db, run, db.jobs(run_id))}
@@ -164,7 +164,7 @@ def test_break_known_fix_per_target_and_flaky_by_rerun_and_by_flips(db_url: str)
 
 
 def test_the_flaky_window_forgets_old_flips() -> None:
-    o = history.Outcome
+    o = history.CaseRun
     old_flips = [o(f"r{i}", "x", "failed" if i % 2 else "passed") for i in range(6)]
     steady = [o(f"s{i}", "x", "passed") for i in range(12)]
     kind, _, _ = history.classify(old_flips + steady, o("now", "x", "failed"), window=10)

@@ -96,6 +96,50 @@ def test_no_two_modules_share_a_basename() -> None:
     assert {k: v for k, v in seen.items() if len(v) > 1} == {}
 
 
+def _sources() -> list[Path]:
+    return sorted(p for folder in (ROOT / "gearfarm", ROOT / "workers", ROOT / "s3") for p in folder.rglob("*.py")
+                  if "migrations" not in p.parts)
+
+
+def _type_names(tree: ast.Module) -> list[str]:
+    """Classes and type aliases (``Name = Literal[...]``) defined at a module's top level."""
+    out = [n.name for n in tree.body if isinstance(n, ast.ClassDef)]
+    for n in tree.body:
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name) \
+                and isinstance(n.value, ast.Subscript) and isinstance(n.value.value, ast.Name) \
+                and n.value.value.id in ("Literal", "Callable", "Union"):
+            out.append(n.targets[0].id)
+    return out
+
+
+def test_one_definition_of_each_class_name() -> None:
+    # Two classes of one name (the ledger's Outcome beside history's and bisection's) make a
+    # reader open both to know which one a signature means.
+    seen: dict[str, list[str]] = {}
+    for path in _sources():
+        for name in _type_names(ast.parse(path.read_text())):
+            seen.setdefault(name, []).append(str(path.relative_to(ROOT)))
+    assert {k: v for k, v in seen.items() if len(v) > 1} == {}
+
+
+# Route tables: one entry per page, read as a table rather than as a sequence.
+LONG_ALLOWED = {("gearfarm/web/app.py", "create_app")}
+LONGEST = 100
+
+
+def test_no_function_is_longer_than_100_lines() -> None:
+    lengths = []
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                assert node.end_lineno is not None
+                lengths.append((node.end_lineno - node.lineno + 1, str(path.relative_to(ROOT)), node.name))
+    lengths.sort(reverse=True)
+    print("longest functions:", ", ".join(f"{f}:{name} {n}" for n, f, name in lengths[:5]))
+    over = [(n, f, name) for n, f, name in lengths if n > LONGEST and (f, name) not in LONG_ALLOWED]
+    assert not over, f"functions over {LONGEST} lines: {over}"
+
+
 def test_nothing_imports_the_generic_top_level_names() -> None:
     for path in sorted(ROOT.glob("*/*.py")) + sorted(ROOT.glob("*/*/*.py")):
         if ".venv" in path.parts:

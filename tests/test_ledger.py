@@ -237,11 +237,11 @@ def test_concurrent_writers_on_postgresql_lose_and_duplicate_nothing(pg_url: str
     with setup.session() as s:
         from sqlalchemy import func, select
 
-        from gearfarm.db.results import Case, Delivery
+        from gearfarm.db.results import Case, DeliveryRow
 
-        n_deliveries = s.scalar(select(func.count()).select_from(Delivery).where(Delivery.run_id == "conc"))
-        applied_per_job = dict(s.execute(select(Delivery.job_id, func.count()).where(
-            Delivery.run_id == "conc", Delivery.outcome == "applied").group_by(Delivery.job_id)).all())
+        n_deliveries = s.scalar(select(func.count()).select_from(DeliveryRow).where(DeliveryRow.run_id == "conc"))
+        applied_per_job = dict(s.execute(select(DeliveryRow.job_id, func.count()).where(
+            DeliveryRow.run_id == "conc", DeliveryRow.outcome == "applied").group_by(DeliveryRow.job_id)).all())
         n_cases = s.scalar(select(func.count()).select_from(Case).where(Case.run_id == "conc"))
     assert n_deliveries == 8 * len(offered)  # every offer is accounted for
     assert all(1 <= n <= 3 for n in applied_per_job.values()) and len(applied_per_job) == len(jobs)

@@ -23,7 +23,7 @@ from sqlalchemy import func, select
 from gearfarm import config as config_mod
 from gearfarm.config import FarmConfig, ProjectConfig
 from gearfarm.db.registry import Registry
-from gearfarm.db.results import Case, Delivery, ResultsDB
+from gearfarm.db.results import Case, DeliveryRow, ResultsDB
 from gearfarm.formats import catalog as catalog_mod
 from gearfarm.formats.job import JobId
 from gearfarm.formats.result import CaseResult, ResultRecord, seal_record
@@ -212,9 +212,9 @@ def count_cases(db: ResultsDB, job_id: str) -> int:
         return int(s.scalar(select(func.count()).select_from(Case).where(Case.job_id == job_id)) or 0)
 
 
-def last_delivery(db: ResultsDB) -> Delivery:
+def last_delivery(db: ResultsDB) -> DeliveryRow:
     with db.session() as s:
-        row = s.scalars(select(Delivery).order_by(Delivery.id.desc()).limit(1)).one()
+        row = s.scalars(select(DeliveryRow).order_by(DeliveryRow.id.desc()).limit(1)).one()
         s.expunge(row)
         return row
 
@@ -435,7 +435,7 @@ def test_a_suite_of_50000_cases_reports_every_case(night: dict[str, Any]) -> Non
     assert count_cases(db, many.job_id) == 50_000
     assert len(many.cases) == 50_000 and many.cases_count == 50_000 and many.cases_sha256
     with db.session() as s:
-        rejected = s.scalars(select(Delivery.reason).where(Delivery.outcome == "rejected")).all()
+        rejected = s.scalars(select(DeliveryRow.reason).where(DeliveryRow.outcome == "rejected")).all()
     assert rejected == []
     # The report: the run's JUnit file has every case of the suite.
     suites = ET.parse(run_dir / "junit.xml").getroot()

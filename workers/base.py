@@ -1,6 +1,6 @@
 """What every worker role shares: connecting to gearmand and S3, checking payloads before
 anything runs (the nightly's signature, unique id, deadline, the run not closed), a heartbeat for
-the whole job including delivery, the job's dir and log around the kind's own work (a Step), and
+the whole job including delivery, the job's dir and log around the kind's own work (an Attempt), and
 delivering the result record sealed with this host's own key (to S3 first, the durable copy, then
 to the collector through Gearman, spooling locally when that fails)."""
 
@@ -39,7 +39,7 @@ from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError
 from gearfarm.step import sandbox
 
-log = logging.getLogger("gearfarm.worker")
+log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 5.0
 LOG_TAIL_LINES = 40
 
@@ -260,10 +260,10 @@ class Context:
 # own work, in its job dir under the host lock) → handle_result (the record delivered). A kind's
 # module holds only its work: build.handle, test.handle, perf.handle.
 
-Work = Callable[["Step"], ResultRecord]
+Work = Callable[["Attempt"], ResultRecord]
 
 
-class Step:
+class Attempt:
     """What a kind's work is given: the payload, its catalog and target, a fresh job dir whose log
     is begun, the timings so far; and the two ways a step ends (``record``, ``refuse``)."""
 
@@ -399,19 +399,11 @@ def run_step(ctx: Context, p: Payload, work: Work) -> ResultRecord:
     """The kind's work, given the job's catalog and target (checked by the payload's sha256) and
     a job dir that is removed after it."""
     started = time.time()
-    try:
-        cat = snapshot.fetch_catalog(ctx.store, p.catalog_sha256)
-        target = cat.target(p.target)
-        # Under the worker's own work dir, so a worker killed mid-job has it swept on restart.
-        with process.job_dir(ctx.work, ctx.role) as tmpd:
-            return work(Step(ctx, p, cat, target, tmpd, started))
-    except Exception as e:
-        if ctx.role != "build":
-            raise
-        # A build makes its record of any failure here, under the host lock and timed from its
-        # start. This includes a cancel, which a build thus reports as `infra`, not `cancelled`.
-        log.exception("build %s failed inside the worker", p.job_id)
-        return _infra(ctx, p, "build worker error", e, started)
+    cat = snapshot.fetch_catalog(ctx.store, p.catalog_sha256)
+    target = cat.target(p.target)
+    # Under the worker's own work dir, so a worker killed mid-job has it swept on restart.
+    with process.job_dir(ctx.work, ctx.role) as tmpd:
+        return work(Attempt(ctx, p, cat, target, tmpd, started))
 
 
 def _infra(ctx: Context, p: Payload, what: str, e: Exception, started: float) -> ResultRecord:

@@ -23,9 +23,9 @@ from gearfarm.formats.result import ResultRecord
 from gearfarm.run import snapshot
 from gearfarm.s3 import artifact, keys
 from gearfarm.step import runner
-from gearfarm.workers.base import Step
+from gearfarm.workers.base import Attempt
 
-log = logging.getLogger("gearfarm.worker.build")
+log = logging.getLogger(__name__)
 
 
 def tool_version(tool: str) -> str:
@@ -48,7 +48,7 @@ def missing_tools(target: Target) -> list[str]:
     return [t for t in target.tools if shutil.which(t) is None]
 
 
-def handle(step: Step) -> ResultRecord:
+def handle(step: Attempt) -> ResultRecord:
     """Whatever goes wrong here (catalog or snapshot unreadable, tools missing, upload error)
     becomes the build's record (base.run_step); the ledger then ends the target's test and perf
     jobs with it, so no run waits for a job that cannot start."""
@@ -65,7 +65,7 @@ def handle(step: Step) -> ResultRecord:
         return step.refuse(str(e))
 
 
-def build(step: Step) -> ResultRecord:
+def build(step: Attempt) -> ResultRecord:
     ctx, p, cat, target, tmpd, timings = step.ctx, step.p, step.cat, step.target, step.tmpd, step.timings
     tc_id, versions, definition = toolchain(cat, target)
     step.note(f"tools:\n{versions}")
@@ -133,7 +133,7 @@ def build(step: Step) -> ResultRecord:
                        manifest_sha256=man_sha if ok else None)
 
 
-def reusable(step: Step, signed: SignedBuild | None, man_key: str) -> dict[str, object] | None:
+def reusable(step: Attempt, signed: SignedBuild | None, man_key: str) -> dict[str, object] | None:
     """The stored manifest of a build the farm signed, when S3 still holds it as signed (its
     sha256 and the archive's it names); None when there is nothing to reuse (the build runs).
     A manifest the farm did not sign is never trusted: the bucket is not the truth."""

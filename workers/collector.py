@@ -26,7 +26,7 @@ from gearfarm.hosts.connection import gearman_worker
 from gearfarm.run.ledger import Ledger
 from gearfarm.s3.store import ArtifactStore, StoreError
 
-log = logging.getLogger("gearfarm.collector")
+log = logging.getLogger(__name__)
 
 
 def make_handler(ledger: Ledger, store: CaseStore | None = None):  # noqa: ANN201 - the handler

@@ -22,7 +22,7 @@ from gearfarm.perf.pairs import Paired
 from gearfarm.s3.artifact import MANIFEST, ArtifactError
 from gearfarm.step import runner
 from gearfarm.step.sandbox import Sandbox
-from gearfarm.workers.base import Step
+from gearfarm.workers.base import Attempt
 from gearfarm.workers.test import fetch_artifact
 
 
@@ -43,7 +43,7 @@ def identical(new_tree: Path, base_tree: Path) -> bool | None:
     return None if new is None or base is None else new == base
 
 
-def handle(step: Step) -> ResultRecord:
+def handle(step: Attempt) -> ResultRecord:
     ctx, p, tmpd, log_path = step.ctx, step.p, step.tmpd, step.log_path
     assert p.name is not None
     bench = step.cat.benchmark(p.name)

@@ -14,9 +14,9 @@ from gearfarm.formats.result import ResultRecord
 from gearfarm.run import snapshot
 from gearfarm.s3 import artifact, keys
 from gearfarm.step import runner, wine
-from gearfarm.workers.base import Context, Step
+from gearfarm.workers.base import Attempt, Context
 
-log = logging.getLogger("gearfarm.worker.test")
+log = logging.getLogger(__name__)
 
 
 def fetch_artifact(ctx: Context, p: Payload, tree: Path, timings: dict[str, float], source: bool = False) -> Path:
@@ -40,7 +40,7 @@ def fetch_artifact(ctx: Context, p: Payload, tree: Path, timings: dict[str, floa
     return tree
 
 
-def handle(step: Step) -> ResultRecord:
+def handle(step: Attempt) -> ResultRecord:
     ctx, p, target = step.ctx, step.p, step.target
     assert p.name is not None
     suite = step.cat.suite(p.name)

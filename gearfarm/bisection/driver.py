@@ -46,7 +46,7 @@ from gearfarm.run.execution import Executor
 from gearfarm.run.ledger import Ledger
 from gearfarm.s3.store import ArtifactStore, StoreError
 
-log = logging.getLogger("gearfarm.bisection")
+log = logging.getLogger(__name__)
 # Pairs before a revision may be called the same as the known-good build (Pinpoint starts with
 # 10 repetitions): with 5 a side, one outlier lifts the rank tests' p from 0.008 to 0.08, above
 # the high threshold of a change of several IQRs (measured: a -5.2 % revision called "same").
@@ -159,7 +159,7 @@ class Runner:
                 log.warning("%s: the results database is away; its state stays 'running'", self.row.run_prefix)
             raise BisectionError(f"{self.row.run_prefix}: the farm could not go on: {why}") from e
 
-    def _search(self, revs: list[str]) -> bisect.Outcome:
+    def _search(self, revs: list[str]) -> bisect.SearchResult:
         st = self.settings
         if isinstance(self.subject, TestSubject):
             ends = (self._judge_test(revs[0], st.confirm), self._judge_test(revs[-1], st.confirm))
@@ -175,7 +175,7 @@ class Runner:
             return bisect.search(revs, lambda rev: self._judge_perf(rev, sought), st.budget, ends=(good, bad))
         return bisect.search(revs, lambda rev: self._judge_perf(rev, st.change), st.budget, ends=(good, bad))
 
-    def _finish(self, out: bisect.Outcome) -> Bisection:
+    def _finish(self, out: bisect.SearchResult) -> Bisection:
         assert self.row is not None
         st = self.settings
         detail: dict[str, Any] = {
@@ -254,7 +254,7 @@ class Runner:
         # (a difference the other way or under half the change sought, or "same" while the estimate
         # shows the change: the host's noise either way) was measured further; at max_pairs, the
         # nearer of no change and the change sought decides.
-        verdict: bisect.Verdict = "bad" if _like(cmp.change, change, either) else "good"
+        verdict: bisect.ProbeVerdict = "bad" if _like(cmp.change, change, either) else "good"
         ev = {"rev": rev, "verdict": verdict, "built": built, "runs": runs, "pairs": cmp.size,
               "change": cmp.change, "p": cmp.p_value, "high_threshold": cmp.high_threshold,
               "magnitude_iqr": cmp.magnitude, "result": cmp.result, "why": why}

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Verdict = Literal["good", "bad", "skip", "flaky"]
+ProbeVerdict = Literal["good", "bad", "skip", "flaky"]
 # How a bisection ended: one culprit; no culprit (the bad end does not differ from the good
 # end after all); flaky (the verdict is chance); budget (builds, jobs or hours spent: the range
 # so far); unbuildable (only commits that do not build are left between good and bad).
@@ -43,14 +43,14 @@ class Probe:
     jobs it ran, and the evidence (figures, per-repetition statuses) for the report."""
 
     rev: str
-    verdict: Verdict
+    verdict: ProbeVerdict
     built: bool = False
     jobs: int = 0
     evidence: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass
-class Outcome:
+class SearchResult:
     state: State
     # The culprit (state "found"), else None.
     culprit: str | None
@@ -74,7 +74,7 @@ Judge = Callable[[str], Probe]
 
 
 def search(revs: list[str], judge: Judge, budget: Budget | None = None, ends: tuple[Probe, Probe] | None = None,
-           clock: Callable[[], float] = time.monotonic, unreproduced: State = "no_culprit") -> Outcome:
+           clock: Callable[[], float] = time.monotonic, unreproduced: State = "no_culprit") -> SearchResult:
     """Bisect ``revs`` (the last good revision first, then every later commit up to the first bad
     one). ``ends``: the verdicts of both ends when the caller judged them already (a confirmed
     pair: good, then bad); otherwise both ends are judged first, and the search stops unless
@@ -90,10 +90,10 @@ def search(revs: list[str], judge: Judge, budget: Budget | None = None, ends: tu
     probes += [good, bad]
     lo, hi = 0, len(revs) - 1
 
-    def outcome(state: State, message: str) -> Outcome:
+    def outcome(state: State, message: str) -> SearchResult:
         suspects = revs[lo + 1:hi + 1]
         culprit = suspects[0] if state == "found" else None
-        return Outcome(state, culprit, suspects, revs[lo], revs[hi], probes, message)
+        return SearchResult(state, culprit, suspects, revs[lo], revs[hi], probes, message)
 
     for end, want in ((good, "good"), (bad, "bad")):
         if end.verdict == "flaky":
@@ -139,7 +139,7 @@ def _pick(lo: int, hi: int, skipped: set[int]) -> int | None:
     return None
 
 
-def judge_test(statuses: list[str]) -> Verdict:
+def judge_test(statuses: list[str]) -> ProbeVerdict:
     """A test's verdict from its repetitions at one revision: all passed is good, all failed is
     bad, both is flaky; no repetition that ran (the build failed, the case is missing) is skip."""
     ran = [s for s in statuses if s in ("passed", "failed", "error")]

@@ -28,7 +28,7 @@ from typing import Any
 from gearfarm.db.results import ResultsDB, Run
 from gearfarm.formats.result import PRODUCT_FAILURES, ResultRecord
 
-log = logging.getLogger("gearfarm.history")
+log = logging.getLogger(__name__)
 
 # Runs of a target looked at for flakiness, and how many status changes in them make a test
 # flaky. Two changes are a break and its fix (pass, fail, fail, pass) and must stay "fixed";
@@ -42,7 +42,7 @@ KINDS = ("new", "known", "fixed", "flaky", "passed")
 
 
 @dataclass
-class Outcome:
+class CaseRun:
     """One result of one test case on one target in one run (first attempt), and the result
     of its re-run when there was one."""
 
@@ -57,7 +57,7 @@ class Outcome:
 
 
 @dataclass
-class Verdict:
+class CaseVerdict:
     target: str
     suite: str
     name: str
@@ -77,7 +77,7 @@ class Verdict:
         return {**asdict(self), "test": self.test}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Verdict:
+    def from_dict(cls, d: dict[str, Any]) -> CaseVerdict:
         return cls(**{k: v for k, v in d.items() if k != "test"})
 
 
@@ -86,8 +86,8 @@ def flips(statuses: Iterable[str]) -> int:
     return sum(1 for a, b in zip(seq, seq[1:], strict=False) if a != b)
 
 
-def classify(history: list[Outcome], current: Outcome, window: int = WINDOW,
-             flip_limit: int = FLIP_LIMIT) -> tuple[str, str, Outcome | None]:
+def classify(history: list[CaseRun], current: CaseRun, window: int = WINDOW,
+             flip_limit: int = FLIP_LIMIT) -> tuple[str, str, CaseRun | None]:
     """The verdict for ``current`` given the earlier outcomes (oldest first) of the same test on
     the same target: (kind, reason, first outcome of the failing streak for known/fixed)."""
     recent = history[-(window - 1):] if window > 1 else []
@@ -115,7 +115,7 @@ def classify(history: list[Outcome], current: Outcome, window: int = WINDOW,
     return "passed", "", None
 
 
-def streak_start(history: list[Outcome]) -> Outcome | None:
+def streak_start(history: list[CaseRun]) -> CaseRun | None:
     """The first outcome of the failing streak that ends the history."""
     start = None
     for o in reversed(history):
@@ -188,7 +188,7 @@ def _statuses(db: ResultsDB, run_ids: list[str]) -> dict[tuple[str, str, str, st
     return out
 
 
-def classify_run(db: ResultsDB, run: Run, records: list[ResultRecord], window: int = WINDOW) -> list[Verdict]:
+def classify_run(db: ResultsDB, run: Run, records: list[ResultRecord], window: int = WINDOW) -> list[CaseVerdict]:
     """Every test case of the run with its verdict (passing ones included, kind "passed")."""
     current = current_outcomes([r for r in records if r.run_id == run.run_id])
     targets = sorted({t for t, _, _ in current})
@@ -206,16 +206,16 @@ def classify_run(db: ResultsDB, run: Run, records: list[ResultRecord], window: i
             rerun_status[(parent, target, suite, name)] = st
     verdicts = []
     for (target, suite, name), (status, rec) in sorted(current.items()):
-        hist = [Outcome(r.run_id, revs[r.run_id], past[k], rerun_status.get(k))
+        hist = [CaseRun(r.run_id, revs[r.run_id], past[k], rerun_status.get(k))
                 for r in earlier[target]
                 if (k := (r.run_id, target, suite, name)) in past]
-        cur = Outcome(run.run_id, run.rev, status, rerun_status.get((run.run_id, target, suite, name)))
+        cur = CaseRun(run.run_id, run.rev, status, rerun_status.get((run.run_id, target, suite, name)))
         kind, reason, since = classify(hist, cur, window)
         if kind == "known" and since is None:
             since = cur
         if since is not None and hist and since is hist[0] and len(earlier[target]) >= HISTORY_RUNS:
             reason = f"since before run {since.run_id}"
-        verdicts.append(Verdict(target=target, suite=suite, name=name, kind=kind, reason=reason,
+        verdicts.append(CaseVerdict(target=target, suite=suite, name=name, kind=kind, reason=reason,
                                 since_run=since.run_id if since else None, since_rev=since.rev if since else None,
                                 rerun=cur.rerun, job_id=rec.job_id,
                                 history=[o.status for o in hist[-(window - 1):]] + [status]))
@@ -234,7 +234,7 @@ def history_of(db: ResultsDB, test: str, window: int = WINDOW, project: str | No
     for parent, children in reruns.items():
         for (_rid, target, suite, name), st in _statuses(db, children).items():
             rerun_status[(parent, target, suite, name)] = st
-    seen: dict[tuple[str, str, str], list[Outcome]] = {}
+    seen: dict[tuple[str, str, str], list[CaseRun]] = {}
     out = []
     for case, run in rows:
         st = _case_status(case.status)
@@ -242,7 +242,7 @@ def history_of(db: ResultsDB, test: str, window: int = WINDOW, project: str | No
             out.append((run, case.target, case.suite, case.status, "-"))
             continue
         hist = seen.setdefault((run.project, case.target, case.suite), [])
-        cur = Outcome(run.run_id, run.rev, st, rerun_status.get((run.run_id, case.target, case.suite, case.name)))
+        cur = CaseRun(run.run_id, run.rev, st, rerun_status.get((run.run_id, case.target, case.suite, case.name)))
         kind, reason, since = classify(hist, cur, window)
         label = kind
         if kind in ("known", "fixed") and since is not None:

@@ -33,7 +33,7 @@ class RegistryError(ValueError):
 
 
 @dataclass(frozen=True)
-class Entry:
+class HostKeyEntry:
     kid: str
     host: str
     public_key: str
@@ -54,25 +54,25 @@ def _when(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(t or 0))
 
 
-def _entry(row: HostKey) -> Entry:
-    return Entry(row.kid, row.host, row.public_key, tuple(row.roles), tuple(row.targets), row.added_at,
-                 row.revoked_at)
+def _entry(row: HostKey, revoked_at: float | None = None) -> HostKeyEntry:
+    return HostKeyEntry(row.kid, row.host, row.public_key, tuple(row.roles), tuple(row.targets), row.added_at,
+                        revoked_at or row.revoked_at)
 
 
 class Registry:
     def __init__(self, db: ResultsDB, ttl: float = 2.0) -> None:
         self.db = db
         self.ttl = ttl
-        self._cache: dict[str, Entry] = {}
+        self._cache: dict[str, HostKeyEntry] = {}
         self._loaded = float("-inf")
 
     # ------------------------------------------------------------------ reading
 
-    def entries(self) -> list[Entry]:
+    def entries(self) -> list[HostKeyEntry]:
         with self.db.session() as s:
             return [_entry(r) for r in s.scalars(select(HostKey).order_by(HostKey.host, HostKey.added_at))]
 
-    def entry(self, kid: str) -> Entry | None:
+    def entry(self, kid: str) -> HostKeyEntry | None:
         """The entry of a key id (revoked ones too), from a cache at most ``ttl`` seconds old."""
         now = time.monotonic()
         if now - self._loaded > self.ttl:
@@ -103,7 +103,7 @@ class Registry:
 
     # ------------------------------------------------------------------ changing
 
-    def add(self, host: str, public_key: str, roles: Iterable[str], targets: Iterable[str]) -> Entry:
+    def add(self, host: str, public_key: str, roles: Iterable[str], targets: Iterable[str]) -> HostKeyEntry:
         if not HOST_RE.match(host):
             raise RegistryError(f"host name {host[:80]!r}: letters, digits, '.', '_' and '-', at most 64")
         key = parse_public(public_key)
@@ -134,7 +134,7 @@ class Registry:
         self._loaded = float("-inf")
         return entry
 
-    def revoke(self, who: str) -> list[Entry]:
+    def revoke(self, who: str) -> list[HostKeyEntry]:
         """Revoke one key (by its id) or every key of a host (by its name); the entries revoked."""
         now = time.time()
         with self.db.session(write=True) as s:
@@ -144,4 +144,4 @@ class Registry:
                 raise RegistryError(f"no active key with id or host {who[:80]!r} (gearfarm keys list)")
             s.execute(update(HostKey).where(cond, HostKey.revoked_at.is_(None)).values(revoked_at=now))
         self._loaded = float("-inf")
-        return [Entry(r.kid, r.host, r.public_key, tuple(r.roles), tuple(r.targets), r.added_at, now) for r in rows]
+        return [_entry(r, now) for r in rows]

@@ -46,7 +46,7 @@ from gearfarm.formats.catalog import Catalog, CatalogError
 from gearfarm.formats.job import Artifact
 from gearfarm.formats.result import TERMINAL, ResultRecord
 
-log = logging.getLogger("gearfarm.store")
+log = logging.getLogger(__name__)
 
 
 class Base(DeclarativeBase):
@@ -86,7 +86,7 @@ class Run(Base):
     catalog_sha256: Mapped[str | None] = mapped_column(ForeignKey("catalogs.sha256"), nullable=True)
 
 
-class Job(Base):
+class JobRow(Base):
     __tablename__ = "jobs"
     job_id: Mapped[str] = mapped_column(String(200), primary_key=True)
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.run_id"), index=True)
@@ -122,7 +122,7 @@ class LateResult(Base):
     arrived_at: Mapped[float] = mapped_column(Float)
 
 
-class Delivery(Base):
+class DeliveryRow(Base):
     """Every record offered to the ledger and what it did: applied, duplicate, superseded,
     late, or rejected (forged, unknown job, malformed). Chaos tests count from it; status
     shows the rejections."""
@@ -507,19 +507,20 @@ class ResultsDB:
 
     def jobs(self, run_id: str) -> list[ResultRecord]:
         with self.session() as s:
-            rows = s.scalars(select(Job).where(Job.run_id == run_id).order_by(Job.job_id))
+            rows = s.scalars(select(JobRow).where(JobRow.run_id == run_id).order_by(JobRow.job_id))
             return [ResultRecord.model_validate(r.record) for r in rows]
 
     def job(self, job_id: str) -> ResultRecord | None:
         """The record a job's row holds now (the one the ledger ranked first), if any."""
         with self.session() as s:
-            row = s.get(Job, job_id)
+            row = s.get(JobRow, job_id)
             return ResultRecord.model_validate(row.record) if row is not None else None
 
     def job_states(self, run_id: str) -> dict[str, str]:
         """{job id: status} of a run's jobs, without reading their records (polled often)."""
         with self.session() as s:
-            return {jid: st for jid, st in s.execute(select(Job.job_id, Job.status).where(Job.run_id == run_id))}
+            q = select(JobRow.job_id, JobRow.status).where(JobRow.run_id == run_id)
+            return {jid: st for jid, st in s.execute(q)}
 
     def terminal_ids(self, run_id: str) -> set[str]:
         return {jid for jid, st in self.job_states(run_id).items() if st in TERMINAL}
@@ -568,8 +569,8 @@ class ResultsDB:
         if not ids:
             return []
         with self.session() as s:
-            q = select(Job.run_id, Job.target, Job.step, Job.status, Job.started_at, Job.finished_at
-                       ).where(Job.run_id.in_(ids))
+            q = select(JobRow.run_id, JobRow.target, JobRow.step, JobRow.status, JobRow.started_at, JobRow.finished_at
+                       ).where(JobRow.run_id.in_(ids))
             return [tuple(r) for r in s.execute(q)]  # type: ignore[misc]
 
     def run_times(self, run_ids: Iterable[str]) -> dict[str, float]:
@@ -739,9 +740,9 @@ class ResultsDB:
         manifest by sha256 (records the ledger applied, so signed by a registered build host),
         newest first, one per artifact key: the builds a build job may reuse."""
         with self.session() as s:
-            q = (select(Job.record).join(Run, Run.run_id == Job.run_id)
-                 .where(Run.project == project, Run.rev == rev, Job.target == target, Job.step == "build",
-                        Job.status == "passed").order_by(Job.finished_at.desc()))
+            q = (select(JobRow.record).join(Run, Run.run_id == JobRow.run_id)
+                 .where(Run.project == project, Run.rev == rev, JobRow.target == target, JobRow.step == "build",
+                        JobRow.status == "passed").order_by(JobRow.finished_at.desc()))
             out: dict[str, ResultRecord] = {}
             for (data,) in s.execute(q.limit(200)):
                 r = ResultRecord.model_validate(data)
@@ -837,7 +838,8 @@ class ResultsDB:
         if not run_ids:
             return {}
         with self.session() as s:
-            rows = s.scalars(select(Job).where(Job.run_id.in_(run_ids), Job.target == target, Job.step == step))
+            rows = s.scalars(select(JobRow).where(JobRow.run_id.in_(run_ids), JobRow.target == target,
+                                                 JobRow.step == step))
             return {r.run_id: ResultRecord.model_validate(r.record) for r in rows}
 
     def perf_keys(self, run_id: str) -> list[tuple[str, str, str, str]]:
@@ -860,12 +862,12 @@ class ResultsDB:
     def delivery_counts(self, since: float = 0.0) -> dict[str, int]:
         """Outcome -> number of records offered to the ledger since ``since``."""
         with self.session() as s:
-            q = select(Delivery.outcome, func.count()).where(Delivery.at >= since).group_by(Delivery.outcome)
+            q = select(DeliveryRow.outcome, func.count()).where(DeliveryRow.at >= since).group_by(DeliveryRow.outcome)
             return {outcome: n for outcome, n in s.execute(q)}
 
-    def deliveries(self, run_id: str) -> list[Delivery]:
+    def deliveries(self, run_id: str) -> list[DeliveryRow]:
         with self.session() as s:
-            return list(s.scalars(select(Delivery).where(Delivery.run_id == run_id).order_by(Delivery.id)))
+            return list(s.scalars(select(DeliveryRow).where(DeliveryRow.run_id == run_id).order_by(DeliveryRow.id)))
 
     def upsert_host(self, conn: Connection, fp: dict[str, str]) -> str:
         """The host's id; its row made or refreshed in the caller's transaction."""

@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from gearfarm.db.history import Verdict
+from gearfarm.db.history import CaseVerdict
 from gearfarm.db.results import Annotation, Regression, ResultsDB, Run, TriageEvent
 
 STATES = ("untriaged", "investigating", "expected", "fixed", "wontfix")
@@ -40,7 +40,7 @@ def perf_subject(benchmark: str, metric: str, host_class: str) -> str:
     return f"{benchmark}/{metric}@{host_class}" if host_class else f"{benchmark}/{metric}"
 
 
-def detected(run: Run, verdicts: list[Verdict] | None, perf_entries: list[dict[str, Any]]) -> list[Detected]:
+def detected(run: Run, verdicts: list[CaseVerdict] | None, perf_entries: list[dict[str, Any]]) -> list[Detected]:
     """What a run's report found that a person should look at: its new failures (not known,
     not flaky) and its performance changes (a change may be found a night or two after its
     first bad night; it is recorded at that night, once, however many reports raise it)."""

@@ -19,12 +19,12 @@ from typing import Literal
 from gearfarm.formats.seal import Lookup, SealError, Signer, seal, unseal
 from gearfarm.s3 import keys
 
-Kind = Literal["cancel", "closed"]
+MarkerKind = Literal["cancel", "closed"]
 
 
 @dataclass(frozen=True)
 class Marker:
-    kind: Kind
+    kind: MarkerKind
     run_id: str
     target: str | None = None  # a cancel of one job: its target and step; of the run: None
     step: str | None = None

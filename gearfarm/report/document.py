@@ -19,7 +19,7 @@ from jinja2 import Environment, FileSystemLoader
 from markupsafe import Markup, escape
 
 from gearfarm.bisection import search as bisect
-from gearfarm.db.history import Verdict
+from gearfarm.db.history import CaseVerdict
 from gearfarm.db.results import Run
 from gearfarm.formats.result import PRODUCT_FAILURES, ResultRecord
 from gearfarm.perf import trend
@@ -50,7 +50,7 @@ _env.globals["trend_svg"] = trend.svg
 
 
 def build(run: Run, records: list[ResultRecord], links: Links | None = None,
-          verdicts: list[Verdict] | None = None, reruns: list[ResultRecord] | None = None) -> dict[str, Any]:
+          verdicts: list[CaseVerdict] | None = None, reruns: list[ResultRecord] | None = None) -> dict[str, Any]:
     """The report document. ``verdicts`` (gearfarm.db.history.classify_run) add the classified
     sections and the classified headline; ``reruns`` are the records of the run's re-run;
     ``links`` says where the logs are read (default: the copies beside the report)."""
@@ -161,7 +161,7 @@ def _headline(green: bool, lead: list[str], fixed: int, infra: int, missing: lis
     return ", ".join(parts)
 
 
-def _classes(run: Run, records: list[ResultRecord], verdicts: list[Verdict], reruns: list[ResultRecord],
+def _classes(run: Run, records: list[ResultRecord], verdicts: list[CaseVerdict], reruns: list[ResultRecord],
              links: Links) -> dict[str, list[dict[str, Any]]]:
     by_job = {r.job_id: r for r in records}
     rerun_of = {(r.target, r.step): r for r in reruns}

@@ -16,7 +16,7 @@ from gearfarm.formats.result import ResultRecord
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError
 
-log = logging.getLogger("gearfarm.joblog")
+log = logging.getLogger(__name__)
 
 FILES = ("log.txt", "junit.xml")
 CHUNK = 64 * 1024

@@ -25,7 +25,7 @@ from typing import Any
 
 from gearfarm.config import MailConfig
 
-log = logging.getLogger("gearfarm.mail")
+log = logging.getLogger(__name__)
 SECURITY = ("none", "starttls", "tls")
 
 

@@ -24,7 +24,7 @@ from gearfarm.report import joblog, links, mail
 from gearfarm.report.mail import Delivery
 from gearfarm.s3.store import ArtifactStore, StoreError
 
-log = logging.getLogger("gearfarm.publisher")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -114,7 +114,7 @@ def letter(reports: list[dict[str, Any]]) -> mail.Letter:
                        images=report.mail_images(reports))
 
 
-def classify(db: ResultsDB, run: Run, records: list[ResultRecord]) -> list[history.Verdict]:
+def classify(db: ResultsDB, run: Run, records: list[ResultRecord]) -> list[history.CaseVerdict]:
     """The run's verdicts, kept with the run: the dashboard shows them without classifying the
     run again (which reads a hundred runs of history: 0.4 s against a page's 0.2 s budget)."""
     verdicts = history.classify_run(db, run, records)

@@ -31,7 +31,7 @@ from gearfarm.hosts.gearmand import Gearmand
 from gearfarm.hosts.minio_server import MinioServer
 from gearfarm.s3.keys import ROLE_WRITES
 
-log = logging.getLogger("gearfarm.farm")
+log = logging.getLogger(__name__)
 STATE_FILE = "farm.json"
 
 

@@ -58,16 +58,16 @@ from sqlalchemy import delete, func, select, tuple_, update
 from sqlalchemy.engine import Connection
 
 from gearfarm.db.registry import Registry
-from gearfarm.db.results import Case, Delivery, Job, LateResult, LeaseRow, ResultsDB, Run, SampleRow
+from gearfarm.db.results import Case, DeliveryRow, JobRow, LateResult, LeaseRow, ResultsDB, Run, SampleRow
 from gearfarm.formats.job import JobId
 from gearfarm.formats.lease import TAKEOVER, Answer, LeaseError, open_lease
 from gearfarm.formats.result import PRODUCT, CaseStore, RecordError, ResultRecord, load_cases, open_record
 
-log = logging.getLogger("gearfarm.ledger")
+log = logging.getLogger(__name__)
 _NAME_MAX = Case.__table__.c.name.type.length
 _CLASSNAME_MAX = Case.__table__.c.classname.type.length
-Outcome = Literal["applied", "duplicate", "superseded", "late", "rejected"]
-Source = Literal["collect", "reconcile", "nightly", "rule"]
+Disposition = Literal["applied", "duplicate", "superseded", "late", "rejected"]
+Channel = Literal["collect", "reconcile", "nightly", "rule"]
 
 
 @dataclass(frozen=True)
@@ -91,8 +91,8 @@ class Ledger:
 
     # ------------------------------------------------------------------ entry points
 
-    def accept(self, data: bytes, source: Source,
-               store: CaseStore | None = None) -> tuple[Outcome, ResultRecord | None]:
+    def accept(self, data: bytes, source: Channel,
+               store: CaseStore | None = None) -> tuple[Disposition, ResultRecord | None]:
         """A sealed record from a worker (through the collector or from S3). ``store`` reads the
         cases of a record that keeps them in S3; StoreError (nothing recorded) when it cannot
         now: offer the record again later."""
@@ -156,11 +156,11 @@ class Ledger:
         log.error("REFUSED lease: %s", why)
         return "refused", why
 
-    def apply(self, rec: ResultRecord, source: Source) -> Outcome:
+    def apply(self, rec: ResultRecord, source: Channel) -> Disposition:
         with self.db.writing() as conn:
             return self._apply(conn, rec, source)
 
-    def reject(self, source: Source, reason: str, rec: ResultRecord | None = None) -> None:
+    def reject(self, source: Channel, reason: str, rec: ResultRecord | None = None) -> None:
         log.error("REJECTED result record (%s): %s", source, reason)
         with self.db.writing() as conn:
             self._log(conn, source, "rejected", rec, reason)
@@ -176,7 +176,7 @@ class Ledger:
 
     # ------------------------------------------------------------------ the rules
 
-    def _apply(self, conn: Connection, rec: ResultRecord, source: Source, worker: bool = False) -> Outcome:
+    def _apply(self, conn: Connection, rec: ResultRecord, source: Channel, worker: bool = False) -> Disposition:
         why = _inconsistent(rec)
         if why:
             log.error("REJECTED result record for %s (%s): %s", rec.job_id, source, why)
@@ -200,8 +200,8 @@ class Ledger:
         data = rec.model_dump(mode="json")
         r = rank(rec)
         if row.reported_at is not None:
-            seen = select(Delivery.id).where(Delivery.job_id == rec.job_id, Delivery.digest == r.digest,
-                                             Delivery.outcome.in_(("applied", "superseded", "duplicate")))
+            seen = select(DeliveryRow.id).where(DeliveryRow.job_id == rec.job_id, DeliveryRow.digest == r.digest,
+                                             DeliveryRow.outcome.in_(("applied", "superseded", "duplicate")))
             if conn.execute(seen.limit(1)).first():
                 # Rule 4 before rule 5: the ledger ranked this very record before the report
                 # (a spool or queue replay); it is no news.
@@ -212,22 +212,23 @@ class Ledger:
                                                      arrived_at=time.time())
             new = conn.execute(stmt.on_conflict_do_nothing(index_elements=["job_id", "digest"])
                                .returning(LateResult.id)).first()
-            outcome: Outcome = "late" if new is not None else "duplicate"
+            outcome: Disposition = "late" if new is not None else "duplicate"
             self._log(conn, source, outcome, rec, "arrived after the run's report")
             return outcome
         host_id = self.db.upsert_host(conn, rec.host) if rec.host else None
         values = dict(job_id=rec.job_id, run_id=rec.run_id, target=rec.target, kind=rec.kind, step=rec.step,
                       status=rec.status, attempt=rec.attempt, worker=rec.worker, started_at=rec.started_at,
                       finished_at=rec.finished_at, record=data, host_id=host_id, prio=r.prio, digest=r.digest)
-        stmt = self.db.insert(Job).values(**values)
+        stmt = self.db.insert(JobRow).values(**values)
         new_rank = tuple_(stmt.excluded.prio, stmt.excluded.attempt, -func.coalesce(stmt.excluded.finished_at, 0.0),
                           stmt.excluded.digest)
-        old_rank = tuple_(Job.prio, Job.attempt, -func.coalesce(Job.finished_at, 0.0), Job.digest)
+        old_rank = tuple_(JobRow.prio, JobRow.attempt, -func.coalesce(JobRow.finished_at, 0.0), JobRow.digest)
         stmt = stmt.on_conflict_do_update(index_elements=["job_id"],
                                           set_={k: v for k, v in values.items() if k != "job_id"},
-                                          where=new_rank > old_rank).returning(Job.job_id)
+                                          where=new_rank > old_rank).returning(JobRow.job_id)
         if conn.execute(stmt).first() is None:
-            old = conn.execute(select(Job.digest, Job.attempt, Job.status).where(Job.job_id == rec.job_id)).one()
+            old = conn.execute(select(JobRow.digest, JobRow.attempt, JobRow.status)
+                               .where(JobRow.job_id == rec.job_id)).one()
             outcome = "duplicate" if old.digest == r.digest else "superseded"
             reason = "" if outcome == "duplicate" else f"kept attempt {old.attempt} ({old.status})"
             self._log(conn, source, outcome, rec, reason)
@@ -286,7 +287,7 @@ class Ledger:
             self._apply(conn, dep, "rule")
 
     def _log(self, conn: Connection, source: str, outcome: str, rec: ResultRecord | None, reason: str) -> None:
-        conn.execute(Delivery.__table__.insert().values(
+        conn.execute(DeliveryRow.__table__.insert().values(
             at=time.time(), source=source, outcome=outcome, reason=reason[:2000],
             job_id=rec.job_id if rec else None, run_id=rec.run_id if rec else None,
             attempt=rec.attempt if rec else None, status=rec.status if rec else None,

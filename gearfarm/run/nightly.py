@@ -44,7 +44,7 @@ from gearfarm.run.ledger import Ledger, farm_record
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError
 
-log = logging.getLogger("gearfarm.nightly")
+log = logging.getLogger(__name__)
 # How long the nightly keeps waiting for an unreachable results database past the deadline.
 DB_OUTAGE_LIMIT = 600.0
 

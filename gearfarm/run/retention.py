@@ -40,7 +40,7 @@ from gearfarm.db.results import ResultsDB
 from gearfarm.run import snapshot
 from gearfarm.s3.store import ArtifactStore
 
-log = logging.getLogger("gearfarm.retention")
+log = logging.getLogger(__name__)
 DAY = 86400.0
 
 
@@ -49,7 +49,7 @@ class RetentionError(RuntimeError):
 
 
 @dataclass
-class Entry:
+class Holding:
     """One unit of retention: a revision's builds (``artifacts/<rev>/``), its source
     (``sources/<rev>/``), a run's files (``runs/<run>/`` in S3 and ``local``, its folder on
     this host's disk, when there is one), or something never pruned."""
@@ -121,16 +121,16 @@ def kept_runs(db: ResultsDB) -> dict[str, list[str]]:
     return why
 
 
-def survey(cfg: Config, db: ResultsDB, store: ArtifactStore, now: float | None = None) -> list[Entry]:
+def survey(cfg: Config, db: ResultsDB, store: ArtifactStore, now: float | None = None) -> list[Holding]:
     """Every prefix of the store with its size, last use and why it is kept, or marked expired."""
     now = time.time() if now is None else now
     limit = now - cfg.retention.days * DAY
     revs, runs = kept_revisions(cfg, db), kept_runs(db)
     used, ages = db.revisions_last_used(), db.run_ages()
-    entries: dict[str, Entry] = {}
+    entries: dict[str, Holding] = {}
     for key, size, modified in store.objects():
         kind, name, prefix = _group(key)
-        e = entries.setdefault(prefix, Entry(kind, name, prefix))
+        e = entries.setdefault(prefix, Holding(kind, name, prefix))
         e.keys.append(key)
         e.size += size
         e.last_used = max(e.last_used, modified)
@@ -138,7 +138,7 @@ def survey(cfg: Config, db: ResultsDB, store: ArtifactStore, now: float | None =
     for d in sorted(runs_dir.iterdir()) if runs_dir.is_dir() else []:
         if not d.is_dir() or d.is_symlink():
             continue
-        e = entries.setdefault(f"runs/{d.name}/", Entry("run", d.name, f"runs/{d.name}/"))
+        e = entries.setdefault(f"runs/{d.name}/", Holding("run", d.name, f"runs/{d.name}/"))
         e.local = d
         e.last_used = max(e.last_used, d.stat().st_mtime)
         for f in d.rglob("*"):
@@ -166,14 +166,14 @@ def survey(cfg: Config, db: ResultsDB, store: ArtifactStore, now: float | None =
     return sorted(entries.values(), key=lambda e: (e.kind, -e.last_used, e.name))
 
 
-def check_safe(db: ResultsDB, entries: Iterable[Entry]) -> None:
+def check_safe(db: ResultsDB, entries: Iterable[Holding]) -> None:
     if not db.run_ages() and any(e.kind == "run" for e in entries):
         raise RetentionError("the results database has no runs while S3 or this host's disk holds run files: every "
                              "build would look ordinary and be pruned; check [database] url (the farm's own "
                              "database) and try again")
 
 
-def prune(db: ResultsDB, store: ArtifactStore, entries: list[Entry]) -> tuple[int, int, int]:
+def prune(db: ResultsDB, store: ArtifactStore, entries: list[Holding]) -> tuple[int, int, int]:
     """Delete the expired entries' objects and run folders on disk; (objects deleted, bytes
     freed, run folders deleted). S3 goes first: a folder on disk is only ever a copy."""
     check_safe(db, entries)

@@ -25,7 +25,7 @@ from gearfarm.s3 import keys
 from gearfarm.s3.artifact import ARCHIVE_SUFFIX, ARCHIVE_TYPE, ArtifactError, compressed, safe_extract
 from gearfarm.s3.store import ArtifactStore, StoreError, sha256_file
 
-log = logging.getLogger("gearfarm.snapshot")
+log = logging.getLogger(__name__)
 
 
 class SourceError(RuntimeError):

@@ -41,7 +41,7 @@ from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError
 from gearfarm.web import dashboard, selfservice
 
-log = logging.getLogger("gearfarm.web")
+log = logging.getLogger(__name__)
 TEMPLATES = Path(__file__).parents[1] / "templates" / "web"
 # The dashboard's pages: only their own origin's script and stylesheet (no inline script, so an
 # injected <script> does not run), no plugins, no <base> rewriting, forms post only here, and

@@ -27,7 +27,7 @@ from gearfarm.report.links import DashboardLinks
 from gearfarm.run import snapshot
 from gearfarm.web import svgplot
 
-log = logging.getLogger("gearfarm.dashboard")
+log = logging.getLogger(__name__)
 
 NIGHTS = 10
 # A test's page reads this many of the newest runs.
@@ -131,7 +131,7 @@ def run(db: ResultsDB, cfg: Config, run_id: str, root: str = "/") -> dict[str, A
     records = db.jobs(run_id)
     reruns = [rec for rid in db.reruns_of([run_id]).get(run_id, []) for rec in db.jobs(rid)]
     stored = (r.notes or {}).get("verdicts")
-    verdicts = ([history.Verdict.from_dict(v) for v in stored] if isinstance(stored, list)
+    verdicts = ([history.CaseVerdict.from_dict(v) for v in stored] if isinstance(stored, list)
                 else history.classify_run(db, r, records))  # not reported yet (or by an older gearfarm)
     rep = report.build(r, records, DashboardLinks(root), verdicts, reruns)
     rep["perf_figures"] = perf.figures(db, r, records)

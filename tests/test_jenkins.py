@@ -123,9 +123,9 @@ def test_the_nightly_writes_what_the_jenkinsfile_publishes(jenkins_run: tuple[in
 
 
 def test_exit_codes_the_jenkinsfile_relies_on_are_the_nightlys(tmp_path: Path) -> None:
-    from gearfarm.cli import main as cli
+    from gearfarm.formats import exitcode
 
-    assert (cli.EXIT_OK, cli.EXIT_FAILED, cli.EXIT_FARM) == (0, 1, 2)
+    assert (exitcode.EXIT_OK, exitcode.EXIT_FAILED, exitcode.EXIT_FARM) == (0, 1, 2)
     for line in ("0  everything passed", "1  a build, test or benchmark failed", "2  the farm itself could not run"):
         assert line in JENKINSFILE.read_text()
     # A farm error really is 2: a config pointing at a gearmand that is not there.

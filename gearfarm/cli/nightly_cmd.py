@@ -1,0 +1,236 @@
+"""`gearfarm nightly`: one night of every project's builds, tests and benchmarks, on a lab's
+farm or an embedded one started for it, shown on the terminal as it goes."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+from rich.markup import escape
+
+from gearfarm.cli.common import console, csv, exit_now, fail, farm_state_dir, load_config, repo_root
+from gearfarm.config import Config, ConfigError, FarmConfig, ProjectConfig
+from gearfarm.formats import catalog as catalog_mod
+from gearfarm.formats.catalog import CatalogError
+from gearfarm.formats.exitcode import EXIT_FARM
+
+if TYPE_CHECKING:
+    from rich.live import Live
+    from rich.table import Table
+
+    from gearfarm.gearman import admin
+    from gearfarm.run import nightly
+
+
+@click.command("nightly")
+@click.option("--config", "config_path", help="Lab config (TOML); default: $GEARFARM_CONFIG, else embedded.")
+@click.option("--project", "project_names", help="Comma-separated projects to build (default: every configured one).")
+@click.option("--rev", help="Revision to build (default: each project's branch); needs one project.")
+@click.option("--targets", help="Comma-separated targets (default: each project's [[projects]] targets, else all "
+                                "in its catalog).")
+@click.option("--suites", help="Comma-separated suites (default: each target's list; 'none' for build only).")
+@click.option("--benchmarks", help="Comma-separated benchmarks for perf targets (default: all; 'none').")
+@click.option("--run-id", help="Run id (default: time, project and revision); needs one project. "
+                               "Resubmitting an id adds nothing.")
+@click.option("--seed", default=1, show_default=True, type=int)
+@click.option("--repo", type=click.Path(file_okay=False, path_type=Path),
+              help="The default project's repository (when the config names no [[projects]]).")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Embedded farm state (default: $GEARFARM_STATE or <repo>/state).")
+@click.option("--keep", is_flag=True, help="Leave the embedded farm running (stop: gearfarm farm stop).")
+@click.option("--slots", type=click.IntRange(1, 256),
+              help="Embedded farm: build and test jobs run at once (default: one per core).")
+@click.option("--no-worker-wait", type=float, help="Seconds before a job with no worker is recorded so.")
+@click.option("--deadline", type=float, help="Seconds by which the run must end.")
+@click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Also copy each run's report, JUnit XML and logs to DIR/<run id>/ (e.g. a Jenkins workspace).")
+def nightly_cmd(config_path: str | None, project_names: str | None, rev: str | None, targets: str | None,
+                suites: str | None, benchmarks: str | None, run_id: str | None, seed: int, repo: Path | None,
+                state_dir: Path | None, keep: bool, slots: int | None, no_worker_wait: float | None,
+                deadline: float | None, report_dir: Path | None) -> None:
+    """Run a whole nightly: every project's build on every target, tests, collect, one report."""
+    from gearfarm.run import nightly
+
+    # cron and CI stop jobs with SIGTERM: unwind so the embedded farm is stopped, not orphaned.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(EXIT_FARM))
+    cfg = load_config(config_path)
+    if cfg is not None and slots is not None:
+        fail("--slots sets the embedded farm's worker slots; with --config, each lab host has as many slots as "
+             "worker processes it runs (docs/lab.md)")
+    default_repo = (repo or (cfg.path(cfg.farm.repo) if cfg else None) or repo_root()).resolve()
+    # Before the embedded farm exists, its config is only where projects and paths come from.
+    base = cfg or Config(farm=FarmConfig(repo=str(default_repo),
+                                         state_dir=str(farm_state_dir(state_dir, default_repo))))
+    if repo is not None and not base.projects:
+        base.farm.repo = str(default_repo)
+    try:
+        projects = _select_projects(base, project_names)
+        if len(projects) > 1 and (rev or run_id):
+            raise nightly.RunError(f"--rev and --run-id name one project's run: add --project (configured: "
+                                   f"{', '.join(p.name for p in projects)})")
+        loaded = [nightly.load_project(base, p, rev) for p in projects]
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        # Checked now, before anything starts; planned once the sources are in S3.
+        todo: list[tuple[nightly.Loaded, str, nightly.Selection]] = []
+        wanted = csv(targets)
+        for lp in loaded:
+            # --targets, else the project's own [[projects]] targets, else all of its catalog's.
+            narrowed = [_narrow(lp.catalog, kind, names, len(loaded) > 1)
+                        for kind, names in (("targets", lp.targets if wanted is None else wanted),
+                                            ("suites", csv(suites)), ("benchmarks", csv(benchmarks)))]
+            sel = nightly.select(lp.catalog, *narrowed)
+            if sel.targets:
+                todo.append((lp, run_id or f"{stamp}-{lp.name}-{lp.rev[:12]}", sel))
+            else:
+                console.print(f"[yellow]project {lp.name}: none of --targets {targets} is in its catalog; "
+                              "not built tonight[/]", highlight=False)
+        _check_known(loaded, csv(targets), csv(suites), csv(benchmarks))
+        if not todo:
+            raise nightly.RunError("no project has anything to build with these --targets")
+    except (CatalogError, nightly.RunError, ConfigError, ValueError) as e:
+        fail(str(e))
+    farm = None
+    if cfg is None:
+        from gearfarm.hosts.gearmand import GearmandError
+        from gearfarm.run.farm import EmbeddedFarm, FarmError
+        from gearfarm.s3.minio import MinioError
+
+        state = farm_state_dir(state_dir, default_repo)
+        farm = EmbeddedFarm(state, default_repo, slots=slots or 0)
+        console.print(f"starting the embedded farm in {state} …")
+        try:
+            cfg = farm.start([lp.catalog for lp, _, _ in todo], sorted({t for _, _, sel in todo for t in sel.targets}),
+                             perf=any(any(sel.benchmarks.values()) for _, _, sel in todo))
+        except (GearmandError, MinioError, FarmError, OSError) as e:
+            farm.stop()
+            fail(f"the embedded farm could not start: {e}")
+        for role, missing in farm.missing.items():
+            for t, why in missing.items():
+                console.print(f"[yellow]no {role} worker for {t}:[/] {escape(why)}")
+    assert cfg is not None
+    if no_worker_wait is not None:
+        cfg.farm.no_worker_wait = no_worker_wait
+    if deadline is not None:
+        cfg.farm.run_deadline = deadline
+    try:
+        code = _run_nightly(cfg, todo, seed, report_dir)
+    finally:
+        if farm is not None and not keep:
+            farm.stop()
+        elif farm is not None:
+            console.print(f"farm left running (config {farm.config_path}); stop it with: gearfarm farm stop")
+    exit_now(code)
+
+
+
+def _select_projects(cfg: Config, names: str | None) -> list[ProjectConfig]:
+    wanted = csv(names)
+    if not wanted:
+        return cfg.project_list()
+    return [cfg.project(n) for n in wanted]
+
+
+def _narrow(cat: catalog_mod.Catalog, kind: str, names: list[str] | None, several: bool) -> list[str] | None:
+    """With several projects, --targets/--suites/--benchmarks apply to the projects that have
+    them (a name no project has is an error, see _check_known); with one, every name must exist."""
+    if names is None or not several:
+        return names
+    known = {"targets": cat.targets, "suites": cat.suites, "benchmarks": cat.benchmarks}[kind]
+    return [n for n in names if n in known]
+
+
+def _check_known(loaded: list[nightly.Loaded], targets: list[str] | None, suites: list[str] | None,
+                 benchmarks: list[str] | None) -> None:
+    from gearfarm.run import nightly
+
+    for kind, names in (("targets", targets), ("suites", suites), ("benchmarks", benchmarks)):
+        known = {n for lp in loaded for n in getattr(lp.catalog, kind)}
+        unknown = [n for n in names or [] if n not in known]
+        if unknown:
+            raise nightly.RunError(f"unknown {kind[:-1]} {', '.join(unknown)}: no project's catalog defines it; "
+                                   f"known {kind}: {', '.join(sorted(known)) or 'none'}")
+
+
+class _ConsoleObserver:
+    """The night on the terminal: progress and problems on stderr (a live table of each run's
+    jobs on a terminal, a line per change of state otherwise), the reports on stdout."""
+
+    def __init__(self) -> None:
+        self.live: Live | None = None
+        self.last: dict[str, str] = {}
+
+    def say(self, text: str) -> None:
+        console.print(escape(text), highlight=False)
+
+    def result(self, text: str) -> None:
+        click.echo(text)
+
+    def warn(self, text: str) -> None:
+        console.print(f"[yellow]{escape(text)}[/]", highlight=False)
+
+    def problem(self, text: str) -> None:
+        console.print(f"[bold red]farm problem:[/] {escape(text)}", highlight=False)
+
+    def submitted(self, plan: nightly.Plan, created: bool) -> None:
+        self.say(f"run {plan.run_id} {'submitted' if created else 'already known; resubmitted'}: project "
+                 f"{plan.project}, rev {plan.rev[:12]}, {len(plan.targets)} targets, {len(plan.expected)} jobs")
+
+    def progress(self, plan: nightly.Plan, states: dict[str, str], functions: dict[str, admin.FunctionStatus]) -> None:
+        if console.is_terminal:
+            from rich.live import Live
+
+            if self.live is None:
+                self.live = Live(console=console, refresh_per_second=2)
+                self.live.start()
+            self.live.update(_table(plan, states, functions))
+            return
+        for j in map(str, plan.expected):
+            if states.get(j) and states.get(j) != self.last.get(j):
+                console.print(f"  {j[len(plan.run_id) + 1:]:<40} {states[j]}", highlight=False)
+        self.last.update(states)
+
+    def waited(self, plan: nightly.Plan, records: list) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+
+def _table(plan: nightly.Plan, states: dict[str, str], fns: dict[str, admin.FunctionStatus]) -> Table:
+    from rich.table import Table
+
+    from gearfarm.formats.result import TERMINAL
+
+    t = Table(title=f"run {plan.run_id}")
+    t.add_column("target")
+    for col in ("queued", "running", "passed", "failed", "other"):
+        t.add_column(col)
+    for target in plan.targets:
+        st = [states.get(str(j), "") for j in plan.expected if j.target == target]
+        running = sum(fns[f].running for f in fns if f.endswith(":" + target))
+        queued = sum(1 for s in st if s not in TERMINAL) - running
+        t.add_row(target, str(max(queued, 0)), str(running), str(st.count("passed")),
+                  str(st.count("failed") + st.count("timed_out")),
+                  str(sum(1 for s in st if s in ("skipped", "no_worker", "infra"))))
+    return t
+
+
+def _run_nightly(cfg: Config, todo: list[tuple[nightly.Loaded, str, nightly.Selection]], seed: int,
+                 report_dir: Path | None = None) -> int:
+    from gearfarm.night.sequence import NightError, Project, run_night
+
+    observer = _ConsoleObserver()
+    try:
+        return run_night(cfg, [Project(lp, rid, sel) for lp, rid, sel in todo], seed, observer, report_dir)
+    except NightError as e:
+        observer.close()
+        fail(str(e))
+    finally:
+        observer.close()
+

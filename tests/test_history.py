@@ -194,16 +194,16 @@ def test_report_orders_headline_matrix_new_fixed_flaky_known(db_url: str) -> Non
     assert run is not None
     reruns = db.jobs("r2.rerun")
     rep = report.build(run, db.jobs("r2"), None, history.classify_run(db, run, recs), reruns)
-    assert rep["headline"] == "1 new failure, 1 still failing, 1 flaky, 1 fixed"
-    assert [x["name"] for x in rep["new"]] == ["lim"] and [x["name"] for x in rep["known"]] == ["old"]
-    assert [x["name"] for x in rep["flaky"]] == ["crud"] and [x["name"] for x in rep["fixed"]] == ["fix"]
-    new = rep["new"][0]
+    assert rep.headline == "1 new failure, 1 still failing, 1 flaky, 1 fixed"
+    assert [x["name"] for x in rep.new] == ["lim"] and [x["name"] for x in rep.known] == ["old"]
+    assert [x["name"] for x in rep.flaky] == ["crud"] and [x["name"] for x in rep.fixed] == ["fix"]
+    new = rep.new[0]
     assert new["reproducer"] == (f"target={T} artifact=artifacts/{rev_of('r2')}/{T}/tc/artifact.tar.zst "
                                  f"sha256={'a' * 64} suite=unit test=lim seed=7")
     assert new["rerun_record"]["worker"] == "w2" and new["rerun_record"]["other_worker"] is True
     assert "FAIL limits" in new["log_tail"]
     txt = report.render_text(rep)
-    order = [txt.index(s) for s in (rep["headline"], "MATRIX", "NEW FAILURES (1)", "FIXED (1)", "FLAKY (1)",
+    order = [txt.index(s) for s in (rep.headline, "MATRIX", "NEW FAILURES (1)", "FIXED (1)", "FLAKY (1)",
                                     "KNOWN FAILURES (1)")]
     assert order == sorted(order), txt
     assert "failing since run r1" in txt

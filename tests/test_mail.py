@@ -46,15 +46,15 @@ def make_report(tmp_path: Path) -> tuple[ResultsDB, dict]:  # type: ignore[type-
     return db, report.build(run, db.jobs("r2"), None, history.classify_run(db, run, recs), db.jobs("r2.rerun"))
 
 
-def check_message(msg: email.message.EmailMessage, rep: dict) -> None:  # type: ignore[type-arg]
-    assert msg["Subject"] == (f"[gearfarm] engine r2 at {rep['rev'][:12]}: "
+def check_message(msg: email.message.EmailMessage, rep: report.Report) -> None:
+    assert msg["Subject"] == (f"[gearfarm] engine r2 at {rep.rev[:12]}: "
                               "1 new failure, 1 still failing, 1 flaky, 1 fixed")
     assert msg["X-Gearfarm-Run"] == "r2"
     assert msg.get_content_type() == "multipart/alternative"
     parts = [p.get_content_type() for p in msg.iter_parts()]
     assert parts == ["text/plain", "text/html"]  # the last alternative is the preferred one
     text = msg.get_body(("plain",)).get_content()  # type: ignore[union-attr]
-    assert text.splitlines()[0] == f"engine: {rep['headline']}"  # the project's headline first
+    assert text.splitlines()[0] == f"engine: {rep.headline}"  # the project's headline first
     sections = ["MATRIX", "NEW FAILURES (1)", "FIXED (1)", "FLAKY (1)", "KNOWN FAILURES (1)"]
     pos = [text.index(s) for s in sections]
     assert pos == sorted(pos)
@@ -63,7 +63,7 @@ def check_message(msg: email.message.EmailMessage, rep: dict) -> None:  # type: 
     known = text[text.index("KNOWN FAILURES"):]
     assert known.count("\n* ") == 1 and "old: failing since run r1" in known  # collapsed to one line
     html = msg.get_body(("html",)).get_content()  # type: ignore[union-attr]
-    assert f'<h1 id="headline">engine: {rep["headline"]}</h1>' in html
+    assert f'<h1 id="headline">engine: {rep.headline}</h1>' in html
     assert html.index('id="new"') < html.index('id="fixed"') < html.index('id="flaky"') < html.index('id="known"')
 
 
@@ -146,19 +146,18 @@ def test_without_mail_settings_the_nightly_message_is_written_beside_the_first_r
 
 def test_the_plots_of_every_run_are_inline_parts_the_html_names(tmp_path: Path) -> None:
     import base64
-    import copy
 
     _db, rep = make_report(tmp_path)
-    other = dict(copy.deepcopy(rep), run_id="z2", project="zlibish")
+    other = rep.model_copy(update={"run_id": "z2", "project": "zlibish"})
     entry = {"benchmark": "iibench", "metric": "rate", "target": T, "host_class": "c", "direction": "regression",
              "higher_is_better": True, "change": -0.2, "ci_low": -0.25, "ci_high": -0.15, "p_value": 0.001,
              "before": 100.0, "after": 80.0, "first_bad_rev": "b" * 40, "last_good_rev": "a" * 40,
              "first_bad_run": "r2", "nights": 9, "svg": "<svg></svg>",
              "png_b64": base64.b64encode(b"\x89PNG not really").decode()}
-    report.add_performance(rep, [entry])
-    report.add_performance(other, [entry, entry])
-    assert other["subject"].startswith("[gearfarm] zlibish z2")
-    assert other["summary"].startswith("zlibish 2 performance regressions")
+    rep = rep.with_performance([entry])
+    other = other.with_performance([entry, entry])
+    assert other.subject.startswith("[gearfarm] zlibish z2")
+    assert other.summary.startswith("zlibish 2 performance regressions")
     msg = mail.compose(publisher.letter([rep, other]), MailConfig())
     cids = sorted(p["Content-ID"] for p in msg.walk() if p.get_content_type() == "image/png")
     assert cids == ["<perf0-0>", "<perf1-0>", "<perf1-1>"]
@@ -276,5 +275,5 @@ def json_ok(path: Path) -> bool:
     return json.loads(path.read_text())["run_id"] == "r2"
 
 
-def deliver(rep: dict, out: Path, cfg: MailConfig, **kw: object) -> mail.Delivery:  # type: ignore[type-arg]
+def deliver(rep: report.Report, out: Path, cfg: MailConfig, **kw: object) -> mail.Delivery:
     return mail.deliver(publisher.letter([rep]), out, cfg, **kw)  # type: ignore[arg-type]

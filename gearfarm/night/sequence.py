@@ -191,7 +191,7 @@ def _publish(cfg: Config, db: ResultsDB, store: ArtifactStore, plans: list[night
     if problems:
         return EXIT_FARM
     bad = [r for recs in by_run.values() for r in recs if r.status not in ("passed", "skipped")]
-    missing = any((pub.reports[r.run_id] or {}).get("missing") for r in runs)
+    missing = any(pub.reports[r.run_id].missing for r in runs)
     return EXIT_FAILED if bad or missing else EXIT_OK
 
 

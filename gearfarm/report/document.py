@@ -17,6 +17,7 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader
 from markupsafe import Markup, escape
+from pydantic import BaseModel, ConfigDict
 
 from gearfarm.bisection import search as bisect
 from gearfarm.db.history import CaseVerdict
@@ -38,6 +39,95 @@ _env = Environment(loader=FileSystemLoader(Path(__file__).parents[1] / "template
 _env.filters["utc"] = lambda t: time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
 
 
+Item = dict[str, Any]  # one row of a section (a failure, a classified test, a change): JSON as written
+
+
+class Report(BaseModel):
+    """One run's report, as written to report.json and read by the templates, the mail and the
+    dashboard. Frozen: the parts added after the run's own (performance, bisections, late
+    results, the farm's problems) make a new report (``with_*``), so no reader sees one change.
+    The JSON holds the fields that were set: a report nobody added bisections to has none."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_id: str
+    project: str
+    rev: str
+    created_at: float
+    finished_at: float
+    wall_seconds: float
+    headline: str
+    all_green: bool
+    counts: dict[str, int]
+    targets: list[str]
+    steps: list[str]
+    matrix: dict[str, dict[str, Item]]  # target -> step -> its cell
+    failures: list[Item]
+    infra: list[Item]
+    cancelled: list[Item]
+    classified: bool
+    new: list[Item]
+    known: list[Item]
+    fixed: list[Item]
+    flaky: list[Item]
+    links_base: str | None
+    dashboard: str | None
+    missing: list[str]
+    stage_seconds: dict[str, float]
+    target_seconds: dict[str, float]
+    overhead_seconds: float
+    queue_wait_seconds: float
+    work_seconds: float
+    jobs: list[Item]
+    reruns: list[Item]
+    subject: str = ""  # its own mail's subject and its HTML title
+    summary: str = ""  # its part of a nightly mail's subject: "engine passed"
+    performance: list[Item] | None = None
+    perf_figures: list[Item] | None = None
+    bisections: list[Item] | None = None
+    late: list[Item] | None = None
+    problems: list[str] | None = None
+
+    def titled(self) -> Report:
+        """The report with its one-line titles made from its headline."""
+        fixed = len(self.fixed)
+        green = "passed" + (f", {fixed} fixed" if fixed else "")
+        return self.model_copy(update={
+            "subject": f"[gearfarm] {self.project} {self.run_id} at {self.rev[:12]}: {self.headline}",
+            "summary": f"{self.project} {green if self.all_green else self.headline}"})
+
+    def with_performance(self, entries: list[Item], figures: Sequence[Item] = ()) -> Report:
+        """The performance section: the changes (``entries``; regressions also go into the
+        headline) and the night's figures (gearfarm.perf.analysis.figures)."""
+        rep = self.model_copy(update={"performance": entries, "perf_figures": list(figures)})
+        regressions = sum(1 for e in entries if e["direction"] == "regression")
+        if not regressions:
+            return rep
+        word = "regression" if regressions == 1 else "regressions"
+        return rep.model_copy(update={
+            "headline": f"{regressions} performance {word}, " + self.headline.removeprefix("all green: "),
+            "all_green": False}).titled()
+
+    def with_late(self, late: list[tuple[float, ResultRecord]]) -> Report:
+        """Results that arrived after the report was made: shown apart and marked, never mixed
+        into the matrix the report and the mail were made from."""
+        return self.model_copy(update={"late": [
+            {"job_id": r.job_id, "target": r.target, "step": r.step, "status": r.status, "attempt": r.attempt,
+             "worker": r.worker, "arrived_at": at, "message": r.message} for at, r in late]})
+
+    def with_bisections(self, rows: Sequence[Any]) -> Report:
+        """The bisections of the regressions the run found (gearfarm.db.results.Bisection rows),
+        each with its culprit, confidence and the evidence per revision, oldest revision first."""
+        return self.model_copy(update={"bisections": [_bisection(b) for b in rows]})
+
+    def with_problems(self, problems: list[str]) -> Report:
+        return self.model_copy(update={"problems": problems})
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields that were set (report.json, the dashboard's JSON)."""
+        return self.model_dump(exclude_unset=True)
+
+
 def image_cid(section: int, index: int) -> str:
     """The content id of a plot in the mail: the ``index``-th performance entry of the
     ``section``-th run, unique across the runs one message covers."""
@@ -50,7 +140,7 @@ _env.globals["trend_svg"] = trend.svg
 
 
 def build(run: Run, records: list[ResultRecord], links: Links | None = None,
-          verdicts: list[CaseVerdict] | None = None, reruns: list[ResultRecord] | None = None) -> dict[str, Any]:
+          verdicts: list[CaseVerdict] | None = None, reruns: list[ResultRecord] | None = None) -> Report:
     """The report document. ``verdicts`` (gearfarm.db.history.classify_run) add the classified
     sections and the classified headline; ``reruns`` are the records of the run's re-run;
     ``links`` says where the logs are read (default: the copies beside the report)."""
@@ -101,7 +191,7 @@ def build(run: Run, records: list[ResultRecord], links: Links | None = None,
     headline = _headline(green, lead, fixed, infra, missing, len(records), len(by_target))
     if cancelled:
         headline = ", ".join(x for x in (headline, f"{len(cancelled)} cancelled") if x)
-    rep: dict[str, Any] = {
+    return Report(**{
         "run_id": run.run_id, "project": run.project, "rev": run.rev, "created_at": run.created_at,
         "finished_at": finished, "wall_seconds": round(finished - run.created_at, 3), "headline": headline,
         "all_green": green, "counts": counts,
@@ -117,18 +207,7 @@ def build(run: Run, records: list[ResultRecord], links: Links | None = None,
         "work_seconds": round(stage_totals["build"] + stage_totals["test"], 3),
         "jobs": [r.model_dump(mode="json", exclude={"log_tail"}) for r in records],
         "reruns": [r.model_dump(mode="json", exclude={"log_tail", "cases"}) for r in reruns or []],
-    }
-    _titles(rep)
-    return rep
-
-
-def _titles(rep: dict[str, Any]) -> None:
-    """The run's one-line titles, made from its headline: ``subject`` (its own mail's, and its
-    HTML title) and ``summary`` (its part of a nightly mail's subject: "engine passed")."""
-    rep["subject"] = f"[gearfarm] {rep['project']} {rep['run_id']} at {rep['rev'][:12]}: {rep['headline']}"
-    fixed = len(rep["fixed"])
-    green = "passed" + (f", {fixed} fixed" if fixed else "")
-    rep["summary"] = f"{rep['project']} {green if rep['all_green'] else rep['headline']}"
+    }).titled()
 
 
 def _target_spans(records: list[ResultRecord]) -> dict[str, float]:
@@ -203,57 +282,43 @@ def reproducer(r: ResultRecord, run: Run, test: str | None = None) -> str:
     return line + (f" seed={seed}" if seed is not None else "")
 
 
-def add_performance(rep: dict[str, Any], entries: list[dict[str, Any]],
-                    figures: Sequence[dict[str, Any]] = ()) -> None:
-    """Put the performance section in the report: the changes (``entries``; regressions also go
-    into the headline) and the night's figures (gearfarm.perf.analysis.figures)."""
-    rep["performance"] = entries
-    rep["perf_figures"] = list(figures)
-    regressions = sum(1 for e in entries if e["direction"] == "regression")
-    if regressions:
-        word = "regression" if regressions == 1 else "regressions"
-        rep["headline"] = f"{regressions} performance {word}, " + rep["headline"].removeprefix("all green: ")
-        rep["all_green"] = False
-        _titles(rep)
-
-
-def _run_html(report: dict[str, Any], mail: bool, section: int, prefix: str) -> Markup:
-    base = (report.get("links_base") or "") if mail else ""
+def _run_html(report: Report, mail: bool, section: int, prefix: str) -> Markup:
+    base = (report.links_base or "") if mail else ""
     return Markup(_env.get_template("run.html.j2").render(r=report, mail=mail, section=section, pre=prefix,
                                                            base=base))
 
 
-def render_html(report: dict[str, Any], mail: bool = False) -> str:
+def render_html(report: Report, mail: bool = False) -> str:
     """The HTML report of one run; ``mail`` refers to plots as inline PNG parts (mail_images),
     since mail clients do not show inline SVG, while the file embeds the SVG itself."""
-    return _env.get_template("report.html.j2").render(title=report["subject"], heading=None,
+    return _env.get_template("report.html.j2").render(title=report.subject, heading=None,
                                                       sections=[_run_html(report, mail, 0, "")])
 
 
-def render_text(report: dict[str, Any]) -> str:
+def render_text(report: Report) -> str:
     """The text report of one run: the mail's text part and the console summary."""
     return _env.get_template("report.txt.j2").render(r=report)
 
 
-def mail_subject(reports: Sequence[dict[str, Any]]) -> str:
+def mail_subject(reports: Sequence[Report]) -> str:
     """The subject of the message covering ``reports``: a single run's own subject, or every
     project's summary in order ("gearfarm nightly: engine 2 new failures; zlibish passed")."""
     if len(reports) == 1:
-        return str(reports[0]["subject"])
-    return "gearfarm nightly: " + "; ".join(r["summary"] for r in reports)
+        return reports[0].subject
+    return "gearfarm nightly: " + "; ".join(r.summary for r in reports)
 
 
-def render_mail_html(reports: Sequence[dict[str, Any]]) -> str:
+def render_mail_html(reports: Sequence[Report]) -> str:
     """The message's HTML part: the run's report, or for several runs the subject as heading
     and one section per run (its report, ids prefixed by its project), in the order given."""
     if len(reports) == 1:
         return render_html(reports[0], mail=True)
     subject = mail_subject(reports)
-    sections = [_run_html(r, True, i, f"{r['project']}-") for i, r in enumerate(reports)]
+    sections = [_run_html(r, True, i, f"{r.project}-") for i, r in enumerate(reports)]
     return _env.get_template("report.html.j2").render(title=subject, heading=subject, sections=sections)
 
 
-def render_mail_text(reports: Sequence[dict[str, Any]]) -> str:
+def render_mail_text(reports: Sequence[Report]) -> str:
     """The message's text part: the run's text report, or for several runs the subject and each
     run's text report after a rule, in the order given."""
     if len(reports) == 1:
@@ -262,26 +327,20 @@ def render_mail_text(reports: Sequence[dict[str, Any]]) -> str:
     return mail_subject(reports) + "\n" + "".join(f"\n{rule}\n{render_text(r)}" for r in reports)
 
 
-def mail_images(reports: Sequence[dict[str, Any]]) -> dict[str, bytes]:
+def mail_images(reports: Sequence[Report]) -> dict[str, bytes]:
     """Content id -> PNG of every plot the message's HTML part refers to."""
     return {image_cid(i, j): base64.b64decode(e["png_b64"])
-            for i, r in enumerate(reports) for j, e in enumerate(r.get("performance", []))}
+            for i, r in enumerate(reports) for j, e in enumerate(r.performance or [])}
 
 
-def add_late(rep: dict[str, Any], late: list[tuple[float, ResultRecord]]) -> None:
-    """Results that arrived after the report was made: shown apart and marked, never mixed into
-    the matrix the report and the mail were made from."""
-    rep["late"] = [{"job_id": r.job_id, "target": r.target, "step": r.step, "status": r.status, "attempt": r.attempt,
-                    "worker": r.worker, "arrived_at": at, "message": r.message} for at, r in late]
-
-
-def write(report: dict[str, Any], records: list[ResultRecord], out_dir: Path) -> dict[str, Path]:
+def write(report: Report, records: list[ResultRecord], out_dir: Path) -> dict[str, Path]:
     """The report files on disk; they never depend on S3 or the database being up."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "report.json", "html": out_dir / "report.html", "txt": out_dir / "report.txt",
              "junit": out_dir / "junit.xml"}
-    plain = dict(report, performance=[{k: v for k, v in e.items() if k not in ("svg", "png_b64")}
-                                      for e in report.get("performance", [])])
+    plain = report.as_dict()
+    plain["performance"] = [{k: v for k, v in e.items() if k not in ("svg", "png_b64")}
+                            for e in report.performance or []]
     paths["json"].write_text(json.dumps(plain, indent=2, sort_keys=True, default=str))
     paths["html"].write_text(render_html(report))
     paths["txt"].write_text(render_text(report))
@@ -289,51 +348,46 @@ def write(report: dict[str, Any], records: list[ResultRecord], out_dir: Path) ->
     return paths
 
 
-def upload(report: dict[str, Any], paths: dict[str, Path], store: ArtifactStore) -> None:
+def upload(report: Report, paths: dict[str, Path], store: ArtifactStore) -> None:
     for ext, ctype in (("json", "application/json"), ("html", "text/html; charset=utf-8"),
                        ("txt", "text/plain; charset=utf-8")):
-        store.put_file(keys.report(report["run_id"], ext), paths[ext], ctype)
+        store.put_file(keys.report(report.run_id, ext), paths[ext], ctype)
 
 
-def add_bisections(rep: dict[str, Any], rows: Sequence[Any]) -> None:
-    """The bisections of the regressions the run found (gearfarm.db.results.Bisection rows), each
-    with its culprit, confidence and the evidence per revision, oldest revision first."""
-    out = []
-    for b in rows:
-        d = b.detail or {}
-        out.append({
-            "id": b.id, "kind": b.kind, "target": b.target, "what": "/".join(str(v) for v in b.subject.values()),
-            "state": b.state, "good_rev": b.good_rev, "bad_rev": b.bad_rev,
-            "commits": max(len(d.get("revs", [])) - 1, 0),
-            "culprit": b.culprit_rev, "culprit_subject": d.get("subject", ""), "author": d.get("author", ""),
-            "confidence": d.get("confidence"), "message": d.get("message", ""), "builds": d.get("builds", 0),
-            "jobs": d.get("jobs", 0), "suspects": d.get("suspects", []),
-            "evidence": [{"rev": e["rev"], "verdict": e["verdict"], "built": bool(e.get("built")),
-                          "figures": bisect.evidence_line(e)}
-                         for e in bisect.ordered_evidence(d)],
-        })
-    rep["bisections"] = out
+def _bisection(b: Any) -> Item:
+    d = b.detail or {}
+    return {
+        "id": b.id, "kind": b.kind, "target": b.target, "what": "/".join(str(v) for v in b.subject.values()),
+        "state": b.state, "good_rev": b.good_rev, "bad_rev": b.bad_rev,
+        "commits": max(len(d.get("revs", [])) - 1, 0),
+        "culprit": b.culprit_rev, "culprit_subject": d.get("subject", ""), "author": d.get("author", ""),
+        "confidence": d.get("confidence"), "message": d.get("message", ""), "builds": d.get("builds", 0),
+        "jobs": d.get("jobs", 0), "suspects": d.get("suspects", []),
+        "evidence": [{"rev": e["rev"], "verdict": e["verdict"], "built": bool(e.get("built")),
+                      "figures": bisect.evidence_line(e)}
+                     for e in bisect.ordered_evidence(d)],
+    }
 
 
-def bisection_subject(reports: Sequence[dict[str, Any]]) -> str:
+def bisection_subject(reports: Sequence[Report]) -> str:
     """The follow-up message's subject: the culprits found, by project and test or benchmark."""
-    found = [f"{b['what']} on {b['target']}: {b['culprit'][:10]}" for r in reports for b in r.get("bisections", [])
+    found = [f"{b['what']} on {b['target']}: {b['culprit'][:10]}" for r in reports for b in r.bisections or []
              if b["culprit"]]
-    done = sum(len(r.get("bisections", [])) for r in reports)
-    runs = ", ".join(r["run_id"] for r in reports)
+    done = sum(len(r.bisections or []) for r in reports)
+    runs = ", ".join(r.run_id for r in reports)
     return (f"gearfarm bisection ({runs}): " + ("; ".join(found) if found else f"no culprit in {done} bisections"))
 
 
-def render_bisection_text(reports: Sequence[dict[str, Any]]) -> str:
+def render_bisection_text(reports: Sequence[Report]) -> str:
     """The follow-up message's text: each run's bisections, under its project and run."""
     return bisection_subject(reports) + "\n" + "".join(
-        f"\n{r['project']}: run {r['run_id']} at {r['rev'][:12]}\n" + _env.get_template("bisection.txt.j2").render(r=r)
-        for r in reports if r.get("bisections"))
+        f"\n{r.project}: run {r.run_id} at {r.rev[:12]}\n" + _env.get_template("bisection.txt.j2").render(r=r)
+        for r in reports if r.bisections)
 
 
-def render_bisection_html(reports: Sequence[dict[str, Any]]) -> str:
+def render_bisection_html(reports: Sequence[Report]) -> str:
     subject = bisection_subject(reports)
-    sections = [Markup(f"<h2>{escape(r['project'])}: run {escape(r['run_id'])}</h2>")
-                + Markup(_env.get_template("bisection.html.j2").render(r=r, pre=f"{r['project']}-", base=""))
-                for r in reports if r.get("bisections")]
+    sections = [Markup(f"<h2>{escape(r.project)}: run {escape(r.run_id)}</h2>")
+                + Markup(_env.get_template("bisection.html.j2").render(r=r, pre=f"{r.project}-", base=""))
+                for r in reports if r.bisections]
     return _env.get_template("report.html.j2").render(title=subject, heading=subject, sections=sections)

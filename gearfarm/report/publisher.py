@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -33,11 +32,11 @@ class Publication:
     ``report`` and ``paths`` are the first run's (the only one's for a single run). The mail's
     .eml is ``paths["eml"]`` when a message was written."""
 
-    report: dict[str, Any]
+    report: report.Report
     paths: dict[str, Path]
     delivery: Delivery | None
     problems: list[str] = field(default_factory=list)
-    reports: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reports: dict[str, report.Report] = field(default_factory=dict)
     paths_by_run: dict[str, dict[str, Path]] = field(default_factory=dict)
 
 
@@ -61,7 +60,7 @@ def publish(cfg: Config, db: ResultsDB, store: ArtifactStore | None, runs: list[
     if not runs:
         raise ValueError("publish needs at least one run")
     problems: list[str] = []
-    reports: dict[str, dict[str, Any]] = {}
+    reports: dict[str, report.Report] = {}
     paths_by_run: dict[str, dict[str, Path]] = {}
     for run in runs:
         rep, paths, own = _publish_run(cfg, db, store, run, records.get(run.run_id, []))
@@ -94,7 +93,7 @@ def follow_up(cfg: Config, db: ResultsDB, store: ArtifactStore | None, runs: lis
     and sent like it; every run's notes record its fate under "bisection_mail"."""
     pub = publish(cfg, db, store, runs, records, send_mail=False, write_mail=False)
     reports = list(pub.reports.values())
-    note = mail.Letter(subject=report.bisection_subject(reports), runs=[r["run_id"] for r in reports],
+    note = mail.Letter(subject=report.bisection_subject(reports), runs=[r.run_id for r in reports],
                        text=report.render_bisection_text(reports), html=report.render_bisection_html(reports))
     pub.delivery = mail.deliver(note, run_dir(cfg, runs[0].run_id), cfg.mail, name="bisection.eml")
     if pub.delivery.error:
@@ -107,9 +106,9 @@ def follow_up(cfg: Config, db: ResultsDB, store: ArtifactStore | None, runs: lis
     return pub
 
 
-def letter(reports: list[dict[str, Any]]) -> mail.Letter:
+def letter(reports: list[report.Report]) -> mail.Letter:
     """The one message for these runs' reports, in the order given."""
-    return mail.Letter(subject=report.mail_subject(reports), runs=[r["run_id"] for r in reports],
+    return mail.Letter(subject=report.mail_subject(reports), runs=[r.run_id for r in reports],
                        text=report.render_mail_text(reports), html=report.render_mail_html(reports),
                        images=report.mail_images(reports))
 
@@ -123,7 +122,7 @@ def classify(db: ResultsDB, run: Run, records: list[ResultRecord]) -> list[histo
 
 
 def _publish_run(cfg: Config, db: ResultsDB, store: ArtifactStore | None, run: Run,
-                 records: list[ResultRecord]) -> tuple[dict[str, Any], dict[str, Path], list[str]]:
+                 records: list[ResultRecord]) -> tuple[report.Report, dict[str, Path], list[str]]:
     """One run's report, on disk and in S3: (report, its files, what was missing)."""
     problems: list[str] = []
     reruns: list[ResultRecord] = []
@@ -140,30 +139,31 @@ def _publish_run(cfg: Config, db: ResultsDB, store: ArtifactStore | None, run: R
         problems += joblog.copy_all(store, records + reruns, out.parent)
     rep = report.build(run, records, links.for_run(cfg.web.url, out), verdicts, reruns)
     try:
-        report.add_performance(rep, perf.analyze(db, run), perf.figures(db, run))
+        rep = rep.with_performance(perf.analyze(db, run), perf.figures(db, run))
     except SQLAlchemyError as e:
-        report.add_performance(rep, [])
+        rep = rep.with_performance([])
         problems.append(_db_down("no performance history", e))
     try:
-        triage.record(db, run, triage.detected(run, verdicts, rep["performance"]))
+        triage.record(db, run, triage.detected(run, verdicts, rep.performance or []))
     except SQLAlchemyError as e:
         problems.append(_db_down("the run's regressions are not on the dashboard", e))
     try:
-        report.add_bisections(rep, db.bisections(origin_run_ids=[run.run_id]))
+        rep = rep.with_bisections(db.bisections(origin_run_ids=[run.run_id]))
     except SQLAlchemyError as e:
-        report.add_bisections(rep, [])
+        rep = rep.with_bisections([])
         problems.append(_db_down("bisections not shown", e))
     try:
-        report.add_late(rep, db.late_results(run.run_id))
+        rep = rep.with_late(db.late_results(run.run_id))
     except SQLAlchemyError as e:
-        report.add_late(rep, [])
+        rep = rep.with_late([])
         problems.append(_db_down("late results not shown", e))
-    rep["problems"] = problems
+    rep = rep.with_problems(problems)
     paths = report.write(rep, records, out)
     if store is not None:
         try:
             report.upload(rep, paths, store)
         except StoreError as e:
             problems.append(f"the report is on disk ({out}) but not in S3: {e}")
+            rep = rep.with_problems(problems)
             paths = report.write(rep, records, out)  # now saying so
     return rep, paths, problems

@@ -36,6 +36,7 @@ from gearfarm.db.results import ResultsDB
 from gearfarm.hosts import process
 from gearfarm.perf import trend
 from gearfarm.report import joblog
+from gearfarm.report.document import Report
 from gearfarm.report.publisher import run_dir
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError
@@ -180,12 +181,12 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
                 "curve_charts": dashboard.curve_charts,
                 "trend_svg": trend.svg}
 
-    def page(template: str, data: dict[str, Any]) -> str:
+    def page(template: str, data: dict[str, Any] | Report) -> str:
         return render_template(template, d=data)
 
     def both(path: str, endpoint: str, template: str) -> Callable[..., Any]:
         """Register ``path`` as an HTML page and ``/api`` + path as its JSON, from one function."""
-        def wrap(fn: Callable[..., dict[str, Any] | None]) -> Callable[..., Any]:
+        def wrap(fn: Callable[..., dict[str, Any] | Report | None]) -> Callable[..., Any]:
             def html(**kw: Any) -> Any:
                 data = fn(**kw)
                 if data is None:
@@ -196,7 +197,7 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
                 data = fn(**kw)
                 if data is None:
                     return jsonify({"error": "not found"}), 404
-                return jsonify(data)
+                return jsonify(data.as_dict() if isinstance(data, Report) else data)
 
             app.add_url_rule(path, endpoint, html)
             app.add_url_rule("/api" + (path if path != "/" else "/status"), f"api_{endpoint}", api)
@@ -213,7 +214,7 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
         return dashboard.runs(db, request.args.get("project") or None)
 
     @both("/run/<run_id>", "run", "run.html.j2")
-    def run(run_id: str) -> dict[str, Any] | None:
+    def run(run_id: str) -> dashboard.RunPage | None:
         return dashboard.run(db, cfg, run_id, root=url_for("status"))
 
     @both("/test", "test", "test.html.j2")

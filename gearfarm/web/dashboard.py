@@ -121,7 +121,22 @@ def runs(db: ResultsDB, project: str | None = None, limit: int = 100) -> dict[st
     return {"project": project, "runs": out}
 
 
-def run(db: ResultsDB, cfg: Config, run_id: str, root: str = "/") -> dict[str, Any] | None:
+class RunPage(report.Report):
+    """A run on the dashboard: its report, with links into the dashboard, and what only the
+    dashboard shows beside it."""
+
+    state: str
+    parent_run_id: str | None
+    previous: dict[str, Any] | None
+    changes: list[dict[str, Any]]
+    changes_error: str | None
+    regressions: list[dict[str, Any]]
+    curves: list[dict[str, Any]]
+    builds: list[dict[str, Any]]
+    job_timings: list[dict[str, Any]]
+
+
+def run(db: ResultsDB, cfg: Config, run_id: str, root: str = "/") -> RunPage | None:
     """One run: the report's matrix, failures and classification with links into the
     dashboard, the change set since the previous run of its project, the night's performance
     figures and what it was the first to show (its regressions)."""
@@ -134,26 +149,23 @@ def run(db: ResultsDB, cfg: Config, run_id: str, root: str = "/") -> dict[str, A
     verdicts = ([history.CaseVerdict.from_dict(v) for v in stored] if isinstance(stored, list)
                 else history.classify_run(db, r, records))  # not reported yet (or by an older gearfarm)
     rep = report.build(r, records, DashboardLinks(root), verdicts, reruns)
-    rep["perf_figures"] = perf.figures(db, r, records)
-    rep["state"] = r.state
-    rep["parent_run_id"] = r.parent_run_id
     prev = db.runs_before(r.created_at, r.project, limit=1)
-    rep["previous"] = _run_brief(prev[0]) if prev else None
-    rep["changes"], rep["changes_error"] = (_changes(cfg, r.project, prev[0].rev, r.rev) if prev
-                                            else ([], "no earlier run of this project"))
-    rep["regressions"] = [triage.as_dict(g) for g in triage.listing(db, run_id=run_id)]
-    report.add_bisections(rep, db.bisections(origin_run_ids=[run_id]))
-    rep["curves"] = _curves(records)
-    rep["builds"] = [{"target": x.target, "sha256": x.artifact_sha256, "manifest_sha256": x.manifest_sha256,
-                      "host": x.host.get("hostname", ""), "reused": x.reused_artifact,
-                      "download": f"{root}run/{run_id}/artifact/{x.target}/build",
-                      "provenance": f"{root}run/{run_id}/provenance/{x.target}"}
-                     for x in sorted(records, key=lambda x: x.target)
-                     if x.kind == "build" and x.status == "passed" and x.artifact_key and x.artifact_sha256]
-    rep["job_timings"] = sorted(({"target": x.target, "step": x.step, "status": x.status,
-                                  "duration": x.duration, **x.timings} for x in records),
-                                key=lambda d: (d["target"], step_key(d["step"])))
-    return rep
+    changes, changes_error = (_changes(cfg, r.project, prev[0].rev, r.rev) if prev
+                              else ([], "no earlier run of this project"))
+    return RunPage(
+        **rep.with_bisections(db.bisections(origin_run_ids=[run_id])).as_dict(),
+        perf_figures=perf.figures(db, r, records), state=r.state, parent_run_id=r.parent_run_id,
+        previous=_run_brief(prev[0]) if prev else None, changes=changes, changes_error=changes_error,
+        regressions=[triage.as_dict(g) for g in triage.listing(db, run_id=run_id)], curves=_curves(records),
+        builds=[{"target": x.target, "sha256": x.artifact_sha256, "manifest_sha256": x.manifest_sha256,
+                 "host": x.host.get("hostname", ""), "reused": x.reused_artifact,
+                 "download": f"{root}run/{run_id}/artifact/{x.target}/build",
+                 "provenance": f"{root}run/{run_id}/provenance/{x.target}"}
+                for x in sorted(records, key=lambda x: x.target)
+                if x.kind == "build" and x.status == "passed" and x.artifact_key and x.artifact_sha256],
+        job_timings=sorted(({"target": x.target, "step": x.step, "status": x.status,
+                             "duration": x.duration, **x.timings} for x in records),
+                           key=lambda d: (d["target"], step_key(d["step"]))))
 
 
 def _curves(records: list[ResultRecord]) -> list[dict[str, Any]]:
@@ -171,11 +183,11 @@ def _curves(records: list[ResultRecord]) -> list[dict[str, Any]]:
     return list(out.values())
 
 
-def curve_charts(d: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+def curve_charts(d: RunPage) -> list[tuple[dict[str, Any], str]]:
     return [(c, str(svgplot.lines([(ln["name"], ln["points"]) for ln in c["lines"]],
                                   title=f"{c['benchmark']} on {c['target']}: {c['title']}",
                                   x_label=c["x"], y_label=c["y"], css="chart curve")))
-            for c in d.get("curves", [])]
+            for c in d.curves]
 
 
 def _changes(cfg: Config, project: str, old: str, new: str) -> tuple[list[dict[str, Any]], str | None]:

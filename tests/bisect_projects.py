@@ -1,4 +1,4 @@
-"""The small C projects of 16 commits the bisection tests (tests/test_bisection.py) and
+"""The small C projects of 16 commits the bisection tests (tests/bisection/test_bisection.py) and
 bench/bisect_scenario.py bisect: calc, whose unit cases break at commits 5 (mul) and 11 (add),
 with a case that fails at random on 30 % of runs in a suite of its own; and spin, whose
 operations do 5 % more work from commit 6, timed by the wall clock."""

@@ -1,6 +1,6 @@
 /* A rogue Gearman worker made of libgearman alone (no gearfarm code): it takes one job of a
  * function, keeps its bytes, and holds it, sending WORK_STATUS every second as a live worker's
- * heartbeat would, for a given time; then it fails the job. What tests/test_authority.py
+ * heartbeat would, for a given time; then it fails the job. What tests/farm/test_authority.py
  * attacks the farm's leases with: anything that reaches gearmand can do this.
  *
  *   gearman_holder HOST PORT FUNCTION SECONDS OUTFILE

@@ -1,4 +1,4 @@
-"""The scripted wall-clock performance scenario of issue #12, shared by tests/test_perf.py (one
+"""The scripted wall-clock performance scenario of issue #12, shared by tests/perf/test_perf.py (one
 repetition) and bench/perf_scenario.py (ten, with figures): on an embedded farm, nightlies of
 an engine repository whose quiet nights change the binary without changing its speed, then a
 commit that makes iiBench's insert loop take 5 % longer in wall-clock time, then more quiet nights,

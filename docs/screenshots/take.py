@@ -1,5 +1,5 @@
 """Take the dashboard's screenshots in docs/screenshots/ (`make screenshots`): six real
-nightlies on an embedded farm (the history tests/test_web.py uses: a unit test broken and
+nightlies on an embedded farm (the history tests/web/test_web.py uses: a unit test broken and
 inserts made slower by the fifth commit), `gearfarm web` over them, a triage, a self-service
 run in progress for the live page, and each view in Debian's chromium. Takes ~2 minutes."""
 

@@ -4,22 +4,21 @@ farm's side information and at several nights of each series, compared bit for b
 tests/fixtures/changepoint_bench.json. The fixture was written by the detector as it was
 before it was split into named parts (issue #34), so a refactoring that moves any figure, even
 in its last bit, fails here. Regenerate it only for a deliberate change of the detector:
-`.venv/bin/python tests/test_changepoint_fixture.py --write`, and say why in the commit."""
+`.venv/bin/python tests/perf/test_changepoint_fixture.py --write`, and say why in the commit."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for bench/ when run as a script
 
 from bench.series import KINDS, NOISES, STEPS, make_series  # noqa: E402
 from gearfarm.perf.changepoint import detect  # noqa: E402
 
-FIXTURE = Path(__file__).parent / "fixtures" / "changepoint_bench.json"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "changepoint_bench.json"
 SEEDS = ((34, 1), (34, 2))
 NIGHTS = (59, 60, 62, 65, 79)  # the last night each call sees: before, at and after the step
 MODES = ("values", "nightly", "info")

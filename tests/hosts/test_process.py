@@ -21,7 +21,7 @@ from gearfarm.hosts import process
 from gearfarm.run.farm import STATE_FILE, EmbeddedFarm, stop_from_state
 from gearfarm.step import reaper
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def new_marker() -> str:

@@ -22,8 +22,8 @@ from gearfarm.db.results import ResultsDB
 from gearfarm.hosts.net import free_port
 from gearfarm.report import document as report
 from gearfarm.report import mail, publisher
+from tests.db.test_history import SMTPSink, T, add_run
 from tests.farmkit import gearfarm
-from tests.test_history import SMTPSink, T, add_run
 
 PASSWORD = "pa55-never-shown"
 

@@ -2,7 +2,9 @@
 never imports the worker roles, report and mail know nothing of each other, history only
 classifies, the artifact store imports nothing above it; and installing the package puts
 only `gearfarm` into site-packages (the `workers/` and `s3/` folders install as
-gearfarm.workers and gearfarm.s3)."""
+gearfarm.workers and gearfarm.s3). The tests mirror the same order: tests/<package>/ holds the
+tests of one package, tests/farm/ (this file's folder: it checks the whole tree, not one
+package) those of the whole farm end to end."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def imports(path: Path, top_level_only: bool = False) -> set[str]:
@@ -78,6 +80,49 @@ def test_every_module_is_in_a_package_of_the_order() -> None:
     assert loose == []
     packages = sorted(p.name for p in (ROOT / "gearfarm").iterdir() if (p / "__init__.py").exists())
     assert set(packages) == set(LAYERS) - {"config", "workers", "s3"}
+
+
+# Beside the packages' folders, tests/ holds the tests of the whole farm end to end (farm/) and
+# the data they read (fixtures/); its shared helpers (conftest.py, farmkit.py, ...) sit at its top.
+TEST_FOLDERS = (*LAYERS, "farm")
+
+
+def misplaced_tests(root: Path = ROOT) -> list[str]:
+    """What breaks the tests' mirror of the packages: a test module anywhere but directly in
+    tests/<package>/ for a package of LAYERS or in tests/farm/, a folder of tests/ named for
+    no package, and a folder that is no Python package (pytest would import its modules by
+    basename, and two of one basename in two folders would clash)."""
+    tests = root / "tests"
+    found = [f"{p.relative_to(root)}: not in tests/<package>/ or tests/farm/"
+             for p in sorted(tests.rglob("test_*.py"))
+             if len(p.relative_to(tests).parts) != 2 or p.parent.name not in TEST_FOLDERS]
+    folders = [tests] + sorted(d for d in tests.iterdir() if d.is_dir() and d.name not in ("fixtures", "__pycache__"))
+    found += [f"{d.relative_to(root)}/: named for no package" for d in folders[1:] if d.name not in TEST_FOLDERS]
+    found += [f"{d.relative_to(root)}/: no __init__.py" for d in folders if not (d / "__init__.py").exists()]
+    return found
+
+
+def test_every_test_module_sits_in_the_folder_of_its_package_or_in_farm() -> None:
+    assert misplaced_tests() == []
+
+
+def test_the_test_layout_check_finds_planted_misplaced_tests(tmp_path: Path) -> None:
+    for path in ("tests/__init__.py", "tests/conftest.py", "tests/farmkit.py", "tests/fixtures/data.json",
+                 "tests/run/__init__.py", "tests/run/test_ledger.py", "tests/farm/__init__.py",
+                 "tests/farm/test_nightly.py"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("")
+    assert misplaced_tests(tmp_path) == []
+    for path in ("tests/test_loose.py", "tests/run/deeper/test_nested.py", "tests/misc/__init__.py",
+                 "tests/misc/test_odd.py", "tests/web/test_dashboard.py"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("")
+    assert misplaced_tests(tmp_path) == [
+        "tests/misc/test_odd.py: not in tests/<package>/ or tests/farm/",
+        "tests/run/deeper/test_nested.py: not in tests/<package>/ or tests/farm/",
+        "tests/test_loose.py: not in tests/<package>/ or tests/farm/",
+        "tests/misc/: named for no package",
+        "tests/web/: no __init__.py"]
 
 
 def test_report_and_mail_do_not_import_each_other() -> None:

@@ -11,7 +11,7 @@ case) while something breaks, and counts what happened -- never what the primary
 Each case prints one line, `CHAOS <case>: key=value ...`, and asserts its counts. The small
 profile runs in `make test`; the full one (50 worker kills, 20 gearmand kills, a 30 s MinIO
 outage, 10,000 fuzzed payloads and 10,000 forged results) runs alone with:
-    GEARFARM_CHAOS=full .venv/bin/python -m pytest tests/test_chaos.py -s
+    GEARFARM_CHAOS=full .venv/bin/python -m pytest tests/farm/test_chaos.py -s
 """
 
 from __future__ import annotations

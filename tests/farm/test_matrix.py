@@ -72,7 +72,7 @@ def test_each_build_yields_a_binary_of_the_right_format(matrix_run, tmp_path: Pa
         exe = ".exe" if target.startswith("windows") else ""
         assert binary_format(tmp_path / target / "engine" / "build" / target / f"gfe-suite{exe}") == \
             FORMATS[target], target
-        cc = catalog_mod.load_file(Path(__file__).resolve().parents[1] / "jobs" / "catalog.toml").target(target).cc
+        cc = catalog_mod.load_file(Path(__file__).resolve().parents[2] / "jobs" / "catalog.toml").target(target).cc
         assert cc and manifest["tools"].split()[0].startswith(cc)
 
 

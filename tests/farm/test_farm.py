@@ -11,7 +11,7 @@ from gearfarm.formats import catalog
 from gearfarm.hosts import process
 from gearfarm.run.farm import EmbeddedFarm, FarmError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_failed_start_stops_what_it_started(tmp_path: Path) -> None:

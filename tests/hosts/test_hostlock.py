@@ -17,6 +17,8 @@ import pytest
 from gearfarm.hosts.host import Activity
 from gearfarm.hosts.hostlock import HostLock
 
+ROOT = Path(__file__).resolve().parents[2]  # the repository: the holders import gearfarm from it
+
 HOLDER = """
 import sys, time
 from pathlib import Path
@@ -34,7 +36,7 @@ with (lock.shared if mode == "shared" else lock.exclusive)(what) as waited:
 
 def spawn(tmp_path: Path, mode: str, what: str, hold: float) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", HOLDER, mode, what, str(hold), str(tmp_path / "log"),
-                             str(tmp_path / "lock")], cwd=Path(__file__).parent.parent)
+                             str(tmp_path / "lock")], cwd=ROOT)
 
 
 def events(tmp_path: Path) -> dict[str, float]:
@@ -130,7 +132,7 @@ def test_a_patient_benchmark_lets_builds_go_first_then_takes_the_host(tmp_path: 
     def spawn_patient(what: str, hold: float, patience: float) -> subprocess.Popen[bytes]:
         return subprocess.Popen([sys.executable, "-c", HOLDER_PATIENT, "exclusive", what, str(hold),
                                  str(tmp_path / "log"), str(tmp_path / "lock"), str(patience)],
-                                cwd=Path(__file__).parent.parent)
+                                cwd=ROOT)
 
     build = spawn(tmp_path, "shared", "build1", 1.0)
     wait_for(lambda: started(tmp_path, "build1"))
@@ -150,7 +152,7 @@ def test_patience_runs_out_and_the_benchmark_goes_before_new_work(tmp_path: Path
     build = spawn(tmp_path, "shared", "build1", 1.5)
     wait_for(lambda: started(tmp_path, "build1"))
     perf = subprocess.Popen([sys.executable, "-c", HOLDER_PATIENT, "exclusive", "perf", "0.5",
-                             str(tmp_path / "log"), str(tmp_path / "lock"), "0.5"], cwd=Path(__file__).parent.parent)
+                             str(tmp_path / "log"), str(tmp_path / "lock"), "0.5"], cwd=ROOT)
     time.sleep(0.9)  # patience spent: the benchmark now holds the gate
     test = spawn(tmp_path, "shared", "test1", 0.2)
     for p in (build, perf, test):

@@ -79,7 +79,7 @@ def test_servable_probes_targets_in_parallel_and_names_what_is_missing(cc: tuple
     from gearfarm.formats.catalog import parse
 
     wrapper, starts = cc
-    cat = parse(Path(__file__).resolve().parent.parent.joinpath("jobs", "catalog.toml").read_text(), "catalog")
+    cat = parse(Path(__file__).resolve().parents[2].joinpath("jobs", "catalog.toml").read_text(), "catalog")
     targets = {"linux-x86_64": Target(name="linux-x86_64", vars={"cc": wrapper.name}),
                "linux-nothing": Target(name="linux-nothing", vars={"cc": "no-such-cc-here"}, tools=["no-such-cc-here"])}
     cat = cat.model_copy(update={"targets": targets})

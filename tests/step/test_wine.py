@@ -1,6 +1,6 @@
 """A job's own wine prefix (gearfarm/step/wine.py), from a template tree made here: what the job may
 write is its own, what every job shares it cannot write, and nothing points at the HOME the
-template was made with. The whole path, wineboot included, runs in tests/test_hostile.py."""
+template was made with. The whole path, wineboot included, runs in tests/farm/test_hostile.py."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from gearfarm.formats.seal import SealError, Signer, keyring, seal
 from gearfarm.run.nightly import Plan
 from gearfarm.s3 import artifact, keys
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REV = "a" * 40
 NEW, OLD, ATTACKER = Signer.generate(), Signer.generate(), Signer.generate()
 # What a worker's [farm] nightly_keys hold during a rotation: the new key and the previous one.

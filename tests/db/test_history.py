@@ -113,7 +113,7 @@ def test_processes_opening_a_new_database_at_once_all_get_the_schema(db_url: str
     code = ("import sys; from gearfarm.db.results import ResultsDB, current_revision; "
             "print(current_revision(ResultsDB(sys.argv[1]).engine))")
     procs = [subprocess.Popen([sys.executable, "-c", code, db_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, cwd=Path(__file__).resolve().parents[1]) for _ in range(4)]
+                              text=True, cwd=Path(__file__).resolve().parents[2]) for _ in range(4)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, [e for _, e in outs]
     assert {o.strip() for o, _ in outs} == {head_revision()}
@@ -307,7 +307,7 @@ class LabFarm:
                            ("test-b", ["worker", "--role", "test", "--targets", T])):
             argv = [sys.executable, "-m", "gearfarm.cli", *args, "--config", str(self.config)]
             self.procs.append(process.spawn(argv, self.base / "logs" / f"{name}.log", env=env,
-                                            cwd=Path(__file__).resolve().parents[1]))
+                                            cwd=Path(__file__).resolve().parents[2]))
         deadline = time.monotonic() + 60
         while True:
             fns = admin.status(*self.gearmand.address)

@@ -42,7 +42,7 @@ from tests.projects import _init
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # -- the log cap, on run_logged itself ---------------------------------------------------------
 

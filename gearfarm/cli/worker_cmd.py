@@ -59,31 +59,14 @@ def worker_cmd(role: str, targets: str | None, config_path: str | None) -> None:
     if not cats and not wanted:
         fail("no project has a catalog in S3 yet (no nightly has run), so this worker cannot tell which targets "
              "it may serve: name them with --targets, e.g. --targets linux-x86_64")
-    served: dict[str, list[str]] = {}
-    missing: dict[tuple[str, str], str] = {}
-    for r in roles:
-        if not cats:
-            served[r] = list(wanted or [])
-            continue
-        ok, why = probe.servable(cats, r, wanted)
-        if wanted:
-            # A target no catalog defines yet may be a project's first: serve it as asked.
-            unknown = [t for t, w in why.items() if w.startswith("no project's catalog")]
-            ok += unknown
-            why = {t: w for t, w in why.items() if t not in unknown}
-        served[r] = ok
-        missing.update({(r, t): w for t, w in why.items()})
+    try:
+        assignment = probe.assign(cats, roles, wanted, label=role)
+    except probe.AssignmentError as e:
+        fail(str(e))
     if wanted:
-        # A named target must be served; with several roles, by at least one of them (a host
-        # may build for Windows without wine to test it).
-        lost = [(r, t) for (r, t) in missing if not any(t in served[o] for o in roles)]
-        if lost:
-            fail("; ".join(f"this host cannot serve {r} for {t}: {missing[(r, t)]}" for r, t in lost))
-        for (r, t), w in missing.items():
+        for (r, t), w in assignment.unserved.items():
             console.print(f"[yellow]not serving {r} for {t}: {escape(w)}[/]", highlight=False)
-    if not any(served.values()):
-        fail(f"this host can serve no target for role {role}: "
-             + "; ".join(f"{t} ({r}): {w}" for (r, t), w in missing.items()))
+    served = assignment.served
     defs = {name: t for c in reversed(cats) for name, t in c.targets.items()}
     pairs = priority.order([(r, t) for r in roles for t in served[r]], defs,
                            priority.Durations.of_host(cfg.path(cfg.farm.state_dir)).load())

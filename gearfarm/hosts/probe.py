@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -159,3 +160,48 @@ def servable(cats: Catalog | list[Catalog], role: str, wanted: list[str] | None 
         else:
             missing[name] = reasons[0]
     return ok, missing
+
+
+class AssignmentError(ValueError):
+    """The worker cannot serve what it was asked to: the message names the target and why."""
+
+
+@dataclass
+class Assignment:
+    """What one worker slot serves: role -> targets, and (role, target) -> why not, for the
+    targets a role does not serve."""
+
+    served: dict[str, list[str]]
+    unserved: dict[tuple[str, str], str]
+
+
+def assign(cats: list[Catalog], roles: list[str], wanted: list[str] | None, label: str) -> Assignment:
+    """The targets each of ``roles`` serves on this host: those ``wanted`` (every one a role
+    can serve) or, with none named, every target of the catalogs it can serve. Without catalogs
+    (no nightly has run yet) the named targets are served as asked. ``label`` names the slot in
+    errors (its --role)."""
+    served: dict[str, list[str]] = {}
+    unserved: dict[tuple[str, str], str] = {}
+    for r in roles:
+        if not cats:
+            served[r] = list(wanted or [])
+            continue
+        ok, why = servable(cats, r, wanted)
+        if wanted:
+            # A target no catalog defines yet may be a project's first: serve it as asked.
+            unknown = [t for t, w in why.items() if w.startswith("no project's catalog")]
+            ok += unknown
+            why = {t: w for t, w in why.items() if t not in unknown}
+        served[r] = ok
+        unserved.update({(r, t): w for t, w in why.items()})
+    if wanted:
+        # A named target must be served; with several roles, by at least one of them (a host
+        # may build for Windows without wine to test it).
+        lost = [(r, t) for (r, t) in unserved if not any(t in served[o] for o in roles)]
+        if lost:
+            raise AssignmentError("; ".join(f"this host cannot serve {r} for {t}: {unserved[(r, t)]}"
+                                            for r, t in lost))
+    if not any(served.values()):
+        raise AssignmentError(f"this host can serve no target for role {label}: "
+                              + "; ".join(f"{t} ({r}): {w}" for (r, t), w in unserved.items()))
+    return Assignment(served, unserved)

@@ -26,7 +26,7 @@ class Paired:
     jump is wild while most pairs agree within a few percent (measured: pair SD 8-12 %, robust
     SD 5 %). The trimmed mean ignores the wild pairs and halves the standard error; with fewer
     than five pairs nothing is trimmed and it is the plain mean and t interval. By hand rather
-    than scipy.stats.mstats.trimmed_stde (which it equals, tests/test_paired.py): scipy rounds
+    than scipy.stats.mstats.trimmed_stde (which it equals, tests/perf/test_paired.py): scipy rounds
     the trimmed count, so 4 pairs would lose 2, and pooling needs the variance itself."""
 
     logs: tuple[float, ...]

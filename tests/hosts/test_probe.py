@@ -87,3 +87,29 @@ def test_servable_probes_targets_in_parallel_and_names_what_is_missing(cc: tuple
     assert ok == ["linux-x86_64"]
     assert "no-such-cc-here not found" in missing["linux-nothing"]
     assert _starts(starts) == 1
+
+
+def test_a_worker_is_assigned_what_it_can_serve_and_refused_what_it_cannot(cc: tuple[Path, Path]) -> None:
+    from gearfarm.formats.catalog import parse
+
+    wrapper, _starts_path = cc
+    cat = parse(Path(__file__).resolve().parents[2].joinpath("jobs", "catalog.toml").read_text(), "catalog")
+    cat = cat.model_copy(update={"targets": {
+        "linux-x86_64": Target(name="linux-x86_64", vars={"cc": wrapper.name}),
+        "linux-nothing": Target(name="linux-nothing", vars={"cc": "no-such-cc-here"}, tools=["no-such-cc-here"])}})
+    # Nothing named: every target it can serve, the others said.
+    a = probe.assign([cat], ["build", "test"], None, label="build-test.1")
+    # (a test job runs the built binaries, not the compiler: this host can test both targets)
+    assert a.served == {"build": ["linux-x86_64"], "test": ["linux-nothing", "linux-x86_64"]}
+    assert "no-such-cc-here not found" in a.unserved[("build", "linux-nothing")]
+    # A named target no catalog defines yet (a project's first night) is served as asked.
+    assert probe.assign([cat], ["build"], ["linux-x86_64", "linux-new"], label="build").served == {
+        "build": ["linux-x86_64", "linux-new"]}
+    # Without catalogs (no nightly yet) the named targets are served as asked.
+    assert probe.assign([], ["test"], ["linux-x86_64"], label="test").served == {"test": ["linux-x86_64"]}
+    # A named target this host cannot serve, and a host that can serve nothing, are refused by name.
+    with pytest.raises(probe.AssignmentError, match="cannot serve build for linux-nothing: no-such-cc-here not found"):
+        probe.assign([cat], ["build"], ["linux-nothing"], label="build")
+    only = cat.model_copy(update={"targets": {"linux-nothing": cat.targets["linux-nothing"]}})
+    with pytest.raises(probe.AssignmentError, match="can serve no target for role build.2: linux-nothing"):
+        probe.assign([only], ["build"], None, label="build.2")

@@ -229,3 +229,13 @@ def start_web(config: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
                 process.stop(proc, timeout=5)
                 raise RuntimeError("the dashboard did not start: " + log.read_text()[-2000:]) from None
             time.sleep(0.2)
+
+
+def browser_login(page, url: str, name: str, token: str) -> None:  # type: ignore[no-untyped-def]
+    """Log ``name`` in to the dashboard at ``url`` in a Playwright page, through its form."""
+    page.goto(url + "/login")
+    page.fill("input[name=name]", name)
+    page.fill("input[name=token]", token)
+    page.click("button[type=submit]")
+    page.wait_for_load_state()
+    assert page.locator("header .me").inner_text().startswith(name)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from gearfarm.hosts import process
-from tests.farmkit import TARGET, add_user, six_nights, start_web
+from tests.farmkit import TARGET, add_user, browser_login, six_nights, start_web
 
 BROKEN_TEST = "unit/limits_and_bad_arguments"
 RED = "rgb(247, 179, 179)"
@@ -69,12 +69,7 @@ def page(browser):  # type: ignore[no-untyped-def]
 
 
 def login(page, site: Site, name: str) -> None:  # type: ignore[no-untyped-def]
-    page.goto(site.url + "/login")
-    page.fill("input[name=name]", name)
-    page.fill("input[name=token]", site.tokens[name])
-    page.click("button[type=submit]")
-    page.wait_for_load_state()
-    assert page.locator("header .me").inner_text().startswith(name)
+    browser_login(page, site.url, name, site.tokens[name])
 
 
 def _regression_id(site: Site, kind: str) -> int:

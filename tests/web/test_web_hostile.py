@@ -45,7 +45,7 @@ from gearfarm.hosts.net import free_port
 from gearfarm.run.ledger import Ledger
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore
-from tests.farmkit import GIT, add_user, api_call, commit, gearfarm, keyed, start_web
+from tests.farmkit import GIT, add_user, api_call, browser_login, commit, gearfarm, keyed, start_web
 
 TARGET = "linux-x86_64"
 RUN = "hostile-1"
@@ -199,12 +199,7 @@ def _wait_started_runs(site: Site, timeout: float = 120) -> None:
 
 
 def login(page, site: Site, name: str) -> None:  # type: ignore[no-untyped-def]
-    page.goto(site.url + "/login")
-    page.fill("input[name=name]", name)
-    page.fill("input[name=token]", site.tokens[name])
-    page.click("button[type=submit]")
-    page.wait_for_load_state()
-    assert page.locator("header .me").inner_text().startswith(name)
+    browser_login(page, site.url, name, site.tokens[name])
 
 
 def _started(site: Site) -> list[str]:

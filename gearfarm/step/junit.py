@@ -29,6 +29,8 @@ def parse(path: Path) -> list[CaseResult]:
                 status = st
                 message = (el.get("message") or "") + ("\n" + el.text if el.text else "")
                 break
+        if status in ("failed", "error") and not message.strip():
+            message = _output(tc)
         try:
             t = float(tc.get("time") or 0)
         except ValueError:
@@ -36,6 +38,15 @@ def parse(path: Path) -> list[CaseResult]:
         cases.append(CaseResult(classname=tc.get("classname", ""), name=tc.get("name", "?"),
                                 status=status, time=t, message=message.strip()[:4000]))
     return cases
+
+
+def _output(tc: ET.Element) -> str:
+    """A failed case's own output, when its <failure> says nothing: ctest writes
+    <failure message=""/> and puts what the test printed (its assertion, usually last) in
+    <system-out>; other runners use <system-err>. The end is kept: that is where it failed."""
+    text = "\n".join((el.text or "").strip() for tag in ("system-out", "system-err") for el in tc.findall(tag))
+    text = text.strip()
+    return text if len(text) <= 4000 else "…" + text[-3999:]
 
 
 # XML 1.0 allows tab, newline, carriage return and these ranges only: a suite's output with a

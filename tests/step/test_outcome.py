@@ -209,7 +209,8 @@ def build_cmake_project(root1: Path) -> None:
     (root1 / "sub").mkdir(parents=True)
     (root1 / "CMakeLists.txt").write_text(CMAKELISTS)
     (root1 / "ok.c").write_text("int main(void) { return 0; }\n")
-    (root1 / "bad.c").write_text("int main(void) { return 1; }\n")
+    (root1 / "bad.c").write_text('#include <stdio.h>\nint main(void) { puts("checking 1 + 1");\n'
+                                 '  fprintf(stderr, "bad.c:2: assertion 1 + 1 == 3 failed\\n"); return 1; }\n')
     (root1 / "sub" / "CMakeLists.txt").write_text(
         "add_executable(t_sub sub.c)\nadd_test(NAME sub_ok COMMAND t_sub)\n"
         "set_tests_properties(sub_ok PROPERTIES WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})\n")
@@ -248,6 +249,9 @@ def test_ctest_runs_a_relocated_build_tree(tmp_path: Path) -> None:
     proc = run_ctest(root2 / "build", junit)
     after = by_name(cases("ctest", "cmake", rc=proc.returncode, output=log_path, results=junit))
     assert {n: c.status for n, c in after.items()} == {"ok": "passed", "bad": "failed", "sub_ok": "passed"}
+    # ctest's JUnit has <failure message=""/> and the test's output in <system-out>: the case's
+    # message is what the test said, its assertion last.
+    assert "assertion 1 + 1 == 3 failed" in after["bad"].message and after["ok"].message == ""
     assert all(c.classname == "cmake" for c in after.values())
 
 
@@ -360,3 +364,16 @@ def test_check_pattern() -> None:
     problem = check_pattern(r"ops=(?P<ops_per_s>\d+) mem=(?P<rss_mb>\d+)", declared) or ""
     assert "'rss_mb'" in problem and "not a declared metric" in problem
     assert "none named 'value'" in (check_pattern(r"(?P<metric>\w+)=\d+", declared) or "")
+
+
+def test_a_failure_that_says_nothing_takes_the_cases_own_output(tmp_path: Path) -> None:
+    xml = log(tmp_path, """<testsuite name="s" tests="3">
+<testcase name="quiet" classname="c"><failure message=""/><system-out>setup done
+t.c:9: expected 3, got 2</system-out></testcase>
+<testcase name="err" classname="c"><error/><system-err>segfault in parse()</system-err></testcase>
+<testcase name="said" classname="c"><failure message="x != y">trace</failure><system-out>noise</system-out></testcase>
+</testsuite>""", "j.xml")
+    got = by_name(cases("junit", "s", rc=1, output=log(tmp_path, ""), results=xml))
+    assert got["quiet"].message == "setup done\nt.c:9: expected 3, got 2"
+    assert got["err"].message == "segfault in parse()"
+    assert got["said"].message == "x != y\ntrace"  # its own message stays; the output is not mixed in

@@ -87,7 +87,9 @@ def write_run(records: list[ResultRecord], path: Path) -> None:
             if kind is None:
                 continue
             counts[kind] += 1
-            child = ET.SubElement(el, kind, message=_text((msg or rec.status)[:200]))
+            # (with nothing said, the case's own status: a TAP "# SKIP" without a reason is
+            # "skipped", not the job's "passed")
+            child = ET.SubElement(el, kind, message=_text((msg or (rec.status if c is None else c.status))[:200]))
             if kind != "skipped":
                 child.set("type", rec.status if c is None else c.status)
                 child.text = _text(msg)

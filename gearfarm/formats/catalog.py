@@ -345,7 +345,8 @@ def _check_templates(cat: Catalog, origin: str) -> None:
                         else f"{name!r} is not a placeholder name"
                     raise CatalogError(f"{origin}: [{section}] {key}: unknown placeholder {{{name}}} in {template!r}"
                                        f" ({where}); known here: {', '.join('{' + k + '}' for k in known)}. Fix the "
-                                       "name or add it to the targets' vars")
+                                       "name or add it to the targets' vars; if the braces are meant literally (a "
+                                       "shell's ${x} in `sh -c`, a C block), write them doubled: {{ and }}")
 
 
 def parse(text: str, origin: str) -> Catalog:

@@ -90,6 +90,10 @@ def test_catalog_rejects_unknown_placeholders_and_undefined_suites() -> None:
     (('"{root}/t"', '"{root}/t", "{ldflags}"'), r"\[suites.unit\] argv: unknown placeholder \{ldflags\} .*targets "
                                                 r"linux-x86_64 define no var 'ldflags'.*add it to the targets' vars"),
     (('"{root}/t"', '"{root"'), r"malformed placeholder"),
+    # A shell script's own braces: the error says how to write them.
+    (('"{root}/t"', '"sh", "-c", "for f in {root}/t*; do ${f}; done"'),
+     r"unknown placeholder \{f\} .*braces are meant literally \(a shell's \$\{x\} in `sh -c`.*write them doubled: "
+     r"\{\{ and \}\}"),
     (('"{root}/t"', '"--x={runner}"'), r"\{runner\} must be an argv item of its own"),
     (('format = "tap"', 'format = "xunit"'), r"\[suites.unit.format\] Input should be 'junit', 'tap', 'ctest' or "
                                              r"'exit-code'"),
@@ -339,3 +343,8 @@ def test_the_documented_catalogs_are_valid() -> None:
     assert all(s.format == "exit-code" for s in lmdb.suites.values())
     doc = (ROOT / "docs" / "projects.md").read_text()
     assert lmdb.build.argv[0] in doc and all(f"[suites.{n}]" in doc for n in lmdb.suites)
+
+
+def test_doubled_braces_reach_a_shell_script_as_single_ones() -> None:
+    cat = catalog.parse(BASE.replace('"{root}/t"', '"sh", "-c", "for f in {root}/t*; do ${{f}}; done"'), "t")
+    assert catalog.expand(cat.suite("unit").argv, {"root": "/j"}) == ["sh", "-c", "for f in /j/t*; do ${f}; done"]

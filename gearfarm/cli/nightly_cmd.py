@@ -190,7 +190,8 @@ class _ConsoleObserver:
             return
         for j in map(str, plan.expected):
             if states.get(j) and states.get(j) != self.last.get(j):
-                console.print(f"  {j[len(plan.run_id) + 1:]:<40} {states[j]}", highlight=False)
+                # The project first: a night of several projects has each one's linux-x86_64:build.
+                console.print(f"  {plan.project + ': ' + j[len(plan.run_id) + 1:]:<48} {states[j]}", highlight=False)
         self.last.update(states)
 
     def waited(self, plan: nightly.Plan, records: list) -> None:
@@ -207,7 +208,7 @@ def _table(plan: nightly.Plan, states: dict[str, str], fns: dict[str, admin.Func
 
     from gearfarm.formats.result import TERMINAL
 
-    t = Table(title=f"run {plan.run_id}")
+    t = Table(title=f"run {plan.run_id} ({plan.project})")
     t.add_column("target")
     for col in ("queued", "running", "passed", "failed", "other"):
         t.add_column(col)

@@ -4,6 +4,7 @@ engine for the host target, stores the artifact, runs the suites, collects and r
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 
@@ -43,6 +44,8 @@ def test_host_nightly_builds_stores_tests_and_reports(farm) -> None:  # type: ig
     repo, state = farm
     code, out = nightly(repo, state, "--run-id", "n1", "--keep")
     assert code == 0, out
+    # Progress names the project of each job (a night of several projects has one build per target each).
+    assert re.search(rf"^  engine: {TARGET}:build +passed$", out, re.M), out
     expected = {f"n1:{TARGET}:{s}" for s in ("build", "test-unit", "test-model", "test-recovery")}
     got = rows(state, "n1")
     assert {j for j, _ in got} == expected and len(got) == len(expected)  # exactly one row per job

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from gearfarm.bisection import search as bisect
 from gearfarm.db.history import CaseVerdict
 from gearfarm.db.results import Run
+from gearfarm.formats.job import JobId
 from gearfarm.formats.result import PRODUCT_FAILURES, ResultRecord
 from gearfarm.perf import trend
 from gearfarm.report.links import Links
@@ -88,6 +89,11 @@ class Report(BaseModel):
     late: list[Item] | None = None
     problems: list[str] | None = None
 
+    def absent(self, target: str, step: str) -> str:
+        """What a matrix cell without a result means: "missing" (the job was expected and has no
+        result) or "n/a" (the step is not one of this target's)."""
+        return "missing" if str(JobId(self.run_id, target, step)) in self.missing else "n/a"
+
     def titled(self) -> Report:
         """The report with its one-line titles made from its headline."""
         fixed = len(self.fixed)
@@ -149,16 +155,18 @@ def build(run: Run, records: list[ResultRecord], links: Links | None = None,
     by_target: dict[str, dict[str, ResultRecord]] = {}
     for r in records:
         by_target.setdefault(r.target, {})[r.step] = r
-    steps: list[str] = []
-    for r in sorted(records, key=lambda r: (r.kind != "build", r.kind, r.step)):
-        if r.step not in steps:
-            steps.append(r.step)
     missing = [j for j in run.expected if j not in {r.job_id for r in records}]
+    # The matrix has a row for every target and a column for every step the run expected or
+    # ran: a job whose result never came shows as "missing" in its cell (Report.absent), even
+    # when no target has a result for its step.
+    gone = [JobId.parse(j) for j in missing]
+    steps = [s for _, _, s in sorted({(r.kind != "build", r.kind, r.step) for r in records}
+                                     | {(j.kind != "build", j.kind, j.step) for j in gone})]
     matrix = {
         t: {s: {"status": r.status, "duration": r.duration, "log": links.log(r), "worker": r.worker,
                 "reused_artifact": r.reused_artifact, "message": r.message}
-            for s, r in sorted(cells.items())}
-        for t, cells in sorted(by_target.items())
+            for s, r in sorted(by_target.get(t, {}).items())}
+        for t in sorted(set(by_target) | {j.target for j in gone})
     }
     failures = []
     for r in sorted(records, key=lambda r: r.job_id):
@@ -195,7 +203,7 @@ def build(run: Run, records: list[ResultRecord], links: Links | None = None,
         "run_id": run.run_id, "project": run.project, "rev": run.rev, "created_at": run.created_at,
         "finished_at": finished, "wall_seconds": round(finished - run.created_at, 3), "headline": headline,
         "all_green": green, "counts": counts,
-        "targets": sorted(by_target), "steps": steps, "matrix": matrix, "failures": failures,
+        "targets": sorted(matrix), "steps": steps, "matrix": matrix, "failures": failures,
         "infra": [f for f in failures if not f["product"]], "cancelled": cancelled,
         "classified": classes is not None,
         "new": classes["new"] if classes else [], "known": classes["known"] if classes else [],

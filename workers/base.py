@@ -375,7 +375,8 @@ def perform_job(ctx: Context, p: Payload, job: Job, work: Work, cancel: threadin
                          finished_at=time.time())
     except Exception as e:
         log.exception("job %s failed inside the worker", job.handle)
-        rec = _infra(ctx, p, "worker error", e, time.time())
+        rec = ctx.record(p, "infra", message=f"worker error: {type(e).__name__}: {e}", started_at=began,
+                         finished_at=time.time())
     finally:
         process.CANCEL.reset(token)
     # CPU seconds of the job: its commands (every descendant reaped) and this process's
@@ -404,11 +405,6 @@ def run_step(ctx: Context, p: Payload, work: Work) -> ResultRecord:
     # Under the worker's own work dir, so a worker killed mid-job has it swept on restart.
     with process.job_dir(ctx.work, ctx.role) as tmpd:
         return work(Attempt(ctx, p, cat, target, tmpd, started))
-
-
-def _infra(ctx: Context, p: Payload, what: str, e: Exception, started: float) -> ResultRecord:
-    return ctx.record(p, "infra", message=f"{what}: {type(e).__name__}: {e}", started_at=started,
-                      finished_at=time.time())
 
 
 def handle_result(ctx: Context, p: Payload, rec: ResultRecord) -> bytes:

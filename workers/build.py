@@ -48,27 +48,28 @@ def missing_tools(target: Target) -> list[str]:
     return [t for t in target.tools if shutil.which(t) is None]
 
 
-def handle(step: Attempt) -> ResultRecord:
+def handle(attempt: Attempt) -> ResultRecord:
     """Whatever goes wrong here (catalog or snapshot unreadable, tools missing, upload error)
-    becomes the build's record (base.run_step); the ledger then ends the target's test and perf
+    becomes the build's record (base.perform_job); the ledger then ends the target's test and perf
     jobs with it, so no run waits for a job that cannot start."""
-    ctx, p = step.ctx, step.p
-    lacking = missing_tools(step.target)
+    ctx, p = attempt.ctx, attempt.p
+    lacking = missing_tools(attempt.target)
     if lacking:
-        return step.refuse(f"host {ctx.name} lacks {', '.join(lacking)} that project {p.project} needs "
+        return attempt.refuse(f"host {ctx.name} lacks {', '.join(lacking)} that project {p.project} needs "
                            f"to build {p.target} (catalog targets.{p.target}.tools): install them, or do "
                            f"not run a build worker for {p.target} here")
     try:
-        return build(step)
+        return build(attempt)
     except artifact.ArtifactError as e:  # what S3 holds is not what the farm signed: nothing reused or run
         log.error("build %s refused the stored artifact: %s", p.job_id, e)
-        return step.refuse(str(e))
+        return attempt.refuse(str(e))
 
 
-def build(step: Attempt) -> ResultRecord:
-    ctx, p, cat, target, tmpd, timings = step.ctx, step.p, step.cat, step.target, step.tmpd, step.timings
+def build(attempt: Attempt) -> ResultRecord:
+    ctx, p, cat = attempt.ctx, attempt.p, attempt.cat
+    target, tmpd, timings = attempt.target, attempt.tmpd, attempt.timings
     tc_id, versions, definition = toolchain(cat, target)
-    step.note(f"tools:\n{versions}")
+    attempt.note(f"tools:\n{versions}")
     art_key = keys.artifact(p.rev, p.target, tc_id)
     man_key = keys.manifest(p.rev, p.target, tc_id)
     reused = False
@@ -79,20 +80,20 @@ def build(step: Attempt) -> ResultRecord:
     manifest: dict[str, object] = {}
     man_sha: str | None = None
     signed = next((b for b in p.signed_builds if b.artifact_key == art_key), None)
-    stored = reusable(step, signed, man_key)
+    stored = reusable(attempt, signed, man_key)
     if stored is not None and signed is not None:
         manifest, man_sha = stored, signed.manifest_sha256
         reused = True
-        step.note(f"artifact {art_key} exists (sha256 {signed.artifact_sha256}, manifest sha256 {man_sha}, "
+        attempt.note(f"artifact {art_key} exists (sha256 {signed.artifact_sha256}, manifest sha256 {man_sha}, "
                   "as the farm signed them): build and upload skipped, 0 bytes moved")
         timings["lookup"] = time.monotonic() - t0
     else:
-        root, scratch = tmpd / "root", step.scratch()
+        root, scratch = tmpd / "root", attempt.scratch()
         size = snapshot.fetch_source(ctx.store, p.rev, p.source_sha256, root, tmpd)
         timings["source"] = time.monotonic() - t0
-        step.note(f"source snapshot {keys.source(p.rev)}: {size} bytes, sha256 verified")
+        attempt.note(f"source snapshot {keys.source(p.rev)}: {size} bytes, sha256 verified")
         t0 = time.monotonic()
-        run = runner.run_build(cat, target, root, scratch, step.log_path, ctx.sandbox, lambda: ctx.started(p))
+        run = runner.run_build(cat, target, root, scratch, attempt.log_path, ctx.sandbox, lambda: ctx.started(p))
         timings["build"] = time.monotonic() - t0
         status, message = run.status, run.message(cat.build.timeout)
         if status == "passed":
@@ -115,38 +116,38 @@ def build(step: Attempt) -> ResultRecord:
                     archive_sha256=str(manifest["archive_sha256"]), manifest_sha256=man_sha, manifest=manifest,
                     project=p.project, rev=p.rev, target=p.target, source_sha256=p.source_sha256,
                     catalog_sha256=p.catalog_sha256, host=ctx.host["hostname"], tools=versions,
-                    definition=definition, job_id=p.job_id, started=step.started, finished=time.time())
+                    definition=definition, job_id=p.job_id, started=attempt.started, finished=time.time())
                 body = provenance.sign(stmt, ctx.signer)
                 if ctx.store.put_bytes_if_absent(keys.provenance(p.rev, p.target, tc_id), body,
                                                  "application/json"):
                     bytes_up += len(body)
             bytes_up += int(manifest["uploaded_bytes"])  # type: ignore[call-overload]
             if manifest["raced"]:
-                step.note(f"another build stored {art_key} first (sha256 {manifest['archive_sha256']}); "
+                attempt.note(f"another build stored {art_key} first (sha256 {manifest['archive_sha256']}); "
                           "using that one")
             timings["upload"] = time.monotonic() - t0
 
     ok = status == "passed"
-    return step.record(status, message, bytes_uploaded=bytes_up, reused_artifact=reused,
+    return attempt.record(status, message, bytes_uploaded=bytes_up, reused_artifact=reused,
                        artifact_key=art_key if ok else None,
                        artifact_sha256=str(manifest["archive_sha256"]) if ok else None,
                        manifest_sha256=man_sha if ok else None)
 
 
-def reusable(step: Attempt, signed: SignedBuild | None, man_key: str) -> dict[str, object] | None:
+def reusable(attempt: Attempt, signed: SignedBuild | None, man_key: str) -> dict[str, object] | None:
     """The stored manifest of a build the farm signed, when S3 still holds it as signed (its
     sha256 and the archive's it names); None when there is nothing to reuse (the build runs).
     A manifest the farm did not sign is never trusted: the bucket is not the truth."""
     if signed is None:
         return None
     try:
-        data = step.ctx.store.get_bytes(man_key)
+        data = attempt.ctx.store.get_bytes(man_key)
     except Exception:  # gone (pruned) or unreadable: build again
         return None
     got = hashlib.sha256(data).hexdigest()
     manifest = json.loads(data) if got == signed.manifest_sha256 else None
     if manifest is None or manifest.get("archive_sha256") != signed.artifact_sha256:
-        step.note(f"stored manifest {man_key} has sha256 {got}, not the {signed.manifest_sha256} the farm signed: "
+        attempt.note(f"stored manifest {man_key} has sha256 {got}, not the {signed.manifest_sha256} the farm signed: "
                   "it was replaced in S3; not reused")
         log.error("stored manifest %s has sha256 %s, the farm signed %s: replaced in S3", man_key, got,
                   signed.manifest_sha256)

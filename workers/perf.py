@@ -43,14 +43,14 @@ def identical(new_tree: Path, base_tree: Path) -> bool | None:
     return None if new is None or base is None else new == base
 
 
-def handle(step: Attempt) -> ResultRecord:
-    ctx, p, tmpd, log_path = step.ctx, step.p, step.tmpd, step.log_path
+def handle(attempt: Attempt) -> ResultRecord:
+    ctx, p, tmpd, log_path = attempt.ctx, attempt.p, attempt.tmpd, attempt.log_path
     assert p.name is not None
-    bench = step.cat.benchmark(p.name)
+    bench = attempt.cat.benchmark(p.name)
     samples: list[Sample] = []
     curves: list[CurveRecord] = []
     status, message = "passed", ""
-    new_tree = fetch_artifact(ctx, p, tmpd / "new", step.timings)
+    new_tree = fetch_artifact(ctx, p, tmpd / "new", attempt.timings)
     base_tree = None
     if p.baseline_key and p.baseline_sha256 and p.baseline_rev:
         base = p.model_copy(update={"rev": p.baseline_rev, "artifact_key": p.baseline_key,
@@ -61,7 +61,7 @@ def handle(step: Attempt) -> ResultRecord:
         except ArtifactError as e:
             # Tonight's figures are still worth having: run unpaired, and say why.
             note = f"the last good build {p.baseline_rev} cannot be used ({e}); running unpaired"
-        step.note(note)
+        attempt.note(note)
     # The reference: the baseline's own runs when it is the same build, else a third side.
     ref_tree, ref_rev = None, None
     if base_tree is not None and p.reference is not None:
@@ -75,7 +75,7 @@ def handle(step: Attempt) -> ResultRecord:
                 note = f"and with the reference build {p.reference_rev}"
             except ArtifactError as e:
                 note = f"the reference build {p.reference_rev} cannot be used ({e}); running without it"
-            step.note(note)
+            attempt.note(note)
     same = identical(new_tree, base_tree) if base_tree is not None else None
     t0 = time.monotonic()
     quietness: dict[str, float] = {}
@@ -86,13 +86,13 @@ def handle(step: Attempt) -> ResultRecord:
             t0 = time.monotonic()
             ctx.started(p)
             with activity:
-                _measure(step.cat, step.target, bench, p, new_tree, base_tree, tmpd, log_path, samples, ctx.sandbox,
-                         curves, ref_tree)
+                _measure(attempt.cat, attempt.target, bench, p, new_tree, base_tree, tmpd, log_path, samples,
+                         ctx.sandbox, curves, ref_tree)
     except runner.BenchmarkFailed as e:
         status, message = e.status, str(e)
     quietness.update(activity.summary)
-    step.timings["test"] = time.monotonic() - t0
-    return step.record(status, message, artifact_key=p.artifact_key, artifact_sha256=p.artifact_sha256,
+    attempt.timings["test"] = time.monotonic() - t0
+    return attempt.record(status, message, artifact_key=p.artifact_key, artifact_sha256=p.artifact_sha256,
                        samples=samples, curves=curves, quietness=quietness, baseline_identical=same,
                        baseline_rev=p.baseline_rev if base_tree is not None else None, reference_rev=ref_rev)
 

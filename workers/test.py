@@ -40,25 +40,25 @@ def fetch_artifact(ctx: Context, p: Payload, tree: Path, timings: dict[str, floa
     return tree
 
 
-def handle(step: Attempt) -> ResultRecord:
-    ctx, p, target = step.ctx, step.p, step.target
+def handle(attempt: Attempt) -> ResultRecord:
+    ctx, p, target = attempt.ctx, attempt.p, attempt.target
     assert p.name is not None
-    suite = step.cat.suite(p.name)
+    suite = attempt.cat.suite(p.name)
     junit_key = keys.job_file(p.run_id, p.target, p.step, "junit.xml")
     try:
-        tree = fetch_artifact(ctx, p, step.tmpd / "root", step.timings, source=suite.source)
+        tree = fetch_artifact(ctx, p, attempt.tmpd / "root", attempt.timings, source=suite.source)
     except artifact.ArtifactError as e:
         # Nothing from an unverified artifact runs; this is the farm's failure, not the project's.
-        return step.refuse(str(e), timings=step.timings)
-    scratch = step.scratch()
+        return attempt.refuse(str(e), timings=attempt.timings)
+    scratch = attempt.scratch()
     ctx.started(p)
-    prefix = wine.job_prefix(ctx.sandbox, ctx.state / "wine", target.runner, step.tmpd)
-    run = runner.run_suite(step.cat, target, suite, tree, scratch, step.log_path, p.seed, ctx.sandbox, prefix,
+    prefix = wine.job_prefix(ctx.sandbox, ctx.state / "wine", target.runner, attempt.tmpd)
+    run = runner.run_suite(attempt.cat, target, suite, tree, scratch, attempt.log_path, p.seed, ctx.sandbox, prefix,
                            p.cases)
-    step.timings["test"] = run.seconds
+    attempt.timings["test"] = run.seconds
     has_junit = suite.format in ("junit", "ctest") and run.results is not None and run.results.is_file()
     if has_junit:
         assert run.results is not None
         ctx.store.put_file(junit_key, run.results, "application/xml")
-    return step.record(run.status, run.message, junit_key=junit_key if has_junit else None,
+    return attempt.record(run.status, run.message, junit_key=junit_key if has_junit else None,
                        artifact_key=p.artifact_key, artifact_sha256=p.artifact_sha256, cases=run.cases)

@@ -230,7 +230,7 @@ def _run_nightly(cfg: Config, todo: list[tuple[nightly.Loaded, str, nightly.Sele
     try:
         return run_night(cfg, [Project(lp, rid, sel) for lp, rid, sel in todo], seed, observer, report_dir)
     except NightError as e:
-        observer.close()
+        observer.close()  # the live table stops before the error is printed under it
         fail(str(e))
     finally:
         observer.close()

@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -38,7 +39,7 @@ class NightError(RuntimeError):
     """The night cannot run at all: the message names the problem and its fix (exit status 2)."""
 
 
-class Observer(Watcher):
+class Observer(Watcher, Protocol):
     """What the night tells its caller, beside the runs' progress (Watcher)."""
 
     def say(self, text: str) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import signal
 import xml.etree.ElementTree as ET
@@ -270,64 +269,6 @@ def _named(found: list[CaseResult], tests: list[_Test]) -> list[CaseResult]:
         seen.add(unique)
         out.append(case.model_copy(update={"name": unique}))
     return out
-
-
-# -- relocating a CMake build tree --------------------------------------------------------------
-
-
-def relocate_ctest(build_dir: Path, root: Path) -> int:
-    """Point the CTestTestfile.cmake files of a moved CMake build tree at where it is now.
-
-    CMake writes absolute paths (test executables, WORKING_DIRECTORY) into them; a tree built on
-    one host and unpacked under another root would make ctest run nothing ("Could not find
-    executable"). `root` is the tree the build directory now lives in; the old root is the header's
-    "# Build directory:" with the build directory's place under `root` taken off. Returns the
-    number of files rewritten (0 when the tree has not moved).
-    """
-    build_dir = Path(os.path.abspath(build_dir))
-    root = Path(os.path.abspath(root))
-    top = build_dir / "CTestTestfile.cmake"
-    if not top.is_file():
-        raise OutcomeError(f"no CTestTestfile.cmake in {build_dir}: is `cwd` of the ctest suite the CMake build "
-                           f"directory, and are the build outputs including it (e.g. \"build/**\")?")
-    try:
-        rel = build_dir.relative_to(root)
-    except ValueError:
-        raise OutcomeError(f"the ctest build directory {build_dir} is not inside the job's tree {root}: "
-                           f"make the suite's `cwd` a directory of the tree") from None
-    text = top.read_text(encoding="utf-8", errors="surrogateescape")
-    built = re.search(r"^# Build directory: (.+?)\s*$", text, re.MULTILINE)
-    if built is None:
-        raise OutcomeError(f"{top} has no \"# Build directory:\" header: it was not written by CMake, "
-                           f"or the build tree is damaged; rebuild it with cmake")
-    # CMake writes "/" separators on every platform.
-    old_parts = built.group(1).rstrip("/").split("/")
-    rel_parts = list(rel.parts)
-    if rel_parts and old_parts[-len(rel_parts):] != rel_parts:
-        source = re.search(r"^# Source directory: (.+?)\s*$", text, re.MULTILINE)
-        raise OutcomeError(f"{top} says it was built in {built.group(1)}"
-                           f"{' (source ' + source.group(1) + ')' if source else ''}, which does not end with "
-                           f"{rel.as_posix()}: the build directory must have the same place in the tree on the "
-                           f"build host as under {root}; keep the build's and the suite's `cwd` consistent")
-    old_root = "/".join(old_parts[: len(old_parts) - len(rel_parts)])
-    new_root = root.as_posix()
-    if old_root == new_root:
-        return 0
-    if old_root in ("", "/"):
-        raise OutcomeError(f"{top} was built at the filesystem root ({built.group(1)}): cannot tell its "
-                           f"paths from others; build under a project directory")
-    # A prefix of a path: not the tail of a longer path ("/x/old"), not a longer name ("/oldish").
-    pattern = re.compile(r"(?<![\w.~/-])" + re.escape(old_root) + r"(?=[/\"';\s)]|$)", re.MULTILINE)
-    rewritten = 0
-    for path in sorted(build_dir.rglob("CTestTestfile.cmake")):
-        with open(path, encoding="utf-8", errors="surrogateescape", newline="") as fh:
-            before = fh.read()
-        after = pattern.sub(lambda _: new_root, before)
-        if after != before:
-            with open(path, "w", encoding="utf-8", errors="surrogateescape", newline="") as fh:
-                fh.write(after)
-            rewritten += 1
-    return rewritten
 
 
 # -- benchmark metrics --------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from gearfarm.formats.catalog import Benchmark, Catalog, Suite, Target
 from gearfarm.formats.result import CaseResult, CurveRecord
 from gearfarm.hosts import process
 from gearfarm.s3.artifact import ArtifactError, link_target
-from gearfarm.step import outcome
+from gearfarm.step import ctestfile, hostlib, outcome, runpath
 from gearfarm.step.outcome import OutcomeError
 from gearfarm.step.sandbox import Sandbox, within
 
@@ -138,25 +138,28 @@ def _run(sandbox: Sandbox, argv: list[str], log_path: Path, timeout: float, cwd:
 
 def run_build(cat: Catalog, target: Target, root: Path, scratch: Path, log_path: Path, sandbox: Sandbox,
               started: Callable[[], None] | None = None) -> BuildRun:
-    """Run the catalog's build of ``target`` in the snapshot at ``root``."""
+    """Run the catalog's build of ``target`` (its own, Catalog.build_for) in the snapshot at ``root``."""
+    build = cat.build_for(target)
     vals = catalog_mod.values(cat, target, {"root": str(root), "scratch": str(scratch), "junit": "", "seed": "1"})
-    argv = catalog_mod.expand(cat.build.argv, vals, target.runner)
-    env = catalog_mod.environment(sandbox.environment(), target, cat.build, vals)
-    cwd = root / cat.build.cwd.format_map(vals)
+    argv = catalog_mod.expand(build.argv, vals, target.runner)
+    env = catalog_mod.environment(sandbox.environment(), target, build, vals)
+    cwd = root / build.cwd.format_map(vals)
     if not cwd.is_dir():
-        return BuildRun(None, False, error=f"build.cwd {cat.build.cwd!r} is not a directory of the source tree: "
-                                           "fix the catalog's build.cwd (relative to the repository's root)")
+        key = cat.build_key(target, "cwd")
+        return BuildRun(None, False, error=f"{key} {build.cwd!r} is not a directory of the source tree: "
+                                           f"fix the catalog's {key} (relative to the repository's root)")
     if started is not None:
         started()
-    rc, timed_out = _run(sandbox, argv, log_path, cat.build.timeout, cwd, env, [scratch, root])
+    rc, timed_out = _run(sandbox, argv, log_path, build.timeout, cwd, env, [scratch, root])
     run = BuildRun(rc, timed_out)
     if rc == 0 and not timed_out:
         try:
-            run.outputs = collect_outputs(root, [o.format_map(vals) for o in cat.build.outputs])
+            run.outputs = collect_outputs(root, [o.format_map(vals) for o in build.outputs])
         except (OutputsMissing, OutputsUnsafe) as e:
-            run.error = str(e)
+            # collect_outputs speaks of [build]'s key; a target with outputs of its own is told its own.
+            run.error = str(e).replace("build.outputs", cat.build_key(target, "outputs"))
             with log_path.open("a") as f:
-                f.write(f"error: {e}\n")
+                f.write(f"error: {run.error}\n")
     return run
 
 
@@ -170,10 +173,13 @@ class SuiteRun:
 
 
 def run_suite(cat: Catalog, target: Target, suite: Suite, tree: Path, scratch: Path, log_path: Path, seed: int,
-              sandbox: Sandbox, wine_prefix: Path | None = None, cases: list[str] | None = None) -> SuiteRun:
+              sandbox: Sandbox, wine_prefix: Path | None = None, cases: list[str] | None = None,
+              relink: bool = True) -> SuiteRun:
     """Run one suite in ``tree`` (the artifact's files, over the source when the suite asks);
     ``wine_prefix`` is the job's own prefix for a wine runner (gearfarm.step.wine). ``cases``: only
-    these, by the suite's `only` items (a suite without them runs whole)."""
+    these, by the suite's `only` items (a suite without them runs whole). The tree's programs are
+    first pointed at its own libraries (gearfarm.step.runpath; ``relink`` false leaves them as
+    built), and a program that still loads the host's copy of a built library fails the suite."""
     # The JUnit file is written in a directory of the job's own beside the scratch directory.
     out = scratch.parent / f"{scratch.name}-out"
     out.mkdir(exist_ok=True)
@@ -192,13 +198,17 @@ def run_suite(cat: Catalog, target: Target, suite: Suite, tree: Path, scratch: P
         return SuiteRun("failed", f"suite {suite.name}: cwd {suite.cwd!r} is not a directory of the job's tree "
                                   "(the artifact's files): add it to build.outputs or fix suites."
                                   f"{suite.name}.cwd", [], None, 0.0)
+    prepared = ctestfile.Prepared()
     if suite.format == "ctest":
         try:
-            outcome.relocate_ctest(cwd, tree)
+            prepared = ctestfile.prepare(cwd, tree, target.runner)
         except OutcomeError as e:
             return SuiteRun("failed", f"suite {suite.name}: {e}", [], None, 0.0)
+    _note(log_path, _relinked(tree) if relink else [])
+    loader = scratch.parent / f"{scratch.name}-loader"
+    env.update(hostlib.environment(loader))
     t0 = time.monotonic()
-    rc, timed_out = _run(sandbox, argv, log_path, suite.timeout, cwd, env, [scratch, out, tree], wine_prefix)
+    rc, timed_out = _run(sandbox, argv, log_path, suite.timeout, cwd, env, [scratch, out, loader, tree], wine_prefix)
     seconds = time.monotonic() - t0
     cases_found: list[CaseResult] = []
     message = ""
@@ -215,6 +225,7 @@ def run_suite(cat: Catalog, target: Target, suite: Suite, tree: Path, scratch: P
                                         results=results)
     except OutcomeError as e:
         message = f"suite {suite.name}: {e}"
+    cases_found = _judged(cases_found, suite, loader, tree, prepared, target.runner, log_path)
     if timed_out:
         return SuiteRun("timed_out", f"suite {suite.name} timed out after {suite.timeout:.0f}s and was killed",
                         cases_found, results, seconds)
@@ -224,6 +235,46 @@ def run_suite(cat: Catalog, target: Target, suite: Suite, tree: Path, scratch: P
     message = message or (f"{len(bad)} failed: {', '.join(bad[:10])}" if bad
                           else f"suite exited {rc} with {len(cases_found)} test results")
     return SuiteRun("failed", message, cases_found, results, seconds)
+
+
+def _relinked(tree: Path) -> list[str]:
+    done, notes = runpath.relink(tree)
+    return [f"RUNPATH of {r.path}: {r.before} -> {r.after}" for r in done] + notes
+
+
+def _note(log_path: Path, lines: list[str]) -> None:
+    """What the worker changed in the job's tree before running it, at the top of its log."""
+    if lines:
+        with log_path.open("a") as f:
+            f.writelines(f"gearfarm: {line}\n" for line in lines)
+
+
+def _judged(found: list[CaseResult], suite: Suite, loader: Path, tree: Path, prepared: ctestfile.Prepared,
+            runner: list[str], log_path: Path) -> list[CaseResult]:
+    """The cases as the suite's results say, failed where a program of the tree ran against the
+    host's copy of a library the build made (its case, or a case of its own when the program is
+    not one ctest named), and with a note where a cross test could not be given the runner."""
+    copies, notes = hostlib.findings(loader, tree)
+    _note(log_path, notes + [c.message() for c in copies])
+    by_program: dict[str, list[hostlib.HostCopy]] = {}
+    for c in copies:
+        by_program.setdefault(os.path.abspath(c.program), []).append(c)
+    out, claimed = [], set()
+    for case in found:
+        mine = by_program.get(os.path.abspath(prepared.programs.get(case.name, "\0")), [])
+        if mine:
+            claimed |= {id(c) for c in mine}
+            text = "; ".join(c.message() for c in mine)
+            case = case.model_copy(update={"status": "failed", "message": f"{text}\n{case.message}".strip()})
+        elif case.status in ("failed", "error") and case.name in prepared.unwrapped and runner:
+            hint = ctestfile.unwrapped_hint(prepared.unwrapped[case.name], runner)
+            case = case.model_copy(update={"message": f"{hint}\n{case.message}".strip()})
+        out.append(case)
+    rest = [c for c in copies if id(c) not in claimed]
+    if rest:
+        out.append(CaseResult(classname=suite.name, name=f"{suite.name} (host library)", status="failed",
+                              message="; ".join(c.message() for c in rest)))
+    return out
 
 
 def run_benchmark(cat: Catalog, target: Target, bench: Benchmark, tree: Path, work: Path, tag: str, seed: int,

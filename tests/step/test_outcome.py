@@ -1,6 +1,6 @@
 """What a step's output says: TAP, exit status, JUnit and ctest suites give the cases a user sees
 in the report, and benchmark output gives the metrics; a moved CMake build tree still runs its
-tests under ctest after relocate_ctest."""
+tests under ctest after relocate."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import pytest
 
 from gearfarm.formats.catalog import check_pattern
 from gearfarm.formats.result import CaseResult
+from gearfarm.step.ctestfile import relocate
 from gearfarm.step.outcome import (
     FORMATS,
     OutcomeError,
     cases,
     metrics_from_file,
     metrics_from_pattern,
-    relocate_ctest,
 )
 
 
@@ -241,9 +241,9 @@ def test_ctest_runs_a_relocated_build_tree(tmp_path: Path) -> None:
     assert {c.status for c in before.values()} == {"error"}
     assert "Unable to find executable" in before["ok"].message
 
-    assert relocate_ctest(root2 / "build", root2) == 2  # the top file and sub/'s
+    assert relocate(root2 / "build", root2) == 2  # the top file and sub/'s
     assert "root1" not in (root2 / "build" / "CTestTestfile.cmake").read_text()
-    assert relocate_ctest(root2 / "build", root2) == 0  # already points at root2
+    assert relocate(root2 / "build", root2) == 0  # already points at root2
 
     junit = tmp_path / "after.xml"
     proc = run_ctest(root2 / "build", junit)
@@ -273,7 +273,7 @@ def test_ctest_keeps_its_own_verdicts(tmp_path: Path) -> None:
 def test_relocate_without_ctest_files_explains(tmp_path: Path) -> None:
     (tmp_path / "build").mkdir()
     with pytest.raises(OutcomeError) as e:
-        relocate_ctest(tmp_path / "build", tmp_path)
+        relocate(tmp_path / "build", tmp_path)
     assert "no CTestTestfile.cmake in" in str(e.value) and "build/**" in str(e.value)
 
 
@@ -283,7 +283,7 @@ def test_relocate_refuses_a_build_dir_at_another_place(tmp_path: Path) -> None:
     (build / "CTestTestfile.cmake").write_text(
         "# Source directory: /ws/proj\n# Build directory: /ws/proj/build\nadd_test(a \"/ws/proj/build/a\")\n")
     with pytest.raises(OutcomeError, match="does not end with out/cmake"):
-        relocate_ctest(build, tmp_path)
+        relocate(build, tmp_path)
 
 
 def test_relocate_rewrites_only_whole_path_prefixes(tmp_path: Path) -> None:
@@ -293,7 +293,7 @@ def test_relocate_rewrites_only_whole_path_prefixes(tmp_path: Path) -> None:
         "# Source directory: /ws/proj\n# Build directory: /ws/proj/build\n"
         'add_test(a "/ws/proj/build/a" "--data=/ws/proj" "/ws/project/x" "/other/ws/proj/y")\n'
         'set_tests_properties(a PROPERTIES WORKING_DIRECTORY "/ws/proj" ENVIRONMENT "P=/ws/proj/lib;Q=1")\n')
-    assert relocate_ctest(build, tmp_path) == 1
+    assert relocate(build, tmp_path) == 1
     new = tmp_path.as_posix()
     assert (build / "CTestTestfile.cmake").read_text() == (
         f"# Source directory: {new}\n# Build directory: {new}/build\n"

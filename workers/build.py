@@ -95,7 +95,7 @@ def build(attempt: Attempt) -> ResultRecord:
         t0 = time.monotonic()
         run = runner.run_build(cat, target, root, scratch, attempt.log_path, ctx.sandbox, lambda: ctx.started(p))
         timings["build"] = time.monotonic() - t0
-        status, message = run.status, run.message(cat.build.timeout)
+        status, message = run.status, run.message(cat.build_for(target).timeout)
         if status == "passed":
             # Nothing about who or when: two builds of the same inputs pack byte-identical
             # archives (the record says who built it and when).

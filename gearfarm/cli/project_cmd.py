@@ -81,8 +81,8 @@ def project_check(config_path: str | None, name: str | None, repo: str | None, c
         run = step.run_build(cat, tgt, root, scratch, log_path, box)
         if run.status != "passed":
             click.echo(process.log_tail(log_path, 40))
-            console.print(f"[bold red]build {run.status}:[/] {escape(run.message(cat.build.timeout))} (log above)",
-                          highlight=False)
+            message = run.message(cat.build_for(tgt).timeout)
+            console.print(f"[bold red]build {run.status}:[/] {escape(message)} (log above)", highlight=False)
             sys.exit(EXIT_FAILED)
         click.echo(f"build passed; artifact would hold {len(run.outputs)} files:")
         for f in run.outputs[:20]:
@@ -176,8 +176,14 @@ def _print_target(cat: catalog_mod.Catalog, t: catalog_mod.Target) -> None:
 
     click.echo(f"\ntarget {t.name}" + (f" (runner: {' '.join(t.runner)})" if t.runner else "")
                + (f", needs {', '.join(t.tools)}" if t.tools else ""))
-    click.echo(f"  build   (in {cat.build.cwd}): {cmd(cat.build.argv)}")
-    click.echo(f"          outputs: {', '.join(o.format_map(vals) for o in cat.build.outputs)}")
+    build = cat.build_for(t)  # the target's own: what its build worker will run
+    click.echo(f"  build   (in {build.cwd}): {cmd(build.argv)}")
+    if build.env:
+        click.echo(f"          env: {' '.join(f'{k}={v.format_map(vals)}' for k, v in build.env.items())}")
+    click.echo(f"          outputs: {', '.join(o.format_map(vals) for o in build.outputs)}")
+    if t.build is not None:  # where it differs from the others', say so and where
+        click.echo(f"          [targets.{t.name}.build] sets {', '.join(t.build.keys_set())}"
+                   + (" over [build]" if cat.build is not None else " (no [build])"))
     for sname in t.suites:
         s_ = cat.suite(sname)
         click.echo(f"  test-{sname} ({s_.format}, in {s_.cwd}): {cmd(s_.argv, s_.runner)}")

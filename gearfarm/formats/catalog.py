@@ -4,7 +4,8 @@ data that fits any build system (make, CMake, a shell script).
 The nightly reads the catalog at the run's revision (or the project's configured file), stores
 it content-addressed, and payloads carry its sha256: what runs on a lab host is always the
 catalog the nightly validated, never a file on the worker's disk, and never a command from a
-payload. Every error names the file, the key and the fix.
+payload. Every error names the file, the key and the fix. A target's build is [build] with the
+target's own [targets.NAME.build] over it, and only Catalog.build_for says what it is.
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ def _names(text: str) -> list[str]:
     return [name for _, name, _, _ in string.Formatter().parse(text) if name is not None]
 
 
+def _check_cwd(cwd: str) -> None:
+    if cwd.startswith("/") or ".." in Path(cwd).parts:
+        raise ValueError(f"cwd {cwd!r} must be a relative path inside the job's tree (no '/' start, no '..')")
+
+
 def _inside_the_job(key: str, template: str | None) -> None:
     """A file the worker reads after a step is one of the job's: relative to the step's cwd, or
     under a placeholder of the job's own directories ({junit}, {scratch}, {root}), never a path
@@ -74,8 +80,7 @@ class Step(_Strict):
 
     @model_validator(mode="after")
     def _relative_cwd(self) -> Step:
-        if self.cwd.startswith("/") or ".." in Path(self.cwd).parts:
-            raise ValueError(f"cwd {self.cwd!r} must be a relative path inside the job's tree (no '/' start, no '..')")
+        _check_cwd(self.cwd)
         return self
 
     def templates(self) -> list[tuple[str, str]]:
@@ -83,7 +88,17 @@ class Step(_Strict):
         return [("argv", a) for a in self.argv] + [(f"env.{k}", v) for k, v in self.env.items()] + [("cwd", self.cwd)]
 
 
+def _something_built(argv: list[str] | None, outputs: list[str] | None) -> None:
+    """A build's argv and outputs, where given, are not empty (None: not given here)."""
+    if argv is not None and not argv:
+        raise ValueError("argv must not be empty: the command that builds the project")
+    if outputs is not None and not outputs:
+        raise ValueError("outputs must name at least one file or directory the build leaves (what tests run)")
+
+
 class Build(Step):
+    """One target's build, complete: what runs it (Catalog.build_for makes it)."""
+
     timeout: float = Field(default=900, gt=0)
     # Globs relative to the tree after the build: the files packed into the artifact. A
     # directory (or "dir/**") packs every file under it.
@@ -91,14 +106,47 @@ class Build(Step):
 
     @model_validator(mode="after")
     def _something(self) -> Build:
-        if not self.argv:
-            raise ValueError("argv must not be empty: the command that builds the project")
-        if not self.outputs:
-            raise ValueError("outputs must name at least one file or directory the build leaves (what tests run)")
+        _something_built(self.argv, self.outputs)
         return self
 
     def templates(self) -> list[tuple[str, str]]:
         return super().templates() + [("outputs", o) for o in self.outputs]
+
+
+# The keys of a build, in the order they are shown; a target's own build overrides [build]'s
+# key by key.
+BUILD_KEYS = ("argv", "cwd", "env", "timeout", "outputs")
+
+
+class BuildKeys(_Strict):
+    """[build] or a target's [targets.NAME.build], as written: any of a build's keys (None: not
+    set here). Neither is a build by itself: Catalog.build_for layers them into one."""
+
+    argv: list[str] | None = None
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    timeout: float | None = Field(default=None, gt=0)
+    outputs: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _sound(self) -> BuildKeys:
+        if self.cwd is not None:
+            _check_cwd(self.cwd)
+        _something_built(self.argv, self.outputs)
+        return self
+
+    def keys_set(self) -> list[str]:
+        return [k for k in BUILD_KEYS if getattr(self, k) is not None]
+
+    def templates(self) -> list[tuple[str, str]]:
+        return ([("argv", a) for a in self.argv or []] + [(f"env.{k}", v) for k, v in (self.env or {}).items()]
+                + ([("cwd", self.cwd)] if self.cwd is not None else []) + [("outputs", o) for o in self.outputs or []])
+
+    def sets(self, key: str) -> bool:
+        """Whether this sets template ``key`` of templates() (argv, cwd, outputs, env.NAME)."""
+        field, _, name = key.partition(".")
+        value = getattr(self, field)
+        return value is not None and (not name or name in value)
 
 
 class Target(_Strict):
@@ -116,6 +164,9 @@ class Target(_Strict):
     # Only natively-run binaries give performance figures worth comparing.
     perf: bool = False
     suites: list[str] = Field(default_factory=list)
+    # This target's own build keys over [build]'s ([targets.NAME.build]): a Windows build that
+    # leaves foo.dll where Linux's leaves libfoo.so, with no padding of either list.
+    build: BuildKeys | None = None
 
     @property
     def os(self) -> str:
@@ -265,7 +316,9 @@ class Benchmark(Step):
 
 class Catalog(_Strict):
     schema_: Literal[2] = Field(alias="schema")
-    build: Build
+    # What every target's build shares; absent when each target has a build of its own. Read a
+    # target's build through build_for, never here.
+    build: BuildKeys | None = None
     targets: dict[str, Target]
     suites: dict[str, Suite] = Field(default_factory=dict)
     benchmarks: dict[str, Benchmark] = Field(default_factory=dict)
@@ -274,6 +327,40 @@ class Catalog(_Strict):
         if name not in self.targets:
             raise CatalogError(f"unknown target {name!r}; known targets: {', '.join(sorted(self.targets))}")
         return self.targets[name]
+
+    def build_for(self, target: str | Target) -> Build:
+        """The build of ``target``, the one place that says it: [build], then the target's own
+        [targets.NAME.build] over it key by key. env merges name by name (the target's value
+        wins), so a shared CFLAGS is not lost where a target adds its CC; every other key is
+        replaced whole (a Windows outputs list is not Linux's plus more)."""
+        t = self.target(target) if isinstance(target, str) else target
+        keys: dict[str, Any] = {}
+        for layer in (self.build, t.build):
+            for key in layer.keys_set() if layer is not None else []:
+                value = getattr(layer, key)
+                keys[key] = {**keys.get(key, {}), **value} if key == "env" else value
+        missing = [k for k in ("argv", "outputs") if k not in keys]
+        if missing:
+            raise CatalogError(self._no_build(t, missing))
+        return Build(**keys)
+
+    def _no_build(self, t: Target, missing: list[str]) -> str:
+        own = f"[targets.{t.name}.build]"
+        if self.build is None and t.build is None:
+            if not any(o.build for o in self.targets.values()):
+                return ("[build] required key is missing: add it with argv and outputs (see docs/projects.md), or "
+                        "give every target a build of its own, [targets.NAME.build]")
+            return (f"[targets.{t.name}] has no build: the catalog has no [build] and no {own}: add {own} with "
+                    "argv and outputs, or a [build] the targets share")
+        where = f"targets.{t.name}.build" if t.build is not None else "build"
+        return (f"[{where}.{missing[0]}] required key is missing for target {t.name}, set neither in {own} nor in "
+                f"[build]: add {' and '.join(missing)} to {own}, or to [build] for every target")
+
+    def build_key(self, target: Target, key: str) -> str:
+        """The catalog key ``target``'s build takes ``key`` from, for messages: build.outputs,
+        or targets.NAME.build.outputs when the target sets its own."""
+        own = target.build is not None and getattr(target.build, key) is not None
+        return f"targets.{target.name}.build.{key}" if own else f"build.{key}"
 
     def suite(self, name: str) -> Suite:
         if name not in self.suites:
@@ -314,39 +401,48 @@ def _describe(e: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def _template_uses(cat: Catalog) -> list[tuple[str, str, str, list[Target]]]:
+    """(section, key, template, the targets it runs on) of every string that takes placeholders.
+    A key of [build] runs on the targets that do not set it in a build of their own."""
+    targets = list(cat.targets.values())
+    uses = [("build", k, v, [t for t in targets if t.build is None or not t.build.sets(k)])
+            for k, v in (cat.build.templates() if cat.build is not None else [])]
+    uses += [(f"targets.{t.name}.build", k, v, [t]) for t in targets if t.build is not None
+             for k, v in t.build.templates()]
+    steps: list[tuple[str, Step, list[Target]]] = [
+        (f"suites.{n}", s, [t for t in targets if n in t.suites]) for n, s in cat.suites.items()]
+    steps += [(f"benchmarks.{n}", b, [t for t in targets if t.perf]) for n, b in cat.benchmarks.items()]
+    steps += [(f"targets.{t.name}", Step(env=t.env), [t]) for t in targets]
+    return uses + [(section, k, v, ts) for section, step, ts in steps for k, v in step.templates()]
+
+
 def _check_templates(cat: Catalog, origin: str) -> None:
     """Every placeholder must be a builtin or a var of every target the step runs on."""
-    steps: list[tuple[str, Step, list[Target]]] = [("build", cat.build, list(cat.targets.values()))]
-    steps += [(f"suites.{n}", s, [t for t in cat.targets.values() if n in t.suites]) for n, s in cat.suites.items()]
-    perf = [t for t in cat.targets.values() if t.perf]
-    steps += [(f"benchmarks.{n}", b, perf) for n, b in cat.benchmarks.items()]
-    steps += [(f"targets.{t.name}", Step(env=t.env), [t]) for t in cat.targets.values()]
-    for section, step, targets in steps:
-        for key, template in step.templates():
-            try:
-                names = _names(template)
-            except ValueError as e:
-                raise CatalogError(f"{origin}: [{section}] {key}: malformed placeholder in {template!r} ({e}); "
-                                   "write {{ and }} for literal braces") from None
-            for name in names:
-                if name == "runner" and not (key.startswith("env.") or template == "{runner}" and key == "argv"):
-                    raise CatalogError(f"{origin}: [{section}] {key} {template!r}: {{runner}} must be an argv item "
-                                       "of its own (it expands to zero or more items) or in env (space-separated)")
-                if name == "case" and key != "only":
-                    raise CatalogError(f"{origin}: [{section}] {key} {template!r}: {{case}} is only known in a "
-                                       "suite's `only` items (how to run one case alone)")
-                if name in BUILTINS:
-                    continue
-                lacking = [t.name for t in targets if name not in t.vars]
-                if lacking or not VAR_RE.match(name):
-                    known = sorted(set(BUILTINS) | set.intersection(*(set(t.vars) for t in targets)) if targets
-                                   else set(BUILTINS))
-                    where = f"targets {', '.join(lacking)} define no var {name!r}" if lacking and VAR_RE.match(name) \
-                        else f"{name!r} is not a placeholder name"
-                    raise CatalogError(f"{origin}: [{section}] {key}: unknown placeholder {{{name}}} in {template!r}"
-                                       f" ({where}); known here: {', '.join('{' + k + '}' for k in known)}. Fix the "
-                                       "name or add it to the targets' vars; if the braces are meant literally (a "
-                                       "shell's ${x} in `sh -c`, a C block), write them doubled: {{ and }}")
+    for section, key, template, targets in _template_uses(cat):
+        try:
+            names = _names(template)
+        except ValueError as e:
+            raise CatalogError(f"{origin}: [{section}] {key}: malformed placeholder in {template!r} ({e}); "
+                               "write {{ and }} for literal braces") from None
+        for name in names:
+            if name == "runner" and not (key.startswith("env.") or template == "{runner}" and key == "argv"):
+                raise CatalogError(f"{origin}: [{section}] {key} {template!r}: {{runner}} must be an argv item "
+                                   "of its own (it expands to zero or more items) or in env (space-separated)")
+            if name == "case" and key != "only":
+                raise CatalogError(f"{origin}: [{section}] {key} {template!r}: {{case}} is only known in a "
+                                   "suite's `only` items (how to run one case alone)")
+            if name in BUILTINS:
+                continue
+            lacking = [t.name for t in targets if name not in t.vars]
+            if lacking or not VAR_RE.match(name):
+                known = sorted(set(BUILTINS) | set.intersection(*(set(t.vars) for t in targets)) if targets
+                               else set(BUILTINS))
+                where = f"targets {', '.join(lacking)} define no var {name!r}" if lacking and VAR_RE.match(name) \
+                    else f"{name!r} is not a placeholder name"
+                raise CatalogError(f"{origin}: [{section}] {key}: unknown placeholder {{{name}}} in {template!r}"
+                                   f" ({where}); known here: {', '.join('{' + k + '}' for k in known)}. Fix the "
+                                   "name or add it to the targets' vars; if the braces are meant literally (a "
+                                   "shell's ${x} in `sh -c`, a C block), write them doubled: {{ and }}")
 
 
 def parse(text: str, origin: str) -> Catalog:
@@ -385,6 +481,10 @@ def parse(text: str, origin: str) -> Catalog:
             if s not in cat.suites:
                 raise CatalogError(f"{origin}: [targets.{name}] suites lists {s!r}, which [suites] does not define; "
                                    f"defined: {', '.join(sorted(cat.suites)) or 'none'}")
+        try:
+            cat.build_for(t)
+        except CatalogError as e:
+            raise CatalogError(f"{origin}: {e}") from None
     _check_templates(cat, origin)
     _check_env(cat, origin)
     return cat
@@ -394,7 +494,8 @@ def _check_env(cat: Catalog, origin: str) -> None:
     """No catalog variable may set what the worker sets for a job (RESERVED_ENV):
     the sandbox makes HOME and the wine prefix writable, so a catalog naming them could open a
     host path to the job."""
-    envs: list[tuple[str, dict[str, str]]] = [("build", cat.build.env)]
+    envs: list[tuple[str, dict[str, str]]] = [("build", cat.build.env or {})] if cat.build is not None else []
+    envs += [(f"targets.{t.name}.build", t.build.env or {}) for t in cat.targets.values() if t.build is not None]
     envs += [(f"suites.{n}", s.env) for n, s in cat.suites.items()]
     envs += [(f"benchmarks.{n}", b.env) for n, b in cat.benchmarks.items()]
     for t in cat.targets.values():
@@ -457,9 +558,12 @@ def environment(base: dict[str, str], target: Target, step: Step, vals: dict[str
 
 def definition(cat: Catalog, target: Target) -> str:
     """What decides a target's build, as canonical text: part of the artifact's identity, so a
-    changed build command or variable never reuses an artifact built the old way."""
-    body: dict[str, Any] = {"build": cat.build.model_dump(exclude={"name"}),
-                            "target": target.model_dump(exclude={"perf", "suites"})}
+    changed build command or variable never reuses an artifact built the old way. The build is
+    the target's own (build_for), so a change to one target's build is a new artifact of that
+    target only; and a catalog without [targets.NAME.build] reads as it did before there were
+    any, so its artifacts are still reused."""
+    body: dict[str, Any] = {"build": cat.build_for(target).model_dump(exclude={"name"}),
+                            "target": target.model_dump(exclude={"perf", "suites", "build"})}
     return json.dumps(body, sort_keys=True)
 
 

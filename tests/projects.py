@@ -200,3 +200,65 @@ def plainc(dest: Path) -> Path:
         "lib/vectors.txt": "123456789 cbf43926\nabc 352441c2\n",
     })
     return dest
+
+
+# --------------------------------------------------------------------------- a build per target
+
+CATALOG_LIBFOO = """schema = 2
+
+# What both targets' builds share: the Makefile, and flags every build must get (foo.c refuses
+# to compile without them, so a target whose env replaced this one's would fail).
+[build]
+argv = ["make", "CC={cc}"]
+env = { CFLAGS = "-O2 -Wall -Werror -DFOO_SHARED_FLAGS" }
+outputs = ["libfoo.so", "test_foo"]
+timeout = 120
+
+[targets.linux-x86_64]
+tools = ["gcc", "make"]
+vars = { cc = "gcc" }
+suites = ["foo"]
+
+[targets.windows-x86_64]
+exe = ".exe"
+tools = ["x86_64-w64-mingw32-gcc", "make"]
+vars = { cc = "x86_64-w64-mingw32-gcc" }
+runner = ["wine"]
+runner_env = { WINEDEBUG = "-all" }
+suites = ["foo"]
+
+# Windows builds a DLL and an .exe: its own make goal and outputs, and one more flag.
+[targets.windows-x86_64.build]
+argv = ["make", "CC={cc}", "windows"]
+env = { LDFLAGS = "-static-libgcc" }
+outputs = ["foo.dll", "test_foo{exe}"]
+
+[suites.foo]
+argv = ["{root}/test_foo{exe}"]
+format = "exit-code"
+timeout = 120
+"""
+LIBFOO_TARGETS = ("linux-x86_64", "windows-x86_64")
+
+
+def libfoo(dest: Path) -> Path:
+    """A shared library whose files differ by target, as zlib's do: libfoo.so and test_foo on
+    Linux, foo.dll and test_foo.exe (cross-built with mingw, run under wine) on Windows."""
+    _init(dest, {
+        "Makefile": "CC ?= cc\n"
+                    "all: libfoo.so test_foo\n"
+                    "libfoo.so: foo.c foo.h\n\t$(CC) $(CFLAGS) -shared -fPIC -o $@ foo.c\n"
+                    "test_foo: test_foo.c libfoo.so\n\t$(CC) $(CFLAGS) -o $@ test_foo.c -L. -lfoo "
+                    "-Wl,-rpath,'$$ORIGIN'\n"
+                    "# Windows finds the DLL beside the program.\n"
+                    "windows: foo.dll test_foo.exe\n"
+                    "foo.dll: foo.c foo.h\n\t$(CC) $(CFLAGS) $(LDFLAGS) -shared -o $@ foo.c\n"
+                    "test_foo.exe: test_foo.c foo.dll\n\t$(CC) $(CFLAGS) $(LDFLAGS) -o $@ test_foo.c foo.dll\n",
+        "foo.h": "int foo_add(int, int);\n",
+        "foo.c": '#include "foo.h"\n#ifndef FOO_SHARED_FLAGS\n#error "built without [build] env CFLAGS"\n#endif\n'
+                 "int foo_add(int a, int b) { return a + b; }\n",
+        "test_foo.c": '#include <stdio.h>\n#include "foo.h"\nint main(void) { int r = foo_add(2, 3); '
+                      'printf("foo_add(2, 3) = %d\\n", r); return r == 5 ? 0 : 1; }\n',
+        "jobs/catalog.toml": CATALOG_LIBFOO,
+    })
+    return dest

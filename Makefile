@@ -10,7 +10,7 @@ CACHE ?= $(or $(GEARFARM_CACHE),$(HOME)/.cache/gearfarm)
 DEB_PACKAGES := gearman-job-server gearman-tools libgearman-dev build-essential git \
 	zlib1g-dev gcc-i686-linux-gnu gcc-aarch64-linux-gnu mingw-w64 libz-mingw-w64-dev \
 	qemu-user wine wine64 stunnel4 postgresql postgresql-client python3-venv valgrind \
-	procps iproute2 cmake chromium systemd bubblewrap libxml2-utils \
+	procps iproute2 cmake ccache chromium systemd bubblewrap libxml2-utils \
 	podman runc podman-compose debootstrap
 # Foreign architectures only so `apt-get download` can fetch their zlib (see cross-zlib).
 FOREIGN_ARCHS := i386 arm64

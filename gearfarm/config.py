@@ -157,6 +157,14 @@ class ProjectConfig(_Section):
         return self.catalog or DEFAULT_CATALOG
 
 
+def _unique_projects(v: list[ProjectConfig]) -> list[ProjectConfig]:
+    names = [p.name for p in v]
+    for n in names:
+        if names.count(n) > 1:
+            raise ValueError(f"project {n!r} is configured twice: project names must be unique")
+    return v
+
+
 class FarmConfig(_Section):
     @model_validator(mode="before")
     @classmethod
@@ -253,6 +261,10 @@ class FarmConfig(_Section):
     # Names of variables of the worker's environment that jobs get (e.g. CCACHE_DIR); nothing
     # else of it reaches them.
     sandbox_env: list[str] = Field(default_factory=list)
+    # The builds' compiler cache: each project's builds get <ccache>/<project> as CCACHE_DIR, the
+    # only part of it they may write (a project cannot plant objects in another's cache). A
+    # build uses it through ccache, e.g. CMAKE_C_COMPILER_LAUNCHER=ccache or CC="ccache gcc".
+    ccache: str | None = None
 
 
 class BisectConfig(_Section):
@@ -301,11 +313,7 @@ class Config(_Section):
     @field_validator("projects")
     @classmethod
     def _unique_names(cls, v: list[ProjectConfig]) -> list[ProjectConfig]:
-        names = [p.name for p in v]
-        for n in names:
-            if names.count(n) > 1:
-                raise ValueError(f"project {n!r} is configured twice: project names must be unique")
-        return v
+        return _unique_projects(v)
 
     def project_list(self) -> list[ProjectConfig]:
         """The configured projects; with none, the one default project: the engine in
@@ -392,6 +400,67 @@ def load(path: str | os.PathLike[str]) -> Config:
     if db.startswith(prefix) and not db[len(prefix):].startswith(("/", ":memory:")) and db[len(prefix):]:
         cfg.database.url = prefix + str(cfg.path(db[len(prefix):]))
     return cfg
+
+
+class EmbeddedSettings(_Section):
+    """What a projects file may say of the embedded farm that runs it: the [farm] keys of a lab
+    config that concern the one host (its slots and what its jobs may see and share)."""
+
+    slots: int = Field(default=0, ge=0, le=256)
+    ccache: str | None = None
+    sandbox_readonly: list[str] = Field(default_factory=list)
+    sandbox_shared: list[str] = Field(default_factory=list)
+    sandbox_env: list[str] = Field(default_factory=list)
+
+
+class ProjectsFile(_Section):
+    """`gearfarm nightly --projects FILE`: the projects of an embedded farm, as a lab config's
+    [[projects]] (same keys), and optionally [farm] with the keys of EmbeddedSettings."""
+
+    projects: list[ProjectConfig] = Field(min_length=1)
+    farm: EmbeddedSettings = Field(default_factory=EmbeddedSettings)
+
+    @field_validator("projects")
+    @classmethod
+    def _unique_names(cls, v: list[ProjectConfig]) -> list[ProjectConfig]:
+        return _unique_projects(v)
+
+
+def load_projects(path: str | os.PathLike[str]) -> ProjectsFile:
+    """A projects file, its relative paths (repo, catalog_file, the [farm] directories) made
+    absolute from its own folder: the embedded farm's config, where they end up, lives elsewhere."""
+    p = Path(path)
+    try:
+        raw = tomllib.loads(p.read_text())
+    except FileNotFoundError as e:
+        raise ConfigError(f"projects file {p} not found (given by --projects)") from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"projects file {p} cannot be read: {e}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"projects file {p} is not valid TOML: {e}") from e
+    lab = sorted(set(raw) - {"projects", "farm"})
+    if lab:
+        raise ConfigError(f"projects file {p} has [{'], ['.join(lab)}]: a projects file holds only [[projects]] (and "
+                          f"[farm] {', '.join(EmbeddedSettings.model_fields)}) for the embedded farm; a farm of "
+                          f"your own servers is a lab config: run with --config (docs/lab.md)")
+    if "projects" not in raw:
+        raise ConfigError(f"projects file {p} has no [[projects]]: add one per project (name, repo; docs/projects.md)")
+    try:
+        found = ProjectsFile.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(f"projects file {p} is invalid: {describe(e)}") from None
+    base = p.resolve().parent
+    for project in found.projects:
+        local = base / project.repo
+        if "://" not in project.repo and not project.repo.startswith("git@") and local.is_dir():
+            project.repo = str(local.resolve())
+        if project.catalog_file is not None:
+            project.catalog_file = str((base / project.catalog_file).resolve())
+    settings = found.farm
+    settings.ccache = str((base / os.path.expanduser(settings.ccache)).resolve()) if settings.ccache else None
+    settings.sandbox_readonly = [str((base / d).resolve()) for d in settings.sandbox_readonly]
+    settings.sandbox_shared = [str((base / d).resolve()) for d in settings.sandbox_shared]
+    return found
 
 
 def describe(e: ValidationError) -> str:

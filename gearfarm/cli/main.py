@@ -29,7 +29,8 @@ def main(verbose: bool) -> None:
     """gearfarm: nightly builds, tests and benchmarks on Gearman."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    for noisy in ("botocore", "boto3", "urllib3", "s3transfer"):
+    # alembic says "Context impl SQLiteImpl" at every open of the database: noise in cron mail.
+    for noisy in ("botocore", "boto3", "urllib3", "s3transfer", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.markup import escape
 
+from gearfarm import config as config_mod
 from gearfarm.cli.common import console, csv, exit_now, fail, farm_state_dir, load_config, repo_root
 from gearfarm.config import Config, ConfigError, FarmConfig, ProjectConfig
 from gearfarm.formats import catalog as catalog_mod
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 
 @click.command("nightly")
 @click.option("--config", "config_path", help="Lab config (TOML); default: $GEARFARM_CONFIG, else embedded.")
+@click.option("--projects", "projects_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Run these [[projects]] (a TOML file, keys as in a lab config) on the embedded farm.")
 @click.option("--project", "project_names", help="Comma-separated projects to build (default: every configured one).")
 @click.option("--rev", help="Revision to build (default: each project's branch); needs one project.")
 @click.option("--targets", help="Comma-separated targets (default: each project's [[projects]] targets, else all "
@@ -48,8 +51,9 @@ if TYPE_CHECKING:
 @click.option("--deadline", type=float, help="Seconds by which the run must end.")
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Also copy each run's report, JUnit XML and logs to DIR/<run id>/ (e.g. a Jenkins workspace).")
-def nightly_cmd(config_path: str | None, project_names: str | None, rev: str | None, targets: str | None,
-                suites: str | None, benchmarks: str | None, run_id: str | None, seed: int, repo: Path | None,
+def nightly_cmd(config_path: str | None, projects_file: Path | None, project_names: str | None, rev: str | None,
+                targets: str | None, suites: str | None, benchmarks: str | None, run_id: str | None, seed: int,
+                repo: Path | None,
                 state_dir: Path | None, keep: bool, slots: int | None, no_worker_wait: float | None,
                 deadline: float | None, report_dir: Path | None) -> None:
     """Run a whole nightly: every project's build on every target, tests, collect, one report."""
@@ -58,13 +62,24 @@ def nightly_cmd(config_path: str | None, project_names: str | None, rev: str | N
     # cron and CI stop jobs with SIGTERM: unwind so the embedded farm is stopped, not orphaned.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(EXIT_FARM))
     cfg = load_config(config_path)
+    if cfg is not None and projects_file is not None:
+        given = "--config" if config_path else "$GEARFARM_CONFIG"
+        fail(f"--projects runs its projects on the embedded farm, but {given} names a lab ({cfg.source}): put "
+             "the projects in that config's [[projects]], or unset it")
+    settings = None
+    if projects_file is not None:
+        try:
+            settings = config_mod.load_projects(projects_file)
+        except ConfigError as e:
+            fail(str(e))
     if cfg is not None and slots is not None:
         fail("--slots sets the embedded farm's worker slots; with --config, each lab host has as many slots as "
              "worker processes it runs (docs/lab.md)")
     default_repo = (repo or (cfg.path(cfg.farm.repo) if cfg else None) or repo_root()).resolve()
     # Before the embedded farm exists, its config is only where projects and paths come from.
     base = cfg or Config(farm=FarmConfig(repo=str(default_repo),
-                                         state_dir=str(farm_state_dir(state_dir, default_repo))))
+                                         state_dir=str(farm_state_dir(state_dir, default_repo))),
+                         projects=settings.projects if settings else [])
     if repo is not None and not base.projects:
         base.farm.repo = str(default_repo)
     try:
@@ -100,7 +115,8 @@ def nightly_cmd(config_path: str | None, project_names: str | None, rev: str | N
         from gearfarm.s3.minio import MinioError
 
         state = farm_state_dir(state_dir, default_repo)
-        farm = EmbeddedFarm(state, default_repo, slots=slots or 0)
+        farm = EmbeddedFarm(state, default_repo, slots=slots or 0, projects=base.projects,
+                            settings=settings.farm if settings else None)
         console.print(f"starting the embedded farm in {state} …")
         try:
             cfg = farm.start([lp.catalog for lp, _, _ in todo], sorted({t for _, _, sel in todo for t in sel.targets}),

@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from gearfarm import config as config_mod
-from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig, ProjectConfig, S3Keys
+from gearfarm.config import (
+    Config,
+    DatabaseConfig,
+    EmbeddedSettings,
+    FarmConfig,
+    GearmanConfig,
+    ProjectConfig,
+    S3Keys,
+)
 from gearfarm.db.registry import Registry, RegistryError
 from gearfarm.db.results import ResultsDB
 from gearfarm.formats.catalog import Catalog
@@ -42,7 +50,7 @@ class FarmError(RuntimeError):
 class EmbeddedFarm:
     def __init__(self, state_dir: Path, repo: Path, job_retries: int = 3,
                  projects: list[ProjectConfig] | None = None, worker_env: dict[str, str] | None = None,
-                 slots: int = 0, sandbox: str = "bwrap") -> None:
+                 slots: int = 0, sandbox: str = "bwrap", settings: EmbeddedSettings | None = None) -> None:
         self.state = state_dir.resolve()
         # How workers confine the jobs' commands ([farm] sandbox).
         self.sandbox = sandbox
@@ -52,8 +60,10 @@ class EmbeddedFarm:
         # Extra environment of the workers and the collector (e.g. a PATH without git).
         self.worker_env = worker_env or {}
         self.job_retries = job_retries
+        # What a projects file says of this host's jobs ([farm] of gearfarm.config.EmbeddedSettings).
+        self.settings = settings or EmbeddedSettings()
         # Worker slots for builds and tests (0: one per core the process may use).
-        self.slots = slots or len(os.sched_getaffinity(0))
+        self.slots = slots or self.settings.slots or len(os.sched_getaffinity(0))
         self.gearmand: Gearmand | None = None
         self.minio: MinioServer | None = None
         self.procs: dict[str, object] = {}
@@ -159,7 +169,8 @@ class EmbeddedFarm:
             farm=FarmConfig(repo=str(self.repo), state_dir=str(self.state), no_worker_wait=30.0, slots=self.slots,
                             sandbox=self.sandbox, nightly_keys=[signers[0].public_text],
                             signing_key=str(self.state / "keys" / "nightly.key"),
-                            host_key=str(self.state / "keys" / "host.key")),
+                            host_key=str(self.state / "keys" / "host.key"),
+                            **self.settings.model_dump(exclude={"slots"})),
         )
         config_mod.dump(self.cfg, self.config_path)
         self.cfg = config_mod.load(self.config_path)

@@ -69,7 +69,7 @@ def main() -> int:
         scratch = Path(tmp) / "scratch"
         vals = catalog_mod.values(cat, target, {"root": str(src), "scratch": str(scratch), "seed": "1",
                                                 "junit": ""})
-        subprocess.run(catalog_mod.expand(cat.build.argv, vals, []), cwd=src, check=True)
+        subprocess.run(catalog_mod.expand(cat.build_for(target).argv, vals, []), cwd=src, check=True)
         argv = catalog_mod.expand(bench.argv, vals, [])
         pattern = re.compile(bench.metrics_pattern)
         print(f"{args.benchmark} {args.metric}, {args.bursts} bursts of {args.runs} runs every {args.gap:g} s, "

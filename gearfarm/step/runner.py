@@ -127,18 +127,21 @@ class BuildRun:
 
 
 def _run(sandbox: Sandbox, argv: list[str], log_path: Path, timeout: float, cwd: Path, env: dict[str, str],
-         writable: list[Path], wine_prefix: Path | None = None) -> tuple[int | None, bool]:
+         writable: list[Path], wine_prefix: Path | None = None,
+         shared: list[Path] | None = None) -> tuple[int | None, bool]:
     """Every catalog command starts here: confined by the worker's sandbox, writing only to
-    the job's own directories, which are handed to the job's uid first. The log is the
-    worker's: it lives beside those directories, never in one the job writes."""
+    the job's own directories, which are handed to the job's uid first, and to ``shared`` ones
+    (already the job uid's). The log is the worker's: it lives beside those directories, never
+    in one the job writes."""
     sandbox.give(writable)
-    full, env = sandbox.command(argv, env, cwd, writable, wine_prefix)
+    full, env = sandbox.command(argv, env, cwd, writable + (shared or []), wine_prefix)
     return process.run_logged(full, log_path, timeout, cwd=cwd, env=env, shown=argv, limit=sandbox.log_limit)
 
 
 def run_build(cat: Catalog, target: Target, root: Path, scratch: Path, log_path: Path, sandbox: Sandbox,
-              started: Callable[[], None] | None = None) -> BuildRun:
-    """Run the catalog's build of ``target`` (its own, Catalog.build_for) in the snapshot at ``root``."""
+              started: Callable[[], None] | None = None, project: str | None = None) -> BuildRun:
+    """Run the catalog's build of ``target`` (its own, Catalog.build_for) in the snapshot at ``root``;
+    with a compiler cache on the host, ``project``'s part of it is the build's CCACHE_DIR."""
     build = cat.build_for(target)
     vals = catalog_mod.values(cat, target, {"root": str(root), "scratch": str(scratch), "junit": "", "seed": "1"})
     argv = catalog_mod.expand(build.argv, vals, target.runner)
@@ -150,7 +153,11 @@ def run_build(cat: Catalog, target: Target, root: Path, scratch: Path, log_path:
                                            f"fix the catalog's {key} (relative to the repository's root)")
     if started is not None:
         started()
-    rc, timed_out = _run(sandbox, argv, log_path, build.timeout, cwd, env, [scratch, root])
+    cache = sandbox.compiler_cache(project) if project else None
+    if cache is not None:
+        env["CCACHE_DIR"] = str(cache)
+    rc, timed_out = _run(sandbox, argv, log_path, build.timeout, cwd, env, [scratch, root],
+                         shared=[cache] if cache is not None else None)
     run = BuildRun(rc, timed_out)
     if rc == 0 and not timed_out:
         try:

@@ -94,6 +94,8 @@ class Sandbox:
     uid: int | None = None
     # The most of a command's output its job's log keeps ([farm] log_limit; None: process's default).
     log_limit: int | None = None
+    # The builds' compiler cache ([farm] ccache): each project's builds write only its own part.
+    ccache: Path | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -140,6 +142,17 @@ class Sandbox:
         user = [find_tool("setpriv", "util-linux"), f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
                 "--inh-caps=-all", "--"]
         return [*stage, *user, *self._bwrap(dirs, Path(cwd).resolve(), staged), "--", *argv], out_env
+
+    def compiler_cache(self, project: str) -> Path | None:
+        """The project's part of the compiler cache (made, and the job uid's), or None without one.
+        Only its top is handed over: what is inside, the job uid wrote."""
+        if self.ccache is None:
+            return None
+        mine = self.ccache / project
+        mine.mkdir(parents=True, exist_ok=True)
+        if self.uid is not None and self.mode != "none":
+            os.lchown(mine, self.uid, self.uid)
+        return mine
 
     def give(self, paths: Iterable[Path]) -> None:
         """Hand the job's own directories to its uid, whole (the worker unpacked them as itself):
@@ -256,7 +269,8 @@ def for_config(cfg: Config) -> Sandbox:
     box = Sandbox(cfg.farm.sandbox, tuple(cfg.secret_files()),
                   tuple(cfg.path(p) for p in cfg.farm.sandbox_readonly),
                   tuple(cfg.path(p) for p in cfg.farm.sandbox_shared), tuple(cfg.farm.sandbox_env),
-                  uid if cfg.farm.sandbox != "none" else None, cfg.farm.log_limit)
+                  uid if cfg.farm.sandbox != "none" else None, cfg.farm.log_limit,
+                  cfg.path(os.path.expanduser(cfg.farm.ccache)) if cfg.farm.ccache else None)
     box.check()
     # Directories meant to be shared by every job are the job uid's: jobs write there.
     box.give(list(box.shared))

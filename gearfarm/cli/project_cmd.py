@@ -63,6 +63,7 @@ def project_check(config_path: str | None, name: str | None, repo: str | None, c
         cat = lp.catalog
         click.echo(f"project {project.name}: catalog valid at {lp.rev[:12]} ({len(cat.targets)} targets, "
                    f"{len(cat.suites)} suites, {len(cat.benchmarks)} benchmarks)")
+        _print_submodules(lp.repo, lp.rev)
         for t in cat.targets.values():
             _print_target(cat, t)
         if no_run:
@@ -71,7 +72,10 @@ def project_check(config_path: str | None, name: str | None, repo: str | None, c
         tgt = cat.target(chosen)
         click.echo(f"\nbuilding {chosen} here, from the snapshot of {lp.rev[:12]} …")
         archive = tmp / f"source{artifact.ARCHIVE_SUFFIX}"
-        snapshot.pack(lp.repo, lp.rev, archive)
+        try:
+            snapshot.pack(lp.repo, lp.rev, archive)
+        except snapshot.SourceError as e:
+            fail(f"project {project.name}: {e}")
         root, scratch = tmp / "root", tmp / "scratch"
         scratch.mkdir()
         artifact.safe_extract(archive, root, sha256_file(archive), "source snapshot")
@@ -94,6 +98,21 @@ def project_check(config_path: str | None, name: str | None, repo: str | None, c
         packed = artifact.pack(root, run.outputs, {"rev": lp.rev, "target": chosen}, packed_path)
         failed = _try_suites(cfg, cat, tgt, tmp, archive, packed_path, packed["archive_sha256"], box)
     sys.exit(EXIT_FAILED if failed else EXIT_OK)
+
+
+def _print_submodules(repo: Path, rev: str) -> None:
+    """The submodules the snapshot will hold (fetched now, as the nightly fetches them)."""
+    from gearfarm.run import snapshot
+
+    try:
+        mods = snapshot.modules(repo, rev)
+    except snapshot.SourceError as e:
+        fail(str(e))
+    if mods:
+        click.echo(f"\nsubmodules ({len(mods)}, each at the commit the tree records):")
+    for m in mods:
+        resolved = f" = {m.fetch_url}" if m.fetch_url != m.url else ""
+        click.echo(f"  {m.path} at {m.commit[:12]} from {m.url}{resolved}")
 
 
 def _project_to_check(cfg: Config, name: str | None, repo: str | None, catalog_path: str | None,

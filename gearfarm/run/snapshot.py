@@ -3,6 +3,8 @@ and the catalog the nightly validated. The nightly is the only part of the farm 
 it fetches the project, resolves the revision, and uploads each object once, content-addressed
 (a second nightly at the same revision moves 0 bytes). Workers download both by the sha256 in
 their signed payload, check it, and need no clone, no git and no network but gearmand and S3.
+A snapshot holds the revision's submodules too (run/submodules.py): their commits are pinned
+by the revision's tree, so the snapshot is still a function of the revision alone.
 """
 
 from __future__ import annotations
@@ -12,24 +14,28 @@ import json
 import logging
 import shutil
 import subprocess
+import tarfile
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from botocore.exceptions import ClientError
 
 from gearfarm.config import Config, ProjectConfig
 from gearfarm.formats import catalog as catalog_mod
 from gearfarm.formats.catalog import Catalog, CatalogError
+from gearfarm.run import submodules
+from gearfarm.run.gitrun import SourceError
+from gearfarm.run.gitrun import git as _git
+from gearfarm.run.gitrun import stderr_text as _err
+from gearfarm.run.submodules import Module
 from gearfarm.s3 import keys
 from gearfarm.s3.artifact import ARCHIVE_SUFFIX, ARCHIVE_TYPE, ArtifactError, compressed, safe_extract
 from gearfarm.s3.store import ArtifactStore, StoreError, sha256_file
 
 log = logging.getLogger(__name__)
-
-
-class SourceError(RuntimeError):
-    """The project's repository cannot be fetched, or the revision is not in it."""
 
 
 @dataclass(frozen=True)
@@ -42,23 +48,21 @@ class Snapshot:
     uploaded_bytes: int
 
 
-def _git(args: list[str], cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess[bytes]:
-    try:
-        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, timeout=timeout)
-    except FileNotFoundError as e:
-        raise SourceError("git is not installed on the host that runs the nightly (apt-get install git)") from e
-    except subprocess.TimeoutExpired as e:
-        raise SourceError(f"git {' '.join(args[:2])} took longer than {timeout:.0f}s") from e
-
-
-def _err(proc: subprocess.CompletedProcess[bytes]) -> str:
-    return proc.stderr.decode(errors="replace").strip()
+# Where each repository that repository() returned keeps its submodules' mirrors, so that
+# pack(repo, rev) finds them: <state_dir>/repos/<project>/modules/.
+_module_mirrors: dict[Path, Path] = {}
 
 
 def repository(cfg: Config, project: ProjectConfig) -> Path:
     """A git repository holding the project's commits. A path is used in place (it is the
     project's own clone); anything else is a URL, mirrored under the state directory and
     fetched now, so tonight's commits are there however recently they were pushed."""
+    repo = _repository(cfg, project)
+    _module_mirrors[repo.resolve()] = cfg.path(cfg.farm.state_dir) / "repos" / project.name / "modules"
+    return repo
+
+
+def _repository(cfg: Config, project: ProjectConfig) -> Path:
     local = cfg.path(project.repo)
     if "://" not in project.repo and not project.repo.startswith("git@") and local.is_dir():
         return local
@@ -105,17 +109,53 @@ def catalog_text(cfg: Config, project: ProjectConfig, repo: Path, rev: str) -> t
     return proc.stdout.decode(), f"{project.name}@{rev[:12]}:{project.catalog_path}"
 
 
-def pack(repo: Path, rev: str, dest: Path) -> None:
-    """The tree at ``rev`` as tar.zst, byte-reproducible: git archive is deterministic for a
-    commit, and the archive codec adds no time and no name."""
-    proc = subprocess.Popen(["git", "archive", "--format=tar", rev], cwd=repo, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+def modules(repo: Path, rev: str, mirrors: Path | None = None) -> list[Module]:
+    """The submodules of ``rev``, recursively, each fetched (SourceError saying which cannot be).
+    Mirrors go where repository() put the project's, else under ``mirrors``."""
+    where = _module_mirrors.get(repo.resolve(), mirrors)
+    if where is None:
+        raise ValueError(f"{repo} did not come from repository(): say where its submodules' mirrors go")
+    return submodules.find(repo, rev, where)
+
+
+def pack(repo: Path, rev: str, dest: Path) -> list[Module]:
+    """The tree at ``rev`` as tar.zst, byte-reproducible, with its submodules (returned) at their
+    paths: git archive is deterministic for a commit, the submodules are archived at the commits
+    the tree pins, in tree order, and the archive codec adds no time and no name."""
+    with tempfile.TemporaryDirectory(prefix="gearfarm-modules-") as tmp:
+        mods = modules(repo, rev, Path(tmp))
+        with compressed(dest) as out:
+            if not mods:  # the stream as git writes it: snapshots made before submodules stay byte-equal
+                _archive(repo, rev, "", lambda stream: shutil.copyfileobj(stream, out, 1 << 20))
+                return mods
+            # One tar of all the trees. git's global header (the commit id) is the superproject's.
+            with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, pax_headers={"comment": rev}) as tar:
+                seen: set[str] = set()
+                _archive(repo, rev, "", lambda stream: _copy_members(stream, tar, seen))
+                for m in mods:
+                    _archive(m.mirror, m.commit, m.path + "/", lambda stream: _copy_members(stream, tar, seen))
+    return mods
+
+
+def _archive(repo: Path, rev: str, prefix: str, consume: Callable[[IO[bytes]], None]) -> None:
+    proc = subprocess.Popen(["git", "archive", "--format=tar", f"--prefix={prefix}", rev], cwd=repo,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
-    with compressed(dest) as out:
-        shutil.copyfileobj(proc.stdout, out, 1 << 20)
+    consume(proc.stdout)
     err = proc.stderr.read().decode(errors="replace").strip()
     if proc.wait() != 0:
         raise SourceError(f"git archive {rev} failed in {repo}: {err}")
+
+
+def _copy_members(stream: IO[bytes], tar: tarfile.TarFile, seen: set[str]) -> None:
+    with tarfile.open(fileobj=stream, mode="r|") as src:
+        for m in src:
+            if m.isdir() and m.name in seen:
+                continue  # a gitlink's directory, written before as its superproject's entry
+            seen.add(m.name)
+            # tarfile copies a global header into every member it reads: written once, above.
+            m.pax_headers = {}
+            tar.addfile(m, src.extractfile(m) if m.isreg() else None)
 
 
 def publish_source(store: ArtifactStore, repo: Path, rev: str) -> Snapshot:
@@ -126,20 +166,27 @@ def publish_source(store: ArtifactStore, repo: Path, rev: str) -> Snapshot:
     try:
         if store.exists(man_key):
             man = json.loads(store.get_bytes(man_key))
-            return Snapshot(rev, man["sha256"], int(man["size"]), 0)
+            snap = Snapshot(rev, man["sha256"], int(man["size"]), 0)
+            if "submodules" not in man and submodules.gitlinks(repo, rev):
+                raise SourceError(f"the snapshot of {rev[:12]} in S3 ({key}) was made before the farm packed "
+                                  "submodules and lacks them; it is never overwritten: delete "
+                                  f"{keys.source(rev)} and {man_key} by hand, then run the nightly again")
+            return snap
     except (ValueError, KeyError, TypeError) as e:
         raise SourceError(f"source manifest {man_key} in S3 is not valid ({e}); it is never overwritten: "
                           "delete it by hand") from e
     uploaded = 0
     with tempfile.TemporaryDirectory(prefix="gearfarm-source-") as tmp:
         archive = Path(tmp) / f"source{ARCHIVE_SUFFIX}"
-        pack(repo, rev, archive)
+        mods = pack(repo, rev, archive)
         if store.put_file_if_absent(key, archive, ARCHIVE_TYPE):
             uploaded += archive.stat().st_size
         else:
             store.get_file(key, archive)  # another nightly's upload: record what is stored
         sha, size = sha256_file(archive), archive.stat().st_size
-    body = json.dumps({"rev": rev, "sha256": sha, "size": size}, sort_keys=True).encode()
+    # The submodules' paths and commits (no URLs: a project's URL may carry a credential).
+    listed = [{"path": m.path, "commit": m.commit} for m in mods]
+    body = json.dumps({"rev": rev, "sha256": sha, "size": size, "submodules": listed}, sort_keys=True).encode()
     if store.put_bytes_if_absent(man_key, body, "application/json"):
         uploaded += len(body)
     log.info("source %s: %d bytes uploaded", rev[:12], uploaded)

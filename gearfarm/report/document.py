@@ -38,6 +38,22 @@ _env = Environment(loader=FileSystemLoader(Path(__file__).parents[1] / "template
                    autoescape=lambda name: bool(name and name.endswith(".html.j2")),
                    trim_blocks=True, lstrip_blocks=True)
 _env.filters["utc"] = lambda t: time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
+CASE_ORDER = ("passed", "failed", "error", "skipped")
+
+
+def case_summary(counts: dict[str, int]) -> str:
+    """Test cases by status, as a reader counts them: "162 passed, 1 skipped"."""
+    return ", ".join(f"{counts[s]} {s}" for s in CASE_ORDER if counts.get(s))
+
+
+def _case_counts(r: ResultRecord) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for c in r.cases:
+        counts[c.status] = counts.get(c.status, 0) + 1
+    return counts
+
+
+_env.filters["cases"] = case_summary
 
 
 Item = dict[str, Any]  # one row of a section (a failure, a classified test, a change): JSON as written
@@ -164,7 +180,8 @@ def build(run: Run, records: list[ResultRecord], links: Links | None = None,
                                      | {(j.kind != "build", j.kind, j.step) for j in gone})]
     matrix = {
         t: {s: {"status": r.status, "duration": r.duration, "log": links.log(r), "worker": r.worker,
-                "reused_artifact": r.reused_artifact, "message": r.message}
+                "reused_artifact": r.reused_artifact, "message": r.message,
+                **({"cases": _case_counts(r)} if r.cases else {})}
             for s, r in sorted(by_target.get(t, {}).items())}
         for t in sorted(set(by_target) | {j.target for j in gone})
     }
@@ -196,7 +213,11 @@ def build(run: Run, records: list[ResultRecord], links: Links | None = None,
         lead, fixed = [f"{product_failed} failed" if product_failed else ""], 0
     cancelled = [{"target": r.target, "step": r.step, "message": r.message} for r in records if r.status == "cancelled"]
     green = not (any(lead) or infra or missing or cancelled)
-    headline = _headline(green, lead, fixed, infra, missing, len(records), len(by_target))
+    total: dict[str, int] = {}
+    for r in records:
+        for status, n in _case_counts(r).items():
+            total[status] = total.get(status, 0) + n
+    headline = _headline(green, lead, fixed, infra, missing, len(records), len(by_target), total)
     if cancelled:
         headline = ", ".join(x for x in (headline, f"{len(cancelled)} cancelled") if x)
     return Report(**{
@@ -234,13 +255,14 @@ def _plural(n: int, word: str) -> str:
 
 
 def _headline(green: bool, lead: list[str], fixed: int, infra: int, missing: list[str], jobs: int,
-              targets: int) -> str:
+              targets: int, cases: dict[str, int]) -> str:
     """Headline first: what is broken (``lead``: new, still failing, flaky — or failed when
     the run is not classified), then fixed, then what the farm could not run; ``green`` when
-    none of them is there."""
+    none of them is there, counting the test cases (what a reader counts), not the jobs."""
     bad = [p for p in lead if p]
     if green:
-        text = f"all green: {jobs} jobs passed or skipped on {targets} target{'' if targets == 1 else 's'}"
+        where = f"{jobs} job{'' if jobs == 1 else 's'} on {targets} target{'' if targets == 1 else 's'}"
+        text = f"all green: {case_summary(cases)} cases in {where}" if cases else f"all green: {where} passed"
         return text + (f"; {fixed} fixed" if fixed else "")
     parts = bad + ([f"{fixed} fixed"] if fixed else [])
     parts += [f"{infra} not run by the farm (infrastructure)"] if infra else []

@@ -1,5 +1,5 @@
 """The run's report document (gearfarm.report.document): what its matrix says of a cell that
-has no result."""
+has no result, and the test cases it counts."""
 
 from __future__ import annotations
 
@@ -36,3 +36,30 @@ def test_the_matrix_tells_a_missing_result_from_a_step_the_target_does_not_run()
     html = document.render_html(rep)
     assert '<td class="missing" title="expected, no result">missing</td>' in html
     assert '<td class="na" title="not one of this target&#39;s steps">n/a</td>' in html
+
+
+def test_the_report_and_the_mail_count_test_cases_per_suite_and_target() -> None:
+    from gearfarm.formats.result import CaseResult
+
+    def cases(passed: int, skipped: int) -> list[CaseResult]:
+        return ([CaseResult(name=f"p{i}", status="passed") for i in range(passed)]
+                + [CaseResult(name=f"s{i}", status="skipped") for i in range(skipped)])
+
+    expected = [f"r1:{t}:{s}" for t in (LINUX, WINDOWS) for s in ("build", "test-unit")]
+    run = Run(run_id="r1", rev="a" * 40, created_at=0.0, finished_at=3.0, expected=expected,
+              targets=[LINUX, WINDOWS], state="finished", notes={}, parent_run_id=None, project="engine")
+    records = [_record(LINUX, "build"), _record(WINDOWS, "build"),
+               _record(LINUX, "test-unit").model_copy(update={"cases": cases(162, 1)}),
+               _record(WINDOWS, "test-unit").model_copy(update={"cases": cases(160, 3)})]
+    rep = document.build(run, records)
+    # The headline counts what a reader counts: cases, not jobs.
+    assert rep.headline == "all green: 322 passed, 4 skipped cases in 4 jobs on 2 targets", rep.headline
+    text = document.render_text(rep)
+    assert re.search(rf"^  test-unit +{LINUX} +162 passed, 1 skipped$", text, re.M), text
+    assert re.search(rf"^  test-unit +{WINDOWS} +160 passed, 3 skipped$", text, re.M), text
+    assert "<small>162 passed, 1 skipped</small>" in document.render_html(rep)
+    assert "162 passed, 1 skipped" in document.render_mail_text([rep])
+    # A build-only night has no cases to count: its jobs are.
+    builds = Run(run_id="r1", rev="a" * 40, created_at=0.0, finished_at=3.0, expected=expected[::2],
+                 targets=[LINUX, WINDOWS], state="finished", notes={}, parent_run_id=None, project="engine")
+    assert document.build(builds, records[:2]).headline == "all green: 2 jobs on 2 targets passed"

@@ -1,7 +1,8 @@
 """Two small CMake projects as teams write them, for the tests of CTest on every target and of
 tests that must run against the library just built:
 
-- `crossring`: a shared ring-buffer library and four tests, one registered in each of CMake's
+- `crossring` (the worked example of docs/projects.md, read from the page): a shared ring-buffer
+  library and four tests, one registered in each of CMake's
   `add_test` forms (a target name, a path, the old two-argument form) and one that fails with an
   assertion message, cross-built for linux-aarch64 (run by qemu) and windows-x86_64 (wine) with
   CMAKE_CROSSCOMPILING_EMULATOR set as a team would set it;
@@ -16,59 +17,17 @@ import subprocess
 from pathlib import Path
 
 from tests.projects import _init
+from tests.subprojects import doc_block
 
 CROSS_TARGETS = ("linux-x86_64", "linux-aarch64", "windows-x86_64")
 # The case each test's command form gives, and the status it must have on every target.
 CROSS_CASES = {"by_name": "passed", "by_path": "passed", "old_form": "passed", "fails": "failed"}
 ASSERTION = "assertion failed: ring_pop(&r) == 3 (got 2)"
 
-_BUILD_SH = """#!/bin/sh
-# Configure and build out of tree; cross settings come from the farm's target variables.
-set -e
-set -- -S . -B build -DCMAKE_C_COMPILER="$CC" -DCMAKE_BUILD_TYPE=Release
-[ -n "$SYSTEM" ] && set -- "$@" -DCMAKE_SYSTEM_NAME="$SYSTEM" -DCMAKE_SYSTEM_PROCESSOR="$PROCESSOR" \\
-    -DCMAKE_CROSSCOMPILING_EMULATOR="$EMULATOR"
-cmake "$@" >/dev/null
-cmake --build build -j 2
-"""
+# The example of docs/projects.md, read from the page: what the docs show is what is tested.
+_BUILD_SH = doc_block("# crossring/ci/build.sh")
 
-_CROSS_CATALOG = """schema = 2
-
-[build]
-argv = ["sh", "ci/build.sh"]
-env = { CC = "{cc}", SYSTEM = "{system}", PROCESSOR = "{processor}", EMULATOR = "{emulator}" }
-outputs = ["build"]
-timeout = 300
-
-[suites.ctest]
-description = "the ring buffer's CTest tests"
-format = "ctest"
-cwd = "build"
-timeout = 300
-
-[targets.linux-x86_64]
-tools = ["gcc", "cmake"]
-vars = { cc = "gcc", system = "", processor = "", emulator = "" }
-suites = ["ctest"]
-
-[targets.linux-aarch64]
-tools = ["aarch64-linux-gnu-gcc", "cmake"]
-runner = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"]
-suites = ["ctest"]
-
-[targets.linux-aarch64.vars]
-cc = "aarch64-linux-gnu-gcc"
-system = "Linux"
-processor = "aarch64"
-emulator = "qemu-aarch64;-L;/usr/aarch64-linux-gnu"
-
-[targets.windows-x86_64]
-tools = ["x86_64-w64-mingw32-gcc", "cmake"]
-vars = { cc = "x86_64-w64-mingw32-gcc", system = "Windows", processor = "x86_64", emulator = "wine" }
-runner = ["wine"]
-runner_env = { WINEDEBUG = "-all" }
-suites = ["ctest"]
-"""
+_CROSS_CATALOG = doc_block("# crossring/jobs/catalog.toml")
 
 _RING_TEST = """#include <stdio.h>
 #include "../ring.h"
@@ -84,17 +43,8 @@ int main(void) {
 
 
 def crossring(dest: Path) -> Path:
-    tests = {"t_name": "by_name", "t_path": "by_path", "t_old": "old_form"}
     files = {
-        "CMakeLists.txt": "cmake_minimum_required(VERSION 3.16)\nproject(crossring C)\nenable_testing()\n"
-                          "add_library(ring SHARED ring.c)\n"
-                          + "".join(f"add_executable({t} tests/ring_test.c)\ntarget_link_libraries({t} ring)\n"
-                                    f'target_compile_definitions({t} PRIVATE TEST="{t}")\n' for t in tests)
-                          + "add_executable(t_fail tests/fail.c)\ntarget_link_libraries(t_fail ring)\n"
-                          "add_test(NAME by_name COMMAND t_name)\n"
-                          'add_test(NAME by_path COMMAND "./t_path")\n'
-                          "add_test(old_form t_old)\n"
-                          "add_test(NAME fails COMMAND t_fail)\n",
+        "CMakeLists.txt": doc_block("# crossring/CMakeLists.txt"),
         "ring.h": "typedef struct { int v[8]; unsigned head, tail; } ring;\n"
                   "void ring_push(ring *, int);\nint ring_pop(ring *);\n",
         "ring.c": '#include "ring.h"\nvoid ring_push(ring *r, int x) { r->v[r->head++ % 8] = x; }\n'

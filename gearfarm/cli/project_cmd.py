@@ -21,6 +21,7 @@ from gearfarm.s3.store import sha256_file
 from gearfarm.step import sandbox, wine
 
 if TYPE_CHECKING:
+    from gearfarm.run.nightly import Loaded
     from gearfarm.step.sandbox import Sandbox
 
 
@@ -63,7 +64,7 @@ def project_check(config_path: str | None, name: str | None, repo: str | None, c
         cat = lp.catalog
         click.echo(f"project {project.name}: catalog valid at {lp.rev[:12]} ({len(cat.targets)} targets, "
                    f"{len(cat.suites)} suites, {len(cat.benchmarks)} benchmarks)")
-        _print_submodules(lp.repo, lp.rev)
+        _print_submodules(lp)
         for t in cat.targets.values():
             _print_target(cat, t)
         if no_run:
@@ -73,7 +74,7 @@ def project_check(config_path: str | None, name: str | None, repo: str | None, c
         click.echo(f"\nbuilding {chosen} here, from the snapshot of {lp.rev[:12]} …")
         archive = tmp / f"source{artifact.ARCHIVE_SUFFIX}"
         try:
-            snapshot.pack(lp.repo, lp.rev, archive)
+            snapshot.pack(lp.repo, lp.rev, archive, lp.mirrors)
         except snapshot.SourceError as e:
             fail(f"project {project.name}: {e}")
         root, scratch = tmp / "root", tmp / "scratch"
@@ -82,7 +83,7 @@ def project_check(config_path: str | None, name: str | None, repo: str | None, c
         log_path = tmp / "build.log"
         # Confined as a worker would confine it (the project's code runs on the user's machine).
         box = sandbox.for_config(cfg)
-        run = step.run_build(cat, tgt, root, scratch, log_path, box)
+        run = step.run_build(cat, tgt, root, scratch, log_path, box, project=project.name)
         if run.status != "passed":
             click.echo(process.log_tail(log_path, 40))
             message = run.message(cat.build_for(tgt).timeout)
@@ -100,12 +101,13 @@ def project_check(config_path: str | None, name: str | None, repo: str | None, c
     sys.exit(EXIT_FAILED if failed else EXIT_OK)
 
 
-def _print_submodules(repo: Path, rev: str) -> None:
+def _print_submodules(lp: Loaded) -> None:
     """The submodules the snapshot will hold (fetched now, as the nightly fetches them)."""
     from gearfarm.run import snapshot
 
+    assert lp.mirrors is not None
     try:
-        mods = snapshot.modules(repo, rev)
+        mods = snapshot.modules(lp.repo, lp.rev, lp.mirrors)
     except snapshot.SourceError as e:
         fail(str(e))
     if mods:

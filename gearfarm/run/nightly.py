@@ -134,6 +134,8 @@ class Loaded:
     catalog_text: str
     # The project's [[projects]] targets, each defined by the catalog; None: all of them.
     targets: list[str] | None = None
+    # Where its submodules' mirrors are kept (snapshot.module_mirrors); None: fetched afresh.
+    mirrors: Path | None = None
 
 
 def load_project(cfg: Config, project: ProjectConfig, rev: str | None = None) -> Loaded:
@@ -151,14 +153,14 @@ def load_project(cfg: Config, project: ProjectConfig, rev: str | None = None) ->
             cat.target(t)
         except catalog_mod.CatalogError as e:
             raise RunError(f"project {project.name}: [[projects]] targets: {e}") from e
-    return Loaded(project.name, repo, full, cat, text, project.targets)
+    return Loaded(project.name, repo, full, cat, text, project.targets, snapshot.module_mirrors(cfg, project))
 
 
 def prepare(store: ArtifactStore, loaded: Loaded) -> tuple[Source, int]:
     """Upload the revision's snapshot and the catalog, each once, content-addressed; returns
     the run's source and the bytes this call uploaded (0 when both were there)."""
     try:
-        snap = snapshot.publish_source(store, loaded.repo, loaded.rev)
+        snap = snapshot.publish_source(store, loaded.repo, loaded.rev, loaded.mirrors)
         sha, cat_bytes = snapshot.publish_catalog(store, loaded.catalog_text)
         snapshot.publish_latest(store, loaded.name, loaded.rev, sha)
     except (snapshot.SourceError, StoreError) as e:

@@ -48,21 +48,16 @@ class Snapshot:
     uploaded_bytes: int
 
 
-# Where each repository that repository() returned keeps its submodules' mirrors, so that
-# pack(repo, rev) finds them: <state_dir>/repos/<project>/modules/.
-_module_mirrors: dict[Path, Path] = {}
+def module_mirrors(cfg: Config, project: ProjectConfig) -> Path:
+    """Where the nightly keeps the mirrors of ``project``'s submodules (never in the project's own
+    clone, which belongs to its team): kept, so a later night fetches only what is new."""
+    return cfg.path(cfg.farm.state_dir) / "repos" / project.name / "modules"
 
 
 def repository(cfg: Config, project: ProjectConfig) -> Path:
     """A git repository holding the project's commits. A path is used in place (it is the
     project's own clone); anything else is a URL, mirrored under the state directory and
     fetched now, so tonight's commits are there however recently they were pushed."""
-    repo = _repository(cfg, project)
-    _module_mirrors[repo.resolve()] = cfg.path(cfg.farm.state_dir) / "repos" / project.name / "modules"
-    return repo
-
-
-def _repository(cfg: Config, project: ProjectConfig) -> Path:
     local = cfg.path(project.repo)
     if "://" not in project.repo and not project.repo.startswith("git@") and local.is_dir():
         return local
@@ -109,21 +104,19 @@ def catalog_text(cfg: Config, project: ProjectConfig, repo: Path, rev: str) -> t
     return proc.stdout.decode(), f"{project.name}@{rev[:12]}:{project.catalog_path}"
 
 
-def modules(repo: Path, rev: str, mirrors: Path | None = None) -> list[Module]:
-    """The submodules of ``rev``, recursively, each fetched (SourceError saying which cannot be).
-    Mirrors go where repository() put the project's, else under ``mirrors``."""
-    where = _module_mirrors.get(repo.resolve(), mirrors)
-    if where is None:
-        raise ValueError(f"{repo} did not come from repository(): say where its submodules' mirrors go")
-    return submodules.find(repo, rev, where)
+def modules(repo: Path, rev: str, mirrors: Path) -> list[Module]:
+    """The submodules of ``rev``, recursively, each fetched into a mirror under ``mirrors``
+    (SourceError saying which cannot be)."""
+    return submodules.find(repo, rev, mirrors)
 
 
-def pack(repo: Path, rev: str, dest: Path) -> list[Module]:
+def pack(repo: Path, rev: str, dest: Path, mirrors: Path | None = None) -> list[Module]:
     """The tree at ``rev`` as tar.zst, byte-reproducible, with its submodules (returned) at their
     paths: git archive is deterministic for a commit, the submodules are archived at the commits
-    the tree pins, in tree order, and the archive codec adds no time and no name."""
+    the tree pins, in tree order, and the archive codec adds no time and no name. The submodules'
+    mirrors are kept under ``mirrors`` (module_mirrors), else made for this call only."""
     with tempfile.TemporaryDirectory(prefix="gearfarm-modules-") as tmp:
-        mods = modules(repo, rev, Path(tmp))
+        mods = modules(repo, rev, mirrors or Path(tmp))
         with compressed(dest) as out:
             if not mods:  # the stream as git writes it: snapshots made before submodules stay byte-equal
                 _archive(repo, rev, "", lambda stream: shutil.copyfileobj(stream, out, 1 << 20))
@@ -158,10 +151,10 @@ def _copy_members(stream: IO[bytes], tar: tarfile.TarFile, seen: set[str]) -> No
             tar.addfile(m, src.extractfile(m) if m.isreg() else None)
 
 
-def publish_source(store: ArtifactStore, repo: Path, rev: str) -> Snapshot:
+def publish_source(store: ArtifactStore, repo: Path, rev: str, mirrors: Path | None = None) -> Snapshot:
     """Upload the snapshot of ``rev`` unless it is there. The manifest is written after the
     archive, so its presence means both are complete; a racing nightly's archive wins and its
-    sha256 is the one recorded."""
+    sha256 is the one recorded. ``mirrors``: see pack."""
     man_key, key = keys.source_manifest(rev), keys.source(rev)
     try:
         if store.exists(man_key):
@@ -178,7 +171,7 @@ def publish_source(store: ArtifactStore, repo: Path, rev: str) -> Snapshot:
     uploaded = 0
     with tempfile.TemporaryDirectory(prefix="gearfarm-source-") as tmp:
         archive = Path(tmp) / f"source{ARCHIVE_SUFFIX}"
-        mods = pack(repo, rev, archive)
+        mods = pack(repo, rev, archive, mirrors)
         if store.put_file_if_absent(key, archive, ARCHIVE_TYPE):
             uploaded += archive.stat().st_size
         else:

@@ -28,9 +28,10 @@ def config(state: Path) -> Config:
 
 def packed(cfg: Config, repo: str, dest: Path) -> tuple[str, list[submodules.Module]]:
     """(rev of main, submodules) of a snapshot of ``repo`` written to ``dest``, as the nightly packs it."""
-    path = snapshot.repository(cfg, ProjectConfig(name="calc", repo=repo))
+    project = ProjectConfig(name="calc", repo=repo)
+    path = snapshot.repository(cfg, project)
     rev = snapshot.resolve(path, "main")
-    return rev, snapshot.pack(path, rev, dest)
+    return rev, snapshot.pack(path, rev, dest, snapshot.module_mirrors(cfg, project))
 
 
 def members(archive: Path) -> dict[str, bytes | None]:

@@ -163,7 +163,9 @@ def prepare(store: ArtifactStore, loaded: Loaded) -> tuple[Source, int]:
         snap = snapshot.publish_source(store, loaded.repo, loaded.rev, loaded.mirrors)
         sha, cat_bytes = snapshot.publish_catalog(store, loaded.catalog_text)
         snapshot.publish_latest(store, loaded.name, loaded.rev, sha)
-    except (snapshot.SourceError, StoreError) as e:
+    except snapshot.SourceError as e:  # the project's side: a submodule, git archive
+        raise RunError(f"project {loaded.name}: cannot make the source snapshot of {loaded.rev[:12]}: {e}") from e
+    except StoreError as e:
         raise RunError(f"project {loaded.name}: cannot store the source of {loaded.rev[:12]} in S3: {e}") from e
     return Source(loaded.name, loaded.rev, snap.sha256, sha), snap.uploaded_bytes + cat_bytes
 

@@ -435,8 +435,9 @@ def _check_templates(cat: Catalog, origin: str) -> None:
                 continue
             lacking = [t.name for t in targets if name not in t.vars]
             if lacking or not VAR_RE.match(name):
-                known = sorted(set(BUILTINS) | set.intersection(*(set(t.vars) for t in targets)) if targets
-                               else set(BUILTINS))
+                builtins = set(BUILTINS) - ({"case"} if key != "only" else set())
+                known = sorted(builtins | set.intersection(*(set(t.vars) for t in targets)) if targets
+                               else builtins)
                 where = f"targets {', '.join(lacking)} define no var {name!r}" if lacking and VAR_RE.match(name) \
                     else f"{name!r} is not a placeholder name"
                 raise CatalogError(f"{origin}: [{section}] {key}: unknown placeholder {{{name}}} in {template!r}"

@@ -164,3 +164,14 @@ def test_the_documented_example_is_the_catalog_the_farm_test_builds() -> None:
     doc = (Path(__file__).resolve().parents[2] / "docs" / "projects.md").read_text()
     example = doc.split("#### `[targets.NAME.build]`", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
     assert catalog.parse(example, "docs/projects.md") == catalog.parse(projects.CATALOG_LIBFOO, "libfoo")
+
+
+def test_an_unknown_placeholder_lists_only_what_that_key_may_use() -> None:
+    text = ('schema = 2\n[build]\nargv = ["make"]\noutputs = ["x"]\n[targets.linux-x86_64]\ntools = ["gcc"]\n'
+            '[targets.windows-x86_64]\ntools = ["gcc"]\n[targets.windows-x86_64.build]\noutputs = ["{dllname}"]\n')
+    with pytest.raises(catalog.CatalogError) as e:
+        catalog.parse(text, "foo.toml")
+    said = str(e.value)
+    assert "[targets.windows-x86_64.build] outputs: unknown placeholder {dllname}" in said
+    # {case} names a case in a suite's `only` items: never offered for a build key.
+    assert "known here: {exe}, {jobs}" in said and "{case}" not in said

@@ -75,7 +75,7 @@ def prepare(build_dir: Path, root: Path, runner: list[str]) -> Prepared:
     the tree, however the test was registered; and say which program each test runs."""
     done = Prepared(rewritten=relocate(build_dir, root))
     tree = Path(os.path.abspath(root))
-    for path in sorted(Path(os.path.abspath(build_dir)).rglob(TESTFILE)):
+    for path in _testfiles(Path(os.path.abspath(build_dir))):
         with open(path, encoding="utf-8", errors="surrogateescape", newline="") as fh:
             lines = fh.read().split("\n")
         workdirs = _working_directories(lines)
@@ -111,6 +111,12 @@ def prepare(build_dir: Path, root: Path, runner: list[str]) -> Prepared:
                 fh.write("\n".join(lines))
             done.rewritten += 1
     return done
+
+
+def _testfiles(build_dir: Path) -> list[Path]:
+    """The tree's CTestTestfile.cmake files that are files: one that is a link (even inside the
+    tree) is neither read nor written, so no rewrite lands anywhere but in a file of the tree."""
+    return [p for p in sorted(build_dir.rglob(TESTFILE)) if not p.is_symlink() and p.is_file()]
 
 
 def _working_directories(lines: list[str]) -> dict[str, str]:
@@ -182,7 +188,7 @@ def relocate(build_dir: Path, root: Path) -> int:
     # A prefix of a path: not the tail of a longer path ("/x/old"), not a longer name ("/oldish").
     pattern = re.compile(r"(?<![\w.~/-])" + re.escape(old_root) + r"(?=[/\"';\s)]|$)", re.MULTILINE)
     rewritten = 0
-    for path in sorted(build_dir.rglob(TESTFILE)):
+    for path in _testfiles(build_dir):
         with open(path, encoding="utf-8", errors="surrogateescape", newline="") as fh:
             before = fh.read()
         after = pattern.sub(lambda _: new_root, before)

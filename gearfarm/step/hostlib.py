@@ -14,6 +14,7 @@ This is the loader's own account, read after the run: nothing is injected into t
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 from dataclasses import dataclass
@@ -81,12 +82,15 @@ def _blocks(text: str) -> list[tuple[str, list[str]]]:
     return out
 
 
-def _in_tree(program: str, tree: Path) -> bool:
-    if os.path.isabs(program):
-        return Path(os.path.abspath(program)).is_relative_to(tree)
-    # Started by a relative path from a directory we do not know: a file of the tree ending so.
-    tail = os.path.normpath(program)
-    return not tail.startswith("..") and any(tree.rglob(tail))
+def _in_tree(program: str, tree: Path, seen: dict[str, bool]) -> bool:
+    if program not in seen:
+        if os.path.isabs(program):
+            seen[program] = Path(os.path.abspath(program)).is_relative_to(tree)
+        else:
+            # Started by a relative path from a directory we do not know: a file of the tree ending so.
+            tail = os.path.normpath(program)
+            seen[program] = not tail.startswith("..") and not glob.has_magic(tail) and any(tree.rglob(tail))
+    return seen[program]
 
 
 def findings(out_dir: Path, tree: Path) -> tuple[list[HostCopy], list[str]]:
@@ -96,7 +100,11 @@ def findings(out_dir: Path, tree: Path) -> tuple[list[HostCopy], list[str]]:
     built = built_libraries(tree)
     found: dict[tuple[str, str], HostCopy] = {}
     notes: list[str] = []
+    if out_dir.is_symlink():
+        # The suite replaced its loader directory by a link: nothing is read through it.
+        return [], [f"the loader's account directory {out_dir} was replaced by a link; it was not read"]
     files = sorted(out_dir.glob("ld.*")) if out_dir.is_dir() else []
+    seen: dict[str, bool] = {}
     if len(files) > MAX_FILES:
         notes.append(f"{len(files)} processes wrote loader accounts; the first {MAX_FILES} were read")
     for path in files[:MAX_FILES]:
@@ -107,7 +115,7 @@ def findings(out_dir: Path, tree: Path) -> tuple[list[HostCopy], list[str]]:
         with os.fdopen(fd, "rb") as fh:
             text = fh.read(MAX_BYTES).decode("utf-8", "replace")
         for program, loaded in _blocks(text):
-            if not built or not _in_tree(program, tree):
+            if not built or not _in_tree(program, tree, seen):
                 continue
             for lib in loaded:
                 name = os.path.basename(lib)

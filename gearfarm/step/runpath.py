@@ -19,6 +19,9 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+# Larger files are not read whole into the worker's memory to look for a RUNPATH (a debug
+# build's program is tens of MB; a data file the build left can be anything).
+MAX_SIZE = 512 * 1024 * 1024
 _DT_NEEDED, _DT_STRTAB, _DT_STRSZ, _DT_RPATH, _DT_RUNPATH = 1, 5, 10, 15, 29
 _PT_LOAD, _PT_DYNAMIC = 1, 2
 
@@ -114,7 +117,15 @@ def relink(tree: Path) -> tuple[list[Relinked], list[str]]:
             with open(path, "rb") as fh:
                 if fh.read(4) != b"\x7fELF":
                     continue
-            changed = _relink_file(path, tree, done, notes)
+            if path.stat().st_size > MAX_SIZE:
+                notes.append(f"{path.relative_to(tree)}: larger than {MAX_SIZE >> 20} MiB, its RUNPATH was not read")
+                continue
+            try:
+                changed = _relink_file(path, tree, done, notes)
+            except (ValueError, IndexError, struct.error):
+                # The build's files are the project's: a damaged ELF is its business, not a crash.
+                notes.append(f"{path.relative_to(tree)}: its dynamic section cannot be read; left as it is")
+                continue
             if changed is not None:
                 mode = path.stat().st_mode
                 os.chmod(path, mode | 0o200)

@@ -102,3 +102,32 @@ def test_prepare_names_what_it_could_not_wrap(tmp_path: Path) -> None:
     assert "not a program but a script" in done.unwrapped["script"]
     assert "no file of the build tree" in done.unwrapped["host"]
     assert 'add_test(emulated "qemu-aarch64" ' in text  # CMake's own emulator is left alone
+
+
+def test_what_a_hostile_build_leaves_is_read_with_care(tmp_path: Path) -> None:
+    import struct
+
+    from gearfarm.step import hostlib, runpath
+
+    tree = tmp_path / "tree"
+    (tree / "build").mkdir(parents=True)
+    # An ELF header whose one program header says PT_DYNAMIC lies far past the file's end.
+    head = bytearray(b"\x7fELF\x02\x01\x01" + b"\0" * 57)
+    struct.pack_into("<Q", head, 32, 64)  # e_phoff
+    struct.pack_into("<HH", head, 54, 56, 1)  # e_phentsize, e_phnum
+    head += struct.pack("<IIQQQQQQ", 2, 0, 10**9, 0, 0, 4096, 4096, 8)
+    (tree / "build" / "broken").write_bytes(bytes(head))
+    assert runpath.relink(tree) == ([], [])  # neither read as a RUNPATH nor a crash
+    # A CTestTestfile that is a link (inside the tree) is not rewritten through.
+    target = tree / "elsewhere.cmake"
+    target.write_text("# Build directory: /old/build\nadd_test(a \"/old/build/a\")\n")
+    (tree / "build" / "sub").mkdir()
+    (tree / "build" / "sub" / "CTestTestfile.cmake").symlink_to(target)
+    (tree / "build" / "CTestTestfile.cmake").write_text("# Build directory: /old/build\n")
+    ctestfile.prepare(tree / "build", tree, ["qemu-aarch64"])
+    assert target.read_text().startswith("# Build directory: /old/build\n")
+    # The suite replaced its loader directory with a link to the host's /etc: nothing is read.
+    loader = tmp_path / "loader"
+    loader.symlink_to("/etc")
+    copies, notes = hostlib.findings(loader, tree)
+    assert copies == [] and "was replaced by a link" in notes[0]

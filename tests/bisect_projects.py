@@ -1,18 +1,20 @@
-"""The small C projects of 16 commits the bisection tests (tests/bisection/test_bisection.py) and
-bench/bisect_scenario.py bisect: calc, whose unit cases break at commits 5 (mul) and 11 (add),
-with a case that fails at random on 30 % of runs in a suite of its own; and spin, whose
-operations do 5 % more work from commit 6, timed by the wall clock."""
+"""The small C projects of 16 commits the bisection tests (tests/bisection/test_bisection.py,
+test_grouped.py) and bench/bisect_scenario.py bisect: calc, whose unit cases break at commits 5
+(mul) and 11 (add), with a case that fails at random on 30 % of runs in a suite of its own;
+grid, where one commit (9) breaks seven of its eight cases at once; and spin, whose operations
+do 5 % more work from commit 6, timed by the wall clock."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
 
-from tests.farmkit import GIT, commit
+from tests.farmkit import GIT, commit, gearfarm
 
-TEST = r"""#include <stdio.h>
+# A TAP test program: DECLARATIONS (of the code under test) and CHECKS (its cases) filled in.
+TAP_PROGRAM = r"""#include <stdio.h>
 #include <string.h>
-#include "calc.h"
+DECLARATIONS
 static int n, argc_;
 static char **argv_;
 /* With arguments, only the cases they name run (the catalog's `only`). */
@@ -26,12 +28,19 @@ static void check(int ok, const char *what) {
 }
 int main(int argc, char **argv) {
     argc_ = argc, argv_ = argv;
-    check(calc_add(2, 3) == 5, "add");
-    check(calc_mul(2, 3) == 6, "mul");
+CHECKS
     printf("1..%d\n", n);
     return 0;
 }
 """
+
+
+def tap_program(declarations: str, checks: str) -> str:
+    return TAP_PROGRAM.replace("DECLARATIONS", declarations).replace("CHECKS", checks)
+
+
+TEST = tap_program('#include "calc.h"',
+                   '    check(calc_add(2, 3) == 5, "add");\n    check(calc_mul(2, 3) == 6, "mul");')
 COIN = r"""#define _DEFAULT_SOURCE
 #include <stdio.h>
 #include <sys/random.h>
@@ -150,3 +159,57 @@ def calc_repo(dest: Path) -> list[str]:
                                      f"{BAD_ADD if i >= 11 else GOOD_ADD}\n{BAD_MUL if i >= 5 else GOOD_MUL}\n")
         revs.append(commit(dest, subjects.get(i, f"commit {i}: tidy")))
     return revs
+
+
+# grid: seven cases read one shared helper, so one commit that changes it breaks all seven
+# (issue #35: one culprit, seven failures, one bisection); "sum" does not read it.
+GRID_CASES = ("one", "two", "three", "four", "five", "six", "seven")
+GRID_TEST = tap_program(
+    "int grid_step(void);",
+    '    static const char *names[] = {"one", "two", "three", "four", "five", "six", "seven"};\n'
+    "    for (int k = 1; k <= 7; k++) check(grid_step() * k == 2 * k, names[k - 1]);\n"
+    '    check(1 + 1 == 2, "sum");')
+GRID_CATALOG = """schema = 2
+
+[build]
+argv = ["make", "CC={cc}"]
+outputs = ["t_grid"]
+timeout = 120
+
+[suites.tap]
+argv = ["{root}/t_grid"]
+format = "tap"
+timeout = 60
+only = ["{case}"]
+
+[targets.linux-x86_64]
+tools = ["gcc", "make"]
+vars = { cc = "gcc" }
+suites = ["tap"]
+"""
+GRID_CULPRIT = 9
+
+
+def grid_repo(dest: Path) -> list[str]:
+    """16 commits; the 9th makes grid_step 3 instead of 2, which breaks the seven cases of
+    GRID_CASES. Every commit changes the code (each is its own build)."""
+    dest.mkdir(parents=True)
+    (dest / ".gearfarm").mkdir()
+    (dest / ".gearfarm" / "catalog.toml").write_text(GRID_CATALOG)
+    (dest / "Makefile").write_text("CC ?= cc\nCFLAGS = -std=c11 -O2 -Wall -Wextra -Werror\n"
+                                   "t_grid: t_grid.c grid.c\n\t$(CC) $(CFLAGS) -o $@ t_grid.c grid.c\n")
+    (dest / "t_grid.c").write_text(GRID_TEST)
+    subprocess.run(GIT + ["init", "-q", "-b", "main"], cwd=dest, check=True)
+    revs = []
+    for i in range(1, 17):
+        (dest / "grid.c").write_text(f'const char grid_revision[] = "{i}";\n'
+                                     f"int grid_step(void) {{ return {3 if i >= GRID_CULPRIT else 2}; }}\n")
+        revs.append(commit(dest, "grid: a coarser step (faster)" if i == GRID_CULPRIT else f"commit {i}: tidy"))
+    return revs
+
+
+def nightly(config: Path, project: str, rev: str, run_id: str) -> subprocess.CompletedProcess[str]:
+    """A nightly of ``project``'s unit suite at ``rev`` (no benchmarks): new failures it finds
+    are bisected after its mail ([bisect] auto)."""
+    return gearfarm("nightly", "--config", str(config), "--project", project, "--rev", rev, "--suites", "tap",
+                    "--benchmarks", "none", "--run-id", run_id, timeout=1800)

@@ -12,12 +12,15 @@ benchmark on the farm) is the caller's (gearfarm.bisection.driver). What this de
 * how a failing test is judged: by repetitions (``judge_test``). A test that both passes and
   fails at one revision is flaky there, and a flaky test is not bisected as a regression: its
   "first bad" commit would be wherever chance put it.
+
+Its parts (the ends' check, narrowing a range) serve the search of a group of failures too
+(gearfarm.bisection.grouped), and the evidence lines every report of a bisection shows.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -26,15 +29,25 @@ ProbeVerdict = Literal["good", "bad", "skip", "flaky"]
 # end after all); flaky (the verdict is chance); budget (builds, jobs or hours spent: the range
 # so far); unbuildable (only commits that do not build are left between good and bad).
 State = Literal["found", "no_culprit", "flaky", "budget", "unbuildable"]
+# The order a revision's verdicts are said in, when a group's failures disagree there.
+_VERDICTS = ("good", "bad", "flaky", "skip")
 
 
 @dataclass(frozen=True)
 class Budget:
-    """What one bisection may spend. Reused builds are free: the farm keeps every build."""
+    """What one bisection (or one group of failures bisected together) may spend. Reused
+    builds are free: the farm keeps every build."""
 
     builds: int = 8
     jobs: int = 60
     seconds: float = 4 * 3600.0
+
+    def spent(self, builds: int, jobs: int, seconds: float) -> str | None:
+        """Why no further revision may be judged after spending this much; None while some is left."""
+        if builds < self.builds and jobs < self.jobs and seconds < self.seconds:
+            return None
+        return (f"budget spent ({builds} builds of {self.builds}, {jobs} jobs of {self.jobs}, "
+                f"{seconds:.0f}s of {self.seconds:.0f}s)")
 
 
 @dataclass
@@ -85,37 +98,56 @@ def search(revs: list[str], judge: Judge, budget: Budget | None = None, ends: tu
         raise ValueError("a bisection needs the last good and the first bad revision")
     budget = budget or Budget()
     start = clock()
-    probes: list[Probe] = []
     good, bad = ends if ends is not None else (judge(revs[0]), judge(revs[-1]))
-    probes += [good, bad]
-    lo, hi = 0, len(revs) - 1
+    ended = end_check(good, bad, unreproduced)
+    if ended is not None:
+        return result(revs, 0, len(revs) - 1, [good, bad], *ended)
+    probes = [good, bad]
 
-    def outcome(state: State, message: str) -> SearchResult:
-        suspects = revs[lo + 1:hi + 1]
-        culprit = suspects[0] if state == "found" else None
-        return SearchResult(state, culprit, suspects, revs[lo], revs[hi], probes, message)
+    def over() -> str | None:
+        return budget.spent(sum(p.built for p in probes), sum(p.jobs for p in probes), clock() - start)
 
+    state, lo, hi, message = narrow(revs, 0, len(revs) - 1, judge, over, probes)
+    return result(revs, lo, hi, probes, state, message)
+
+
+def result(revs: list[str], lo: int, hi: int, probes: list[Probe], state: State, message: str) -> SearchResult:
+    """How a search over ``revs`` ended with revs[lo] the last good and revs[hi] the first bad."""
+    suspects = revs[lo + 1:hi + 1]
+    return SearchResult(state, suspects[0] if state == "found" else None, suspects, revs[lo], revs[hi], probes,
+                        message)
+
+
+def end_check(good: Probe, bad: Probe, unreproduced: State) -> tuple[State, str] | None:
+    """Why the range cannot be bisected, from the verdicts of its ends (the first must be good,
+    the last bad, neither flaky); None when it can."""
     for end, want in ((good, "good"), (bad, "bad")):
         if end.verdict == "flaky":
-            return outcome("flaky", f"{end.rev[:12]} both passes and fails: the failure is flaky, not bisected")
+            return "flaky", f"{end.rev[:12]} both passes and fails: the failure is flaky, not bisected"
         if end.verdict != want:
             state: State = unreproduced if end is bad else "flaky"
             if end is bad and state == "flaky":
-                return outcome(state, f"the failure at {end.rev[:12]} did not come back in {end.jobs} runs: "
-                                      "flaky, not bisected")
-            return outcome(state, f"{end.rev[:12]} ({'first bad' if end is bad else 'last good'}) judged "
-                                  f"{end.verdict} on repetition: nothing to bisect")
-    skipped: set[int] = set()
+                return state, (f"the failure at {end.rev[:12]} did not come back in {end.jobs} runs: "
+                               "flaky, not bisected")
+            return state, (f"{end.rev[:12]} ({'first bad' if end is bad else 'last good'}) judged "
+                           f"{end.verdict} on repetition: nothing to bisect")
+    return None
+
+
+def narrow(revs: list[str], lo: int, hi: int, judge: Judge, over: Callable[[], str | None], probes: list[Probe],
+           skipped: set[int] | None = None) -> tuple[State, int, int, str]:
+    """Narrow revs[lo] (good) .. revs[hi] (bad) by judging middles, appending each judgement to
+    ``probes``; ``over`` says when the budget is spent, ``skipped`` the suspects known not to
+    build. Returns how it ended, the last good and first bad index, and the message."""
+    skipped = set(skipped or ())
     while hi - lo > 1:
-        spent = sum(p.built for p in probes), sum(p.jobs for p in probes), clock() - start
-        if spent[0] >= budget.builds or spent[1] >= budget.jobs or spent[2] >= budget.seconds:
-            return outcome("budget", f"budget spent ({spent[0]} builds of {budget.builds}, {spent[1]} jobs of "
-                                     f"{budget.jobs}, {spent[2]:.0f}s of {budget.seconds:.0f}s) with "
-                                     f"{hi - lo} commits still suspect")
+        spent = over()
+        if spent is not None:
+            return "budget", lo, hi, f"{spent} with {hi - lo} commits still suspect"
         middle = _pick(lo, hi, skipped)
         if middle is None:
-            return outcome("unbuildable", f"the {hi - lo - 1} commits between {revs[lo][:12]} and {revs[hi][:12]} "
-                                          "do not build: the culprit is one of them or the first bad")
+            return "unbuildable", lo, hi, (f"the {hi - lo - 1} commits between {revs[lo][:12]} and "
+                                           f"{revs[hi][:12]} do not build: the culprit is one of them or the first bad")
         p = judge(revs[middle])
         probes.append(p)
         if p.verdict == "good":
@@ -125,8 +157,8 @@ def search(revs: list[str], judge: Judge, budget: Budget | None = None, ends: tu
         elif p.verdict == "skip":
             skipped.add(middle)
         else:
-            return outcome("flaky", f"{p.rev[:12]} both passes and fails: the failure is flaky, not bisected")
-    return outcome("found", f"{revs[hi][:12]} is the first bad commit")
+            return "flaky", lo, hi, f"{p.rev[:12]} both passes and fails: the failure is flaky, not bisected"
+    return "found", lo, hi, f"{revs[hi][:12]} is the first bad commit"
 
 
 def _pick(lo: int, hi: int, skipped: set[int]) -> int | None:
@@ -166,3 +198,33 @@ def evidence_line(ev: dict[str, object]) -> str:
         return (f"{float(ev['change']):+.2%} over {ev['pairs']} pairs against the known-good build "  # type: ignore[arg-type]
                 f"(p={float(ev['p']):.3g}, {ev['result']})")  # type: ignore[arg-type]
     return "the known-good build" if ev.get("known_good") else str(ev.get("why", ""))
+
+
+def group_evidence(members: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The revisions a group judged (its members' details: name, detail), oldest first, each
+    with its verdicts in one line: a member alone gives its own evidence line; a group "all N"
+    when its failures agree there, else each verdict with the failures that got it ("mixed")."""
+    order: dict[str, int] = {}
+    seen: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for name, detail in members:
+        for i, rev in enumerate(detail.get("revs", [])):
+            order.setdefault(rev, i)
+        for p in detail.get("probes", []):
+            seen.setdefault(p["rev"], []).append((name, p))
+    out = []
+    for rev in sorted(seen, key=lambda r: order.get(r, -1)):
+        by: dict[str, list[str]] = {}
+        for name, p in seen[rev]:
+            by.setdefault(p["verdict"], []).append(name)
+        lines = {evidence_line(p) for _, p in seen[rev]}
+        if len(seen[rev]) == 1:
+            verdict, figures = seen[rev][0][1]["verdict"], lines.pop()
+        elif len(by) == 1:
+            verdict = next(iter(by))
+            figures = f"all {len(seen[rev])}" + (f": {lines.pop()}" if len(lines) == 1 else "")
+        else:
+            verdict = "mixed"
+            figures = "; ".join(f"{v}: {', '.join(by[v])}" for v in sorted(by, key=_VERDICTS.index))
+        out.append({"rev": rev, "verdict": verdict, "figures": figures,
+                    "built": any(p.get("built") for _, p in seen[rev])})
+    return out

@@ -1,5 +1,5 @@
-"""`gearfarm bisect`: the commit that broke a test or moved a benchmark, found with the farm's
-own workers."""
+"""`gearfarm bisect`: the commit that broke a test (or each of several tests, bisected as one
+group) or moved a benchmark, found with the farm's own workers."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from gearfarm.s3.store import ArtifactStore
 
 @click.command("bisect")
 @click.argument("range_", metavar="GOOD..BAD")
-@click.option("--test", "test", help="A failing test, as SUITE/NAME.")
+@click.option("--test", "tests", multiple=True,
+              help="A failing test, as SUITE/NAME; given again, the tests are bisected as one group.")
 @click.option("--benchmark", help="A benchmark that moved (with --metric).")
 @click.option("--metric", help="The benchmark's metric that moved.")
 @click.option("--target", required=True, help="The target it happened on.")
@@ -32,30 +33,33 @@ from gearfarm.s3.store import ArtifactStore
 @click.option("--max-pairs", type=int,
               help="Benchmarks: A/B pairs per revision, at most.")
 @click.option("--seed", type=int, default=1, show_default=True, help="The {seed} the suite or benchmark runs with.")
-def bisect_cmd(range_: str, test: str | None, benchmark: str | None, metric: str | None, target: str,
+def bisect_cmd(range_: str, tests: tuple[str, ...], benchmark: str | None, metric: str | None, target: str,
                project: str | None, config_path: str | None, state_dir: Path | None, builds: int | None,
                max_jobs: int | None, hours: float | None, confirm: int | None, repeat: int | None, change: float,
                max_pairs: int | None, seed: int) -> None:
-    """Find the commit in GOOD..BAD that broke TEST, or moved BENCHMARK's METRIC, on TARGET,
-    with the farm's own workers (a lab's config, or an embedded farm kept running with
-    './nightly.bash --keep'). Exit 0 with a culprit, 1 without one (flaky, no change, budget
-    spent, unbuildable), 2 if the farm cannot bisect. Budgets and repetitions not given come
-    from the config's [bisect] section."""
+    """Find the commit in GOOD..BAD that broke each TEST, or moved BENCHMARK's METRIC, on
+    TARGET, with the farm's own workers (a lab's config, or an embedded farm kept running with
+    './nightly.bash --keep'). Several tests are one group: one search judges them all at each
+    revision, and each gets its own culprit. Exit 0 with a culprit for every test, 1 without
+    (flaky, no change, budget spent, unbuildable), 2 if the farm cannot bisect. Budgets (of the
+    whole group) and repetitions not given come from the config's [bisect] section."""
     from gearfarm.bisection import driver as bisection
     from gearfarm.bisection import search as bisect
+    from gearfarm.bisection.subject import BisectionError, PerfSubject, Settings, Subject, TestSubject
     from gearfarm.db.results import ResultsDB
 
     good, sep, bad = range_.partition("..")
     if not sep or not good or not bad:
         fail(f"range {range_!r}: give it as GOOD..BAD (the last good revision, then the first bad one)")
-    subject: bisection.Subject
-    if test is not None and benchmark is None and metric is None:
-        suite, slash, case = test.partition("/")
-        if not slash or not suite or not case:
-            fail(f"test {test!r}: give it as SUITE/NAME (for example unit/limits_and_bad_arguments)")
-        subject = bisection.TestSubject(suite, case)
-    elif test is None and benchmark and metric:
-        subject = bisection.PerfSubject(benchmark, metric)
+    subjects: list[Subject] = []
+    if tests and benchmark is None and metric is None:
+        for test in dict.fromkeys(tests):
+            suite, slash, case = test.partition("/")
+            if not slash or not suite or not case:
+                fail(f"test {test!r}: give it as SUITE/NAME (for example unit/limits_and_bad_arguments)")
+            subjects.append(TestSubject(suite, case))
+    elif not tests and benchmark and metric:
+        subjects.append(PerfSubject(benchmark, metric))
     else:
         fail("say what to bisect: --test SUITE/NAME, or --benchmark NAME with --metric METRIC")
     cfg = config_or_embedded(config_path, state_dir)
@@ -74,13 +78,13 @@ def bisect_cmd(range_: str, test: str | None, benchmark: str | None, metric: str
     except ConfigError as e:
         fail(str(e))
     db = ResultsDB(cfg.database.url)
-    settings = bisection.Settings(bisect.Budget(builds, max_jobs, hours * 3600), confirm, repeat, seed,
-                                  abs(change), max_pairs)
-    runner = bisection.Runner(cfg, db, ArtifactStore(cfg.s3, retry_for=60), proj, target, subject, settings,
-                              say=lambda m: console.print(m, highlight=False))
+    settings = Settings(bisect.Budget(builds, max_jobs, hours * 3600), confirm, repeat, seed,
+                        abs(change), max_pairs)
+    runner = bisection.bisector(cfg, db, ArtifactStore(cfg.s3, retry_for=60), proj, target, subjects, settings,
+                                say=lambda m: console.print(m, highlight=False))
     try:
-        row = runner.run(good, bad)
-    except bisection.BisectionError as e:
+        rows = runner.run(good, bad)
+    except BisectionError as e:
         fail(str(e))
-    click.echo(bisection.describe(row))
-    exit_now(EXIT_OK if row.culprit_rev else EXIT_FAILED)
+    click.echo(bisection.describe(rows))
+    exit_now(EXIT_OK if all(r.culprit_rev for r in rows) else EXIT_FAILED)

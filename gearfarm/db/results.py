@@ -322,9 +322,10 @@ class LeaseRow(Base):
 
 
 class Bisection(Base):
-    """A search for the commit that broke a test or moved a benchmark (gearfarm.bisection.driver).
-    Its probes are runs of their own whose parent_run_id is ``bisect-<id>``, so nightly history,
-    series and last-good-build queries never count them."""
+    """A search for the commit that broke a test or moved a benchmark (gearfarm.bisection.driver):
+    one row per failure, the failures of one range bisected as a group (its detail's "group").
+    Its probes are runs of their own whose parent_run_id is ``bisect-<group id>``, so nightly
+    history, series and last-good-build queries never count them."""
 
     __tablename__ = "bisections"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -347,9 +348,15 @@ class Bisection(Base):
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     @property
+    def group_id(self) -> int:
+        """The group it was bisected in (the failures of one range, gearfarm.bisection.failures):
+        the id of the group's first row, which its detail names; its own id when alone."""
+        return int(((self.detail or {}).get("group") or {}).get("id", self.id))
+
+    @property
     def run_prefix(self) -> str:
-        """The parent_run_id of its probe runs."""
-        return f"bisect-{self.id}"
+        """The parent_run_id of its probe runs: its group's, shared by every failure of the group."""
+        return f"bisect-{self.group_id}"
 
 
 class ResultsDB:

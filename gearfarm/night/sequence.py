@@ -22,6 +22,7 @@ from typing import Protocol
 from sqlalchemy.exc import SQLAlchemyError
 
 from gearfarm.bisection import driver as bisection
+from gearfarm.bisection.subject import BisectionError
 from gearfarm.config import Config, ConfigError
 from gearfarm.db.results import ResultsDB, Run
 from gearfarm.formats.exitcode import EXIT_FAILED, EXIT_FARM, EXIT_OK
@@ -211,12 +212,14 @@ def _bisect_after(cfg: Config, db: ResultsDB, store: ArtifactStore, runs: list[R
         return []
     if not found:
         return []
-    observer.say(f"bisecting {len(found)} regression(s), {cfg.bisect.parallel} at a time")
-    for b in bisection.run_all(cfg, db, store, found, seed, say=observer.say):
-        if isinstance(b, bisection.BisectionError):
-            observer.warn(f"bisection problem: {b}")
+    # One search per group: the new failures of one target and range together.
+    observer.say(f"bisecting {sum(len(c.subjects) for c in found)} regression(s) in {len(found)} group(s), "
+                 f"{cfg.bisect.parallel} at a time")
+    for rows in bisection.run_all(cfg, db, store, found, seed, say=observer.say):
+        if isinstance(rows, BisectionError):
+            observer.warn(f"bisection problem: {rows}")
         else:
-            observer.result(bisection.describe(b))
+            observer.result(bisection.describe(rows))
     with_bisections = [r for r in runs if any(c.origin_run_id == r.run_id for c in found)]
     pub = publisher.follow_up(cfg, db, store, with_bisections, by_run)
     if pub.delivery is not None and not pub.delivery.error:

@@ -138,9 +138,18 @@ class Report(BaseModel):
              "worker": r.worker, "arrived_at": at, "message": r.message} for at, r in late]})
 
     def with_bisections(self, rows: Sequence[Any]) -> Report:
-        """The bisections of the regressions the run found (gearfarm.db.results.Bisection rows),
-        each with its culprit, confidence and the evidence per revision, oldest revision first."""
-        return self.model_copy(update={"bisections": [_bisection(b) for b in rows]})
+        """The bisections of the regressions the run found (gearfarm.db.results.Bisection rows,
+        one per failure), each with its culprit, confidence and the evidence per revision, oldest
+        revision first, and its group's: the failures of one range bisected together, with every
+        failure's verdict at each revision the group judged."""
+        rows = sorted(rows, key=lambda b: b.id)
+        groups: dict[int, list[Any]] = {}
+        for b in rows:
+            groups.setdefault(b.group_id, []).append(b)
+        evidence = {g: bisect.group_evidence([("/".join(str(v) for v in b.subject.values()), b.detail or {})
+                                              for b in members]) for g, members in groups.items()}
+        return self.model_copy(update={"bisections": [_bisection(b, len(groups[b.group_id]), evidence[b.group_id])
+                                                      for b in rows]})
 
     def with_problems(self, problems: list[str]) -> Report:
         return self.model_copy(update={"problems": problems})
@@ -384,10 +393,11 @@ def upload(report: Report, paths: dict[str, Path], store: ArtifactStore) -> None
         store.put_file(keys.report(report.run_id, ext), paths[ext], ctype)
 
 
-def _bisection(b: Any) -> Item:
+def _bisection(b: Any, group_size: int, group_evidence: list[Item]) -> Item:
     d = b.detail or {}
     return {
-        "id": b.id, "kind": b.kind, "target": b.target, "what": "/".join(str(v) for v in b.subject.values()),
+        "id": b.id, "group": b.group_id, "group_size": group_size, "group_evidence": group_evidence,
+        "kind": b.kind, "target": b.target, "what": "/".join(str(v) for v in b.subject.values()),
         "state": b.state, "good_rev": b.good_rev, "bad_rev": b.bad_rev,
         "commits": max(len(d.get("revs", [])) - 1, 0),
         "culprit": b.culprit_rev, "culprit_subject": d.get("subject", ""), "author": d.get("author", ""),
@@ -400,10 +410,15 @@ def _bisection(b: Any) -> Item:
 
 
 def bisection_subject(reports: Sequence[Report]) -> str:
-    """The follow-up message's subject: the culprits found, by project and test or benchmark."""
-    found = [f"{b['what']} on {b['target']}: {b['culprit'][:10]}" for r in reports for b in r.bisections or []
-             if b["culprit"]]
-    done = sum(len(r.bisections or []) for r in reports)
+    """The follow-up message's subject: the culprits found, each with its test or benchmark (or
+    how many failures of its group it broke) and target."""
+    culprits: dict[tuple[int, str], list[Item]] = {}
+    for b in (b for r in reports for b in r.bisections or []):
+        if b["culprit"]:
+            culprits.setdefault((b["group"], b["culprit"]), []).append(b)
+    found = [f"{bs[0]['what'] if len(bs) == 1 else str(len(bs)) + ' failures'} on {bs[0]['target']}: {c[:10]}"
+             for (_, c), bs in culprits.items()]
+    done = len({b["group"] for r in reports for b in r.bisections or []})
     runs = ", ".join(r.run_id for r in reports)
     return (f"gearfarm bisection ({runs}): " + ("; ".join(found) if found else f"no culprit in {done} bisections"))
 

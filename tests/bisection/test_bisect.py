@@ -1,6 +1,9 @@
 """The bisection search (gearfarm/bisection/search.py) with revisions judged by rule: every culprit
 position is found within log2 probes, unbuildable commits are skipped like `git bisect skip`,
-the budget stops it with the range so far, and a flaky verdict stops it saying so."""
+the budget stops it with the range so far, and a flaky verdict stops it saying so. The search
+of a group of failures (gearfarm/bisection/grouped.py): each revision judged once for all, every
+failure's own culprit found (two culprits in one range, at every pair of positions), a flaky or
+unreproduced member said so while the others go on, and one budget for the group."""
 
 from __future__ import annotations
 
@@ -8,7 +11,8 @@ import math
 
 import pytest
 
-from gearfarm.bisection.search import Budget, Probe, judge_test, search
+from gearfarm.bisection.grouped import search_group
+from gearfarm.bisection.search import Budget, Probe, group_evidence, judge_test, search
 
 REVS = [f"c{i:02d}" + "0" * 37 for i in range(1, 17)]  # c01 (last good) .. c16 (first bad)
 
@@ -90,3 +94,100 @@ def test_a_test_is_judged_by_all_its_repetitions() -> None:
 def test_a_test_failure_that_does_not_come_back_is_flaky_not_no_culprit() -> None:
     out = search(REVS, _judge(10), ends=(Probe(REVS[0], "good"), Probe(REVS[-1], "good", jobs=4)), unreproduced="flaky")
     assert out.state == "flaky" and out.culprit is None and "did not come back in 4 runs" in out.message
+
+
+# ------------------------------------------------------------------ a group of failures (issue #35)
+
+def _group_judge(culprits: dict[str, int], judged: list[str], flaky: frozenset[tuple[str, int]] = frozenset(),
+                 unbuildable: frozenset[int] = frozenset()):
+    """Every failure's verdict at a revision, by rule: bad from its culprit on."""
+    def judge(rev: str, end: bool) -> dict[str, Probe]:
+        judged.append(rev)
+        i = REVS.index(rev)
+        out = {}
+        for name, c in culprits.items():
+            verdict = ("skip" if i in unbuildable else "flaky" if (name, i) in flaky
+                       else "bad" if i >= c else "good")
+            out[name] = Probe(rev, verdict, built=True, jobs=4 if end else 2)  # type: ignore[arg-type]
+        return out
+    return judge
+
+
+def test_seven_failures_of_one_culprit_judge_each_revision_once_for_all() -> None:
+    names = [f"tap/t{k}" for k in range(7)]
+    judged: list[str] = []
+    out = search_group(REVS, names, _group_judge(dict.fromkeys(names, 8), judged), lambda: None)
+    assert {n: (r.state, r.culprit) for n, r in out.items()} == dict.fromkeys(names, ("found", REVS[8]))
+    # One search for the seven: both ends, then the middles of one bisection.
+    assert len(judged) == len(set(judged)) <= 2 + math.ceil(math.log2(len(REVS) - 1)), judged
+
+
+@pytest.mark.parametrize("first, second", [(a, b) for a in range(1, 16) for b in range(1, 16) if a < b])
+def test_a_group_with_two_culprits_names_each_failures_own(first: int, second: int) -> None:
+    judged: list[str] = []
+    culprits = {"tap/mul": first, "tap/add": second, "tap/sub": first}
+    out = search_group(REVS, list(culprits), _group_judge(culprits, judged), lambda: None)
+    assert {n: r.culprit for n, r in out.items()} == {n: REVS[c] for n, c in culprits.items()}
+    assert len(judged) == len(set(judged)), "a revision was judged twice"
+    # Never more than two searches of their own would judge (ends once, middles of each).
+    assert len(judged) - 2 <= 2 * math.ceil(math.log2(len(REVS) - 1))
+    # Each failure's evidence is its verdict at every revision the group judged.
+    assert all(sorted(p.rev for p in r.probes) == sorted(judged) for r in out.values())
+
+
+def test_a_flaky_member_is_said_flaky_and_the_others_still_found() -> None:
+    judged: list[str] = []
+    culprits = {"tap/add": 10, "chance/coin": 10, "tap/mul": 10}
+    out = search_group(REVS, list(culprits), _group_judge(culprits, judged, flaky=frozenset({("chance/coin", 7)})),
+                       lambda: None)
+    assert out["chance/coin"].state == "flaky" and out["chance/coin"].culprit is None
+    assert REVS[7][:12] in out["chance/coin"].message
+    assert out["tap/add"].culprit == out["tap/mul"].culprit == REVS[10]
+
+
+def test_a_member_whose_failure_does_not_come_back_is_flaky_at_the_ends() -> None:
+    judged: list[str] = []
+    culprits = {"tap/add": 10, "tap/gone": 99}  # never bad: not reproduced at the first bad end
+    out = search_group(REVS, list(culprits), _group_judge(culprits, judged), lambda: None)
+    assert out["tap/gone"].state == "flaky" and "did not come back in 4 runs" in out["tap/gone"].message
+    assert out["tap/add"].culprit == REVS[10]
+
+
+def test_the_budget_is_the_groups_and_stops_what_is_not_narrowed_yet() -> None:
+    judged: list[str] = []
+    culprits = {"tap/mul": 4, "tap/add": 11, "tap/sub": 11}
+    # Room for three middles in all, for the whole group.
+    out = search_group(REVS, list(culprits), _group_judge(culprits, judged),
+                       lambda: None if len(judged) < 5 else "spent")
+    assert len(judged) == 5
+    states = {n: r.state for n, r in out.items()}
+    assert "budget" in states.values(), states
+    for r in out.values():
+        assert r.state in ("found", "budget")
+        assert r.state == "budget" or len(r.suspects) == 1
+
+
+def test_unbuildable_middles_are_skipped_for_the_whole_group() -> None:
+    judged: list[str] = []
+    culprits = {"tap/add": 10, "tap/mul": 10}
+    out = search_group(REVS, list(culprits), _group_judge(culprits, judged, unbuildable=frozenset({7, 8})),
+                       lambda: None)
+    assert all(r.culprit == REVS[10] for r in out.values())
+    assert len(judged) == len(set(judged))
+
+
+def test_group_evidence_says_each_revision_once_with_every_failures_verdict() -> None:
+    revs = REVS[:3]
+    details = [(name, {"revs": revs, "probes": [
+        {"rev": revs[0], "verdict": "good", "statuses": ["passed"] * 4, "built": False},
+        {"rev": revs[1], "verdict": v, "statuses": ["passed" if v == "good" else "failed"] * 2, "built": True},
+        {"rev": revs[2], "verdict": "bad", "statuses": ["failed"] * 4}]})
+        for name, v in (("tap/add", "good"), ("tap/mul", "bad"), ("tap/sub", "bad"))]
+    lines = group_evidence(details)
+    assert [(e["rev"], e["verdict"], e["figures"], e["built"]) for e in lines] == [
+        (revs[0], "good", "all 3: passed, passed, passed, passed", False),
+        (revs[1], "mixed", "good: tap/add; bad: tap/mul, tap/sub", True),
+        (revs[2], "bad", "all 3: failed, failed, failed, failed", False)]
+    # A bisection alone: its own evidence lines, as before groups.
+    assert [e["figures"] for e in group_evidence(details[:1])] == ["passed, passed, passed, passed",
+                                                                  "passed, passed", "failed, failed, failed, failed"]

@@ -4,7 +4,8 @@ is bisected to commit 11 with at most 6 builds made (reused builds not counted, 
 probe runs' build records); a test that fails at random on 30 % of runs is reported flaky and no
 middle revision is ever probed for it; a 5 % wall-clock slowdown planted at commit 6 is bisected
 to commit 6 on this noisy 2-core machine, and a range with no change gives no culprit; the
-probe runs stay out of the nightly runs."""
+probe runs stay out of the nightly runs. A nightly's two new failures of one range, broken by
+two different commits, are one group whose failures each name their own culprit."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from gearfarm.formats import catalog as catalog_mod
 from gearfarm.hosts import process
 from gearfarm.run.farm import EmbeddedFarm
 from gearfarm.s3.store import ArtifactStore
-from tests.bisect_projects import CATALOG, SPIN_CATALOG, calc_repo, spin_repo
+from tests.bisect_projects import CATALOG, SPIN_CATALOG, calc_repo, nightly, spin_repo
 from tests.farmkit import gearfarm, start_web
 
 TARGET = "linux-x86_64"
@@ -110,7 +111,7 @@ def test_a_test_broken_at_commit_11_is_bisected_to_it_with_at_most_6_builds(farm
     # The verdicts on either side of the culprit: its parent passed every run, it failed every run.
     by_rev = {p["rev"]: p for p in b.detail["probes"]}
     assert set(by_rev[revs[9]]["statuses"]) == {"passed"} and set(by_rev[revs[10]]["statuses"]) == {"failed"}
-    assert f"culprit: {revs[10]}" in out
+    assert f"tap/add: found, culprit {revs[10]}" in out
     # Probe runs are children of the bisection: never a nightly run.
     assert not db.runs(limit=500)
 
@@ -144,34 +145,38 @@ def test_a_range_with_no_change_has_no_culprit(farm: Farm) -> None:
     assert {p["rev"] for p in b.detail["probes"]} == {revs[0], revs[4]}
 
 
-def test_a_nightly_bisects_its_two_regressions_at_once_on_two_workers(farm: Farm) -> None:
+def test_a_nightly_bisects_two_failures_with_two_culprits_as_one_group(farm: Farm) -> None:
     """Nightly n1 at commit 2, nightly n2 at commit 16: mul (broken at 5) and add (broken at 11)
-    are new failures, confirmed by their re-runs; the nightly bisects both, two at a time,
-    writes them into its report and sends the follow-up mail. (Not from commit 1: the range
-    c01..c16 of add was bisected by hand above, and a range is bisected once.)"""
+    are new failures of one range, confirmed by their re-runs; the nightly bisects them as one
+    group (one probe run judges both), each names its own culprit, and the report and the
+    follow-up mail show the group. (Not from commit 1: the range c01..c16 of add was bisected
+    by hand above, and a range is bisected once.)"""
     f, repos = farm
     revs = repos["calc"]
     for run_id, rev in (("n1", revs[1]), ("n2", revs[-1])):
-        p = gearfarm("nightly", "--config", str(f.config_path), "--project", "calc", "--rev", rev, "--suites", "tap",
-                     "--benchmarks", "none", "--run-id", run_id, timeout=900)
+        p = nightly(f.config_path, "calc", rev, run_id)
         assert p.returncode == (0 if run_id == "n1" else 1), p.stdout + p.stderr
     out = p.stdout + p.stderr
     db = ResultsDB(config_mod.load(f.config_path).database.url)
     found = {b.subject["case"]: b for b in db.bisections(origin_run_ids=["n2"])}
     assert sorted(found) == ["add", "mul"], out
     assert found["mul"].culprit_rev == revs[4] and found["add"].culprit_rev == revs[10], out
-    # At once, on two workers: a probe job of each ran while one of the other did, elsewhere.
-    jobs = {case: [r for run in db.runs(limit=500, reruns=True) if run.parent_run_id == b.run_prefix
-                   for r in db.jobs(run.run_id) if r.started_at and r.finished_at]
-            for case, b in found.items()}
-    overlaps = [(a.worker, m.worker) for a in jobs["add"] for m in jobs["mul"]
-                if a.started_at < m.finished_at and m.started_at < a.finished_at and a.worker != m.worker]
-    assert overlaps, {c: [(r.worker, r.started_at, r.finished_at) for r in js] for c, js in jobs.items()}
-    print(f"{len(overlaps)} overlapping probe-job pairs on two workers, e.g. {overlaps[0]}")
+    # One group: one search, whose probe runs ran both cases at once; no revision built twice.
+    assert found["mul"].run_prefix == found["add"].run_prefix, out
+    assert found["mul"].detail["group"]["failures"] == found["add"].detail["group"]["failures"]
+    probed = [r for run in db.runs(limit=500, reruns=True) if run.parent_run_id == found["add"].run_prefix
+              for r in db.jobs(run.run_id)]
+    assert all(sorted(c.name for c in r.cases) == ["add", "mul"] for r in probed if r.kind == "test")
+    built, reused = _probe_builds(db, found["add"].run_prefix)
+    assert len(built) == len(set(built)) == found["add"].detail["builds"], built
+    print(f"one group, two culprits: {len(built)} builds made, {len(reused)} reused, "
+          f"{found['add'].detail['group']['runs']} probe runs")
     # The report now holds both, and the follow-up mail names both culprits.
     run_dir = f.state / "runs" / "n2"
     text = (run_dir / "report.txt").read_text()
-    assert "BISECTION" in text and revs[4] in text and revs[10] in text
+    assert "BISECTION" in text and revs[4] in text and revs[10] in text and "2 failures, 14 commits" in text
+    # Between the two culprits the failures disagree: the group's evidence says which is which.
+    assert "mixed good: tap/add; bad: tap/mul" in text, text
     assert "calc: mul rounds (faster)" in text and "calc: add rounds up past one (faster)" in text
     msg = email.message_from_bytes((run_dir / "bisection.eml").read_bytes(), policy=email.policy.default)
     assert revs[4][:10] in msg["Subject"] and revs[10][:10] in msg["Subject"], msg["Subject"]

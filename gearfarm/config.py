@@ -273,9 +273,10 @@ class BisectConfig(_Section):
     # After a nightly's mail, bisect its new failures and performance regressions whose range
     # holds more than one commit; a follow-up mail names the culprits.
     auto: bool = True
-    # Bisections at once: each runs one job at a time, so two keep two worker slots busy.
+    # Bisection groups at once (failures of one target and range are one group, each regression
+    # of a benchmark one of its own): each runs one job at a time, so two keep two worker slots busy.
     parallel: int = Field(default=2, ge=1, le=32)
-    # The budget of one bisection: builds made (reused ones are free), jobs run, wall time.
+    # The budget of one group: builds made (reused ones are free), jobs run, wall time.
     builds: int = Field(default=8, ge=1, le=1000)
     jobs: int = Field(default=60, ge=1, le=10000)
     hours: float = Field(default=4.0, gt=0, le=168)

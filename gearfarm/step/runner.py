@@ -128,13 +128,13 @@ class BuildRun:
 
 def _run(sandbox: Sandbox, argv: list[str], log_path: Path, timeout: float, cwd: Path, env: dict[str, str],
          writable: list[Path], wine_prefix: Path | None = None,
-         shared: list[Path] | None = None) -> tuple[int | None, bool]:
+         shared: list[Path] | None = None, inner: dict[str, str] | None = None) -> tuple[int | None, bool]:
     """Every catalog command starts here: confined by the worker's sandbox, writing only to
     the job's own directories, which are handed to the job's uid first, and to ``shared`` ones
     (already the job uid's). The log is the worker's: it lives beside those directories, never
-    in one the job writes."""
+    in one the job writes. ``inner``: environment of the command alone (Sandbox.command)."""
     sandbox.give(writable)
-    full, env = sandbox.command(argv, env, cwd, writable + (shared or []), wine_prefix)
+    full, env = sandbox.command(argv, env, cwd, writable + (shared or []), wine_prefix, inner)
     return process.run_logged(full, log_path, timeout, cwd=cwd, env=env, shown=argv, limit=sandbox.log_limit)
 
 
@@ -213,9 +213,9 @@ def run_suite(cat: Catalog, target: Target, suite: Suite, tree: Path, scratch: P
             return SuiteRun("failed", f"suite {suite.name}: {e}", [], None, 0.0)
     _note(log_path, _relinked(tree) if relink else [])
     loader = scratch.parent / f"{scratch.name}-loader"
-    env.update(hostlib.environment(loader))
     t0 = time.monotonic()
-    rc, timed_out = _run(sandbox, argv, log_path, suite.timeout, cwd, env, [scratch, out, loader, tree], wine_prefix)
+    rc, timed_out = _run(sandbox, argv, log_path, suite.timeout, cwd, env, [scratch, out, loader, tree], wine_prefix,
+                         inner=hostlib.environment(loader))
     seconds = time.monotonic() - t0
     cases_found: list[CaseResult] = []
     message = ""

@@ -112,11 +112,14 @@ class Sandbox:
         return env
 
     def command(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path,
-                writable: Iterable[Path], wine_prefix: Path | None = None) -> tuple[list[str], dict[str, str]]:
+                writable: Iterable[Path], wine_prefix: Path | None = None,
+                inner: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
         """``argv`` and ``env`` as they must be started to run confined, with ``writable`` (the
         job's directories, made by the worker) as the only places it can write. HOME is the first
         of them, TMPDIR the sandbox's /tmp, WINEPREFIX ``wine_prefix`` (one of the job's own,
-        given by the worker): whatever ``env`` says of these three is replaced."""
+        given by the worker): whatever ``env`` says of these three is replaced. ``inner``: variables
+        for the confined command only, not for the tools that confine it (the loader's LD_DEBUG:
+        bwrap's own loader, unable to reach the job's directories, would write to the log)."""
         dirs = [Path(p).resolve() for p in writable]
         if wine_prefix is not None:
             dirs.append(Path(wine_prefix).resolve())
@@ -127,10 +130,11 @@ class Sandbox:
         if wine_prefix is not None:
             out_env["WINEPREFIX"] = str(Path(wine_prefix).resolve())
         if self.mode == "none":
-            return list(argv), out_env
+            return list(argv), {**out_env, **(inner or {})}
         out_env["TMPDIR"] = "/tmp"
+        setenv = [a for k, v in (inner or {}).items() for a in ("--setenv", k, v)]
         if self.uid is None:
-            return [*self._bwrap(dirs, Path(cwd).resolve(), {}), "--", *argv], out_env
+            return [*self._bwrap(dirs, Path(cwd).resolve(), {}), *setenv, "--", *argv], out_env
         # The job's uid cannot reach the directories it binds: they lie under the worker's own,
         # private ones (its state directory is 0700). So, still as root, in a mount namespace
         # of the command's own, each is bound at STAGE/<n>, where bubblewrap, as the job's uid,
@@ -141,7 +145,7 @@ class Sandbox:
                  "sh", "-c", _STAGE_SCRIPT, "gearfarm-stage", STAGE, *map(str, sources), "--"]
         user = [find_tool("setpriv", "util-linux"), f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
                 "--inh-caps=-all", "--"]
-        return [*stage, *user, *self._bwrap(dirs, Path(cwd).resolve(), staged), "--", *argv], out_env
+        return [*stage, *user, *self._bwrap(dirs, Path(cwd).resolve(), staged), *setenv, "--", *argv], out_env
 
     def compiler_cache(self, project: str) -> Path | None:
         """The project's part of the compiler cache (made, and the job uid's), or None without one.

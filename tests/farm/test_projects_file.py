@@ -71,11 +71,14 @@ def test_three_projects_from_a_file_run_green_and_a_second_night_reuses_every_bu
         runs = db.execute("SELECT project FROM runs WHERE parent_run_id IS NULL").fetchall()
     assert sorted(p for (p,) in runs) == ["cmring", "plainc", "tapkv"]  # and no run of the engine
     assert builds(state) == {p: [False, False] for p in ("cmring", "plainc", "tapkv")}
-    # Progress names each project; no database or log is left beside the projects file.
+    # Progress names each project; no database or log is left beside the projects file, only
+    # the compiler cache it asked for.
     assert "cmring: linux-i686:build" in first.stderr and "tapkv: linux-x86_64:test-tap" in first.stderr
     assert "alembic" not in first.stdout + first.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["catalogs", "cmring", "plainc", "projects.toml",
-                                                           "state", "tapkv"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["catalogs", "ccache", "cmring", "plainc",
+                                                           "projects.toml", "state", "tapkv"]
+    # The file's ccache, one part per project whose builds ran.
+    assert sorted(p.name for p in (tmp_path / "ccache").iterdir()) == ["cmring", "plainc", "tapkv"]
     # The farm's config carries the file's [farm] settings (its ccache, as an absolute path).
     farm_toml = (state / "farm.toml").read_text()
     assert f'ccache = "{tmp_path / "ccache"}"' in farm_toml and "slots = 2" in farm_toml

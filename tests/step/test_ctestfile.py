@@ -35,8 +35,9 @@ def moved_build(repo: Path, target: str, tmp_path: Path) -> tuple[catalog_mod.Ca
     return cat, tree
 
 
-def run(cat: catalog_mod.Catalog, target: str, tree: Path, tmp_path: Path, **kw: bool) -> runner.SuiteRun:
-    box = Sandbox("bwrap")
+def run(cat: catalog_mod.Catalog, target: str, tree: Path, tmp_path: Path, box: Sandbox | None = None,
+        **kw: bool) -> runner.SuiteRun:
+    box = box or Sandbox("bwrap")
     job = tree.parent
     scratch = job / "scratch"
     scratch.mkdir()
@@ -131,3 +132,16 @@ def test_what_a_hostile_build_leaves_is_read_with_care(tmp_path: Path) -> None:
     loader.symlink_to("/etc")
     copies, notes = hostlib.findings(loader, tree)
     assert copies == [] and "was replaced by a link" in notes[0]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a worker switches jobs to the job uid only as root")
+def test_the_loaders_account_never_reaches_the_log(tmp_path: Path) -> None:
+    # A root worker runs jobs as the job uid through unshare, setpriv and bwrap, which cannot
+    # reach the job's directories before bwrap binds them: their own loaders must not be asked
+    # to write an account (it would land in the job's log).
+    cat, tree = moved_build(crossproject.fakez(tmp_path / "src"), "linux-x86_64", tmp_path)
+    got = run(cat, "linux-x86_64", tree, tmp_path, box=Sandbox("bwrap", uid=2_000_000_000), relink=False)
+    log = (tree.parent / "log.txt").read_text()
+    assert "calling init" not in log and "transferring control" not in log, log[-2000:]
+    assert {c.name: c.status for c in got.cases} == {"version": "failed"}  # and the check still works
+    assert "the host's copy" in got.cases[0].message

@@ -189,7 +189,9 @@ class Bisector:
         except catalog_mod.CatalogError as e:
             log.info("%s: %s", run_id, e)
             return run_id, []
-        source, moved = nightly.prepare(self.store, nightly.Loaded(self.project.name, self.repo, rev, cat, text))
+        loaded = nightly.Loaded(self.project.name, self.repo, rev, cat, text,
+                                mirrors=snapshot.module_mirrors(self.cfg, self.project))
+        source, moved = nightly.prepare(self.store, loaded)
         p = nightly.plan(run_id, source, sel, self.settings.seed, text, moved)
         p.parent = self.prefix
         p.cases = [] if build_only else self._cases()

@@ -156,6 +156,15 @@ class ProjectConfig(_Section):
     def catalog_path(self) -> str:
         return self.catalog or DEFAULT_CATALOG
 
+    def local_repo(self, base: Path) -> Path | None:
+        """The directory ``repo`` names, relative to ``base``, when it is one: the one rule for
+        telling a clone used in place from a URL (anything with ://, git@host:..., or a path that
+        is no directory here)."""
+        if "://" in self.repo or self.repo.startswith("git@"):
+            return None
+        local = (base / os.path.expanduser(self.repo)).resolve()
+        return local if local.is_dir() else None
+
 
 def _unique_projects(v: list[ProjectConfig]) -> list[ProjectConfig]:
     names = [p.name for p in v]
@@ -452,9 +461,9 @@ def load_projects(path: str | os.PathLike[str]) -> ProjectsFile:
         raise ConfigError(f"projects file {p} is invalid: {describe(e)}") from None
     base = p.resolve().parent
     for project in found.projects:
-        local = base / project.repo
-        if "://" not in project.repo and not project.repo.startswith("git@") and local.is_dir():
-            project.repo = str(local.resolve())
+        local = project.local_repo(base)
+        if local is not None:
+            project.repo = str(local)
         if project.catalog_file is not None:
             project.catalog_file = str((base / project.catalog_file).resolve())
     settings = found.farm

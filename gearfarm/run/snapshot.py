@@ -58,12 +58,12 @@ def repository(cfg: Config, project: ProjectConfig) -> Path:
     """A git repository holding the project's commits. A path is used in place (it is the
     project's own clone); anything else is a URL, mirrored under the state directory and
     fetched now, so tonight's commits are there however recently they were pushed."""
-    local = cfg.path(project.repo)
-    if "://" not in project.repo and not project.repo.startswith("git@") and local.is_dir():
+    local = project.local_repo(cfg.path("."))
+    if local is not None:
         return local
     if "://" not in project.repo and ":" not in project.repo:
         raise SourceError(f"project {project.name}: repository {project.repo!r} is neither a directory "
-                          f"({local} does not exist) nor a URL; fix [[projects]] repo")
+                          f"({cfg.path(project.repo)} does not exist) nor a URL; fix [[projects]] repo")
     mirror = cfg.path(cfg.farm.state_dir) / "repos" / f"{project.name}.git"
     if not (mirror / "HEAD").exists():
         mirror.parent.mkdir(parents=True, exist_ok=True)
@@ -251,8 +251,8 @@ class Commit:
 def local_repository(cfg: Config, project: ProjectConfig) -> Path | None:
     """The project's commits as they are on this host, without fetching (the dashboard reads
     them on every page view): its own clone, or the mirror the nightly keeps; None if neither."""
-    local = cfg.path(project.repo)
-    if "://" not in project.repo and local.is_dir():
+    local = project.local_repo(cfg.path("."))
+    if local is not None:
         return local
     mirror = cfg.path(cfg.farm.state_dir) / "repos" / f"{project.name}.git"
     return mirror if (mirror / "HEAD").exists() else None

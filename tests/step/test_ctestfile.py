@@ -145,3 +145,28 @@ def test_the_loaders_account_never_reaches_the_log(tmp_path: Path) -> None:
     assert "calling init" not in log and "transferring control" not in log, log[-2000:]
     assert {c.name: c.status for c in got.cases} == {"version": "failed"}  # and the check still works
     assert "the host's copy" in got.cases[0].message
+
+
+def test_a_runpath_pointing_past_the_string_table_is_noted_not_a_crash(tmp_path: Path) -> None:
+    import struct
+    import subprocess
+
+    from gearfarm.step import runpath
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "p.c").write_text("int main(void) { return 0; }\n")
+    prog = tree / "prog"
+    subprocess.run(["gcc", "-o", str(prog), str(tree / "p.c"), "-Wl,-rpath,/gone/build"], check=True)
+    data = bytearray(prog.read_bytes())
+    elf = runpath._parse(data)
+    assert elf is not None and elf.paths
+    tag, offset = elf.paths[0]
+    entry = struct.pack("<qQ", tag, offset)
+    assert data.count(entry) == 1
+    # The dynamic entry now names a string a megabyte past the table: a build can write that.
+    at = data.index(entry)
+    data[at:at + 16] = struct.pack("<qQ", tag, 1 << 20)
+    prog.write_bytes(bytes(data))
+    done, notes = runpath.relink(tree)
+    assert done == [] and notes == ["prog: its dynamic section cannot be read; left as it is"]

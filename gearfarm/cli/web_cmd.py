@@ -25,7 +25,12 @@ def web_group(ctx: click.Context, config_path: str | None, state_dir: Path | Non
     ctx.obj = (config_path, state_dir)
     if ctx.invoked_subcommand is not None:
         return
-    from gearfarm.web import app as web
+    try:
+        from gearfarm.web import app as web
+    except ModuleNotFoundError as e:
+        # A plain `pip install gearfarm` has no web framework: the dashboard is an extra.
+        fail(f"the dashboard needs {e.name}, which this install lacks: pip install 'gearfarm[dashboard]' "
+             "(in a checkout: make setup-dashboard)")
 
     cfg = config_or_embedded(config_path, state_dir)
     where = listen or cfg.web.listen

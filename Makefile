@@ -17,7 +17,7 @@ CACHE ?= $(or $(GEARFARM_CACHE),$(HOME)/.cache/gearfarm)
 # what is missing; Python packages come from pyproject.toml's extras, pinned by requirements.txt.
 TARGETS ?= linux-x86_64 linux-i686 linux-aarch64 windows-x86_64
 ALL_TARGETS := linux-x86_64 linux-i686 linux-aarch64 windows-x86_64
-PKG_BASE := python3-venv ca-certificates git procps
+PKG_BASE := python3-venv ca-certificates procps
 # Each target's toolchain and runner: the packages jobs/catalog.toml's tools and runner come from.
 PKG_TARGET_linux-x86_64 := build-essential zlib1g-dev
 PKG_TARGET_linux-i686 := gcc-i686-linux-gnu
@@ -35,9 +35,9 @@ PKG_DEV := gearman-tools libgearman-dev postgresql postgresql-client chromium sy
 PKG_FETCH := curl ca-certificates unzip
 
 targets_pkgs = $(foreach t,$(1),$(PKG_TARGET_$(t)))
-PKGS_dev := $(PKG_BASE) $(PKG_FARM) $(PKG_WORKER) $(call targets_pkgs,$(ALL_TARGETS)) $(PKG_DEV)
-PKGS_embedded := $(PKG_BASE) $(PKG_FARM) $(PKG_WORKER) $(call targets_pkgs,$(ALL_TARGETS))
-PKGS_nightly := $(PKG_BASE)
+PKGS_dev := $(PKG_BASE) git $(PKG_FARM) $(PKG_WORKER) $(call targets_pkgs,$(ALL_TARGETS)) $(PKG_DEV)
+PKGS_embedded := $(PKG_BASE) git $(PKG_FARM) $(PKG_WORKER) $(call targets_pkgs,$(ALL_TARGETS))
+PKGS_nightly := $(PKG_BASE) git
 PKGS_worker := $(PKG_BASE) $(PKG_WORKER) $(call targets_pkgs,$(TARGETS))
 PKGS_dashboard := $(PKG_BASE)
 # pyproject.toml's extras per role (the runtime alone for workers and the embedded farm).
@@ -206,3 +206,8 @@ farm-stop: setup
 
 clean:
 	rm -rf .setup $(VENV) engine/build
+
+# The Debian packages of a role, one per line (docs and tests read them from here).
+packages-%:
+	@$(if $(filter $*,$(ROLES)),,echo "error: no setup role '$*'; the roles are: $(ROLES)" >&2; exit 2)
+	@printf '%s\n' $(sort $(PKGS_$*))

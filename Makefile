@@ -18,10 +18,11 @@ CACHE ?= $(or $(GEARFARM_CACHE),$(HOME)/.cache/gearfarm)
 TARGETS ?= linux-x86_64 linux-i686 linux-aarch64 windows-x86_64
 ALL_TARGETS := linux-x86_64 linux-i686 linux-aarch64 windows-x86_64
 PKG_BASE := python3-venv ca-certificates procps
-# Each target's toolchain and runner: the packages jobs/catalog.toml's tools and runner come from.
+# Each target's toolchain and runner: the packages jobs/catalog.toml's tools and runner come from
+# (the cross libcs named: the worker image installs without recommended packages).
 PKG_TARGET_linux-x86_64 := build-essential zlib1g-dev
-PKG_TARGET_linux-i686 := gcc-i686-linux-gnu
-PKG_TARGET_linux-aarch64 := gcc-aarch64-linux-gnu qemu-user
+PKG_TARGET_linux-i686 := gcc-i686-linux-gnu libc6-dev-i386-cross
+PKG_TARGET_linux-aarch64 := gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
 PKG_TARGET_windows-x86_64 := mingw-w64 libz-mingw-w64-dev wine wine64
 # A worker confines each job with bubblewrap, builds CMake projects with ccache, counts
 # instructions with valgrind (perf role).
@@ -97,7 +98,7 @@ fetch-tools:
 # Installing zlib1g-dev:i386/arm64 through multiarch drags in conflicting foreign libc
 # packages, so the static libz and its headers are unpacked into the cross compilers' own
 # sysroots, where i686-linux-gnu-gcc and aarch64-linux-gnu-gcc find them with no flags.
-ZLIB_ARCHS ?= i386 arm64
+ZLIB_ARCHS ?= $(call zlib_archs,$(TARGETS))
 .PHONY: cross-zlib fetch-tools
 cross-zlib:
 	@for arch in $(ZLIB_ARCHS); do \

@@ -104,12 +104,25 @@ def worker() -> int:
         try:
             cfg = farm.start(cat, ["linux-aarch64"])
             host, port = cfg.gearman.addresses()[0]
+            # The worker host as a lab admits one (docs/lab.md, "Hosts"): its own key, registered
+            # for what it serves, and the farm's config naming that key and host.
+            key = base / "state" / "keys" / "fresh-worker.key"
+            public = gearfarm("keys", "new", "--out", str(key)).stdout.strip().splitlines()[-1]
+            added = gearfarm("keys", "add", "fresh-worker", public, "--role", "build,test", "--target", "linux-x86_64",
+                             "--config", str(farm.config_path))
+            assert added.returncode == 0, added.stdout + added.stderr
+            worker_cfg = base / "state" / "fresh-worker.toml"
+            text = farm.config_path.read_text()
+            text = re.sub(r'(?m)^host_name = .*\n', '', text)
+            text = re.sub(r'(?m)^host_key = .*$', f'host_key = "{key}"\nhost_name = "fresh-worker"', text)
+            assert 'host_name = "fresh-worker"' in text and str(key) in text, text
+            worker_cfg.write_text(text)
             # One container: the role's setup, its package list, then its worker serves.
             script = "; ".join([
                 "set -o pipefail", PACKAGES.replace("$1", "before"), _timed("prerequisites", PREREQ),
                 _timed("make-setup-worker", "make setup-worker TARGETS=linux-x86_64 2>&1 | tail -40"),
                 PACKAGES.replace("$1", "after"),
-                f"exec .venv/bin/gearfarm worker --config {shlex.quote(str(farm.config_path))} "
+                f"exec .venv/bin/gearfarm worker --config {shlex.quote(str(worker_cfg))} "
                 "--role build,test --targets linux-x86_64"])
             args = [a for a in _run_args(checkout, name) if a != "--rm"]
             subprocess.run([*args, "-d", "-v", f"{base / 'state'}:{base / 'state'}", "--hostname", "fresh-worker",
@@ -122,9 +135,9 @@ def worker() -> int:
             wait_for("the container's worker to register", registered, timeout=1800)
             logs = subprocess.run([*PODMAN, "logs", name], env=ENV, capture_output=True, text=True).stdout
             print("\n".join(line for line in logs.splitlines() if line.startswith("TIME")))
-            added = _added(checkout)
-            print(f"worker role installed {len(added)} Debian packages: {' '.join(added)}")
-            forbidden = [p for p in added if p.startswith(NEVER_ON_A_WORKER)]
+            added_pkgs = _added(checkout)
+            print(f"worker role installed {len(added_pkgs)} Debian packages: {' '.join(added_pkgs)}")
+            forbidden = [p for p in added_pkgs if p.startswith(NEVER_ON_A_WORKER)]
             print(f"podman/chromium/postgresql among them: {forbidden}")
             nightly = gearfarm("nightly", "--config", str(farm.config_path), "--targets", "linux-x86_64",
                                "--suites", "unit", "--benchmarks", "none", "--run-id", "fresh1", timeout=1200)

@@ -51,13 +51,23 @@ if TYPE_CHECKING:
 @click.option("--deadline", type=float, help="Seconds by which the run must end.")
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Also copy each run's report, JUnit XML and logs to DIR/<run id>/ (e.g. a Jenkins workspace).")
+@click.option("--run-id-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write each run's id, project and dashboard link to FILE as it is submitted, one line each, "
+                   "tab-separated (e.g. for a Jenkins build's description).")
 def nightly_cmd(config_path: str | None, projects_file: Path | None, project_names: str | None, rev: str | None,
                 targets: str | None, suites: str | None, benchmarks: str | None, run_id: str | None, seed: int,
                 repo: Path | None,
                 state_dir: Path | None, keep: bool, slots: int | None, no_worker_wait: float | None,
-                deadline: float | None, report_dir: Path | None) -> None:
+                deadline: float | None, report_dir: Path | None, run_id_file: Path | None) -> None:
     """Run a whole nightly: every project's build on every target, tests, collect, one report."""
     from gearfarm.run import nightly
+
+    if run_id_file is not None:
+        # Emptied first: a CI workspace's file from an earlier night never names tonight's runs.
+        try:
+            run_id_file.write_text("")
+        except OSError as e:
+            fail(f"cannot write the run id file {run_id_file}: {e}")
 
     # cron and CI stop jobs with SIGTERM: unwind so the embedded farm is stopped, not orphaned.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(EXIT_FARM))
@@ -133,7 +143,7 @@ def nightly_cmd(config_path: str | None, projects_file: Path | None, project_nam
     if deadline is not None:
         cfg.farm.run_deadline = deadline
     try:
-        code = _run_nightly(cfg, todo, seed, report_dir)
+        code = _run_nightly(cfg, todo, seed, report_dir, run_id_file)
     finally:
         if farm is not None and not keep:
             farm.stop()
@@ -175,9 +185,10 @@ class _ConsoleObserver:
     """The night on the terminal: progress and problems on stderr (a live table of each run's
     jobs on a terminal, a line per change of state otherwise), the reports on stdout."""
 
-    def __init__(self) -> None:
+    def __init__(self, run_id_file: Path | None = None, web_url: str | None = None) -> None:
         self.live: Live | None = None
         self.last: dict[str, str] = {}
+        self.run_id_file, self.web_url = run_id_file, web_url
 
     def say(self, text: str) -> None:
         console.print(escape(text), highlight=False)
@@ -194,6 +205,12 @@ class _ConsoleObserver:
     def submitted(self, plan: nightly.Plan, created: bool) -> None:
         self.say(f"run {plan.run_id} {'submitted' if created else 'already known; resubmitted'}: project "
                  f"{plan.project}, rev {plan.rev[:12]}, {len(plan.targets)} targets, {len(plan.expected)} jobs")
+        if self.run_id_file is not None:
+            from gearfarm.report.links import DashboardLinks
+
+            link = DashboardLinks(self.web_url).run(plan.run_id) if self.web_url else ""
+            with self.run_id_file.open("a") as f:
+                f.write(f"{plan.run_id}\t{plan.project}\t{link}\n")
 
     def progress(self, plan: nightly.Plan, states: dict[str, str], functions: dict[str, admin.FunctionStatus]) -> None:
         if console.is_terminal:
@@ -239,10 +256,10 @@ def _table(plan: nightly.Plan, states: dict[str, str], fns: dict[str, admin.Func
 
 
 def _run_nightly(cfg: Config, todo: list[tuple[nightly.Loaded, str, nightly.Selection]], seed: int,
-                 report_dir: Path | None = None) -> int:
+                 report_dir: Path | None = None, run_id_file: Path | None = None) -> int:
     from gearfarm.night.sequence import NightError, Project, run_night
 
-    observer = _ConsoleObserver()
+    observer = _ConsoleObserver(run_id_file, cfg.web.url)
     try:
         return run_night(cfg, [Project(lp, rid, sel) for lp, rid, sel in todo], seed, observer, report_dir)
     except NightError as e:

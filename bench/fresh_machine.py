@@ -117,6 +117,7 @@ def worker() -> int:
             text = re.sub(r'(?m)^host_key = .*$', f'host_key = "{key}"\nhost_name = "fresh-worker"', text)
             assert 'host_name = "fresh-worker"' in text and str(key) in text, text
             worker_cfg.write_text(text)
+            worker_cfg.chmod(0o600)  # it names the keys: the worker refuses a config others can read
             # One container: the role's setup, its package list, then its worker serves.
             script = "; ".join([
                 "set -o pipefail", PACKAGES.replace("$1", "before"), _timed("prerequisites", PREREQ),

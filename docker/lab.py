@@ -9,9 +9,11 @@ key in the registry with its role and targets), stop and start its parts, and ta
     .venv/bin/python docker/lab.py stop LAB gearmand1 minio3     # and start LAB ...
     .venv/bin/python docker/lab.py down LAB
 
-The order matters and compose cannot express it: podman-compose has no "wait until healthy",
-and the workers' MinIO users must exist before a worker's first job, which needs MinIO's
-admin API up first. Every host gets only its own client certificate and key, and a worker
+The order matters. compose.yaml states it (the hosts' depends_on waits for the servers'
+health checks), but Debian 12's podman-compose (1.0.3) only starts services in that order
+without waiting, and the workers' MinIO users must exist before a worker's first job, which
+needs MinIO's admin API up first: so `up` waits for each server itself and makes the users in
+between. Every host gets only its own client certificate and key, and a worker
 only its role's MinIO keys (never MinIO's root keys); only the nightly's host holds the root
 keys, as in a real lab.
 """

@@ -222,7 +222,7 @@ class Sandbox:
                 f"bubblewrap cannot confine jobs on this host ({p.stderr.strip() or f'exit {p.returncode}'}). "
                 "Jobs would be able to read this worker's keys. Fix: allow unprivileged user namespaces "
                 "(sysctl kernel.unprivileged_userns_clone=1); in a container, let it mount a /proc of its own "
-                "(podman run --security-opt unmask=ALL, docker run --security-opt systempaths=unconfined)"
+                "(--security-opt systempaths=unconfined, for podman and docker alike)"
                 + (" and, as the worker runs jobs as the job uid, make their mount namespaces (--cap-add SYS_ADMIN)"
                    if self.uid is not None else "")
                 + "; or set [farm] sandbox = \"none\" to run jobs unconfined on purpose")

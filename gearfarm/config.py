@@ -35,7 +35,7 @@ class GearmanConfig(_Section):
     # CA file to verify the job server's TLS certificate (stunnel in front of gearmand).
     tls_ca: str | None = None
     tls_server_name: str | None = None
-    # This host's client certificate and key from the farm CA (python -m gearfarm.hosts.tls client):
+    # This host's client certificate and key from the farm CA (gearfarm tls client):
     # a lab's stunnel admits no one without them (docs/tls.md).
     tls_cert: str | None = None
     tls_key: str | None = None

@@ -1,6 +1,6 @@
 """The `gearfarm` command: the group, its options and logging; each command group lives in its
 own module beside this one (nightly_cmd, worker_cmd, project_cmd, keys_cmd, artifact_cmd,
-store_cmd, status_cmd, web_cmd, report_cmd, bisect_cmd, perf_cmd)."""
+store_cmd, tls_cmd, status_cmd, web_cmd, report_cmd, bisect_cmd, perf_cmd)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from gearfarm.cli import (
     report_cmd,
     status_cmd,
     store_cmd,
+    tls_cmd,
     web_cmd,
     worker_cmd,
 )
@@ -35,7 +36,7 @@ def main(verbose: bool) -> None:
 
 
 for command in (nightly_cmd.nightly_cmd, worker_cmd.worker_cmd, worker_cmd.collector_cmd, project_cmd.project_group,
-                keys_cmd.keys_group, artifact_cmd.artifact_group, store_cmd.store_group, store_cmd.tls_cmd,
+                keys_cmd.keys_group, artifact_cmd.artifact_group, store_cmd.store_group, tls_cmd.tls_group,
                 status_cmd.status_cmd, status_cmd.farm_group, web_cmd.web_group, report_cmd.report_cmd,
                 report_cmd.history_cmd, bisect_cmd.bisect_cmd, perf_cmd.perf_group):
     main.add_command(command)

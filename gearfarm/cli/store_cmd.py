@@ -1,9 +1,7 @@
-"""`gearfarm store` (the S3 store's usage, pruning and per-role users) and `gearfarm tls` (the
-farm's CA): the stores of keys and objects the hosts share."""
+"""`gearfarm store`: the S3 store's usage, pruning and per-role users."""
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
@@ -13,15 +11,6 @@ from rich.console import Console
 from gearfarm import config as config_mod
 from gearfarm.cli.common import config_or_embedded, csv, fail, load_config
 from gearfarm.s3.store import ArtifactStore, StoreError
-
-
-@click.command("tls", context_settings={"ignore_unknown_options": True, "help_option_names": []})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def tls_cmd(args: tuple[str, ...]) -> None:
-    """The farm CA: ca, server, client, revoke, crl, list (as python -m gearfarm.hosts.tls)."""
-    from gearfarm.hosts import tls
-
-    sys.exit(tls.main(list(args), prog="gearfarm tls"))
 
 
 @click.group("store")

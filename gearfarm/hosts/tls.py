@@ -13,13 +13,15 @@ the ``openssl`` command; both produce the same shapes (ECDSA P-256, SHA-256).  T
 directory keeps ``issued.tsv`` (what was issued to whom, and what is revoked) and
 ``crl.pem``, which is signed with ``cryptography`` (a requirement of the farm).
 
-    python -m gearfarm.hosts.tls ca DIR                       # DIR/ca.crt + DIR/ca.key, once per farm
-    python -m gearfarm.hosts.tls server DIR NAME [NAME ...]   # DIR/server.crt + DIR/server.key
-    python -m gearfarm.hosts.tls server DIR --minio NAME ...  # DIR/minio/public.crt + private.key
-    python -m gearfarm.hosts.tls client DIR HOST              # DIR/clients/HOST.crt + HOST.key
-    python -m gearfarm.hosts.tls revoke DIR HOST              # revoke HOST's certificates, rewrite crl.pem
-    python -m gearfarm.hosts.tls crl DIR                      # re-sign crl.pem (before it expires)
-    python -m gearfarm.hosts.tls list DIR                     # what was issued, and what is revoked
+    gearfarm tls ca DIR                       # DIR/ca.crt + DIR/ca.key, once per farm
+    gearfarm tls server DIR NAME [NAME ...]   # DIR/server.crt + DIR/server.key
+    gearfarm tls server DIR --minio NAME ...  # DIR/minio/public.crt + private.key
+    gearfarm tls client DIR HOST              # DIR/clients/HOST.crt + HOST.key
+    gearfarm tls revoke DIR HOST              # revoke HOST's certificates, rewrite crl.pem
+    gearfarm tls crl DIR                      # re-sign crl.pem (before it expires)
+    gearfarm tls list DIR                     # what was issued, and what is revoked
+
+(the command line is gearfarm.cli.tls_cmd; what it does is here).
 
 ``Stunnel`` runs stunnel in the foreground on a free loopback port in front of one
 (host, port), for the embedded farm and the tests; see docs/tls.md.
@@ -27,7 +29,6 @@ directory keeps ``issued.tsv`` (what was issued to whom, and what is revoked) an
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import ipaddress
 import os
@@ -144,7 +145,8 @@ def create_ca(directory: Path, common_name: str = "gearfarm farm CA", days: int 
     directory = Path(directory)
     files = CertFiles(directory / CA_CERT, directory / CA_KEY)
     if files.key.exists() and not overwrite:
-        raise TLSError(f"{files.key} exists; the farm already has a CA (pass overwrite to replace it)")
+        raise TLSError(f"{files.key} exists; the farm already has a CA (replacing it invalidates every certificate "
+                       "it issued: gearfarm tls ca --force)")
     if _backend(backend) == "cryptography":
         _ca_cryptography(files, common_name, days)
     else:
@@ -152,6 +154,37 @@ def create_ca(directory: Path, common_name: str = "gearfarm farm CA", days: int 
     _write_public(directory / INDEX_FILE, b"")
     write_crl(files)
     return files
+
+
+def ca_files(directory: Path) -> CertFiles:
+    """The farm CA kept in ``directory``; TLSError saying how to make one when it holds none."""
+    directory = Path(directory)
+    ca = CertFiles(directory / CA_CERT, directory / CA_KEY)
+    if not ca.cert.exists():
+        raise TLSError(f"{ca.cert} not found: {directory} holds no farm CA (create one with: gearfarm tls ca "
+                       f"{directory})")
+    return ca
+
+
+def issue_server(ca_dir: Path, names: Sequence[str], out: Path | None = None, minio: bool = False,
+                 days: int = SERVER_DAYS) -> CertFiles:
+    """A server certificate from the CA in ``ca_dir``, as ``out/server.crt`` and ``server.key``
+    (``out`` defaults to ``ca_dir``), or with ``minio`` as ``public.crt`` and ``private.key``,
+    the names MinIO's --certs-dir wants (``out`` defaults to ``ca_dir/minio``)."""
+    ca = ca_files(ca_dir)
+    if minio:
+        out = Path(out) if out else Path(ca_dir) / "minio"
+        return create_server_cert(ca, names, out / "public.crt", out / "private.key", days)
+    out = Path(out) if out else Path(ca_dir)
+    return create_server_cert(ca, names, out / "server.crt", out / "server.key", days)
+
+
+def issue_client(ca_dir: Path, name: str, out: Path | None = None, days: int = SERVER_DAYS) -> CertFiles:
+    """A client certificate for host ``name`` from the CA in ``ca_dir``, as ``out/NAME.crt``
+    and ``NAME.key`` (``out`` defaults to ``ca_dir/clients``)."""
+    ca = ca_files(ca_dir)
+    out = Path(out) if out else Path(ca_dir) / CLIENTS_DIR
+    return create_client_cert(ca, name, out / f"{name}.crt", out / f"{name}.key", days)
 
 
 def create_server_cert(ca: CertFiles, names: Sequence[str], cert: Path, key: Path,
@@ -194,7 +227,7 @@ def client_context(ca_file: str | os.PathLike[str], cert: str | os.PathLike[str]
             ctx.load_cert_chain(str(cert), str(key) if key is not None else None)
         except (OSError, ssl.SSLError) as e:
             raise TLSError(f"cannot load the client certificate {cert} (key {key}): {e}; issue one with "
-                           f"'python -m gearfarm.hosts.tls client CA_DIR HOST'") from e
+                           f"'gearfarm tls client CA_DIR HOST'") from e
     return ctx
 
 
@@ -237,7 +270,7 @@ def revoke(ca: CertFiles, name: str) -> list[Issued]:
     if not hits:
         known = sorted({e.name for e in entries if not e.revoked})
         raise TLSError(f"no unrevoked certificate issued to {name!r} by {ca.cert.parent}; "
-                       f"issued: {', '.join(known) or 'none'} (python -m gearfarm.hosts.tls list {ca.cert.parent})")
+                       f"issued: {', '.join(known) or 'none'} (gearfarm tls list {ca.cert.parent})")
     revoked = [e.serial for e in hits]
     entries = [Issued(e.serial, e.kind, e.name, e.not_after, now) if e.serial in revoked else e for e in entries]
     _write_index(ca.cert.parent, entries)
@@ -576,77 +609,3 @@ class Stunnel(Daemon):
             time.sleep(0.05)
         raise TLSError(f"stunnel did not reload within {timeout}s; log {self.log_path}:\n"
                        f"{process.log_tail(self.log_path)}")
-
-
-# -- command line ----------------------------------------------------------------------
-
-
-def main(argv: Sequence[str] | None = None, prog: str = "python -m gearfarm.hosts.tls") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description="Make, list and revoke the farm's TLS certificates.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_ca = sub.add_parser("ca", help="create the farm CA: DIR/ca.crt and DIR/ca.key")
-    p_ca.add_argument("dir", type=Path)
-    p_ca.add_argument("--name", default="gearfarm farm CA", help="the CA's common name")
-    p_ca.add_argument("--days", type=int, default=CA_DAYS)
-    p_ca.add_argument("--force", action="store_true", help="replace an existing CA (invalidates its certificates)")
-    p_srv = sub.add_parser("server", help="issue a server certificate signed by DIR/ca.key")
-    p_srv.add_argument("dir", type=Path, help="the directory holding ca.crt and ca.key")
-    p_srv.add_argument("names", nargs="+", help="host names and IP addresses clients connect to")
-    p_srv.add_argument("--out", type=Path, help="output directory (default: DIR, or DIR/minio with --minio)")
-    p_srv.add_argument("--minio", action="store_true",
-                       help="name the files public.crt / private.key, as MinIO's --certs-dir wants")
-    p_srv.add_argument("--days", type=int, default=SERVER_DAYS)
-    p_cli = sub.add_parser("client", help="issue a client certificate for one farm host")
-    p_cli.add_argument("dir", type=Path, help="the directory holding ca.crt and ca.key")
-    p_cli.add_argument("name", help="the host's name, e.g. build-1.lab (what revoke takes)")
-    p_cli.add_argument("--out", type=Path, help="output directory (default: DIR/clients): NAME.crt, NAME.key")
-    p_cli.add_argument("--days", type=int, default=SERVER_DAYS)
-    p_rev = sub.add_parser("revoke", help="revoke every certificate issued to NAME and rewrite DIR/crl.pem")
-    p_rev.add_argument("dir", type=Path)
-    p_rev.add_argument("name")
-    p_crl = sub.add_parser("crl", help="re-sign DIR/crl.pem (it is valid for a year; stunnel refuses all after)")
-    p_crl.add_argument("dir", type=Path)
-    p_crl.add_argument("--days", type=int, default=CRL_DAYS)
-    p_list = sub.add_parser("list", help="list what the CA issued, and what is revoked")
-    p_list.add_argument("dir", type=Path)
-    args = parser.parse_args(argv)
-    ca = CertFiles(args.dir / CA_CERT, args.dir / CA_KEY)
-    try:
-        if args.command != "ca" and not ca.cert.exists():
-            raise TLSError(f"{ca.cert} not found: {args.dir} holds no farm CA "
-                           f"(create one with: {prog} ca {args.dir})")
-        if args.command == "ca":
-            files = create_ca(args.dir, args.name, args.days, overwrite=args.force)
-        elif args.command == "server":
-            if args.minio:
-                out = args.out or args.dir / "minio"
-                files = create_server_cert(ca, args.names, out / "public.crt", out / "private.key", args.days)
-            else:
-                out = args.out or args.dir
-                files = create_server_cert(ca, args.names, out / "server.crt", out / "server.key", args.days)
-        elif args.command == "client":
-            out = args.out or args.dir / CLIENTS_DIR
-            files = create_client_cert(ca, args.name, out / f"{args.name}.crt", out / f"{args.name}.key", args.days)
-        elif args.command == "revoke":
-            for e in revoke(ca, args.name):
-                print(f"revoked {e.kind} certificate {e.serial:x} of {e.name}")
-            print(f"wrote {args.dir / CRL_FILE}; copy it to the job servers and reload stunnel there "
-                  "(systemctl reload gearfarm-stunnel): until then the host can still connect")
-            return 0
-        elif args.command == "crl":
-            print(f"wrote {write_crl(ca, args.days)}")
-            return 0
-        else:
-            for e in issued(args.dir):
-                state = f"revoked {e.revoked}" if e.revoked else f"valid until {e.not_after}"
-                print(f"{e.serial:x}\t{e.kind}\t{e.name}\t{state}")
-            return 0
-    except (TLSError, ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {files.cert} and {files.key}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -237,20 +237,6 @@ def test_certificates_verify_strictly_with_either_backend(tmp_path: Path, backen
     assert refused.returncode != 0
 
 
-def test_cli_makes_ca_and_certs_and_keeps_an_existing_ca(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    d = tmp_path / "tls"
-    assert tls.main(["ca", str(d)]) == 0
-    first = (d / "ca.key").read_bytes()
-    assert tls.main(["ca", str(d)]) == 2  # refuses to orphan the certificates of the old CA
-    assert (d / "ca.key").read_bytes() == first
-    assert "exists" in capsys.readouterr().err
-    assert tls.main(["server", str(d), "gearman1.lab", "10.1.2.3"]) == 0
-    assert tls.main(["server", str(d), "--minio", "minio.lab"]) == 0
-    for name in ("server.crt", "server.key", "minio/public.crt", "minio/private.key"):
-        assert (d / name).is_file(), name
-    assert tls.main(["server", str(tmp_path / "no-ca"), "x.lab"]) == 2
-
-
 def test_missing_stunnel_names_the_debian_package(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tls.shutil, "which", lambda name: None)
     monkeypatch.setattr(tls.os, "access", lambda path, mode: False)

@@ -181,6 +181,11 @@ def test_the_jenkinsfile_has_setup_nightly_and_report_stages() -> None:
     # Setup installs the nightly host's role only, and clears the last build's files first.
     assert "sh 'make setup-nightly'" in st["Setup"]
     assert "rm -rf gearfarm-reports gearfarm-runs.tsv" in st["Setup"]
+    # The Makefile has that target: its own, or setup-ROLE for each of its ROLES.
+    makefile = (ROOT / "Makefile").read_text()
+    roles = re.search(r"^ROLES := (.*)$", makefile, re.M)
+    assert re.search(r"^setup-nightly:", makefile, re.M) or (
+        re.search(r"^setup-%:", makefile, re.M) and roles and "nightly" in roles.group(1).split()), "no setup-nightly"
     assert "./nightly.bash " in st["Nightly"] and "nightlyExit = sh(returnStatus: true" in st["Nightly"]
     # The result is decided in Report, after the JUnit: a failed nightly still publishes its tests.
     report = st["Report"]

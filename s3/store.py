@@ -397,7 +397,7 @@ class ArtifactStore:
                 return self.s3.delete_objects(Bucket=self.bucket, Delete={
                     "Objects": [{"Key": k} for k in batch], "Quiet": True})
 
-            answer = self._retry(f"delete {len(batch)} objects", send)
+            answer = self._retry(f"delete objects ({len(batch)})", send)
             errors = answer.get("Errors") or []
             if errors:
                 e = errors[0]

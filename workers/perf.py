@@ -17,6 +17,7 @@ from pathlib import Path
 from gearfarm.formats.catalog import Benchmark, Catalog, Target
 from gearfarm.formats.job import Payload
 from gearfarm.formats.result import CurveRecord, ResultRecord, Sample
+from gearfarm.formats.words import counted
 from gearfarm.hosts import host
 from gearfarm.perf.pairs import Paired
 from gearfarm.s3.artifact import MANIFEST, ArtifactError
@@ -144,7 +145,7 @@ def _measure(cat: Catalog, target: Target, bench: Benchmark, p: Payload, new_tre
         rep += 1
     if base_tree is not None and bench.precision is not None:
         with log_path.open("a") as f:
-            f.write(f"{rep} pairs: {_precision_note(bench, samples)}\n")
+            f.write(f"{counted(rep, 'pair')}: {_precision_note(bench, samples)}\n")
 
 
 def _errors(bench: Benchmark, samples: list[Sample]) -> dict[str, float | None]:

@@ -23,6 +23,7 @@ from gearfarm.db.results import Bisection
 from gearfarm.formats import catalog as catalog_mod
 from gearfarm.formats.job import Artifact
 from gearfarm.formats.result import ResultRecord
+from gearfarm.formats.words import counted
 from gearfarm.perf import compare
 from gearfarm.run import nightly
 
@@ -101,7 +102,7 @@ class BenchmarkBisector(Bisector):
         ev = {"rev": rev, "verdict": verdict, "built": built, "runs": runs, "pairs": cmp.size,
               "change": cmp.change, "p": cmp.p_value, "high_threshold": cmp.high_threshold,
               "magnitude_iqr": cmp.magnitude, "result": cmp.result, "why": why}
-        self._record(ev, f"{cmp.change:+.2%} over {cmp.size} pairs, p={cmp.p_value:.3g}, {cmp.result}")
+        self._record(ev, f"{cmp.change:+.2%} over {counted(cmp.size, 'pair')}, p={cmp.p_value:.3g}, {cmp.result}")
         return bisect.Probe(rev, verdict, built=built, jobs=jobs,
                             evidence={"change": cmp.change, "p": cmp.p_value, "result": cmp.result})
 

@@ -22,6 +22,7 @@ from gearfarm.bisection.probing import Bisector, RevisionLocks
 from gearfarm.bisection.subject import BisectionError, PerfSubject, Settings, Subject, TestSubject
 from gearfarm.config import Config, ProjectConfig
 from gearfarm.db.results import Bisection, ResultsDB
+from gearfarm.formats.words import counted
 from gearfarm.run import snapshot
 from gearfarm.s3.store import ArtifactStore
 
@@ -138,10 +139,11 @@ def describe(rows: Sequence[Bisection]) -> str:
     rows = sorted(rows, key=lambda b: b.id)
     first, g = rows[0], (rows[0].detail or {}).get("group", {})
     d = first.detail or {}
-    what = f"{len(rows)} failures" if len(rows) > 1 else f"{first.kind} {_what(first)}"
-    lines = [f"{first.run_prefix}: {what} on {first.target}, {max(len(d.get('revs', [])) - 1, 0)} commits "
-             f"{first.good_rev[:12]}..{first.bad_rev[:12]}: {d.get('builds', 0)} builds made, {d.get('jobs', 0)} jobs"
-             f" in {g.get('runs', 0)} probe runs, {g.get('seconds', 0.0):.0f}s"]
+    what = counted(len(rows), "failure") if len(rows) > 1 else f"{first.kind} {_what(first)}"
+    lines = [f"{first.run_prefix}: {what} on {first.target}, {counted(max(len(d.get('revs', [])) - 1, 0), 'commit')} "
+             f"{first.good_rev[:12]}..{first.bad_rev[:12]}: {counted(d.get('builds', 0), 'build')} made, "
+             f"{counted(d.get('jobs', 0), 'job')} in {counted(g.get('runs', 0), 'probe run')}, "
+             f"{g.get('seconds', 0.0):.0f}s"]
     for b in rows:
         lines.append(f"  {_what(b)}: {b.state}, " + (
             f"culprit {b.culprit_rev} \"{b.detail.get('subject', '')}\" by {b.detail.get('author', '')}, "

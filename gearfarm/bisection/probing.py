@@ -34,6 +34,7 @@ from gearfarm.db.results import Bisection, ResultsDB
 from gearfarm.formats import catalog as catalog_mod
 from gearfarm.formats.job import Artifact
 from gearfarm.formats.result import ResultRecord
+from gearfarm.formats.words import counted
 from gearfarm.gearman import Client, GearmanError
 from gearfarm.hosts.connection import gearman_client
 from gearfarm.run import nightly, snapshot
@@ -122,8 +123,9 @@ class Bisector:
                                                       revs[-1], self.origin_run_id))
         for row in self.rows:
             self.db.update_bisection(row.id, revs=revs, group=self.group())
-        what = str(self.subjects[0]) if len(self.subjects) == 1 else f"{len(self.subjects)} failures"
-        self.say(f"{self.prefix}: {what} on {self.target}, {len(revs) - 1} commits in {revs[0][:12]}..{revs[-1][:12]}")
+        what = str(self.subjects[0]) if len(self.subjects) == 1 else counted(len(self.subjects), "failure")
+        self.say(f"{self.prefix}: {what} on {self.target}, {counted(len(revs) - 1, 'commit')} in "
+                 f"{revs[0][:12]}..{revs[-1][:12]}")
 
     def group(self) -> dict[str, Any]:
         """The group as each of its rows records it: its id, its members, what it spent."""

@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gearfarm.formats.words import counted
+
 ProbeVerdict = Literal["good", "bad", "skip", "flaky"]
 # How a bisection ended: one culprit; no culprit (the bad end does not differ from the good
 # end after all); flaky (the verdict is chance); budget (builds, jobs or hours spent: the range
@@ -46,7 +48,7 @@ class Budget:
         """Why no further revision may be judged after spending this much; None while some is left."""
         if builds < self.builds and jobs < self.jobs and seconds < self.seconds:
             return None
-        return (f"budget spent ({builds} builds of {self.builds}, {jobs} jobs of {self.jobs}, "
+        return (f"budget spent ({counted(builds, 'build')} of {self.builds}, {counted(jobs, 'job')} of {self.jobs}, "
                 f"{seconds:.0f}s of {self.seconds:.0f}s)")
 
 
@@ -127,7 +129,7 @@ def end_check(good: Probe, bad: Probe, unreproduced: State) -> tuple[State, str]
         if end.verdict != want:
             state: State = unreproduced if end is bad else "flaky"
             if end is bad and state == "flaky":
-                return state, (f"the failure at {end.rev[:12]} did not come back in {end.jobs} runs: "
+                return state, (f"the failure at {end.rev[:12]} did not come back in {counted(end.jobs, 'run')}: "
                                "flaky, not bisected")
             return state, (f"{end.rev[:12]} ({'first bad' if end is bad else 'last good'}) judged "
                            f"{end.verdict} on repetition: nothing to bisect")
@@ -143,10 +145,10 @@ def narrow(revs: list[str], lo: int, hi: int, judge: Judge, over: Callable[[], s
     while hi - lo > 1:
         spent = over()
         if spent is not None:
-            return "budget", lo, hi, f"{spent} with {hi - lo} commits still suspect"
+            return "budget", lo, hi, f"{spent} with {counted(hi - lo, 'commit')} still suspect"
         middle = _pick(lo, hi, skipped)
         if middle is None:
-            return "unbuildable", lo, hi, (f"the {hi - lo - 1} commits between {revs[lo][:12]} and "
+            return "unbuildable", lo, hi, (f"the {counted(hi - lo - 1, 'commit')} between {revs[lo][:12]} and "
                                            f"{revs[hi][:12]} do not build: the culprit is one of them or the first bad")
         p = judge(revs[middle])
         probes.append(p)
@@ -195,7 +197,7 @@ def evidence_line(ev: dict[str, object]) -> str:
     if "statuses" in ev:
         return ", ".join(str(s) for s in ev["statuses"]) or str(ev.get("why", ""))  # type: ignore[attr-defined]
     if "change" in ev:
-        return (f"{float(ev['change']):+.2%} over {ev['pairs']} pairs against the known-good build "  # type: ignore[arg-type]
+        return (f"{float(ev['change']):+.2%} over {counted(ev['pairs'], 'pair')} against the known-good build "  # type: ignore[arg-type]
                 f"(p={float(ev['p']):.3g}, {ev['result']})")  # type: ignore[arg-type]
     return "the known-good build" if ev.get("known_good") else str(ev.get("why", ""))
 

@@ -18,6 +18,7 @@ from gearfarm.config import Config, ConfigError, FarmConfig, ProjectConfig
 from gearfarm.formats import catalog as catalog_mod
 from gearfarm.formats.catalog import CatalogError
 from gearfarm.formats.exitcode import EXIT_FARM
+from gearfarm.formats.words import counted
 
 if TYPE_CHECKING:
     from rich.live import Live
@@ -204,7 +205,8 @@ class _ConsoleObserver:
 
     def submitted(self, plan: nightly.Plan, created: bool) -> None:
         self.say(f"run {plan.run_id} {'submitted' if created else 'already known; resubmitted'}: project "
-                 f"{plan.project}, rev {plan.rev[:12]}, {len(plan.targets)} targets, {len(plan.expected)} jobs")
+                 f"{plan.project}, rev {plan.rev[:12]}, {counted(len(plan.targets), 'target')}, "
+                 f"{counted(len(plan.expected), 'job')}")
         if self.run_id_file is not None:
             from gearfarm.report.links import DashboardLinks
 

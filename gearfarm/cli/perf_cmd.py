@@ -8,6 +8,7 @@ import click
 
 from gearfarm.cli.common import config_or_embedded, fail
 from gearfarm.config import ConfigError
+from gearfarm.formats.words import counted
 
 
 @click.group("perf")
@@ -62,7 +63,7 @@ def perf_changes(values: str | None, lower_is_better: bool, target: str, benchma
             series, changes, _ = perf.series_changes(db, run, t, host_class, b, m, higher.get((b, m), True),
                                                      expected.get((b, m, t), set()))
             shown += 1
-            click.echo(f"{run.project}: {b} {m} on {t} (host class {host_class}, {len(series)} nights): "
+            click.echo(f"{run.project}: {b} {m} on {t} (host class {host_class}, {counted(len(series), 'night')}): "
                        + ("no change" if not changes else ""))
             for c in changes:
                 click.echo(f"  {c.direction} {c.change:+.1%} [{c.ci_low:+.1%}, {c.ci_high:+.1%}] p={c.p_value:.2g} "

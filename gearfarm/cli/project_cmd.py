@@ -15,6 +15,7 @@ from gearfarm.config import Config, ConfigError, ProjectConfig
 from gearfarm.formats import catalog as catalog_mod
 from gearfarm.formats.catalog import CatalogError
 from gearfarm.formats.exitcode import EXIT_FAILED, EXIT_OK
+from gearfarm.formats.words import counted
 from gearfarm.hosts import process
 from gearfarm.s3 import artifact
 from gearfarm.s3.store import sha256_file
@@ -62,8 +63,8 @@ def project_check(config_path: str | None, name: str | None, repo: str | None, c
         except (CatalogError, nightly.RunError) as e:
             fail(str(e))
         cat = lp.catalog
-        click.echo(f"project {project.name}: catalog valid at {lp.rev[:12]} ({len(cat.targets)} targets, "
-                   f"{len(cat.suites)} suites, {len(cat.benchmarks)} benchmarks)")
+        click.echo(f"project {project.name}: catalog valid at {lp.rev[:12]} ({counted(len(cat.targets), 'target')}, "
+                   f"{counted(len(cat.suites), 'suite')}, {counted(len(cat.benchmarks), 'benchmark')})")
         _print_submodules(lp)
         for t in cat.targets.values():
             _print_target(cat, t)
@@ -89,7 +90,7 @@ def project_check(config_path: str | None, name: str | None, repo: str | None, c
             message = run.message(cat.build_for(tgt).timeout)
             console.print(f"[bold red]build {run.status}:[/] {escape(message)} (log above)", highlight=False)
             sys.exit(EXIT_FAILED)
-        click.echo(f"build passed; artifact would hold {len(run.outputs)} files:")
+        click.echo(f"build passed; artifact would hold {counted(len(run.outputs), 'file')}:")
         for f in run.outputs[:20]:
             click.echo(f"  {f}")
         if len(run.outputs) > 20:
@@ -176,7 +177,7 @@ def _try_suites(cfg: Config, cat: catalog_mod.Catalog, tgt: catalog_mod.Target, 
         res = step.run_suite(cat, tgt, suite, tree, tmp / f"scratch-{sname}", slog, 1, box, prefix)
         counts = {st: sum(1 for c in res.cases if c.status == st)
                   for st in ("passed", "failed", "error", "skipped")}
-        click.echo(f"suite {sname} ({suite.format}): {res.status}, {len(res.cases)} test cases "
+        click.echo(f"suite {sname} ({suite.format}): {res.status}, {counted(len(res.cases), 'test case')} "
                    + ", ".join(f"{n} {st}" for st, n in counts.items() if n)
                    + (f" — {res.message}" if res.message else ""))
         for c in res.cases:

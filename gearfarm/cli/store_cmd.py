@@ -10,6 +10,7 @@ from rich.console import Console
 
 from gearfarm import config as config_mod
 from gearfarm.cli.common import config_or_embedded, csv, fail, load_config
+from gearfarm.formats.words import counted
 from gearfarm.s3.store import ArtifactStore, StoreError
 
 
@@ -81,8 +82,8 @@ def store_usage_cmd(config_path: str | None, state_dir: Path | None, days: float
     Console(width=200).print(t)
     young = [e for e in kept if e.young]
     valued = [e for e in kept if not e.young]
-    click.echo(f"kept for a reason: {len(valued)} entries, {_mib(sum(e.size for e in valued))}; "
-               f"younger than {cfg.retention.days:g} days: {len(young)}, {_mib(sum(e.size for e in young))}; "
+    click.echo(f"kept for a reason: {counted(len(valued), 'entry')}, {_mib(sum(e.size for e in valued))}; "
+               f"younger than {counted(cfg.retention.days, 'day')}: {len(young)}, {_mib(sum(e.size for e in young))}; "
                f"expired (gearfarm store prune deletes them): {len(gone)}, {_mib(sum(e.size for e in gone))}")
 
 
@@ -101,18 +102,19 @@ def store_prune_cmd(config_path: str | None, state_dir: Path | None, days: float
     _, db, store, entries = _retention(config_path, state_dir, days, as_of)
     gone = [e for e in entries if e.expired]
     for e in gone:
-        click.echo(f"{'would prune' if dry_run else 'pruning'} {e.prefix} ({len(e.keys)} objects"
+        click.echo(f"{'would prune' if dry_run else 'pruning'} {e.prefix} ({counted(len(e.keys), 'object')}"
                    f"{f' and {e.local}' if e.local else ''}, {_mib(e.size)}, "
                    f"last used {time.strftime('%Y-%m-%d', time.gmtime(e.last_used))})")
     if dry_run:
-        click.echo(f"dry run: {len(gone)} entries, {_mib(sum(e.size for e in gone))} would be deleted")
+        click.echo(f"dry run: {counted(len(gone), 'entry')}, {_mib(sum(e.size for e in gone))} would be deleted")
         return
     try:
         deleted, freed, folders = retention.prune(db, store, entries)
     except (retention.RetentionError, StoreError, OSError) as e:
         fail(str(e))
-    click.echo(f"pruned {len(gone)} entries: {deleted} objects and {folders} run folders on disk, {_mib(freed)} freed; "
-               f"{sum(1 for e in entries if not e.expired)} entries kept")
+    click.echo(f"pruned {counted(len(gone), 'entry')}: {counted(deleted, 'object')} and "
+               f"{counted(folders, 'run folder')} on disk, {_mib(freed)} freed; "
+               f"{counted(sum(1 for e in entries if not e.expired), 'entry')} kept")
 
 
 @store_group.command("roles")

@@ -27,6 +27,7 @@ from typing import Any
 
 from gearfarm.db.results import ResultsDB, Run
 from gearfarm.formats.result import PRODUCT_FAILURES, ResultRecord
+from gearfarm.formats.words import counted
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +100,10 @@ def classify(history: list[CaseRun], current: CaseRun, window: int = WINDOW,
             return "flaky", "failed, then passed on its re-run", None
         if flaky_rerun:
             o = flaky_rerun[-1]
-            return "flaky", f"passed on its re-run in run {o.run_id}, within the last {window} runs", None
+            return "flaky", f"passed on its re-run in run {o.run_id}, within the last {counted(window, 'run')}", None
         if n_flips >= flip_limit:
-            return "flaky", f"changed status {n_flips} times in the last {len(recent) + 1} runs", None
+            return ("flaky", f"changed status {counted(n_flips, 'time')} in the last {counted(len(recent) + 1, 'run')}",
+                    None)
         if prev is None:
             return "new", "no earlier result on this target", None
         if not prev.failed:

@@ -19,6 +19,7 @@ import zstandard
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from gearfarm.formats.seal import MAX_ENVELOPE, Lookup, SealError, Signer, canonical, seal, unseal
+from gearfarm.formats.words import counted
 from gearfarm.s3 import keys
 
 Status = Literal["passed", "failed", "skipped", "timed_out", "no_worker", "infra", "cancelled"]
@@ -288,8 +289,8 @@ def load_cases(rec: ResultRecord, store: CaseStore | None) -> ResultRecord:
     if rec.cases_key != own:
         raise RecordError(f"{who}: its cases_key {rec.cases_key[:200]!r} is not this job's ({own})")
     if store is None:
-        raise RecordError(f"{who} keeps its {rec.cases_count} cases in S3 ({own}), and no S3 store was given to "
-                          "read them: open it with the store of the collector's or the nightly's [s3] keys")
+        raise RecordError(f"{who} keeps its {counted(rec.cases_count, 'case')} in S3 ({own}), and no S3 store was "
+                          "given to read them: open it with the store of the collector's or the nightly's [s3] keys")
     # Imported here: boto3 is heavy, and most readers of records never need it.
     from botocore.exceptions import ClientError
 
@@ -300,8 +301,9 @@ def load_cases(rec: ResultRecord, store: CaseStore | None) -> ResultRecord:
     except ClientError as e:
         code = str(e.response.get("Error", {}).get("Code", ""))
         if code in ("NoSuchKey", "404"):
-            raise RecordError(f"{who}: its {rec.cases_count} cases are missing from S3 ({own}): the worker stores "
-                              "them before it publishes the record, so they were deleted or never written") from e
+            raise RecordError(f"{who}: its {counted(rec.cases_count, 'case')} are missing from S3 ({own}): the worker "
+                              "stores them before it publishes the record, so they were deleted or never "
+                              "written") from e
         raise StoreError(f"S3 {own}: {code or e}") from e
     if hashlib.sha256(blob).hexdigest() != rec.cases_sha256:
         raise RecordError(f"{who}: its cases in S3 ({own}, {len(blob)} bytes) do not have the sha256 the record "
@@ -313,8 +315,8 @@ def load_cases(rec: ResultRecord, store: CaseStore | None) -> ResultRecord:
         raise RecordError(f"{who}: its cases in S3 ({own}) are not a zstd-compressed JSON list of cases: "
                           f"{str(e)[:300]}") from e
     if len(cases) != rec.cases_count:
-        raise RecordError(f"{who}: its cases_count says {rec.cases_count} cases, its cases in S3 ({own}) hold "
-                          f"{len(cases)}")
+        raise RecordError(f"{who}: its cases_count says {counted(rec.cases_count, 'case')}, its cases in S3 "
+                          f"({own}) hold {len(cases)}")
     return rec.model_copy(update={"cases": cases})
 
 

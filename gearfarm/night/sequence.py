@@ -27,6 +27,7 @@ from gearfarm.config import Config, ConfigError
 from gearfarm.db.results import ResultsDB, Run
 from gearfarm.formats.exitcode import EXIT_FAILED, EXIT_FARM, EXIT_OK
 from gearfarm.formats.result import ResultRecord
+from gearfarm.formats.words import counted
 from gearfarm.gearman import GearmanError
 from gearfarm.hosts.connection import gearman_client
 from gearfarm.run import nightly, rerun
@@ -182,7 +183,7 @@ def _publish(cfg: Config, db: ResultsDB, store: ArtifactStore, plans: list[night
         builds = [r for r in by_run[p.run_id] if r.kind == "build"]
         observer.result(f"project {p.project}: moved {p.source_bytes} bytes of source and "
                      f"{sum(r.bytes_uploaded for r in builds)} bytes of artifacts "
-                     f"({sum(1 for r in builds if r.reused_artifact)} of {len(builds)} builds reused)")
+                     f"({sum(1 for r in builds if r.reused_artifact)} of {counted(len(builds), 'build')} reused)")
     if pub.delivery is not None and not pub.delivery.error:
         d = pub.delivery
         observer.result(f"mail: {'sent to ' + ', '.join(d.recipients) if d.sent else d.eml}")

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 from markupsafe import Markup
 
+from gearfarm.formats.words import counted
+
 BLOCKS = "▁▂▃▄▅▆▇█"
 
 
@@ -48,5 +50,5 @@ def svg(values: Sequence[float | None], width: int = 96, height: int = 20) -> Ma
     line = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
     x, y = pts[-1]
     return Markup(f'<svg class="trend" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-                  f'role="img" aria-label="last {len(values)} nights"><polyline points="{line}" fill="none" '
+                  f'role="img" aria-label="last {counted(len(values), "night")}"><polyline points="{line}" fill="none" '
                   f'stroke="#357" stroke-width="1.3"/><circle cx="{x:.1f}" cy="{y:.1f}" r="2" fill="#c60"/></svg>')

@@ -24,6 +24,7 @@ from gearfarm.db.history import CaseVerdict
 from gearfarm.db.results import Run
 from gearfarm.formats.job import JobId
 from gearfarm.formats.result import PRODUCT_FAILURES, ResultRecord
+from gearfarm.formats.words import counted
 from gearfarm.perf import trend
 from gearfarm.report.links import Links
 from gearfarm.s3 import keys
@@ -54,6 +55,7 @@ def _case_counts(r: ResultRecord) -> dict[str, int]:
 
 
 _env.filters["cases"] = case_summary
+_env.filters["counted"] = counted
 
 
 Item = dict[str, Any]  # one row of a section (a failure, a classified test, a change): JSON as written
@@ -125,9 +127,9 @@ class Report(BaseModel):
         regressions = sum(1 for e in entries if e["direction"] == "regression")
         if not regressions:
             return rep
-        word = "regression" if regressions == 1 else "regressions"
         return rep.model_copy(update={
-            "headline": f"{regressions} performance {word}, " + self.headline.removeprefix("all green: "),
+            "headline": f"{counted(regressions, 'performance regression')}, "
+                        + self.headline.removeprefix("all green: "),
             "all_green": False}).titled()
 
     def with_late(self, late: list[tuple[float, ResultRecord]]) -> Report:
@@ -216,7 +218,7 @@ def build(run: Run, records: list[ResultRecord], links: Links | None = None,
     classes = _classes(run, records, verdicts, reruns or [], links) if verdicts is not None else None
     if classes is not None:
         new, known, flaky, fixed = (len(classes[k]) for k in ("new", "known", "flaky", "fixed"))
-        lead = [_plural(new, "new failure") if new else "", f"{known} still failing" if known else "",
+        lead = [counted(new, "new failure") if new else "", f"{known} still failing" if known else "",
                 f"{flaky} flaky" if flaky else ""]
     else:
         lead, fixed = [f"{product_failed} failed" if product_failed else ""], 0
@@ -259,10 +261,6 @@ def _target_spans(records: list[ResultRecord]) -> dict[str, float]:
     return spans
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word.replace('failure', 'failures')}"
-
-
 def _headline(green: bool, lead: list[str], fixed: int, infra: int, missing: list[str], jobs: int,
               targets: int, cases: dict[str, int]) -> str:
     """Headline first: what is broken (``lead``: new, still failing, flaky — or failed when
@@ -270,7 +268,7 @@ def _headline(green: bool, lead: list[str], fixed: int, infra: int, missing: lis
     none of them is there, counting the test cases (what a reader counts), not the jobs."""
     bad = [p for p in lead if p]
     if green:
-        where = f"{jobs} job{'' if jobs == 1 else 's'} on {targets} target{'' if targets == 1 else 's'}"
+        where = f"{counted(jobs, 'job')} on {counted(targets, 'target')}"
         text = f"all green: {case_summary(cases)} cases in {where}" if cases else f"all green: {where} passed"
         return text + (f"; {fixed} fixed" if fixed else "")
     parts = bad + ([f"{fixed} fixed"] if fixed else [])
@@ -416,11 +414,11 @@ def bisection_subject(reports: Sequence[Report]) -> str:
     for b in (b for r in reports for b in r.bisections or []):
         if b["culprit"]:
             culprits.setdefault((b["group"], b["culprit"]), []).append(b)
-    found = [f"{bs[0]['what'] if len(bs) == 1 else str(len(bs)) + ' failures'} on {bs[0]['target']}: {c[:10]}"
+    found = [f"{bs[0]['what'] if len(bs) == 1 else counted(len(bs), 'failure')} on {bs[0]['target']}: {c[:10]}"
              for (_, c), bs in culprits.items()]
     done = len({b["group"] for r in reports for b in r.bisections or []})
     runs = ", ".join(r.run_id for r in reports)
-    return (f"gearfarm bisection ({runs}): " + ("; ".join(found) if found else f"no culprit in {done} bisections"))
+    return f"gearfarm bisection ({runs}): " + ("; ".join(found) or f"no culprit in {counted(done, 'bisection')}")
 
 
 def render_bisection_text(reports: Sequence[Report]) -> str:

@@ -15,6 +15,7 @@ from gearfarm.db.results import ResultsDB
 from gearfarm.formats import provenance
 from gearfarm.formats.job import JobId
 from gearfarm.formats.result import ResultRecord
+from gearfarm.formats.words import counted
 from gearfarm.s3 import artifact, keys
 from gearfarm.s3.store import ArtifactStore, sha256_file
 
@@ -127,7 +128,7 @@ def verify(registry: Registry, archive: Path, prov: Path | None = None, name: st
             if provenance.subject(stmt, f"files/{n}") != info["sha256"]:
                 raise VerifyError(f"files check failed: {n} has sha256 {info['sha256']}, not what the provenance "
                                   "names")
-        checked.ok(f"{len(files)} files unpacked, each matching the manifest and the provenance "
+        checked.ok(f"{counted(len(files), 'file')} unpacked, each matching the manifest and the provenance "
                    f"({project} {target} at {rev[:12]})")
         if name is not None:
             final = archive.parent / f"{project}-{target}-{name}"

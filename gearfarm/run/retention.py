@@ -37,6 +37,7 @@ from pathlib import Path
 from gearfarm.config import Config
 from gearfarm.db import triage
 from gearfarm.db.results import ResultsDB
+from gearfarm.formats.words import counted
 from gearfarm.run import snapshot
 from gearfarm.s3.store import ArtifactStore
 
@@ -162,7 +163,8 @@ def survey(cfg: Config, db: ResultsDB, store: ArtifactStore, now: float | None =
             e.reasons.append("catalogs and project markers are never pruned")
         if not e.reasons and e.last_used >= limit:
             e.young = True
-            e.reasons.append(f"used {(now - e.last_used) / DAY:.1f} days ago (younger than {cfg.retention.days:g})")
+            e.reasons.append(f"used {counted(round((now - e.last_used) / DAY, 1), 'day')} ago "
+                             f"(younger than {cfg.retention.days:g})")
     return sorted(entries.values(), key=lambda e: (e.kind, -e.last_used, e.name))
 
 

@@ -33,6 +33,7 @@ from jinja2 import ChoiceLoader, FileSystemLoader
 from gearfarm.config import Config, write_private
 from gearfarm.db import account, triage
 from gearfarm.db.results import ResultsDB
+from gearfarm.formats.words import counted
 from gearfarm.hosts import process
 from gearfarm.perf import trend
 from gearfarm.report import joblog
@@ -106,6 +107,7 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
     app.jinja_env.filters["short"] = lambda rev: (rev or "")[:10]
     app.jinja_env.filters["secs"] = lambda s: "" if s is None else (f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min")
     app.jinja_env.filters["pct"] = lambda x: "" if x is None else f"{x * 100:+.1f} %"
+    app.jinja_env.filters["counted"] = counted
 
     def user() -> str | None:
         """Under /api/ only a bearer token counts, never the session cookie: a third-party page

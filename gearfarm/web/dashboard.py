@@ -18,6 +18,7 @@ from gearfarm.db import history, triage
 from gearfarm.db.results import ResultsDB, Run
 from gearfarm.formats.job import JobId
 from gearfarm.formats.result import PRODUCT_FAILURES, ResultRecord
+from gearfarm.formats.words import counted
 from gearfarm.gearman import GearmanError, admin
 from gearfarm.hosts.connection import ssl_context
 from gearfarm.perf import analysis as perf
@@ -332,7 +333,7 @@ def series_charts(d: dict[str, Any]) -> tuple[str, str]:
     ab = [svgplot.Point(p["index"], None if p["ab_change"] is None else p["ab_change"] * 100,
                         _tip(p["run_id"], p["rev"], p["created_at"], None if p["ab_change"] is None
                              else p["ab_change"] * 100,
-                             f" % against the last good build ({p['pairs']} pairs"
+                             f" % against the last good build ({counted(p['pairs'], 'pair')}"
                              + (f", 95 % CI {p['ab_low'] * 100:+.1f} … {p['ab_high'] * 100:+.1f} %)"
                                 if p["ab_low"] is not None else ")")),
                         None if p["ab_low"] is None else p["ab_low"] * 100,

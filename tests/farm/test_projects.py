@@ -220,7 +220,7 @@ def test_project_check_prints_what_the_farm_would_run_and_tries_the_build(tmp_pa
     repo = projects.tapkv(tmp_path / "tapkv")
     code, out = check("--repo", str(repo), "--catalog", ".gearfarm/catalog.toml", "--target", "linux-i686")
     assert code == 0, out
-    assert "catalog valid" in out and "2 targets, 1 suites" in out
+    assert "catalog valid" in out and "2 targets, 1 suite," in out
     assert "build   (in .): make CC=i686-linux-gnu-gcc LDFLAGS=-static" in out
     assert "test-tap (tap, in .): {root}/t_kv" in out
     assert "building linux-i686 here" in out and "suite tap (tap): passed, 5 test cases 4 passed, 1 skipped" in out

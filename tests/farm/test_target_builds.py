@@ -109,4 +109,4 @@ def test_project_check_prints_each_targets_build_and_runs_the_windows_one_under_
     assert "outputs: foo.dll, test_foo.exe\n" in windows
     assert "[targets.windows-x86_64.build] sets argv, env, outputs over [build]" in windows
     assert "build passed; artifact would hold 2 files:\n  foo.dll\n  test_foo.exe\n" in out
-    assert "suite foo (exit-code): passed, 1 test cases 1 passed" in out
+    assert "suite foo (exit-code): passed, 1 test case 1 passed" in out

@@ -8,9 +8,8 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from gearfarm.cli.common import config_or_embedded, console, fail
+from gearfarm.cli.common import config_or_embedded, console, fail, need_farm
 from gearfarm.formats.exitcode import EXIT_FAILED
-from gearfarm.s3.store import ArtifactStore, StoreError
 
 
 @click.group("artifact")
@@ -33,12 +32,14 @@ def artifact_get(project: str | None, target: str, rev: str | None, run_id: str 
     """Download a build, check its sha256 against the signed build record and its provenance's
     signature against the registry, unpack it and say what was verified. Exit 1 when a check
     fails, naming it."""
-    from gearfarm.db.results import ResultsDB
-    from gearfarm.report import download
-
     if sum(x is not None for x in (rev, run_id)) + last_good > 1:
         fail("give one of --rev, --run and --last-good")
     cfg = config_or_embedded(config_path, state_dir)
+    need_farm(cfg, "s3")
+    from gearfarm.db.results import ResultsDB
+    from gearfarm.report import download
+    from gearfarm.s3.store import ArtifactStore, StoreError
+
     name = project or cfg.project_list()[0].name
     db = ResultsDB(cfg.database.url)
     try:

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import click
 
-from gearfarm.cli.common import config_or_embedded, console, exit_now, fail
+from gearfarm.cli.common import config_or_embedded, console, exit_now, fail, need_farm
 from gearfarm.config import ConfigError
 from gearfarm.formats.exitcode import EXIT_FAILED, EXIT_OK
-from gearfarm.s3.store import ArtifactStore
 
 
 @click.command("bisect")
@@ -43,10 +42,7 @@ def bisect_cmd(range_: str, tests: tuple[str, ...], benchmark: str | None, metri
     revision, and each gets its own culprit. Exit 0 with a culprit for every test, 1 without
     (flaky, no change, budget spent, unbuildable), 2 if the farm cannot bisect. Budgets (of the
     whole group) and repetitions not given come from the config's [bisect] section."""
-    from gearfarm.bisection import driver as bisection
-    from gearfarm.bisection import search as bisect
     from gearfarm.bisection.subject import BisectionError, PerfSubject, Settings, Subject, TestSubject
-    from gearfarm.db.results import ResultsDB
 
     good, sep, bad = range_.partition("..")
     if not sep or not good or not bad:
@@ -77,6 +73,12 @@ def bisect_cmd(range_: str, tests: tuple[str, ...], benchmark: str | None, metri
         proj = cfg.project(project) if project else cfg.project_list()[0]
     except ConfigError as e:
         fail(str(e))
+    need_farm(cfg, "gearmand", "s3")  # its probe runs are the farm's jobs
+    from gearfarm.bisection import driver as bisection
+    from gearfarm.bisection import search as bisect
+    from gearfarm.db.results import ResultsDB
+    from gearfarm.s3.store import ArtifactStore
+
     db = ResultsDB(cfg.database.url)
     settings = Settings(bisect.Budget(builds, max_jobs, hours * 3600), confirm, repeat, seed,
                         abs(change), max_pairs)

@@ -73,6 +73,17 @@ def config_or_embedded(config_path: str | None, state_dir: Path | None) -> Confi
     return config_mod.load(path)
 
 
+def need_farm(cfg: Config, *services: str) -> None:
+    """Stop at once, with one message naming what is down and how to start it, when a service
+    this command needs (gearfarm.hosts.reach: "gearmand", "s3") does not answer: a command a
+    person or cron runs does not wait out an outage as a worker does."""
+    from gearfarm.hosts import reach
+
+    down = reach.check(cfg, services or reach.SERVICES)
+    if down is not None:
+        fail(str(down))
+
+
 def exit_now(code: int = EXIT_OK) -> NoReturn:
     """End a process whose work is done and written (a worker stopped cleanly, its results
     delivered or spooled; a nightly after its report) without the interpreter's teardown:

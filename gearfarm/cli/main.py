@@ -24,15 +24,40 @@ from gearfarm.cli import (
 )
 
 
+def _version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """--version: the installed distribution's version (pyproject.toml's, the one source)."""
+    if not value or ctx.resilient_parsing:
+        return
+    from importlib import metadata
+
+    try:
+        version = metadata.version("gearfarm")
+    except metadata.PackageNotFoundError:
+        version = "unknown (the gearfarm package is not installed: pip install .)"
+    click.echo(f"gearfarm {version}")
+    ctx.exit()
+
+
 @click.group()
-@click.option("-v", "--verbose", is_flag=True, help="Log at debug level.")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_version,
+              help="Print the installed gearfarm's version and exit.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Log more: gearfarm's debug messages, and the libraries' (boto3, SQLAlchemy, alembic, waitress, "
+                   "...) information messages, which are otherwise not shown.")
 def main(verbose: bool) -> None:
     """gearfarm: nightly builds, tests and benchmarks on Gearman."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+    _logging(verbose)
+
+
+def _logging(verbose: bool) -> None:
+    """Logging for every command: gearfarm's own messages from INFO up (a worker's and the
+    nightly's log); the libraries' only from WARNING up unless --verbose, so a command that
+    succeeds says nothing it was not asked (alembic's "Context impl SQLiteImpl" at every open
+    of the database, waitress's "Serving on", matplotlib's font cache: cron mailed them)."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    # alembic says "Context impl SQLiteImpl" at every open of the database: noise in cron mail.
-    for noisy in ("botocore", "boto3", "urllib3", "s3transfer", "alembic"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # The libraries' DEBUG (botocore logs every request's headers) stays out even then.
+    logging.getLogger("gearfarm").setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
 for command in (nightly_cmd.nightly_cmd, worker_cmd.worker_cmd, worker_cmd.collector_cmd, project_cmd.project_group,

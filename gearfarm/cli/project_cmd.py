@@ -17,8 +17,6 @@ from gearfarm.formats.catalog import CatalogError
 from gearfarm.formats.exitcode import EXIT_FAILED, EXIT_OK
 from gearfarm.formats.words import counted
 from gearfarm.hosts import process
-from gearfarm.s3 import artifact
-from gearfarm.s3.store import sha256_file
 from gearfarm.step import sandbox, wine
 
 if TYPE_CHECKING:
@@ -50,6 +48,8 @@ def project_check(config_path: str | None, name: str | None, repo: str | None, c
     import tempfile
 
     from gearfarm.run import nightly, snapshot
+    from gearfarm.s3 import artifact
+    from gearfarm.s3.store import sha256_file
     from gearfarm.step import runner as step
 
     cfg = load_config(config_path) or Config()
@@ -158,6 +158,8 @@ def _try_suites(cfg: Config, cat: catalog_mod.Catalog, tgt: catalog_mod.Target, 
     """Run each of ``tgt``'s suites once on the packed build, as a test worker would; the
     number that failed."""
     from gearfarm.hosts import probe
+    from gearfarm.s3 import artifact
+    from gearfarm.s3.store import sha256_file
     from gearfarm.step import runner as step
 
     failed = 0

@@ -12,7 +12,6 @@ from rich.markup import escape
 
 from gearfarm.cli.common import config_or_embedded, console, fail
 from gearfarm.formats.exitcode import EXIT_FARM
-from gearfarm.s3.store import ArtifactStore, StoreError
 
 
 @click.command("report")
@@ -34,14 +33,22 @@ def report_cmd(run_id: str, config_path: str | None, state_dir: Path | None, sen
     assert run is not None
     if run.parent_run_id:
         fail(f"{run_id} is the re-run of {run.parent_run_id}; its results are in that run's report")
-    # The logs' copies on disk were made when the run was first published; with S3 down they stay.
-    store: ArtifactStore | None = ArtifactStore(cfg.s3, retry_for=5)
-    try:
-        store.check()  # type: ignore[union-attr]
-    except StoreError as e:
-        console.print(f"[yellow]S3 unavailable; the report links the copies of the logs on disk:[/] {escape(str(e))}",
-                      highlight=False)
-        store = None
+    # The logs' copies on disk were made when the run was first published: with S3 down (a
+    # stopped embedded farm) the report is made from the database and links those, and says so
+    # in one line rather than waiting for S3.
+    from gearfarm.hosts import reach
+    from gearfarm.s3.store import ArtifactStore, StoreError
+
+    store: ArtifactStore | None = None
+    down: reach.Down | StoreError | None = reach.check(cfg, (reach.S3,))
+    if down is None:
+        store = ArtifactStore(cfg.s3, retry_for=5)
+        try:
+            store.check()
+        except StoreError as e:
+            down, store = e, None
+    if down is not None:
+        console.print(f"[yellow]the report links the logs' copies on disk:[/] {escape(str(down))}", highlight=False)
     # The message that went out stays as it was unless it is sent again.
     pub = publisher.publish(cfg, db, store, [run], {run_id: db.jobs(run_id)}, send_mail=send, write_mail=send)
     click.echo(report.render_text(pub.report))

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from gearfarm.cli.common import config_or_embedded, fail, farm_state_dir
+from gearfarm.cli.common import config_or_embedded, fail, farm_state_dir, need_farm
 from gearfarm.gearman import GearmanError, admin
 from gearfarm.hosts.connection import ssl_context
 
@@ -23,33 +23,38 @@ from gearfarm.hosts.connection import ssl_context
 def status_cmd(config_path: str | None, state_dir: Path | None, job_servers: bool) -> None:
     """gearmand's queues and workers per function, the runs in progress, and the result
     records the ledger rejected (forged, unknown job, malformed)."""
+    cfg = config_or_embedded(config_path, state_dir)
+    # A stopped farm: one message saying so and how to start it, before any table.
+    need_farm(cfg, "gearmand")
     from rich.table import Table
 
     from gearfarm.db.results import ResultsDB
     from gearfarm.formats.result import TERMINAL
 
-    cfg = config_or_embedded(config_path, state_dir)
     # Piped output (cron mail, CI logs) gets a wide table rather than wrapped names.
     out = Console() if sys.stdout.isatty() else Console(width=200)
-    answered = []
+    tables, errors = [], []
     for host, port in cfg.gearman.addresses():
         try:
             fns = admin.status(host, port, ssl_context=ssl_context(cfg))
             workers = admin.workers(host, port, ssl_context=ssl_context(cfg))
         except (OSError, GearmanError) as e:
-            out.print(f"[red]gearmand {host}:{port} unreachable: {e}[/]")
+            errors.append(f"gearmand {host}:{port} unreachable: {e}")
             continue
-        answered.append(f"{host}:{port}")
         t = Table(title=f"gearmand {host}:{port}")
         for col in ("function", "queued", "running", "workers", "worker ids"):
             t.add_column(col)
         for fn in sorted(fns):
             ids = sorted({w.client_id for w in workers if fn in w.functions})
             t.add_row(fn, str(fns[fn].queued), str(fns[fn].running), str(fns[fn].workers), " ".join(ids))
+        tables.append(t)
+    if not tables:  # something accepts connections there, but no gearmand answers through it
+        fail("no gearmand answered: " + "; ".join(errors))
+    for line in errors:  # the others answered: these are part of the status
+        out.print(f"[red]{line}[/]", highlight=False)
+    for t in tables:
         out.print(t)
     if job_servers:
-        if not answered:
-            fail(f"no gearmand answered (tried {', '.join(cfg.gearman.servers)})")
         return
     db = ResultsDB(cfg.database.url)
     t = Table(title="runs")
@@ -67,8 +72,6 @@ def status_cmd(config_path: str | None, state_dir: Path | None, job_servers: boo
               f"(forged, unsigned, malformed or for a job no run expects; the collector's log names each); "
               f"late: {ever.get('late', 0)}; superseded by a newer attempt: {ever.get('superseded', 0)}",
               highlight=False)
-    if not answered:
-        fail(f"no gearmand answered (tried {', '.join(cfg.gearman.servers)}); is the farm running?")
 
 
 @click.group("farm")

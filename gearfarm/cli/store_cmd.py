@@ -9,9 +9,8 @@ import click
 from rich.console import Console
 
 from gearfarm import config as config_mod
-from gearfarm.cli.common import config_or_embedded, csv, fail, load_config
+from gearfarm.cli.common import config_or_embedded, csv, fail, load_config, need_farm
 from gearfarm.formats.words import counted
-from gearfarm.s3.store import ArtifactStore, StoreError
 
 
 @click.group("store")
@@ -37,15 +36,17 @@ def _as_of(value: str | None) -> float | None:
 
 
 def _retention(config_path: str | None, state_dir: Path | None, days: float | None, as_of: str | None) -> tuple:
-    from gearfarm.db.results import ResultsDB
-    from gearfarm.run import retention
-
     now = _as_of(as_of)
     cfg = config_or_embedded(config_path, state_dir)
     if days is not None:
         if days < 1:
             fail("--days must be at least 1")
         cfg.retention.days = days
+    need_farm(cfg, "s3")
+    from gearfarm.db.results import ResultsDB
+    from gearfarm.run import retention
+    from gearfarm.s3.store import ArtifactStore, StoreError
+
     db = ResultsDB(cfg.database.url)
     store = ArtifactStore(cfg.s3, retry_for=60)
     try:
@@ -96,8 +97,10 @@ def store_usage_cmd(config_path: str | None, state_dir: Path | None, days: float
 def store_prune_cmd(config_path: str | None, state_dir: Path | None, days: float | None, dry_run: bool,
                     as_of: str | None) -> None:
     """Delete the builds, sources and run files the retention policy no longer keeps (see
-    `gearfarm store usage`). Run it by hand or daily (docker/systemd/gearfarm-prune.timer)."""
+    `gearfarm store usage`). Run it by hand or daily (docker/systemd/gearfarm-prune.timer): with
+    nothing to delete it prints nothing, so cron mails only what it deleted or why it could not."""
     from gearfarm.run import retention
+    from gearfarm.s3.store import StoreError
 
     _, db, store, entries = _retention(config_path, state_dir, days, as_of)
     gone = [e for e in entries if e.expired]
@@ -109,12 +112,13 @@ def store_prune_cmd(config_path: str | None, state_dir: Path | None, days: float
         click.echo(f"dry run: {counted(len(gone), 'entry')}, {_mib(sum(e.size for e in gone))} would be deleted")
         return
     try:
-        deleted, freed, folders = retention.prune(db, store, entries)
+        deleted, freed, folders = retention.prune(db, store, entries)  # refuses an empty database, gone or not
     except (retention.RetentionError, StoreError, OSError) as e:
         fail(str(e))
-    click.echo(f"pruned {counted(len(gone), 'entry')}: {counted(deleted, 'object')} and "
-               f"{counted(folders, 'run folder')} on disk, {_mib(freed)} freed; "
-               f"{counted(sum(1 for e in entries if not e.expired), 'entry')} kept")
+    if gone:  # nothing deleted, nothing said: no mail from cron
+        click.echo(f"pruned {counted(len(gone), 'entry')}: {counted(deleted, 'object')} and "
+                   f"{counted(folders, 'run folder')} on disk, {_mib(freed)} freed; "
+                   f"{counted(sum(1 for e in entries if not e.expired), 'entry')} kept")
 
 
 @store_group.command("roles")
@@ -140,6 +144,7 @@ def store_roles_cmd(config_path: str | None, role_names: str, target_names: str 
     if cfg is None:
         fail(f"store roles needs a config with a MinIO admin's keys in [s3]: pass --config or set "
              f"${config_mod.ENV_VAR}")
+    need_farm(cfg, "s3")
     wanted = csv(role_names) or []
     bad = [r for r in wanted if r not in ROLE_WRITES]
     if bad or not wanted:

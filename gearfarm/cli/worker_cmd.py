@@ -13,7 +13,6 @@ from gearfarm.cli.common import console, csv, exit_now, fail, load_config
 from gearfarm.config import Config, ConfigError
 from gearfarm.formats import catalog as catalog_mod
 from gearfarm.formats.catalog import CatalogError
-from gearfarm.s3.store import ArtifactStore, StoreError
 
 
 @click.command("worker")
@@ -44,6 +43,7 @@ def worker_cmd(role: str, targets: str | None, config_path: str | None) -> None:
     from gearfarm.formats.job import function_name
     from gearfarm.hosts import probe
     from gearfarm.run import priority
+    from gearfarm.step.sandbox import SandboxError
     from gearfarm.workers import base, build, perf, test
 
     wanted = csv(targets)
@@ -73,7 +73,7 @@ def worker_cmd(role: str, targets: str | None, config_path: str | None) -> None:
     handlers = {"build": build.handle, "test": test.handle, "perf": perf.handle}
     try:
         base.serve(cfg, [(r, function_name(r, t), handlers[r]) for r, t in pairs])  # type: ignore[misc]
-    except ConfigError as e:  # no key to verify payloads or sign results with: refuse, saying how
+    except (ConfigError, SandboxError) as e:  # no key, or no way to confine jobs: refuse, saying how
         fail(str(e))
     exit_now()
 
@@ -86,6 +86,7 @@ def _latest_catalogs(cfg: Config, retry_for: float, role: str) -> tuple[list[cat
 
     from gearfarm.run import snapshot
     from gearfarm.s3 import keys
+    from gearfarm.s3.store import ArtifactStore, StoreError
 
     store = ArtifactStore(cfg.s3.for_role(role), retry_for=retry_for)
     cats, notes = [], []

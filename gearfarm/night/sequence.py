@@ -29,6 +29,7 @@ from gearfarm.formats.exitcode import EXIT_FAILED, EXIT_FARM, EXIT_OK
 from gearfarm.formats.result import ResultRecord
 from gearfarm.formats.words import counted
 from gearfarm.gearman import GearmanError
+from gearfarm.hosts import reach
 from gearfarm.hosts.connection import gearman_client
 from gearfarm.run import nightly, rerun
 from gearfarm.run.execution import Executor, Watcher
@@ -71,8 +72,9 @@ def run_night(cfg: Config, projects: Sequence[Project], seed: int, observer: Obs
     """Run the night; returns its exit status. Raises NightError when nothing could run."""
     # The report's modules (matplotlib, scipy) take about a second to import: done while the
     # jobs run, not between the last job and the report, nor before the first submit.
-    later = threading.Thread(target=lambda: [importlib.import_module(m) for m in
-                                             ("gearfarm.report.publisher", "gearfarm.report.document")], daemon=True)
+    report_modules = ("gearfarm.report.publisher", "gearfarm.report.document", "gearfarm.perf.changepoint",
+                      "gearfarm.perf.plot")
+    later = threading.Thread(target=lambda: [importlib.import_module(m) for m in report_modules], daemon=True)
     try:
         cfg.nightly_signer()  # every payload is signed with it: without it, nothing is submitted
     except ConfigError as e:
@@ -112,7 +114,9 @@ def _plan(cfg: Config, store: ArtifactStore, projects: Sequence[Project], seed: 
                          f"{'uploaded, ' + str(moved) + ' bytes' if moved else 'already in S3, 0 bytes uploaded'}")
             plans.append(nightly.plan(pr.run_id, source, pr.selection, seed, lp.catalog_text, moved))
     except (StoreError, nightly.RunError) as e:
-        raise NightError(str(e)) from e
+        # An outage (a lab's gearmand or MinIO not started): say which unit starts it.
+        down = reach.check(cfg)
+        raise NightError(f"{e}; {down.start}" if down else str(e)) from e
     for t in sorted({t for p in plans for t in p.targets}):
         fn = f"build:{t}"
         if table.get(fn) is None or table[fn].workers == 0:

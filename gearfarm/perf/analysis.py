@@ -11,14 +11,19 @@ import base64
 import dataclasses
 import math
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gearfarm.db.results import ResultsDB, Run
 from gearfarm.formats.job import step_name
 from gearfarm.formats.result import ResultRecord
-from gearfarm.perf.changepoint import RevisionChange, find_changes
 from gearfarm.perf.pairs import Paired, paired_test
-from gearfarm.perf.plot import plot
+
+if TYPE_CHECKING:
+    from gearfarm.perf.changepoint import RevisionChange
+
+# The change-point detector (scipy) and the plots (matplotlib) are imported where a series is
+# analysed: a run with no benchmarks never needs them, and `gearfarm report RUN` of such a run
+# took twice as long loading them (the nightly loads them early, gearfarm.night.sequence).
 
 WINDOW = 60
 # A night's own A/B test must be this sure to alarm: strict, because it judges one night
@@ -56,6 +61,8 @@ def series_changes(db: ResultsDB, run: Run, target: str, host_class: str, benchm
     points over the series, told by each night's paired estimate where the change cannot be
     (an identical binary) or is not (pairs that contradict it), and each night's own A/B test
     (paired_changes). A change found by both is reported once."""
+    from gearfarm.perf.changepoint import find_changes
+
     rows = [r for r in db.perf_series(run.project, target, host_class, benchmark, metric, run.created_at, WINDOW)
             if r[2].get("new")]
     series = [(rev, statistics.median(v["new"])) for _, rev, v in rows]
@@ -114,6 +121,8 @@ def paired_changes(series: list[tuple[str, float]], nights: list[Paired], higher
     This is what pairing buys on a shared machine: the host's drift between nights, which
     can move absolute figures by tens of percent here, is the same for both sides of a pair
     and cancels, so a step shows on its first night with no history needed."""
+    from gearfarm.perf.changepoint import RevisionChange
+
     out = []
     for i, night in enumerate(nights):
         if i == 0 or night.k < 2 or (unchanged and unchanged[i]):
@@ -185,6 +194,8 @@ def analyze(db: ResultsDB, run: Run) -> list[dict[str, Any]]:
         recent = [c for c in changes if c.index >= len(series) - ALARM_RUNS]
         if not recent:
             continue
+        from gearfarm.perf.plot import plot
+
         title = f"{benchmark} {metric} on {target}"
         png = plot(series, changes, title, "png")
         svg = plot(series, changes, title, "svg").decode()

@@ -333,6 +333,10 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
                                                taken=lambda rid: rid in started or db.get_run(rid) is not None)
         except selfservice.SubmitError as e:
             return 400, str(e)
+        # The nightly it starts would fail (after its own wait) with no gearmand or S3 to submit to.
+        down = dashboard.farm_down(cfg)
+        if down is not None:
+            return 503, down
         log_path = cfg.path(cfg.farm.state_dir) / "web" / f"{run_id}.log"
         proc = process.spawn(argv, log_path, cwd=Path(__file__).resolve().parents[2])
         started[run_id] = Started(run_id, who, time.time(), proc, log_path)

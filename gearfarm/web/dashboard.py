@@ -20,6 +20,7 @@ from gearfarm.formats.job import JobId
 from gearfarm.formats.result import PRODUCT_FAILURES, ResultRecord
 from gearfarm.formats.words import counted
 from gearfarm.gearman import GearmanError, admin
+from gearfarm.hosts import reach
 from gearfarm.hosts.connection import ssl_context
 from gearfarm.perf import analysis as perf
 from gearfarm.perf.pairs import Paired
@@ -418,10 +419,19 @@ def live(db: ResultsDB, cfg: Config) -> dict[str, Any]:
     return {"gearmand": gearmand(cfg), "runs": out, "generated_at": time.time()}
 
 
+def farm_down(cfg: Config) -> str | None:
+    """Why a self-service run cannot start now: the farm's gearmand or S3 does not answer
+    (the embedded farm's stop with its nightly unless it ran with --keep), saying how to start
+    them; None when both answer."""
+    down = reach.check(cfg)
+    return None if down is None else f"Runs started here need the farm running: {down}."
+
+
 def submit_form(db: ResultsDB, cfg: Config) -> dict[str, Any]:
     """What a self-service run can choose, per configured project: the targets, suites and
     benchmarks of the catalog its newest run was planned from (the run itself re-reads the
-    catalog at the chosen revision and refuses names it does not have)."""
+    catalog at the chosen revision and refuses names it does not have); and, when the farm is
+    not running, why no run can start."""
     projects = []
     for p in cfg.project_list():
         newest = db.runs(1, project=p.name)
@@ -429,4 +439,4 @@ def submit_form(db: ResultsDB, cfg: Config) -> dict[str, Any]:
         projects.append({"project": p.name, "branch": p.branch,
                          "targets": sorted(cat.targets) if cat else [], "suites": sorted(cat.suites) if cat else [],
                          "benchmarks": sorted(cat.benchmarks) if cat else []})
-    return {"projects": projects}
+    return {"projects": projects, "farm_down": farm_down(cfg)}

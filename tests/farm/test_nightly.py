@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -83,9 +85,43 @@ def test_host_nightly_builds_stores_tests_and_reports(farm) -> None:  # type: ig
     assert p.returncode == 0, p.stderr
     assert "build:linux-x86_64" in p.stdout and "test:linux-x86_64" in p.stdout and "collect" in p.stdout
     assert "n1" in p.stdout and "finished" in p.stdout
+    # A cron job with nothing to do says nothing (everything is younger than [retention] days).
+    p = gearfarm("store", "prune", "--state-dir", str(state))
+    assert (p.returncode, p.stdout, p.stderr) == (0, "", ""), p
     p = gearfarm("farm", "stop", "--state-dir", str(state))
     assert "gearmand" in p.stdout and "minio" in p.stdout
-    assert gearfarm("status", "--state-dir", str(state)).returncode == 2  # nothing left to ask
+
+
+def timed(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    start = time.monotonic()
+    p = gearfarm(*args, timeout=120)
+    return p, time.monotonic() - start
+
+
+def test_the_morning_after_each_command_answers_within_5s_with_one_message(farm) -> None:  # type: ignore[no-untyped-def]
+    """The farm of the nightly above has stopped (issue #36): what needs it says so at once,
+    once, with how to start it; the report and a test's history come from the database."""
+    _, state = farm
+    assert not (state / "farm.json").exists()  # stopped: nothing left running
+    start = f"start it with './nightly.bash --keep --state-dir {state}'"
+    for args, needs in ((("status",), "gearmand at 127.0.0.1:"), (("store", "usage"), "S3 (MinIO) at http://")):
+        p, took = timed(*args, "--state-dir", str(state))
+        assert p.returncode == 2 and p.stdout == "" and len(p.stderr.splitlines()) == 1, p
+        assert p.stderr.startswith(f"error: the embedded farm in {state} is not running ({needs}"), p.stderr
+        assert start in p.stderr, p.stderr
+        assert took < 5, f"{' '.join(args)} took {took:.1f}s"
+        print(f"{' '.join(args)}: {took:.2f}s: {p.stderr.strip()}")
+    p, took = timed("report", "n1", "--state-dir", str(state))
+    assert p.returncode == 0 and p.stdout.startswith("engine: all green"), p
+    assert "report: " + str(state / "runs" / "n1" / "report.html") in p.stdout
+    (note,) = p.stderr.splitlines()
+    assert note.startswith("the report links the logs' copies on disk: the embedded farm in") and start in note, note
+    assert took < 5, f"report took {took:.1f}s"
+    print(f"report n1: {took:.2f}s: {note}")
+    p, took = timed("history", "unit/limits_and_bad_arguments", "--state-dir", str(state))
+    assert p.returncode == 0 and p.stderr == "" and "n1" in p.stdout and "passed" in p.stdout, p
+    assert took < 5, f"history took {took:.1f}s"
+    print(f"history: {took:.2f}s")
 
 
 def test_resubmitting_a_run_adds_nothing_and_same_rev_reuses_the_artifact(farm) -> None:  # type: ignore[no-untyped-def]
@@ -155,8 +191,9 @@ def test_unreachable_gearmand_or_minio_exits_2_naming_the_address(tmp_path: Path
         p = gearfarm("nightly", "--config", str(tmp_path / "lab.toml"), "--targets", TARGET, timeout=120)
         assert p.returncode == 2, p.stderr
         assert f"127.0.0.1:{dead}" in p.stderr and "gearmand is unreachable" in p.stderr
+        assert "start gearfarm-gearmand.service" in p.stderr  # and where, as the lab's unit
     cfg.s3 = S3Config(endpoint=f"http://127.0.0.1:{dead}", secret_key="x")
     dump(cfg, tmp_path / "lab.toml")
     p = gearfarm("nightly", "--config", str(tmp_path / "lab.toml"), "--targets", TARGET, timeout=180)
     assert p.returncode == 2, p.stderr
-    assert f"http://127.0.0.1:{dead}" in p.stderr
+    assert f"http://127.0.0.1:{dead}" in p.stderr and "start MinIO" in p.stderr

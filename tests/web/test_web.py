@@ -261,6 +261,26 @@ def test_the_dashboard_answers_with_no_farm_and_says_what_is_missing(site: Site)
     assert site.get(f"/run/w5/log/{TARGET}/test-unit?file=../../farm.toml")[0] == 400
 
 
+def test_self_service_on_the_stopped_embedded_farm_says_how_to_start_it(site: Site, page) -> None:  # type: ignore[no-untyped-def]
+    """A run started here is a nightly on this config's farm: with the embedded farm stopped
+    (it stops after its nightly unless run with --keep) the form says so and how to start it,
+    its buttons are off, and a request is refused with the same words instead of starting a
+    nightly that cannot submit."""
+    start = f"./nightly.bash --keep --state-dir {site.state}"
+    login(page, site, "alice")
+    page.goto(site.url + "/submit")
+    notice = page.locator("#farm-down").inner_text()
+    assert notice.startswith("Runs started here need the farm running: the embedded farm in") and start in notice
+    assert "gearmand at 127.0.0.1:" in notice and "S3 (MinIO) at" in notice and "do not answer" in notice, notice
+    assert "gearfarm farm stop" in notice, notice
+    assert page.locator("form.submit button[type=submit]").first.is_disabled()
+    code, body = site.get("/api/submit", token=site.tokens["alice"], data=json.dumps({"project": "engine"}).encode())
+    assert code == 503 and start in json.loads(body)["error"], body
+    assert not list((site.state / "web").glob("*.log"))  # no nightly was started
+    # Without an account the refusal is about the account, as before.
+    assert site.get("/api/submit", data=b"{}")[0] == 403
+
+
 # ------------------------------------------------------------- figures in every night's mail
 
 def test_a_quiet_nights_report_and_mail_carry_every_figure_with_its_trend(site: Site) -> None:

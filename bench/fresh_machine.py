@@ -37,7 +37,7 @@ PODMAN = ["podman"]
 ENV = {**os.environ, "CONTAINERS_CONF": str(ROOT / "docker" / "containers.conf")}
 EGRESS_CA = Path("/usr/local/share/ca-certificates")
 # The embedded farm's workers confine jobs with bubblewrap: the same grants as the lab's worker image.
-CONFINE = ["--cap-add", "SYS_ADMIN", "--security-opt", "unmask=ALL"]
+CONFINE = ["--cap-add", "SYS_ADMIN", "--security-opt", "systempaths=unconfined"]
 NEVER_ON_A_WORKER = ("podman", "chromium", "postgresql")
 
 

@@ -41,7 +41,7 @@ from gearfarm.formats import catalog as catalog_mod
 from gearfarm.formats.catalog import CatalogError
 from gearfarm.run.farm import EmbeddedFarm
 from gearfarm.s3.store import ArtifactStore
-from tests.farmkit import commit, gearfarm, key_secrets, start_web
+from tests.farmkit import commit, gearfarm, key_secrets, keyed, start_web
 from tests.pg import PostgresServer
 from tests.projects import _init
 
@@ -478,5 +478,14 @@ def test_a_worker_whose_config_every_user_can_read_refuses_to_start(tmp_path: Pa
     path.chmod(0o644)
     with pytest.raises(SandboxError, match=rf"{path}: readable by every user.*chmod o-r {path}"):
         sandbox.for_config(config_mod.load(path))
+    # The command says so in one line and exits 2: no traceback (a config with keys, so the
+    # sandbox check is the one that speaks).
+    keys = keyed(tmp_path / "state", f"sqlite:///{tmp_path / 'results.db'}")
+    config_mod.dump(Config(farm=config_mod.FarmConfig(**keys)), path)  # type: ignore[arg-type]
+    path.chmod(0o644)
+    started = gearfarm("worker", "--role", "build", "--targets", "linux-x86_64", "--config", str(path), timeout=120)
+    assert started.returncode == 2, started.stdout + started.stderr
+    assert f"chmod o-r {path}" in started.stdout + started.stderr
+    assert "Traceback" not in started.stdout + started.stderr
     path.chmod(0o640)  # a group of the farm's own users may read it; the job uid is in none
     assert sandbox.for_config(config_mod.load(path)).mode == "bwrap"

@@ -38,7 +38,21 @@ def _version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     ctx.exit()
 
 
-@click.group()
+class _Main(click.Group):
+    """The command group, which turns a farm service that did not answer the command's own work
+    (the results database, when it is opened deep inside a command) into its one-line message."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        from gearfarm.cli.common import fail
+        from gearfarm.db import DatabaseUnavailable
+
+        try:
+            return super().invoke(ctx)
+        except DatabaseUnavailable as e:
+            fail(str(e))
+
+
+@click.group(cls=_Main)
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_version,
               help="Print the installed gearfarm's version and exit.")
 @click.option("-v", "--verbose", is_flag=True,

@@ -38,9 +38,11 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, load_only, mapped_column, sessionmaker
 
 from gearfarm.config import DEFAULT_PROJECT
+from gearfarm.db import DatabaseUnavailable
 from gearfarm.formats import catalog as catalog_mod
 from gearfarm.formats.catalog import Catalog, CatalogError
 from gearfarm.formats.job import Artifact
@@ -369,8 +371,10 @@ class ResultsDB:
         # switching a new file to WAL needs the file to itself, and processes opening a new
         # database at once (the collector, the nightly, the CLI) must wait for the one migrating
         # it, which on a loaded machine takes longer than pysqlite's default 5 s.
+        # PostgreSQL's connect_timeout: a results host that is down or unroutable is named within
+        # seconds (DatabaseUnavailable below), not after the kernel's TCP timeout of minutes.
         self.engine: Engine = create_engine(url, future=True, pool_pre_ping=not sqlite,
-                                            connect_args={"timeout": 30} if sqlite else {})
+                                            connect_args={"timeout": 30} if sqlite else {"connect_timeout": 3})
         if sqlite:
             # The collector writes while the nightly and CLI read: WAL lets them overlap.
             @event.listens_for(self.engine, "connect")
@@ -390,7 +394,16 @@ class ResultsDB:
 
         self._session = sessionmaker(self.engine, expire_on_commit=False)
         self._write_session = sessionmaker(self.engine.execution_options(write=True), expire_on_commit=False)
-        upgrade(self.engine)
+        try:
+            upgrade(self.engine)
+        except OperationalError as e:
+            if sqlite:
+                raise
+            reason = str(e.orig).splitlines()[0] if e.orig is not None else str(e)
+            raise DatabaseUnavailable(
+                f"the results database {self.engine.url.render_as_string(hide_password=True)} does not answer "
+                f"({reason}): on the results host, start PostgreSQL (sudo systemctl start postgresql), "
+                "or correct [database] url") from None
 
     @contextmanager
     def session(self, write: bool = False) -> Iterator[Session]:

@@ -114,6 +114,24 @@ def test_commands_that_read_the_database_work_and_log_quietly(stopped_lab: Path)
     assert loud.returncode == 2 and " alembic.runtime.migration INFO " in loud.stderr, loud.stderr
 
 
+@pytest.mark.parametrize("host", ["127.0.0.1", "192.0.2.1"])
+def test_a_lab_whose_postgresql_is_down_says_so_once_for_every_database_command(tmp_path: Path, host: str) -> None:
+    """The results database opens deep inside many commands: PostgreSQL refusing (nothing on the
+    port) or never answering (TEST-NET-1) is one line naming it, without its password, and how to
+    start it, within the bound; not SQLAlchemy's traceback, not the kernel's TCP timeout."""
+    port = free_port() if host == "127.0.0.1" else 5432
+    config = lab_config(tmp_path, f"127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}")
+    config.write_text(config.read_text().replace(
+        'url = "sqlite:///results.db"', f'url = "postgresql+psycopg://gearfarm:sekret@{host}:{port}/gearfarm"'))
+    for args in (("history", "unit/x"), ("report", "nope"), ("keys", "list")):
+        p, took = gearfarm_timed(*args, "--config", config)
+        line = one_error(p)
+        assert took < FAST, f"{args} took {took:.1f}s"
+        assert f"the results database postgresql+psycopg://gearfarm:***@{host}:{port}/gearfarm does not answer" \
+            in line and "start PostgreSQL" in line, line
+        assert "sekret" not in p.stderr
+
+
 def test_the_default_embedded_state_s_hint_is_the_bare_command(tmp_path: Path) -> None:
     """The embedded farm's own state ($GEARFARM_STATE, else the checkout's state/): the way to
     start it is `./nightly.bash --keep` as it stands, no --state-dir."""

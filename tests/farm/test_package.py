@@ -6,6 +6,7 @@ Pins come from requirements.txt as constraints, as `make setup` installs them.""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -28,8 +29,15 @@ def _run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    # Built from a copy of what the package is made of: setuptools writes build/ and *.egg-info
+    # beside the sources it builds, which must not land in the checkout.
+    source = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for name in ("gearfarm", "workers", "s3"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     proc = _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
-                str(ROOT))
+                str(source))
     assert proc.returncode == 0, proc.stderr
     (built,) = out.glob("gearfarm-*.whl")
     return built

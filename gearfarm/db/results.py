@@ -66,6 +66,8 @@ class CatalogRow(Base):
 
 class Run(Base):
     __tablename__ = "runs"
+    # A project's runs newest first, stopping at a LIMIT (perf_series, runs_before): migration 0011.
+    __table_args__ = (Index("ix_runs_project_created_at", "project", "created_at"),)
     run_id: Mapped[str] = mapped_column(String(96), primary_key=True)
     rev: Mapped[str] = mapped_column(String(40))
     created_at: Mapped[float] = mapped_column(Float, index=True)
@@ -178,7 +180,9 @@ class Case(Base):
 
 class SampleRow(Base):
     __tablename__ = "samples"
-    __table_args__ = (Index("ix_samples_series", "target", "benchmark", "metric"),)
+    __table_args__ = (Index("ix_samples_series", "target", "benchmark", "metric"),
+                      # A series' samples of given runs (perf_series): migration 0011.
+                      Index("ix_samples_run_series", "run_id", "target", "benchmark", "metric"))
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), index=True)
     run_id: Mapped[str] = mapped_column(String(96), index=True)
@@ -839,18 +843,25 @@ class ResultsDB:
         ``project`` up to ``upto`` that measured this metric on this host class (re-runs
         excluded; two projects' benchmarks of one name are two series). Variants:
         new (tonight's build), baseline (the last good build), ratio (new/baseline per pair)."""
+        series = (SampleRow.target == target, SampleRow.host_class == host_class, SampleRow.benchmark == benchmark,
+                  SampleRow.metric == metric)
         with self.session() as s:
+            # The window's runs first, newest first with a LIMIT, then only their samples: the
+            # run and compare pages ask this for every series they show, and reading the whole
+            # history to keep its tail made them grow with every night (4.7 s at 1,000 runs).
+            last = list(s.scalars(
+                select(Run.run_id)
+                .where(Run.project == project, Run.created_at <= upto, Run.parent_run_id.is_(None),
+                       select(SampleRow.run_id).where(SampleRow.run_id == Run.run_id, *series).exists())
+                .order_by(Run.created_at.desc()).limit(window)))
             q = (select(Run.run_id, Run.rev, SampleRow.variant, SampleRow.value)
                  .join(Run, Run.run_id == SampleRow.run_id)
-                 .where(SampleRow.target == target, SampleRow.host_class == host_class,
-                        SampleRow.benchmark == benchmark, SampleRow.metric == metric,
-                        Run.project == project, Run.created_at <= upto, Run.parent_run_id.is_(None))
+                 .where(SampleRow.run_id.in_(last), *series)
                  .order_by(Run.created_at, SampleRow.repetition))
             by_run: dict[str, tuple[str, dict[str, list[float]]]] = {}
             for run_id, rev, variant, value in s.execute(q):
                 by_run.setdefault(run_id, (rev, {}))[1].setdefault(variant, []).append(value)
-        rows = [(rid, rev, values) for rid, (rev, values) in by_run.items()]
-        return rows[-window:]
+        return [(rid, rev, values) for rid, (rev, values) in by_run.items()]
 
     def step_records(self, run_ids: list[str], target: str, step: str) -> dict[str, ResultRecord]:
         """Run id -> the record of one step (e.g. "perf-iibench") on one target, for each of

@@ -727,6 +727,13 @@ class ResultsDB:
             return list(s.scalars(select(Run).where(Run.state == "running").order_by(Run.created_at.desc())
                                   .limit(limit)))
 
+    def latest_run_at(self, rev_prefix: str) -> Run | None:
+        """The newest run (not a re-run) of a revision given by its first hex digits."""
+        with self.session() as s:
+            return s.scalars(select(Run).where(Run.rev.startswith(rev_prefix, autoescape=True),
+                                               Run.parent_run_id.is_(None))
+                             .order_by(Run.created_at.desc()).limit(1)).first()
+
     def runs_before(self, created_at: float, project: str, target: str | None = None,
                     limit: int = 50) -> list[Run]:
         """Runs (not re-runs) of ``project`` older than ``created_at`` that planned ``target``,

@@ -283,9 +283,7 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
     @both("/compare", "compare", "compare.html.j2")
     def compare() -> dict[str, Any] | None:
         a, b = request.args.get("a", "").strip(), request.args.get("b", "").strip()
-        if not a or not b:
-            abort(400, "name two runs: /compare?a=RUN&b=RUN")
-        return dashboard.compare(db, a, b)
+        return dashboard.compare(db, a or None, b or None)
 
     @both("/live", "live", "live.html.j2")
     def live() -> dict[str, Any]:

@@ -10,6 +10,7 @@ import logging
 import math
 import statistics
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from gearfarm.gearman import GearmanError, admin
 from gearfarm.hosts import reach
 from gearfarm.hosts.connection import ssl_context
 from gearfarm.perf import analysis as perf
+from gearfarm.perf import compare as judge
 from gearfarm.perf.pairs import Paired
 from gearfarm.report import document as report
 from gearfarm.report.links import DashboardLinks
@@ -345,33 +347,80 @@ def series_charts(d: dict[str, Any]) -> tuple[str, str]:
     return str(top), str(bottom)
 
 
-def compare(db: ResultsDB, a: str, b: str) -> dict[str, Any] | None:
-    """Two runs side by side (like LNT's run comparison): every figure both measured with the
-    change from A to B, the tests whose status differs, and the jobs' durations."""
-    ra, rb = db.get_run(a), db.get_run(b)
-    if ra is None or rb is None:
+def compare(db: ResultsDB, a: str | None, b: str | None, choices: int = 60) -> dict[str, Any] | None:
+    """Two runs side by side (like LNT's run comparison): every figure both measured with B's
+    change from A, its 95 % interval and a verdict (same, different, not enough data:
+    gearfarm.perf.compare.between); the tests whose status differs; the jobs' durations. Runs are
+    named by id or by a revision (its latest run). With a run missing: the runs to pick from,
+    B the latest and A the run of B's project before it."""
+    recent = [_run_brief(r) for r in db.runs(limit=choices)]
+    rb = _named_run(db, b) if b else (db.get_run(recent[0]["run_id"]) if recent else None)
+    if b and rb is None:
         return None
-    ja = {(r.target, r.step): r for r in db.jobs(a)}
-    jb = {(r.target, r.step): r for r in db.jobs(b)}
-    fa = {(f["target"], f["benchmark"], f["metric"]): f for f in perf.figures(db, ra, list(ja.values()))}
-    fb = {(f["target"], f["benchmark"], f["metric"]): f for f in perf.figures(db, rb, list(jb.values()))}
+    if a:
+        ra = _named_run(db, a)
+        if ra is None:
+            return None
+    else:
+        before = db.runs_before(rb.created_at, rb.project, limit=1) if rb is not None else []
+        ra = before[0] if before else None
+    picked = {"choices": recent, "a": _run_brief(ra) if ra else None, "b": _run_brief(rb) if rb else None}
+    if ra is None or rb is None or not (a and b):
+        return {**picked, "figures": [], "tests": [], "jobs": [], "picking": True}
+    ja = {(r.target, r.step): r for r in db.jobs(ra.run_id)}
+    jb = {(r.target, r.step): r for r in db.jobs(rb.run_id)}
+    sa, sb = _new_samples(ja.values()), _new_samples(jb.values())
+    higher = {**perf.directions(db, ra), **perf.directions(db, rb)}
     figures = []
-    for key in sorted(set(fa) | set(fb)):
-        va, vb = (fa.get(key) or {}).get("value"), (fb.get(key) or {}).get("value")
-        higher = (fb.get(key) or fa.get(key) or {}).get("higher_is_better", True)
-        change = vb / va - 1 if va and vb is not None else None
-        better = None if change is None else (change > 0) == higher
-        figures.append({"target": key[0], "benchmark": key[1], "metric": key[2], "a": va, "b": vb,
-                        "change": change, "better": better})
-    sa = {(t, s, n): st for _r, t, s, n, st in db.cases_in([a])}
-    sb = {(t, s, n): st for _r, t, s, n, st in db.cases_in([b])}
-    tests = [{"target": t, "test": f"{s}/{n}", "a": sa.get((t, s, n)), "b": sb.get((t, s, n))}
-             for (t, s, n) in sorted(set(sa) | set(sb)) if sa.get((t, s, n)) != sb.get((t, s, n))]
+    for target, benchmark, metric in sorted(set(sa) | set(sb)):
+        va, vb = sa.get((target, benchmark, metric), []), sb.get((target, benchmark, metric), [])
+        same_binary = ra.run_id == rb.run_id or (_binary(ja, target) is not None
+                                                 and _binary(ja, target) == _binary(jb, target))
+        judged = judge.between(va, vb)
+        # The same binary on both sides: whatever moved is the host, not the code (as LNT does).
+        verdict = "same" if same_binary and va and vb else judged.verdict
+        up = higher.get((benchmark, metric), True)
+        figures.append({"target": target, "benchmark": benchmark, "metric": metric,
+                        "a": statistics.median(va) if va else None, "b": statistics.median(vb) if vb else None,
+                        "a_runs": len(va), "b_runs": len(vb), "change": judged.change, "ci_low": judged.ci_low,
+                        "ci_high": judged.ci_high, "p_value": judged.p_value, "verdict": verdict,
+                        "same_binary": same_binary, "higher_is_better": up,
+                        "better": None if verdict != "different" or judged.change is None
+                        else (judged.change > 0) == up})
+    ca = {(t, s, n): st for _r, t, s, n, st in db.cases_in([ra.run_id])}
+    cb = {(t, s, n): st for _r, t, s, n, st in db.cases_in([rb.run_id])}
+    tests = [{"target": t, "test": f"{s}/{n}", "a": ca.get((t, s, n)), "b": cb.get((t, s, n))}
+             for (t, s, n) in sorted(set(ca) | set(cb)) if ca.get((t, s, n)) != cb.get((t, s, n))]
     jobs = [{"target": k[0], "step": k[1], "a_status": ja[k].status if k in ja else None,
              "b_status": jb[k].status if k in jb else None,
              "a_seconds": ja[k].duration if k in ja else None, "b_seconds": jb[k].duration if k in jb else None}
             for k in sorted(set(ja) | set(jb), key=lambda k: (k[0], step_key(k[1])))]
-    return {"a": _run_brief(ra), "b": _run_brief(rb), "figures": figures, "tests": tests, "jobs": jobs}
+    verdicts = [f["verdict"] for f in figures]
+    return {**picked, "figures": figures, "tests": tests, "jobs": jobs, "picking": False,
+            "summary": {v: verdicts.count(v) for v in ("different", "same", "not enough data")}}
+
+
+def _named_run(db: ResultsDB, name: str) -> Run | None:
+    """A run by its id, else the latest run at a revision that starts with ``name`` (7+ hex)."""
+    run = db.get_run(name)
+    if run is None and len(name) >= 7 and all(c in "0123456789abcdef" for c in name.lower()):
+        run = db.latest_run_at(name.lower())
+    return run
+
+
+def _new_samples(records: Iterable[ResultRecord]) -> dict[tuple[str, str, str], list[float]]:
+    out: dict[tuple[str, str, str], list[float]] = {}
+    for rec in records:
+        if rec.kind == "perf":
+            for s in rec.samples:
+                if s.variant == "new":
+                    out.setdefault((rec.target, s.benchmark, s.metric), []).append(s.value)
+    return out
+
+
+def _binary(jobs: dict[tuple[str, str], ResultRecord], target: str) -> str | None:
+    build = jobs.get((target, "build"))
+    return build.artifact_sha256 if build is not None and build.status == "passed" else None
 
 
 # ------------------------------------------------------------------------------------ live

@@ -167,12 +167,29 @@ def test_the_series_plot_marks_the_change_point_and_hovering_a_point_names_its_r
 
 
 def test_compare_view_shows_the_slowdown_and_the_test_that_changed(site: Site, page) -> None:  # type: ignore[no-untyped-def]
-    page.goto(site.url + "/compare?a=w4&b=w5")
+    # Picked from the lists: B is the latest run (w6), A the one before; pick w4 and w5 instead.
+    page.goto(site.url + "/compare")
+    assert page.locator("#pick-b").input_value() == "w6" and page.locator("#pick-a").input_value() == "w5"
+    page.select_option("#pick-a", "w4")
+    page.select_option("#pick-b", "w5")
+    page.click("form.picker button[type=submit]")
+    page.wait_for_url("**/compare?a=w4&b=w5")
     row = page.locator("tr", has_text="instructions")
     cell = row.locator("td").nth(5)
     assert cell.get_attribute("class") == "regression"
     assert 15 < float(cell.inner_text().replace("%", "").strip()) < 35
+    # The planted slowdown: "different", its interval in red beside it.
+    assert row.get_attribute("data-verdict") == "different"
+    assert "regression" in (row.locator("td.interval").get_attribute("class") or "")
+    assert "%" in row.locator("td.interval").inner_text()
+    assert "worse: different" in row.locator("td.verdict").inner_text()
     assert BROKEN_TEST in page.locator("h2:has-text('Tests whose status differs') + table").inner_text()
+    # A run against itself: every figure "same", and no cell coloured.
+    page.goto(site.url + "/compare?a=w5&b=w5")
+    verdicts = page.locator("#figures tr[data-verdict]")
+    assert verdicts.count() >= 1
+    assert {verdicts.nth(i).get_attribute("data-verdict") for i in range(verdicts.count())} == {"same"}
+    assert page.locator("#figures .regression, #figures .improvement").count() == 0
 
 
 # ------------------------------------------------------------------------ triage and /api

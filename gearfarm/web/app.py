@@ -108,6 +108,7 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
     app.jinja_env.filters["secs"] = lambda s: "" if s is None else (f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min")
     app.jinja_env.filters["pct"] = lambda x: "" if x is None else f"{x * 100:+.1f} %"
     app.jinja_env.filters["counted"] = counted
+    app.jinja_env.filters["status_word"] = dashboard.status_word
 
     def user() -> str | None:
         """Under /api/ only a bearer token counts, never the session cookie: a third-party page
@@ -382,6 +383,21 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
             abort(404, f"no {name} for {target}/{step} of run {run_id}: not in the store, and no copy on disk")
         # junit.xml as text too: as XML, a browser would run an XHTML or SVG script in it.
         return job_output(chunks)
+
+    @app.get("/run/<run_id>/step/<target>/<step>")
+    def step_page(run_id: str, target: str, step: str) -> Any:
+        """A step's log as a page: numbered lines to link to, its header, search, the run's other
+        steps. The text is the job's and is escaped like every value (the raw log, served inert,
+        is a link away)."""
+        try:
+            chunks = joblog.stream(store, run_dir(cfg, run_id), run_id, target, step, "log.txt")
+        except ValueError as e:
+            abort(400, str(e))
+        text = b"".join(chunks).decode("utf-8", "replace") if chunks is not None else None
+        data = dashboard.step_log(db, run_id, target, step, text)
+        if data is None:
+            abort(404, f"no step {target}/{step} in run {run_id}")
+        return page("step.html.j2", data)
 
     def build_file(run_id: str, target: str, step: str, provenance: bool = False) -> Response:
         """A build's archive or its provenance, to whoever may download builds: named by the

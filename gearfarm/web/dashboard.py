@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import re
 import statistics
 import time
 from collections.abc import Iterable
@@ -38,6 +39,16 @@ NIGHTS = 10
 TEST_RUNS = 200
 # Worst first: the state a target shows for a run is the worst of its jobs'.
 SEVERITY = ("failed", "infra", "cancelled", "running", "missing", "passed")
+
+
+# A status in words with a mark, so that no page tells it by colour alone.
+STATUS_WORDS = {"passed": "✔ passed", "failed": "✘ failed", "error": "✘ error", "timed_out": "⏱ timed out",
+                "infra": "⚠ infra", "no_worker": "⚠ no worker", "skipped": "– skipped", "cancelled": "⊘ cancelled",
+                "missing": "? missing", "running": "… running"}
+
+
+def status_word(status: str | None) -> str:
+    return STATUS_WORDS.get(status or "", status or "")
 
 
 def step_key(step: str) -> tuple[int, str]:
@@ -421,6 +432,45 @@ def _new_samples(records: Iterable[ResultRecord]) -> dict[tuple[str, str, str], 
 def _binary(jobs: dict[tuple[str, str], ResultRecord], target: str) -> str | None:
     build = jobs.get((target, "build"))
     return build.artifact_sha256 if build is not None and build.status == "passed" else None
+
+
+# ------------------------------------------------------------------------------------ a step's log
+
+# ANSI escape sequences (colours, cursor moves) and the other C0 controls but tab: a log is shown
+# as the text it says, never as the terminal it drove.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|[\x00-\x08\x0b-\x1f\x7f]")
+_DROPPED = re.compile(r"^\*\*\* \d+ bytes of output dropped here \(log capped at ")
+# A log longer than this many lines is shown to that line, with the rest a download away.
+LOG_LINES = 50_000
+
+
+def step_log(db: ResultsDB, run_id: str, target: str, step: str, text: str | None) -> dict[str, Any] | None:
+    """A step's log as a page: the step's record (status, host, duration, attempt, message), the
+    commands it ran (the log's `$ ` lines), its lines numbered, where its output was capped, and
+    the run's other steps on the same target. None when the run has neither a record of the step
+    nor its log."""
+    run = db.get_run(run_id)
+    if run is None:
+        return None
+    records = [r for r in db.jobs(run_id) if r.target == target]
+    rec = next((r for r in records if r.step == step), None)
+    if rec is None and text is None:
+        return None
+    lines = _ANSI.sub("", text).split("\n") if text is not None else []
+    if lines and lines[-1] == "":
+        lines.pop()
+    shown = lines[:LOG_LINES]
+    return {
+        "run": _run_brief(run), "target": target, "step": step,
+        "record": None if rec is None else {
+            "status": rec.status, "host": rec.host.get("hostname", ""), "worker": rec.worker,
+            "attempt": rec.attempt, "duration": rec.duration, "started_at": rec.started_at,
+            "finished_at": rec.finished_at, "message": rec.message},
+        "commands": [(n, line[2:]) for n, line in enumerate(shown, 1) if line.startswith("$ ")],
+        "capped": [n for n, line in enumerate(shown, 1) if _DROPPED.match(line)],
+        "lines": shown, "more_lines": len(lines) - len(shown), "has_log": text is not None,
+        "siblings": [{"step": r.step, "status": r.status}
+                     for r in sorted(records, key=lambda r: step_key(r.step)) if r.step != step]}
 
 
 # ------------------------------------------------------------------------------------ live

@@ -96,10 +96,33 @@ def test_status_shows_the_failing_stage_in_red_and_a_log_line_is_two_clicks_away
     assert page.url.endswith("/run/w6")
     unit = page.locator(f"td[data-cell='{TARGET}/test-unit']")
     assert unit.evaluate("e => getComputedStyle(e).backgroundColor") == RED
-    unit.locator("a").click()  # 2: its log, from the copy on disk (MinIO stopped with the farm)
+    unit.locator("a").click()  # 2: its step's page, the log from the copy on disk (MinIO stopped with the farm)
     page.wait_for_load_state()
-    assert "empty index name accepted" in page.inner_text("body")
+    assert "empty index name accepted" in page.inner_text("#log")
+    assert page.url.endswith(f"/run/w6/step/{TARGET}/test-unit")
+    page.click("text=raw")  # and the raw log a link away
+    page.wait_for_load_state()
     assert page.url.endswith(f"/run/w6/log/{TARGET}/test-unit")
+    assert "empty index name accepted" in page.inner_text("body")
+
+
+def test_a_log_lines_link_opens_the_page_at_that_line_and_search_finds_lines(site: Site, page) -> None:  # type: ignore[no-untyped-def]
+    base = f"{site.url}/run/w5/step/{TARGET}/test-unit"
+    page.goto(base)
+    lines = page.locator("#log tr").count()
+    assert lines > 40, lines
+    n = lines - 5  # far down the page: the browser must scroll to it
+    page.locator(f"#L{n} td.ln a").click()
+    assert page.url == f"{base}#L{n}"
+    page.goto("about:blank")
+    page.goto(f"{base}#L{n}")  # the shared link, opened afresh
+    top = page.evaluate(f"document.getElementById('L{n}').getBoundingClientRect().top")
+    assert 0 <= top < page.evaluate("window.innerHeight"), top
+    assert page.locator(f"#L{n}").evaluate("e => getComputedStyle(e).backgroundColor") == "rgb(255, 243, 176)"
+    page.fill("#log-search", BROKEN_TEST.split("/")[-1])
+    assert page.locator("#log tr.hit").count() >= 1
+    assert "line" in page.inner_text("#log-hits")
+    assert BROKEN_TEST.split("/")[-1] in page.locator("#log tr.hit").first.inner_text()
 
 
 def test_the_static_report_links_the_logs_copied_beside_it(site: Site) -> None:

@@ -1,0 +1,63 @@
+"""A step's log as a page (/run/<run>/step/<target>/<step>): numbered lines with #L<n>
+anchors, the step's host, status and duration, its commands, where the output was capped, the
+run's other steps on the target, a raw link; ANSI escapes stripped and the job's text escaped.
+The run page's matrix links here. (In Chromium, on real nightlies: tests/web/test_web.py.)"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from gearfarm.config import Config, DatabaseConfig, FarmConfig, S3Config
+from gearfarm.db.results import ResultsDB
+from gearfarm.hosts.net import free_port
+from gearfarm.web.app import create_app
+from tests.web.test_web_scaling import _bench
+
+LOG = ("gearfarm test of engine for linux-t00 at abc on host-0\n"
+       "$ make -s test\n"
+       "\x1b[1;31mFAIL\x1b[0m unit/case_05 <script>window.name='ran'</script>\n"
+       "\n*** 1234 bytes of output dropped here (log capped at 1 MiB: [farm] log_limit) ***\n"
+       "last line\n")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, str]:
+    where = tmp_path_factory.mktemp("steps")
+    url = f"sqlite:///{where / 'results.db'}"
+    db = ResultsDB(url)
+    run_ids = _bench().populate(db, 3)
+    rid = run_ids[-1]
+    log = where / "state" / "runs" / rid / "logs" / "linux-t00" / "test-unit" / "log.txt"
+    log.parent.mkdir(parents=True)
+    log.write_text(LOG)
+    cfg = Config(database=DatabaseConfig(url=url), s3=S3Config(endpoint=f"http://127.0.0.1:{free_port()}"),
+                 farm=FarmConfig(state_dir=str(where / "state")))
+    return create_app(cfg, db).test_client(), rid
+
+
+def test_a_step_page_numbers_the_lines_and_says_what_ran_where(site: tuple[Any, str]) -> None:
+    client, rid = site
+    resp = client.get(f"/run/{rid}/step/linux-t00/test-unit")
+    assert resp.status_code == 200 and resp.content_type.startswith("text/html")
+    html = resp.get_data(as_text=True)
+    assert '<tr id="L1"><td class="ln"><a href="#L1">1</a>' in html and 'id="L6"' in html and 'id="L7"' not in html
+    assert "\x1b" not in html and "FAIL unit/case_05" in html
+    assert "<script>window.name" not in html and "&lt;script&gt;window.name=" in html
+    assert re.search(r'<a href="#L2">line 2</a> <code>make -s test</code>', html)
+    assert '<tr id="L5" class="capped">' in html and 'href="#L5">output capped at line 5</a>' in html
+    assert "host-0" in html and re.search(r"<span class=\"badge (passed|failed)\">(✔ passed|✘ failed)</span>", html)
+    assert f'href="/run/{rid}/log/linux-t00/test-unit">raw</a>' in html
+    assert f'href="/run/{rid}/step/linux-t00/build">build' in html  # the target's other steps
+    assert f'href="/run/{rid}">' in html  # back to the run
+
+
+def test_the_run_matrix_links_each_step_page_and_unknown_steps_are_404(site: tuple[Any, str]) -> None:
+    client, rid = site
+    html = client.get(f"/run/{rid}").get_data(as_text=True)
+    assert f'href="/run/{rid}/step/linux-t00/test-unit"' in html
+    assert client.get(f"/run/{rid}/step/linux-t00/test-nope").status_code == 404
+    assert client.get("/run/nosuch/step/linux-t00/build").status_code == 404
+    assert client.get(f"/run/{rid}/step/..%2F..%2Fx/build").status_code in (400, 404)

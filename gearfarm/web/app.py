@@ -109,6 +109,7 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
     app.jinja_env.filters["pct"] = lambda x: "" if x is None else f"{x * 100:+.1f} %"
     app.jinja_env.filters["counted"] = counted
     app.jinja_env.filters["status_word"] = dashboard.status_word
+    app.jinja_env.filters["status_mark"] = dashboard.status_mark
 
     def user() -> str | None:
         """Under /api/ only a bearer token counts, never the session cookie: a third-party page
@@ -448,6 +449,23 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
         account.end_session(db, session.get("sid"))
         session.clear()
         return redirect(url_for("status"), 303)
+
+    @app.get("/api/")
+    def api_index() -> Any:
+        """The API's own index: every JSON endpoint, its methods, and the page it is the JSON of
+        (each is the same function as its page: one definition, two views)."""
+        endpoints = []
+        for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
+            if not rule.rule.startswith("/api/") or rule.endpoint == "api_index":
+                continue
+            view = app.view_functions[rule.endpoint]
+            page_rule = rule.rule.removeprefix("/api") if rule.endpoint.startswith("api_") else None
+            endpoints.append({"path": rule.rule, "methods": sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}),
+                              "page": "/" if page_rule == "/status" else page_rule,
+                              "about": (view.__doc__ or "").strip().split("\n")[0]})
+        return jsonify({"endpoints": endpoints,
+                        "auth": "reads are open; writes (POST) need an account's token: "
+                                "Authorization: Bearer TOKEN (gearfarm web user add NAME)"})
 
     @app.get("/healthz")
     def healthz() -> Any:

@@ -51,6 +51,11 @@ def status_word(status: str | None) -> str:
     return STATUS_WORDS.get(status or "", status or "")
 
 
+def status_mark(status: str | None) -> str:
+    """The mark alone, for a cell too small for the word (its title says the word)."""
+    return status_word(status).split(" ", 1)[0] if (status or "") in STATUS_WORDS else "?"
+
+
 def step_key(step: str) -> tuple[int, str]:
     """Build first, then suites, then benchmarks: the order a target's stages run in."""
     return ({"build": 0, "test": 1, "perf": 2}.get(step.split("-", 1)[0], 3), step)

@@ -61,3 +61,14 @@ def test_the_run_matrix_links_each_step_page_and_unknown_steps_are_404(site: tup
     assert client.get(f"/run/{rid}/step/linux-t00/test-nope").status_code == 404
     assert client.get("/run/nosuch/step/linux-t00/build").status_code == 404
     assert client.get(f"/run/{rid}/step/..%2F..%2Fx/build").status_code in (400, 404)
+
+
+def test_the_api_index_lists_every_endpoint_with_its_page(site: tuple[Any, str]) -> None:
+    client, rid = site
+    index = client.get("/api/").get_json()
+    paths = {e["path"]: e for e in index["endpoints"]}
+    assert {"/api/status", "/api/runs", "/api/run/<run_id>", "/api/compare", "/api/submit"} <= set(paths)
+    assert paths["/api/run/<run_id>"]["page"] == "/run/<run_id>" and paths["/api/status"]["page"] == "/"
+    assert paths["/api/submit"]["methods"] == ["POST"] and "Bearer" in index["auth"]
+    status = client.get("/").get_data(as_text=True)
+    assert '<a href="/api/">/api/</a>' in status

@@ -85,11 +85,12 @@ def _regression_id(site: Site, kind: str) -> int:
 def test_status_shows_the_failing_stage_in_red_and_a_log_line_is_two_clicks_away(site: Site, page) -> None:  # type: ignore[no-untyped-def]
     page.goto(site.url + "/")
     cell = page.locator(f"td[data-target='{TARGET}']")
-    assert cell.inner_text().strip() == "failed: test-unit"
+    assert cell.inner_text().strip() == "✘ failed: test-unit"  # in words and a mark, not colour alone
     assert cell.evaluate("e => getComputedStyle(e).backgroundColor") == RED
     # The strip: six nights, oldest first, four green then two red.
     strip = page.locator("table.status .strip a")
     assert [strip.nth(i).get_attribute("class") for i in range(strip.count())] == ["passed"] * 4 + ["failed"] * 2
+    assert [strip.nth(i).inner_text() for i in range(strip.count())] == ["✔"] * 4 + ["✘"] * 2
 
     cell.locator("a").click()  # 1: the run
     page.wait_for_load_state()
@@ -317,8 +318,11 @@ def test_self_service_on_the_stopped_embedded_farm_says_how_to_start_it(site: Si
     code, body = site.get("/api/submit", token=site.tokens["alice"], data=json.dumps({"project": "engine"}).encode())
     assert code == 503 and start in json.loads(body)["error"], body
     assert not list((site.state / "web").glob("*.log"))  # no nightly was started
-    # Without an account the refusal is about the account, as before.
+    # Without an account the refusal is about the account, as before, and the page offers no
+    # form to fill in: only the way to log in.
     assert site.get("/api/submit", data=b"{}")[0] == 403
+    code, body = site.get("/submit")
+    assert code == 200 and b'class="submit"' not in body and b"Log in</a> to start a run" in body
 
 
 # ------------------------------------------------------------- figures in every night's mail

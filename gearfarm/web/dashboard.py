@@ -154,6 +154,7 @@ class RunPage(report.Report):
     curves: list[dict[str, Any]]
     builds: list[dict[str, Any]]
     job_timings: list[dict[str, Any]]
+    timing_columns: list[tuple[str, str]]
 
 
 def run(db: ResultsDB, cfg: Config, run_id: str, root: str = "/") -> RunPage | None:
@@ -183,9 +184,9 @@ def run(db: ResultsDB, cfg: Config, run_id: str, root: str = "/") -> RunPage | N
                  "provenance": f"{root}run/{run_id}/provenance/{x.target}"}
                 for x in sorted(records, key=lambda x: x.target)
                 if x.kind == "build" and x.status == "passed" and x.artifact_key and x.artifact_sha256],
-        job_timings=sorted(({"target": x.target, "step": x.step, "status": x.status,
-                             "duration": x.duration, **x.timings} for x in records),
-                           key=lambda d: (d["target"], step_key(d["step"]))))
+        job_timings=sorted((_timing(x) for x in records), key=lambda d: (d["target"], step_key(d["step"]))),
+        timing_columns=[(k, label) for k, label in TIMING_LABELS.items()
+                        if any(k in x.timings for x in records)])
 
 
 def _curves(records: list[ResultRecord]) -> list[dict[str, Any]]:
@@ -361,6 +362,23 @@ def series_charts(d: dict[str, Any]) -> tuple[str, str]:
     bottom = svgplot.chart(ab, marks, title="A/B: tonight's build against the last good build, % (95 % CI)",
                            y_label="%", reference=0.0, x_labels=labels, css="chart ab", connect=False)
     return str(top), str(bottom)
+
+
+# A job's timings as the run page shows them, in the order they happen; a stage no job of the
+# run has is not shown at all.
+TIMING_LABELS = {"queue_wait": "queued", "host_wait": "waiting for the host", "lookup": "artifact lookup",
+                 "source": "source", "download": "download", "verify": "verify", "build": "build",
+                 "upload": "upload", "test": "test", "cpu": "CPU"}
+# The stages inside a job's clock (started_at to finished_at); the rest of it is "other".
+_CLOCKED = ("lookup", "source", "download", "verify", "build", "upload", "test")
+
+
+def _timing(rec: ResultRecord) -> dict[str, Any]:
+    clocked = sum(v for k, v in rec.timings.items() if k in _CLOCKED)
+    other = rec.duration - clocked if rec.duration is not None else None
+    return {"target": rec.target, "step": rec.step, "status": rec.status, "duration": rec.duration,
+            "host": rec.host.get("hostname", "") or rec.worker, "other": other if other and other > 0.005 else None,
+            **rec.timings}
 
 
 def compare(db: ResultsDB, a: str | None, b: str | None, choices: int = 60) -> dict[str, Any] | None:

@@ -72,3 +72,16 @@ def test_the_api_index_lists_every_endpoint_with_its_page(site: tuple[Any, str])
     assert paths["/api/submit"]["methods"] == ["POST"] and "Bearer" in index["auth"]
     status = client.get("/").get_data(as_text=True)
     assert '<a href="/api/">/api/</a>' in status
+
+
+def test_the_run_pages_timings_account_for_every_jobs_time_and_name_its_host(site: tuple[Any, str]) -> None:
+    client, rid = site
+    data = client.get(f"/api/run/{rid}").get_json()
+    clocked = ("lookup", "source", "download", "verify", "build", "upload", "test")
+    for j in data["job_timings"]:
+        parts = sum(j.get(k, 0.0) for k in clocked) + (j["other"] or 0.0)
+        assert abs(parts - j["duration"]) < 0.01, j
+        assert j["host"]
+    assert [k for k, _ in data["timing_columns"]] == ["queue_wait", "build", "test"]  # no always-empty column
+    html = client.get(f"/run/{rid}").get_data(as_text=True)
+    assert "<th>queued</th>" in html and "<th>export</th>" not in html and "queue_wait" not in html

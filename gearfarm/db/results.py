@@ -887,6 +887,20 @@ class ResultsDB:
                  .where(SampleRow.run_id == run_id, SampleRow.variant == "new").distinct())
             return sorted(tuple(r) for r in s.execute(q))  # type: ignore[misc]
 
+    def host_jobs(self, since: float) -> list[tuple[str, str, int]]:
+        """(host name, status, jobs) of the runs created since ``since``: each host's share of
+        the recent nights and how its jobs ended (infra failures are the host's own)."""
+        with self.session() as s:
+            q = (select(Host.hostname, JobRow.status, func.count())
+                 .join(Host, Host.host_id == JobRow.host_id).join(Run, Run.run_id == JobRow.run_id)
+                 .where(Run.created_at >= since).group_by(Host.hostname, JobRow.status))
+            return [(h, st, int(n)) for h, st, n in s.execute(q)]
+
+    def open_leases(self) -> list[LeaseRow]:
+        """The job attempts a host holds and has not delivered, newest beat first."""
+        with self.session() as s:
+            return list(s.scalars(select(LeaseRow).where(LeaseRow.done.is_(False)).order_by(LeaseRow.beat_at.desc())))
+
     def hosts(self) -> list[Host]:
         with self.session() as s:
             return list(s.scalars(select(Host).order_by(Host.first_seen)))

@@ -287,6 +287,11 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
         a, b = request.args.get("a", "").strip(), request.args.get("b", "").strip()
         return dashboard.compare(db, a or None, b or None)
 
+    @both("/hosts", "hosts", "hosts.html.j2")
+    def hosts() -> dict[str, Any]:
+        """Every host: its key, machine, workers connected now and what they run, recent jobs."""
+        return dashboard.hosts(db, cfg)
+
     @both("/live", "live", "live.html.j2")
     def live() -> dict[str, Any]:
         data = dashboard.live(db, cfg)

@@ -541,6 +541,101 @@ def live(db: ResultsDB, cfg: Config) -> dict[str, Any]:
     return {"gearmand": gearmand(cfg), "runs": out, "generated_at": time.time()}
 
 
+# A lease whose host has not beaten for this long is not shown as running: the worker beats
+# every few seconds while it holds the job (gearfarm.formats.lease).
+LEASE_FRESH = 120.0
+HOST_NIGHTS = 14
+
+
+def hosts(db: ResultsDB, cfg: Config, now: float | None = None) -> dict[str, Any]:
+    """Every host that served the farm or may: its registered key (roles, targets, key id: the
+    identity its records are signed with), its machine as last fingerprinted, when it was last
+    seen, the workers it has connected to gearmand now with the functions they serve and the
+    job each is running, and its jobs and infra failures over the last nights."""
+    from gearfarm.db.registry import Registry
+
+    now = time.time() if now is None else now
+    names: dict[str, dict[str, Any]] = {}
+
+    def host(name: str) -> dict[str, Any]:
+        return names.setdefault(name, {"host": name, "keys": [], "machine": None, "first_seen": None,
+                                       "last_seen": None, "workers": [], "jobs": {}, "total": 0, "infra": 0})
+
+    for e in Registry(db).entries():
+        host(e.host)["keys"].append({"kid": e.kid, "roles": list(e.roles), "targets": list(e.targets),
+                                     "added_at": e.added_at, "revoked_at": e.revoked_at})
+    for m in db.hosts():  # oldest first: the newest fingerprint of a name wins
+        h = host(m.hostname)
+        h["machine"] = {"class": m.host_class, "cpu": m.cpu_model, "cores": m.cores, "memory_gib": m.memory_gib,
+                        "kernel": m.kernel, "machine": m.machine}
+        h["first_seen"] = min(x for x in (h["first_seen"], m.first_seen) if x is not None)
+        h["last_seen"] = max(x for x in (h["last_seen"], m.last_seen) if x is not None)
+    recent = db.runs(limit=HOST_NIGHTS)
+    since = min((r.created_at for r in recent), default=now)
+    for name, status, n in db.host_jobs(since):
+        h = host(name)
+        h["jobs"][status] = h["jobs"].get(status, 0) + n
+        h["total"] += n
+        h["infra"] += n if status == "infra" else 0
+    running: dict[str, list[dict[str, Any]]] = {}
+    for lease in db.open_leases():
+        if now - lease.beat_at > LEASE_FRESH:
+            continue
+        h = host(lease.host)
+        h["last_seen"] = max(x for x in (h["last_seen"], lease.beat_at) if x is not None)
+        running.setdefault(lease.host, []).append({"job_id": lease.job_id, "worker": lease.worker,
+                                                   "since": lease.claimed_at, "step": _job_step(lease.job_id)})
+    connected, unreachable = _workers(cfg)
+    for w in connected:
+        jobs = [j for j in running.get(w["host"], []) if _same_worker(j["worker"], w["worker"])]
+        host(w["host"])["workers"].append({**w, "running": jobs})
+    for name, jobs in running.items():  # a job whose worker gearmand does not list (it may be away)
+        listed = {id(j) for w in names[name]["workers"] for j in w["running"]}
+        for j in jobs:
+            if id(j) not in listed:
+                names[name]["workers"].append({"worker": j["worker"], "host": name, "roles": [], "targets": [],
+                                               "running": [j], "connected": False})
+    return {"hosts": sorted(names.values(), key=lambda h: h["host"]), "nights": len(recent),
+            "unreachable": unreachable, "generated_at": now}
+
+
+def _job_step(job_id: str) -> dict[str, str] | None:
+    try:
+        jid = JobId.parse(job_id)
+    except ValueError:
+        return None
+    return {"run_id": jid.run_id, "target": jid.target, "step": jid.step}
+
+
+def _same_worker(lease_worker: str, client_id: str) -> bool:
+    """A lease names one role's worker (host-build-PID), gearmand the process's connection
+    (host-build+test-PID): the same process when host and PID agree."""
+    lw, cw = lease_worker.rsplit("-", 2), client_id.rsplit("-", 2)
+    return len(lw) == 3 and len(cw) == 3 and lw[0] == cw[0] and lw[2] == cw[2]
+
+
+def _workers(cfg: Config, timeout: float = 2.0) -> tuple[list[dict[str, Any]], list[str]]:
+    """The workers (not plain clients) connected to the job servers: name, host, roles,
+    targets; and the job servers that did not answer, each with why."""
+    rows: list[dict[str, Any]] = []
+    unreachable = []
+    for address in cfg.gearman.addresses():
+        try:
+            listed = admin.workers(*address, ssl_context=ssl_context(cfg), timeout=timeout)
+        except (OSError, GearmanError) as e:
+            unreachable.append(f"gearmand at {address[0]}:{address[1]}: {e} (is the farm running?)")
+            continue
+        for w in listed:
+            fns = [f for f in w.functions if ":" in f]
+            if not fns:
+                continue
+            parts = w.client_id.rsplit("-", 2)
+            rows.append({"worker": w.client_id, "host": parts[0] if len(parts) == 3 else w.client_id,
+                         "roles": sorted({f.split(":", 1)[0] for f in fns}),
+                         "targets": sorted({f.split(":", 1)[1] for f in fns}), "connected": True})
+    return rows, unreachable
+
+
 def farm_down(cfg: Config) -> str | None:
     """Why a self-service run cannot start now: the farm's gearmand or S3 does not answer
     (the embedded farm's stop with its nightly unless it ran with --keep), saying how to start

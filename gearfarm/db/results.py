@@ -66,8 +66,10 @@ class CatalogRow(Base):
 
 class Run(Base):
     __tablename__ = "runs"
-    # A project's runs newest first, stopping at a LIMIT (perf_series, runs_before): migration 0011.
-    __table_args__ = (Index("ix_runs_project_created_at", "project", "created_at"),)
+    # A project's runs newest first, and the nightly runs (not re-runs or probes) newest first,
+    # each stopping at a LIMIT (perf_series, runs_before, runs): migration 0011.
+    __table_args__ = (Index("ix_runs_project_created_at", "project", "created_at"),
+                      Index("ix_runs_parent_created_at", "parent_run_id", "created_at"))
     run_id: Mapped[str] = mapped_column(String(96), primary_key=True)
     rev: Mapped[str] = mapped_column(String(40))
     created_at: Mapped[float] = mapped_column(Float, index=True)
@@ -887,19 +889,34 @@ class ResultsDB:
                  .where(SampleRow.run_id == run_id, SampleRow.variant == "new").distinct())
             return sorted(tuple(r) for r in s.execute(q))  # type: ignore[misc]
 
-    def host_jobs(self, since: float) -> list[tuple[str, str, int]]:
-        """(host name, status, jobs) of the runs created since ``since``: each host's share of
-        the recent nights and how its jobs ended (infra failures are the host's own)."""
+    def host_jobs(self, run_ids: list[str]) -> list[tuple[str, str, int]]:
+        """(host name, status, jobs) of the runs ``run_ids``: each host's share of the recent
+        nights and how its jobs ended (infra failures are the host's own)."""
+        if not run_ids:
+            return []
         with self.session() as s:
             q = (select(Host.hostname, JobRow.status, func.count())
-                 .join(Host, Host.host_id == JobRow.host_id).join(Run, Run.run_id == JobRow.run_id)
-                 .where(Run.created_at >= since).group_by(Host.hostname, JobRow.status))
+                 .join(Host, Host.host_id == JobRow.host_id)
+                 .where(JobRow.run_id.in_(run_ids)).group_by(Host.hostname, JobRow.status))
             return [(h, st, int(n)) for h, st, n in s.execute(q)]
 
     def open_leases(self) -> list[LeaseRow]:
         """The job attempts a host holds and has not delivered, newest beat first."""
         with self.session() as s:
             return list(s.scalars(select(LeaseRow).where(LeaseRow.done.is_(False)).order_by(LeaseRow.beat_at.desc())))
+
+    def case_rows(self, run_ids: list[str], query: str | None = None,
+                  limit: int = 100_000) -> list[tuple[str, str, str, str, str, float]]:
+        """(run id, target, suite, name, status, seconds) of the test cases of ``run_ids``, those
+        whose suite/name holds ``query`` (any case) when given: the tests page's reading."""
+        if not run_ids:
+            return []
+        with self.session() as s:
+            q = select(Case.run_id, Case.target, Case.suite, Case.name, Case.status, Case.time).where(
+                Case.run_id.in_(run_ids))
+            if query:
+                q = q.where(func.lower(Case.suite + "/" + Case.name).contains(query.lower(), autoescape=True))
+            return [tuple(r) for r in s.execute(q.limit(limit))]  # type: ignore[misc]
 
     def hosts(self) -> list[Host]:
         with self.session() as s:

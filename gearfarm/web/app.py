@@ -287,6 +287,11 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
         a, b = request.args.get("a", "").strip(), request.args.get("b", "").strip()
         return dashboard.compare(db, a or None, b or None)
 
+    @both("/tests", "tests", "tests.html.j2")
+    def tests() -> dict[str, Any]:
+        """Every test of the recent runs, searchable by name: per target its last status, fail rate."""
+        return dashboard.tests(db, request.args.get("q"), request.args.get("project") or None)
+
     @both("/hosts", "hosts", "hosts.html.j2")
     def hosts() -> dict[str, Any]:
         """Every host: its key, machine, workers connected now and what they run, recent jobs."""

@@ -254,6 +254,41 @@ def test(db: ResultsDB, name: str, project: str | None = None) -> dict[str, Any]
     return {"test": name, "project": project, "runs_read": TEST_RUNS, "targets": out}
 
 
+TESTS_RUNS = 30
+TESTS_SHOWN = 500
+
+
+def tests(db: ResultsDB, query: str | None = None, project: str | None = None) -> dict[str, Any]:
+    """Every test of the newest TESTS_RUNS runs (of ``project``), those whose suite/name holds
+    ``query`` when given: per target its last status, fail rate over those runs and mean time;
+    the failing ones first."""
+    runs_ = db.runs(limit=TESTS_RUNS, project=project)
+    order = {r.run_id: i for i, r in enumerate(runs_)}  # 0: the newest
+    per: dict[str, dict[str, dict[str, Any]]] = {}
+    targets: set[str] = set()
+    for rid, target, suite, name, st, secs in db.case_rows(list(order), query.strip() if query else None):
+        targets.add(target)
+        cell = per.setdefault(f"{suite}/{name}", {}).setdefault(target, {
+            "runs": 0, "failures": 0, "seconds": 0.0, "last": None, "last_at": len(order)})
+        cell["runs"] += 1
+        cell["failures"] += st in ("failed", "error")
+        cell["seconds"] += secs or 0.0
+        if order[rid] < cell["last_at"]:
+            cell["last"], cell["last_at"] = st, order[rid]
+    rows = []
+    for test, cells in per.items():
+        for c in cells.values():
+            c["fail_rate"] = c["failures"] / c["runs"]
+            c["mean_seconds"] = c["seconds"] / c["runs"]
+            del c["last_at"], c["seconds"]
+        worst = max(c["fail_rate"] for c in cells.values())
+        failing_now = any(c["last"] in ("failed", "error") for c in cells.values())
+        rows.append({"test": test, "targets": cells, "worst_fail_rate": worst, "failing": failing_now})
+    rows.sort(key=lambda r: (not r["failing"], -r["worst_fail_rate"], r["test"]))
+    return {"query": query or "", "project": project, "runs_read": len(runs_), "targets": sorted(targets),
+            "tests": rows[:TESTS_SHOWN], "more": max(0, len(rows) - TESTS_SHOWN), "found": len(rows)}
+
+
 def regressions(db: ResultsDB, project: str | None = None, state: str | None = None,
                 kind: str | None = None) -> dict[str, Any]:
     return {"states": list(triage.STATES), "labels": triage.LABELS, "kinds": list(triage.KINDS),
@@ -381,7 +416,7 @@ def _timing(rec: ResultRecord) -> dict[str, Any]:
             **rec.timings}
 
 
-def compare(db: ResultsDB, a: str | None, b: str | None, choices: int = 60) -> dict[str, Any] | None:
+def compare(db: ResultsDB, a: str | None, b: str | None, choices: int = 30) -> dict[str, Any] | None:
     """Two runs side by side (like LNT's run comparison): every figure both measured with B's
     change from A, its 95 % interval and a verdict (same, different, not enough data:
     gearfarm.perf.compare.between); the tests whose status differs; the jobs' durations. Runs are
@@ -571,8 +606,7 @@ def hosts(db: ResultsDB, cfg: Config, now: float | None = None) -> dict[str, Any
         h["first_seen"] = min(x for x in (h["first_seen"], m.first_seen) if x is not None)
         h["last_seen"] = max(x for x in (h["last_seen"], m.last_seen) if x is not None)
     recent = db.runs(limit=HOST_NIGHTS)
-    since = min((r.created_at for r in recent), default=now)
-    for name, status, n in db.host_jobs(since):
+    for name, status, n in db.host_jobs([r.run_id for r in recent]):
         h = host(name)
         h["jobs"][status] = h["jobs"].get(status, 0) + n
         h["total"] += n

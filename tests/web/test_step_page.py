@@ -85,3 +85,18 @@ def test_the_run_pages_timings_account_for_every_jobs_time_and_name_its_host(sit
     assert [k for k, _ in data["timing_columns"]] == ["queue_wait", "build", "test"]  # no always-empty column
     html = client.get(f"/run/{rid}").get_data(as_text=True)
     assert "<th>queued</th>" in html and "<th>export</th>" not in html and "queue_wait" not in html
+
+
+def test_tests_lists_and_finds_tests_with_their_status_per_target(site: tuple[Any, str]) -> None:
+    client, rid = site
+    every = client.get("/api/tests").get_json()
+    assert every["found"] == 20 and len(every["targets"]) == 10
+    found = client.get("/api/tests?q=CASE_07").get_json()  # any case
+    assert [t["test"] for t in found["tests"]] == ["unit/case_07"]
+    cell = found["tests"][0]["targets"]["linux-t00"]
+    assert cell["runs"] == 3 and cell["last"] in ("passed", "failed") and cell["mean_seconds"] == 0.01
+    html = client.get("/tests?q=case_07").get_data(as_text=True)
+    assert 'href="/test?name=unit/case_07"' in html and html.count("<td class=") == 10
+    assert "No test matches “nothing-like-this”" in client.get("/tests?q=nothing-like-this").get_data(as_text=True)
+    run = client.get(f"/run/{rid}").get_data(as_text=True)
+    assert re.search(r'<span class="cases" title="test cases passed of all">\d+/20</span>', run)  # per suite

@@ -20,7 +20,7 @@ from gearfarm.report import publisher
 from gearfarm.web.app import create_app
 from tests.farmkit import ROOT
 
-SHORT, LONG = 24, 72
+SHORT, LONG = 36, 108
 # What a page may grow by from SHORT to three times as many runs: B-tree depth and the like.
 GROWTH = 1.25
 
@@ -76,7 +76,8 @@ def histories(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[Any, 
 
 
 @pytest.mark.parametrize("page", ["/run/{last}", "/api/run/{last}", "/run/{middle}",
-                                  "/compare?a={middle}&b={last}", "/api/compare?a={middle}&b={last}"])
+                                  "/compare?a={middle}&b={last}", "/api/compare?a={middle}&b={last}",
+                                  "/tests?q=case_01", "/hosts", "/run/{last}/step/linux-t00/test-unit"])
 def test_a_page_costs_the_same_on_three_times_the_history(histories: dict[int, tuple[Any, Steps, list[str]]],
                                                           page: str) -> None:
     cost = {}

@@ -618,6 +618,18 @@ class ResultsDB:
                  .where(SampleRow.run_id.in_(ids), SampleRow.variant == "new").distinct())
             return sorted(tuple(r) for r in s.execute(q))  # type: ignore[misc]
 
+    def new_values(self, run_ids: Iterable[str]) -> list[tuple[str, str, str, str, str, float]]:
+        """(run id, target, host class, benchmark, metric, value) of tonight's builds' samples in
+        the given runs: the performance index's latest values and sparklines."""
+        ids = list(run_ids)
+        if not ids:
+            return []
+        with self.session() as s:
+            q = (select(SampleRow.run_id, SampleRow.target, SampleRow.host_class, SampleRow.benchmark,
+                        SampleRow.metric, SampleRow.value)
+                 .where(SampleRow.run_id.in_(ids), SampleRow.variant == "new"))
+            return [tuple(r) for r in s.execute(q)]  # type: ignore[misc]
+
     def request_cancel(self, run_id: str, job_id: str | None, who: str) -> bool:
         """Record a cancel request; False when the same one was made already."""
         with self.writing() as conn:

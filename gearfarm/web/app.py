@@ -270,7 +270,8 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
 
     @both("/perf", "perf_index", "perf.html.j2")
     def perf_index() -> dict[str, Any]:
-        return dashboard.perf_index(db, request.args.get("project") or None)
+        return dashboard.perf_index(db, request.args.get("project") or None, request.args.get("target") or None,
+                                    request.args.get("benchmark") or None)
 
     @both("/perf/series", "perf_series", "series.html.j2")
     def perf_series() -> dict[str, Any]:

@@ -312,18 +312,67 @@ INDEX_RUNS = 30
 SERIES_NIGHTS = 120
 
 
-def perf_index(db: ResultsDB, project: str | None = None) -> dict[str, Any]:
-    """Every series measured lately, grouped by project, with its open regressions."""
-    run_ids = [r.run_id for p in ([project] if project else db.projects()) for r in db.runs(INDEX_RUNS, project=p)]
+def perf_index(db: ResultsDB, project: str | None = None, target: str | None = None,
+               benchmark: str | None = None) -> dict[str, Any]:
+    """Every series measured in the newest INDEX_RUNS runs of each project (filtered by project,
+    target, benchmark): its latest value with unit and direction, a sparkline of those nights,
+    its last detected change and open regressions, and the machine it runs on by name."""
+    runs_by_project = {p: db.runs(INDEX_RUNS, project=p) for p in ([project] if project else db.projects())}
+    order = {r.run_id: (p, i) for p, rs in runs_by_project.items() for i, r in enumerate(reversed(rs))}
+    latest_run = {p: rs[0] for p, rs in runs_by_project.items() if rs}
+    catalogs = {p: db.catalog_of(r) for p, r in latest_run.items()}
     open_changes: dict[tuple[str, str, str], int] = {}
+    last_change: dict[tuple[str, str, str], dict[str, Any]] = {}
     for g in triage.listing(db, project=project, kind="performance", limit=1000):
+        key = (g.project, g.target, g.subject)
         if g.state in ("untriaged", "investigating"):
-            key = (g.project, g.target, g.subject)
             open_changes[key] = open_changes.get(key, 0) + 1
-    series = [{"project": p, "target": t, "host_class": hc, "benchmark": b, "metric": m,
-               "open": open_changes.get((p, t, triage.perf_subject(b, m, hc)), 0)}
-              for p, t, hc, b, m in db.series_keys(run_ids)]
-    return {"project": project, "series": series}
+        if key not in last_change or g.detected_at > last_change[key]["detected_at"]:
+            last_change[key] = {"detected_at": g.detected_at, "change": (g.detail or {}).get("change"),
+                                "first_bad_run": g.first_bad_run, "id": g.id, "state": g.state}
+    nights: dict[tuple[str, str, str, str, str], dict[int, list[float]]] = {}
+    for rid, t, hc, b, m, v in db.new_values(order):
+        p, i = order[rid]
+        nights.setdefault((p, t, hc, b, m), {}).setdefault(i, []).append(v)
+    machines = _machine_names(db)
+    series = []
+    all_targets, all_benchmarks = set(), set()
+    for (p, t, hc, b, m), by_night in sorted(nights.items()):
+        all_targets.add(t)
+        all_benchmarks.add(b)
+        if (target and t != target) or (benchmark and b != benchmark):
+            continue
+        bench = catalogs[p].benchmarks.get(b) if catalogs.get(p) is not None else None
+        values = [statistics.median(by_night[i]) if i in by_night else None for i in range(len(runs_by_project[p]))]
+        subject = triage.perf_subject(b, m, hc)
+        latest = next((v for v in reversed(values) if v is not None), None)
+        series.append({"project": p, "target": t, "host_class": hc, "machine": machines.get(hc, hc or "unnamed"),
+                       "benchmark": b, "metric": m, "latest": latest,
+                       "unit": bench.units.get(m, "") if bench else "",
+                       "higher_is_better": (bench.metrics.get(m, "higher") == "higher") if bench else True,
+                       "trend": values, "open": open_changes.get((p, t, subject), 0),
+                       "last_change": last_change.get((p, t, subject))})
+    return {"project": project, "target": target, "benchmark": benchmark, "series": series,
+            "projects": sorted(runs_by_project), "targets": sorted(all_targets), "benchmarks": sorted(all_benchmarks),
+            "nights": INDEX_RUNS}
+
+
+def _machine_names(db: ResultsDB) -> dict[str, str]:
+    """Host class -> the machine as people name it (CPU and cores, and how many hosts share it),
+    from the hosts' fingerprints: a class is the hash of what makes figures comparable."""
+    seen: dict[str, list[Any]] = {}
+    for h in db.hosts():
+        if h.host_class:
+            seen.setdefault(h.host_class, []).append(h)
+    out = {}
+    for cls, hosts_ in seen.items():
+        h = hosts_[-1]
+        what = h.cpu_model or h.machine or "a machine"
+        if h.cores:
+            what += f", {h.cores} cores"
+        names = sorted({x.hostname for x in hosts_})
+        out[cls] = f"{what} ({', '.join(names[:3])}{' …' if len(names) > 3 else ''})"
+    return out
 
 
 def _tip(run_id: str, rev: str, at: float | None, value: float | None, extra: str = "") -> str:
@@ -341,6 +390,8 @@ def perf_series(db: ResultsDB, project: str, target: str, host_class: str, bench
     when = db.run_times(rid for rid, _, _ in rows)
     latest = db.get_run(rows[-1][0]) if rows else None
     higher = perf.directions(db, latest).get((benchmark, metric), True) if latest is not None else True
+    cat = db.catalog_of(latest) if latest is not None else None
+    bench = cat.benchmarks.get(benchmark) if cat is not None else None
     points = []
     for i, (rid, rev, values) in enumerate(rows):
         new = values.get("new", [])
@@ -365,7 +416,8 @@ def perf_series(db: ResultsDB, project: str, target: str, host_class: str, bench
     annotations = [{"rev": rev, "index": by_rev[rev]} for rev in sorted(expected) if rev in by_rev]
     return {"project": project, "target": target, "host_class": host_class, "benchmark": benchmark,
             "metric": metric, "higher_is_better": higher, "nights": points, "changes": changes,
-            "annotations": annotations, "root": root}
+            "annotations": annotations, "root": root, "unit": bench.units.get(metric, "") if bench else "",
+            "machine": _machine_names(db).get(host_class, host_class)}
 
 
 def series_charts(d: dict[str, Any]) -> tuple[str, str]:
@@ -384,7 +436,11 @@ def series_charts(d: dict[str, Any]) -> tuple[str, str]:
                             p["low"], p["high"], f"{root}run/{p['run_id']}") for p in pts]
     direction = "higher is better" if d["higher_is_better"] else "lower is better"
     top = svgplot.chart(values, marks, title=f"{d['benchmark']} {d['metric']} on {d['target']} ({direction})",
-                        y_label=d["metric"], x_labels=labels, css="chart series")
+                        y_label=f"{d['metric']} ({d['unit']})" if d.get("unit") else d["metric"], x_labels=labels,
+                        css="chart series")
+    if not any(p["ab_change"] is not None for p in pts):
+        # No night has pairs yet (the first night has no last good build): no chart of nothing.
+        return str(top), ""
     ab = [svgplot.Point(p["index"], None if p["ab_change"] is None else p["ab_change"] * 100,
                         _tip(p["run_id"], p["rev"], p["created_at"], None if p["ab_change"] is None
                              else p["ab_change"] * 100,

@@ -100,3 +100,37 @@ def test_tests_lists_and_finds_tests_with_their_status_per_target(site: tuple[An
     assert "No test matches “nothing-like-this”" in client.get("/tests?q=nothing-like-this").get_data(as_text=True)
     run = client.get(f"/run/{rid}").get_data(as_text=True)
     assert re.search(r'<span class="cases" title="test cases passed of all">\d+/20</span>', run)  # per suite
+
+
+def test_the_performance_index_shows_latest_values_units_sparklines_and_filters(site: tuple[Any, str]) -> None:
+    client, _rid = site
+    data = client.get("/api/perf").get_json()
+    assert len(data["series"]) == 100 and data["benchmarks"] == ["compress", "iibench-betree", "oltp"]
+    tps = next(s for s in data["series"] if (s["target"], s["benchmark"], s["metric"]) == ("linux-t00", "oltp", "tps"))
+    assert tps["unit"] == "tx/s" and tps["higher_is_better"] and 900 < tps["latest"] < 1200
+    assert len(tps["trend"]) == 3 and all(v is not None for v in tps["trend"])
+    p99 = next(s for s in data["series"] if s["metric"] == "p99_ms_t4")
+    assert p99["unit"] == "ms" and p99["higher_is_better"] is False
+    only = client.get("/api/perf?target=linux-t03&benchmark=oltp").get_json()["series"]
+    assert {(s["target"], s["benchmark"]) for s in only} == {("linux-t03", "oltp")} and len(only) == 3
+    html = client.get("/perf?target=linux-t03&benchmark=oltp").get_data(as_text=True)
+    row = html[html.index('data-series="oltp/tps"'):]
+    row = row[:row.index("</tr>")]
+    assert '<span class="unit">tx/s</span>' in row and "<svg" in row and "▲" in row
+
+
+def test_a_series_page_names_its_unit_and_machine_and_draws_no_empty_ab_chart(site: tuple[Any, str]) -> None:
+    client, _rid = site
+    q = "project=engine&target=linux-t00&host_class=bench-class&benchmark=oltp&metric=p99_ms_t4"
+    data = client.get(f"/api/perf/series?{q}").get_json()
+    assert data["unit"] == "ms"
+    html = client.get(f"/perf/series?{q}").get_data(as_text=True)
+    assert "oltp p99_ms_t4 (ms)" in html and "p99_ms_t4 (ms)</text>" in html  # the y axis says its unit
+    assert "A/B: tonight" in html  # these nights have pairs
+    # A first night has no pairs (no last good build yet): no A/B chart of nothing, a sentence.
+    from gearfarm.web import dashboard
+
+    first = {**data, "nights": [dict(data["nights"][0], ab_change=None, ab_low=None, ab_high=None)], "changes": [],
+             "annotations": []}
+    top, bottom = dashboard.series_charts(first)
+    assert "<svg" in top and bottom == ""

@@ -77,7 +77,7 @@ def histories(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[Any, 
 
 @pytest.mark.parametrize("page", ["/run/{last}", "/api/run/{last}", "/run/{middle}",
                                   "/compare?a={middle}&b={last}", "/api/compare?a={middle}&b={last}",
-                                  "/tests?q=case_01", "/hosts", "/run/{last}/step/linux-t00/test-unit"])
+                                  "/tests?q=case_01", "/hosts", "/run/{last}/step/linux-t00/test-unit", "/perf"])
 def test_a_page_costs_the_same_on_three_times_the_history(histories: dict[int, tuple[Any, Steps, list[str]]],
                                                           page: str) -> None:
     cost = {}

@@ -150,6 +150,7 @@ class RunPage(report.Report):
     previous: dict[str, Any] | None
     changes: list[dict[str, Any]]
     changes_error: str | None
+    built: dict[str, Any] | None
     regressions: list[dict[str, Any]]
     curves: list[dict[str, Any]]
     builds: list[dict[str, Any]]
@@ -177,6 +178,7 @@ def run(db: ResultsDB, cfg: Config, run_id: str, root: str = "/") -> RunPage | N
         **rep.with_bisections(db.bisections(origin_run_ids=[run_id])).as_dict(),
         perf_figures=perf.figures(db, r, records), state=r.state, parent_run_id=r.parent_run_id,
         previous=_run_brief(prev[0]) if prev else None, changes=changes, changes_error=changes_error,
+        built=_built(cfg, r.project, r.rev),
         regressions=[triage.as_dict(g) for g in triage.listing(db, run_id=run_id)], curves=_curves(records),
         builds=[{"target": x.target, "sha256": x.artifact_sha256, "manifest_sha256": x.manifest_sha256,
                  "host": x.host.get("hostname", ""), "reused": x.reused_artifact,
@@ -225,6 +227,26 @@ def _changes(cfg: Config, project: str, old: str, new: str) -> tuple[list[dict[s
     except snapshot.SourceError as e:
         return [], str(e)
     return [{"rev": c.rev, "author": c.author, "at": c.at, "subject": c.subject} for c in commits], None
+
+
+def _built(cfg: Config, project: str, rev: str) -> dict[str, Any] | None:
+    """The built revision's author, time and subject, when this host has the repository."""
+    try:
+        repo = snapshot.local_repository(cfg, cfg.project(project))
+    except ConfigError:
+        return None
+    if repo is None:
+        return None
+    try:
+        c = _git_commit(str(repo), rev)
+    except snapshot.SourceError:
+        return None
+    return {"rev": c.rev, "author": c.author, "at": c.at, "subject": c.subject}
+
+
+@functools.lru_cache(maxsize=512)
+def _git_commit(repo: str, rev: str) -> snapshot.Commit:
+    return snapshot.commit(Path(repo), rev)  # a commit never changes: read once
 
 
 @functools.lru_cache(maxsize=512)

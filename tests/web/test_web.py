@@ -190,6 +190,16 @@ def test_the_series_plot_marks_the_change_point_and_hovering_a_point_names_its_r
     assert page.locator("svg.ab line.ci").count() >= 1  # the nights' A/B intervals
 
 
+def test_the_run_page_names_the_built_commit_its_author_and_subject(site: Site) -> None:
+    code, body = site.get("/api/run/w5")
+    built = json.loads(body)["built"]
+    assert code == 200 and built["rev"] == site.revs["w5"]
+    assert built["subject"] == "night 5: break limits_and_bad_arguments, slow down inserts"
+    assert built["author"] == "gearfarm-test"
+    code, html = site.get("/run/w5")
+    assert b"<b>night 5: break limits_and_bad_arguments, slow down inserts</b> \xc2\xb7 gearfarm-test" in html
+
+
 def test_compare_view_shows_the_slowdown_and_the_test_that_changed(site: Site, page) -> None:  # type: ignore[no-untyped-def]
     # Picked from the lists: B is the latest run (w6), A the one before; pick w4 and w5 instead.
     page.goto(site.url + "/compare")

@@ -930,6 +930,15 @@ class ResultsDB:
                 q = q.where(func.lower(Case.suite + "/" + Case.name).contains(query.lower(), autoescape=True))
             return [tuple(r) for r in s.execute(q.limit(limit))]  # type: ignore[misc]
 
+    def case_times(self, suite: str, name: str, run_ids: list[str]) -> dict[tuple[str, str], float]:
+        """(run id, target) -> seconds of one test case in the given runs."""
+        if not run_ids:
+            return {}
+        with self.session() as s:
+            q = select(Case.run_id, Case.target, Case.time).where(Case.name == name, Case.suite == suite,
+                                                                   Case.run_id.in_(run_ids))
+            return {(rid, target): secs for rid, target, secs in s.execute(q)}
+
     def hosts(self) -> list[Host]:
         with self.session() as s:
             return list(s.scalars(select(Host).order_by(Host.first_seen)))

@@ -273,7 +273,28 @@ def test(db: ResultsDB, name: str, project: str | None = None) -> dict[str, Any]
                     "failures": fails, "fail_rate": fails / len(results) if results else 0.0,
                     "flips": history.flips(recent), "flaky": history.flips(recent) >= history.FLIP_LIMIT,
                     "results": list(reversed(results))})
-    return {"test": name, "project": project, "runs_read": TEST_RUNS, "targets": out}
+    # The grid: a row per run, newest first, a column per target, each cell its result, time and
+    # whether its status changed from the run before on that target.
+    suite, _, case = name.partition("/")
+    times = db.case_times(suite, case, list({r["run_id"] for t in out for r in t["results"]}))
+    columns = [f"{t['project']}:{t['target']}" for t in out]
+    grid: dict[str, dict[str, Any]] = {}
+    for t in out:
+        key = f"{t['project']}:{t['target']}"
+        ordered = list(reversed(t["results"]))  # oldest first, to see each change
+        for prev, r in zip([None, *ordered[:-1]], ordered, strict=True):
+            row = grid.setdefault(r["run_id"], {"run_id": r["run_id"], "rev": r["rev"], "created_at": r["created_at"],
+                                                "cells": {}})
+            changed = prev is not None and _passing(prev["status"]) != _passing(r["status"])
+            row["cells"][key] = {"status": r["status"], "verdict": r["verdict"], "changed": changed,
+                                 "seconds": times.get((r["run_id"], t["target"]))}
+    rows = sorted(grid.values(), key=lambda r: r["created_at"] or 0, reverse=True)
+    return {"test": name, "project": project, "runs_read": TEST_RUNS, "targets": out, "columns": columns,
+            "grid": rows}
+
+
+def _passing(status: str) -> bool:
+    return status not in ("failed", "error")
 
 
 TESTS_RUNS = 30

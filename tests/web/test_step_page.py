@@ -134,3 +134,19 @@ def test_a_series_page_names_its_unit_and_machine_and_draws_no_empty_ab_chart(si
              "annotations": []}
     top, bottom = dashboard.series_charts(first)
     assert "<svg" in top and bottom == ""
+
+
+def test_a_tests_page_has_a_column_per_target_with_times_and_status_changes(site: tuple[Any, str]) -> None:
+    client, rid = site
+    data = client.get("/api/test?name=unit/case_05").get_json()
+    assert len(data["columns"]) == 10 and [r["run_id"] for r in data["grid"]][0] == rid  # newest first
+    cells = data["grid"][0]["cells"]
+    assert set(cells) == set(data["columns"]) and all(c["seconds"] == 0.01 for c in cells.values())
+    oldest = data["grid"][-1]["cells"]
+    assert not any(c["changed"] for c in oldest.values())  # nothing before the first run to change from
+    for col in data["columns"]:  # a change is marked exactly where the status flips
+        seq = [r["cells"][col]["status"] for r in reversed(data["grid"])]
+        marks = [r["cells"][col]["changed"] for r in reversed(data["grid"])]
+        assert marks == [False] + [(a == "failed") != (b == "failed") for a, b in zip(seq, seq[1:], strict=False)]
+    html = client.get("/test?name=unit/case_05").get_data(as_text=True)
+    assert html.count("<th>linux-t0") == 10 and "0.0 s" in html

@@ -162,10 +162,17 @@ def test_test_history_shows_the_test_across_runs_with_its_flakiness(site: Site, 
     page.goto(site.url + "/run/w5")
     page.locator("div.failure.new h3 a").click()
     page.wait_for_load_state()
-    rows = page.locator("table tr td:nth-child(4)")
-    statuses = [rows.nth(i).inner_text() for i in range(rows.count())]
+    rows = page.locator("#test-grid tr td:nth-child(4)")
+    statuses = [rows.nth(i).inner_text().split()[1] for i in range(rows.count())]
     assert statuses == ["failed", "failed", "passed", "passed", "passed", "passed"]  # newest first
+    assert rows.nth(1).inner_text().startswith("◆")  # w5: where it changed
     assert "2 failures in 6 runs" in page.inner_text("main") and "not flaky" in page.inner_text("main")
+    # Found by name on /tests, and its page has every target as a column.
+    page.goto(site.url + "/tests?q=" + BROKEN_TEST.split("/")[1][:6])
+    page.locator(f"#tests tr[data-test='{BROKEN_TEST}'] a").click()
+    page.wait_for_load_state()
+    heads = page.locator("#test-grid th")
+    assert [heads.nth(i).inner_text() for i in range(heads.count())][3:] == [TARGET]
 
 
 # ----------------------------------------------------------------------------- performance

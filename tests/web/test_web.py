@@ -197,6 +197,21 @@ def test_the_series_plot_marks_the_change_point_and_hovering_a_point_names_its_r
     assert page.locator("svg.ab line.ci").count() >= 1  # the nights' A/B intervals
 
 
+def test_the_performance_index_shows_a_sparkline_and_the_latest_value_with_its_unit(site: Site, page) -> None:  # type: ignore[no-untyped-def]
+    page.goto(site.url + "/perf")
+    row = page.locator("#perf-index tr[data-series='iibench-quick/instructions']")
+    assert row.count() == 1
+    latest = row.locator("td.latest").inner_text()
+    assert latest.endswith("instructions") and float(latest.split()[0]) > 1e6, latest
+    spark = row.locator("td.spark svg.trend polyline")
+    assert spark.count() == 1 and len(spark.get_attribute("points").split()) == 6  # six nights
+    assert "▼" in row.inner_text()  # lower is better
+    page.select_option("#perf-filter select[name=benchmark]", "iibench-quick")
+    page.click("#perf-filter button[type=submit]")
+    page.wait_for_url("**/perf?*benchmark=iibench-quick*")
+    assert page.locator("#perf-index tr[data-series]").count() >= 1
+
+
 def test_the_run_page_names_the_built_commit_its_author_and_subject(site: Site) -> None:
     code, body = site.get("/api/run/w5")
     built = json.loads(body)["built"]

@@ -17,13 +17,20 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def answers(host: str, port: int, timeout: float = 0.5) -> bool:
+    """Whether something accepts a TCP connection on (host, port) within ``timeout`` seconds."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def wait_port(host: str, port: int, timeout: float = 20.0) -> bool:
     """Wait until something accepts TCP connections on (host, port)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return True
-        except OSError:
-            time.sleep(0.05)
+        if answers(host, port):
+            return True
+        time.sleep(0.05)
     return False

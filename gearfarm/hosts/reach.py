@@ -9,7 +9,6 @@ seconds. A stopped farm then costs it a second and one message, not a minute of 
 from __future__ import annotations
 
 import os
-import socket
 import urllib.parse
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gearfarm.config import Config
+from gearfarm.hosts import net
 
 GEARMAND = "gearmand"
 S3 = "s3"
@@ -66,14 +66,6 @@ def _nightly_keep(state: Path) -> str:
     return command if state == default else f"{command} --state-dir {state}"
 
 
-def _answers(address: tuple[str, int], timeout: float) -> bool:
-    try:
-        with socket.create_connection(address, timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
 def _s3_address(url: str) -> tuple[str, int]:
     parts = urllib.parse.urlsplit(url)
     return parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
@@ -95,7 +87,7 @@ def check(cfg: Config, needs: Sequence[str] = SERVICES, timeout: float = TIMEOUT
     if not every:
         return None
     with ThreadPoolExecutor(max_workers=len(every), thread_name_prefix="reach") as pool:
-        answered = dict(zip(every, pool.map(lambda a: _answers(a, timeout), every), strict=True))
+        answered = dict(zip(every, pool.map(lambda a: net.answers(*a, timeout=timeout), every), strict=True))
     down = [service for service, addrs in addresses.items() if not any(answered[a] for a in addrs)]
     if not down:
         return None

@@ -86,8 +86,9 @@ class WebConfig(_Section):
     # The dashboard as its readers reach it ("https://farm.example.com/"): reports and mail link
     # to it. None: they link to the copies of the logs on disk beside each report.
     url: str | None = None
-    # Where `gearfarm web` listens (host:port).
-    listen: str = "127.0.0.1:8080"
+    # Where `gearfarm web` listens (host:port). 8631: no common CI server's default (Jenkins and
+    # GitLab take 8080, Buildbot 8010, TeamCity 8111, GoCD 8153), so both run on one host.
+    listen: str = "127.0.0.1:8631"
     # Signs the dashboard's session cookies and CSRF tokens; default: a key of the dashboard's own,
     # kept in the state directory (web-secret), never derived from keys the worker hosts hold.
     secret: str | None = None

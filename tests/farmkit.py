@@ -118,6 +118,7 @@ timeout = 300
 repetitions = {repetitions}
 counter = "instructions"
 metrics = {{ instructions = "lower" }}
+units = {{ instructions = "instructions" }}
 curves = [{{ title = "insert rate by rows inserted", x = "rows", y = "interval_rate" }}]
 """
 

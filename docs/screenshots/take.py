@@ -47,11 +47,12 @@ def main() -> None:
             commit(repo, "night 7: try the fix")
             run_id = call(f"{url}/api/submit", token, {"project": "engine", "targets": [TARGET], "suites": ["unit"],
                                                         "benchmarks": ["iibench-quick"]})["run_id"]
-            views = [("status", "/"), ("run", "/run/w5"), ("log", f"/run/w5/log/{TARGET}/test-unit"),
+            views = [("status", "/"), ("run", "/run/w5"), ("log", f"/run/w5/step/{TARGET}/test-unit#L12"),
+                     ("tests", "/tests?q=limits"),
                      ("test-history", "/test?name=unit/limits_and_bad_arguments"), ("performance", "/perf"),
                      ("series", f"/perf/series?{q}"), ("compare", "/compare?a=w4&b=w5"),
-                     ("regressions", "/regressions"), ("regression", f"/regression/{regs[0]['id']}"),
-                     ("submit", "/submit")]
+                     ("compare-pick", "/compare"), ("regressions", "/regressions"),
+                     ("regression", f"/regression/{regs[0]['id']}"), ("submit", "/submit")]
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
                 page = browser.new_page(viewport={"width": 1280, "height": 900})
@@ -66,10 +67,14 @@ def main() -> None:
                         break
                     time.sleep(1)
                 page.screenshot(path=str(OUT / "live.png"), full_page=True)
+                page.goto(url + "/hosts")  # its workers, one of them running the self-service run's step
+                page.screenshot(path=str(OUT / "hosts.png"), full_page=True)
                 for name, path in views:
                     page.goto(url + path)
                     if name == "series":
                         page.locator("svg.series circle.pt").nth(4).hover()
+                    if name == "log":
+                        page.fill("#log-search", "limits_and_bad_arguments")
                     page.screenshot(path=str(OUT / f"{name}.png"), full_page=name not in ("log", "run"))
                     print(f"  {name}.png", flush=True)
                 call(f"{url}/api/run/{run_id}/cancel", token, {})

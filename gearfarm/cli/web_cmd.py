@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 @click.group("web", invoke_without_command=True)
 @click.option("--config", "config_path", help="Farm config (TOML); default $GEARFARM_CONFIG, else the embedded farm's.")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--listen", help="host:port to serve on (default: [web] listen, 127.0.0.1:8080).")
+@click.option("--listen", help="host:port to serve on (default: [web] listen, 127.0.0.1:8631).")
 @click.pass_context
 def web_group(ctx: click.Context, config_path: str | None, state_dir: Path | None, listen: str | None) -> None:
     """Serve the dashboard (status, runs, logs, test history, regressions and triage, /api/,

@@ -66,6 +66,10 @@ class CatalogRow(Base):
 
 class Run(Base):
     __tablename__ = "runs"
+    # A project's runs newest first, and the nightly runs (not re-runs or probes) newest first,
+    # each stopping at a LIMIT (perf_series, runs_before, runs): migration 0011.
+    __table_args__ = (Index("ix_runs_project_created_at", "project", "created_at"),
+                      Index("ix_runs_parent_created_at", "parent_run_id", "created_at"))
     run_id: Mapped[str] = mapped_column(String(96), primary_key=True)
     rev: Mapped[str] = mapped_column(String(40))
     created_at: Mapped[float] = mapped_column(Float, index=True)
@@ -178,7 +182,9 @@ class Case(Base):
 
 class SampleRow(Base):
     __tablename__ = "samples"
-    __table_args__ = (Index("ix_samples_series", "target", "benchmark", "metric"),)
+    __table_args__ = (Index("ix_samples_series", "target", "benchmark", "metric"),
+                      # A series' samples of given runs (perf_series): migration 0011.
+                      Index("ix_samples_run_series", "run_id", "target", "benchmark", "metric"))
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), index=True)
     run_id: Mapped[str] = mapped_column(String(96), index=True)
@@ -612,6 +618,18 @@ class ResultsDB:
                  .where(SampleRow.run_id.in_(ids), SampleRow.variant == "new").distinct())
             return sorted(tuple(r) for r in s.execute(q))  # type: ignore[misc]
 
+    def new_values(self, run_ids: Iterable[str]) -> list[tuple[str, str, str, str, str, float]]:
+        """(run id, target, host class, benchmark, metric, value) of tonight's builds' samples in
+        the given runs: the performance index's latest values and sparklines."""
+        ids = list(run_ids)
+        if not ids:
+            return []
+        with self.session() as s:
+            q = (select(SampleRow.run_id, SampleRow.target, SampleRow.host_class, SampleRow.benchmark,
+                        SampleRow.metric, SampleRow.value)
+                 .where(SampleRow.run_id.in_(ids), SampleRow.variant == "new"))
+            return [tuple(r) for r in s.execute(q)]  # type: ignore[misc]
+
     def request_cancel(self, run_id: str, job_id: str | None, who: str) -> bool:
         """Record a cancel request; False when the same one was made already."""
         with self.writing() as conn:
@@ -722,6 +740,13 @@ class ResultsDB:
         with self.session() as s:
             return list(s.scalars(select(Run).where(Run.state == "running").order_by(Run.created_at.desc())
                                   .limit(limit)))
+
+    def latest_run_at(self, rev_prefix: str) -> Run | None:
+        """The newest run (not a re-run) of a revision given by its first hex digits."""
+        with self.session() as s:
+            return s.scalars(select(Run).where(Run.rev.startswith(rev_prefix, autoescape=True),
+                                               Run.parent_run_id.is_(None))
+                             .order_by(Run.created_at.desc()).limit(1)).first()
 
     def runs_before(self, created_at: float, project: str, target: str | None = None,
                     limit: int = 50) -> list[Run]:
@@ -839,18 +864,25 @@ class ResultsDB:
         ``project`` up to ``upto`` that measured this metric on this host class (re-runs
         excluded; two projects' benchmarks of one name are two series). Variants:
         new (tonight's build), baseline (the last good build), ratio (new/baseline per pair)."""
+        series = (SampleRow.target == target, SampleRow.host_class == host_class, SampleRow.benchmark == benchmark,
+                  SampleRow.metric == metric)
         with self.session() as s:
+            # The window's runs first, newest first with a LIMIT, then only their samples: the
+            # run and compare pages ask this for every series they show, and reading the whole
+            # history to keep its tail made them grow with every night (4.7 s at 1,000 runs).
+            last = list(s.scalars(
+                select(Run.run_id)
+                .where(Run.project == project, Run.created_at <= upto, Run.parent_run_id.is_(None),
+                       select(SampleRow.run_id).where(SampleRow.run_id == Run.run_id, *series).exists())
+                .order_by(Run.created_at.desc()).limit(window)))
             q = (select(Run.run_id, Run.rev, SampleRow.variant, SampleRow.value)
                  .join(Run, Run.run_id == SampleRow.run_id)
-                 .where(SampleRow.target == target, SampleRow.host_class == host_class,
-                        SampleRow.benchmark == benchmark, SampleRow.metric == metric,
-                        Run.project == project, Run.created_at <= upto, Run.parent_run_id.is_(None))
+                 .where(SampleRow.run_id.in_(last), *series)
                  .order_by(Run.created_at, SampleRow.repetition))
             by_run: dict[str, tuple[str, dict[str, list[float]]]] = {}
             for run_id, rev, variant, value in s.execute(q):
                 by_run.setdefault(run_id, (rev, {}))[1].setdefault(variant, []).append(value)
-        rows = [(rid, rev, values) for rid, (rev, values) in by_run.items()]
-        return rows[-window:]
+        return [(rid, rev, values) for rid, (rev, values) in by_run.items()]
 
     def step_records(self, run_ids: list[str], target: str, step: str) -> dict[str, ResultRecord]:
         """Run id -> the record of one step (e.g. "perf-iibench") on one target, for each of
@@ -868,6 +900,44 @@ class ResultsDB:
             q = (select(SampleRow.target, SampleRow.host_class, SampleRow.benchmark, SampleRow.metric)
                  .where(SampleRow.run_id == run_id, SampleRow.variant == "new").distinct())
             return sorted(tuple(r) for r in s.execute(q))  # type: ignore[misc]
+
+    def host_jobs(self, run_ids: list[str]) -> list[tuple[str, str, int]]:
+        """(host name, status, jobs) of the runs ``run_ids``: each host's share of the recent
+        nights and how its jobs ended (infra failures are the host's own)."""
+        if not run_ids:
+            return []
+        with self.session() as s:
+            q = (select(Host.hostname, JobRow.status, func.count())
+                 .join(Host, Host.host_id == JobRow.host_id)
+                 .where(JobRow.run_id.in_(run_ids)).group_by(Host.hostname, JobRow.status))
+            return [(h, st, int(n)) for h, st, n in s.execute(q)]
+
+    def open_leases(self) -> list[LeaseRow]:
+        """The job attempts a host holds and has not delivered, newest beat first."""
+        with self.session() as s:
+            return list(s.scalars(select(LeaseRow).where(LeaseRow.done.is_(False)).order_by(LeaseRow.beat_at.desc())))
+
+    def case_rows(self, run_ids: list[str], query: str | None = None,
+                  limit: int = 100_000) -> list[tuple[str, str, str, str, str, float]]:
+        """(run id, target, suite, name, status, seconds) of the test cases of ``run_ids``, those
+        whose suite/name holds ``query`` (any case) when given: the tests page's reading."""
+        if not run_ids:
+            return []
+        with self.session() as s:
+            q = select(Case.run_id, Case.target, Case.suite, Case.name, Case.status, Case.time).where(
+                Case.run_id.in_(run_ids))
+            if query:
+                q = q.where(func.lower(Case.suite + "/" + Case.name).contains(query.lower(), autoescape=True))
+            return [tuple(r) for r in s.execute(q.limit(limit))]  # type: ignore[misc]
+
+    def case_times(self, suite: str, name: str, run_ids: list[str]) -> dict[tuple[str, str], float]:
+        """(run id, target) -> seconds of one test case in the given runs."""
+        if not run_ids:
+            return {}
+        with self.session() as s:
+            q = select(Case.run_id, Case.target, Case.time).where(Case.name == name, Case.suite == suite,
+                                                                   Case.run_id.in_(run_ids))
+            return {(rid, target): secs for rid, target, secs in s.execute(q)}
 
     def hosts(self) -> list[Host]:
         with self.session() as s:

@@ -269,6 +269,9 @@ class Benchmark(Step):
     # executed, a figure that does not move with the host's load (time on a shared VM does).
     counter: Literal["instructions"] | None = None
     metrics: dict[str, Literal["higher", "lower"]]
+    # Each metric's unit as people write it ("rows/s", "ms", "bytes"), for the dashboard and the
+    # report; optional, and only for metrics named in `metrics`.
+    units: dict[str, str] = Field(default_factory=dict)
     # Where the figures come from: a JSON file the benchmark writes, or a regex over its output.
     metrics_file: str | None = None
     metrics_pattern: str | None = None
@@ -297,6 +300,14 @@ class Benchmark(Step):
             raise ValueError("argv must not be empty")
         if not self.metrics:
             raise ValueError("metrics must name at least one metric (name = \"higher\" or \"lower\")")
+        stray = sorted(set(self.units) - set(self.metrics) - ({"instructions"} if self.counter else set()))
+        if stray:
+            declared = ", ".join(sorted(self.metrics))
+            raise ValueError(f"units names {', '.join(stray)}, not among the metrics ({declared}): "
+                             "give units only for declared metrics")
+        for name, unit in self.units.items():
+            if not 0 < len(unit) <= 24 or not unit.isprintable():
+                raise ValueError(f"units.{name}: a unit is 1 to 24 printable characters, such as \"rows/s\"")
         # The counter's own figure needs no source; any other metric does.
         counted = self.counter is not None and set(self.metrics) == {self.counter}
         if (self.metrics_file is not None and self.metrics_pattern is not None) or \

@@ -287,6 +287,7 @@ def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | 
         with suppress(OSError):
             fcntl.fcntl(out_w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
         pump = _Pump(out_r, capped)
+        began = time.monotonic()
         try:
             try:
                 reaper = subprocess.Popen(
@@ -324,10 +325,24 @@ def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | 
             log.write(f"\n*** killed after the catalog timeout of {timeout:.0f}s ***\n".encode())
             return None, True
         if reason in ("exit", "terminated") and detail.isdigit():
-            return os.waitstatus_to_exitcode(int(detail)), False
+            code = os.waitstatus_to_exitcode(int(detail))
+            # How the command ended, as its last line: a quiet command (make -s) otherwise
+            # leaves a log that stops at its own "$ " line, saying nothing of how it went.
+            log.write(f"--- {_ended(code)} after {time.monotonic() - began:.1f} s ---\n".encode())
+            return code, False
         log.write(f"\n*** the job's supervisor {REAPER.name} ended ({reaper.returncode}) with "
                   f"{reason or 'no'} result {detail} ***\n".encode())
         return None, False
+
+
+def _ended(code: int) -> str:
+    """An exit code as a log says it: "exit status 0", "killed by SIGABRT"."""
+    if code >= 0:
+        return f"exit status {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
 
 
 def _supervise(reaper: subprocess.Popen[bytes], job: bytes, timeout: float, status_r: int,

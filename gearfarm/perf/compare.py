@@ -96,3 +96,64 @@ def compare(sample: list[float], good: list[float], change: float) -> Comparison
     high = high_threshold(tenths, n)
     result: Result = "different" if p <= LOW_THRESHOLD else "same" if p > high else "unknown"
     return Comparison(result, p, high, tenths / 10, est, n)
+
+
+# The change a comparison of two runs looks for: the size the nightly's own A/B test alarms on
+# (gearfarm.perf.analysis.PAIRED_MIN_CHANGE), so "same" means "no change the farm would report".
+SOUGHT = 0.02
+_RESAMPLES = 2000
+VERDICTS = {"different": "different", "same": "same", "unknown": "not enough data"}
+
+
+@dataclass(frozen=True)
+class Between:
+    """Two runs' figures of one metric, side by side (the dashboard's compare): B's median over
+    A's less one, its 95 % bootstrap interval, and the verdict of ``compare`` for that change:
+    "different", "same" or "not enough data"."""
+
+    verdict: str
+    change: float | None
+    ci_low: float | None
+    ci_high: float | None
+    p_value: float | None
+
+
+def between(a: list[float], b: list[float], sought: float = SOUGHT) -> Between:
+    """Judge run B's figures against run A's. Unlike a night's A/B pairs these were measured on
+    different nights, so the host's drift is in them too: the verdict says whether the figures
+    differ, the interval by how much, and a figure needs at least two runs on each side. The
+    interval wholly beyond +-``sought`` is "different", wholly within it "same"; ``p_value`` is
+    the rank tests' (KS, Mann-Whitney), shown beside it."""
+    ma = statistics.median(a) if a else None
+    mb = statistics.median(b) if b else None
+    change = mb / ma - 1.0 if ma and mb is not None else None
+    if change is None or len(a) < 2 or len(b) < 2:
+        return Between(VERDICTS["unknown"], change, None, None, None)
+    low, high = _interval(a, b)
+    # The interval decides: an interval wholly beyond the change sought is a change, one wholly
+    # within it none. Pinpoint's rank test (``compare``) cannot say this for two runs' figures:
+    # with three a side its p-value never falls to 0.01, and figures that repeat exactly
+    # (instruction counts) have no spread for its thresholds; its simulation per noise level
+    # would also cost a page a second.
+    verdict = VERDICTS["unknown"]
+    if low is not None and high is not None:
+        if low > sought or high < -sought:
+            verdict = VERDICTS["different"]
+        elif -sought <= low and high <= sought:
+            verdict = VERDICTS["same"]
+    return Between(verdict, change, low, high, p_value(a, b))
+
+
+def _interval(a: list[float], b: list[float]) -> tuple[float | None, float | None]:
+    """95 % percentile-bootstrap interval of median(B)/median(A) - 1 (a fixed seed: a page shows
+    the same interval every time)."""
+    import numpy as np
+
+    rng = np.random.default_rng(20261126)
+    xa = np.median(rng.choice(np.asarray(a, dtype=float), (_RESAMPLES, len(a))), axis=1)
+    xb = np.median(rng.choice(np.asarray(b, dtype=float), (_RESAMPLES, len(b))), axis=1)
+    ok = xa != 0
+    if not ok.any():
+        return None, None
+    ratios = xb[ok] / xa[ok] - 1.0
+    return float(np.quantile(ratios, 0.025)), float(np.quantile(ratios, 0.975))

@@ -38,7 +38,8 @@ class DashboardLinks(Links):
         self.base = None
 
     def log(self, rec: ResultRecord) -> str | None:
-        return f"{self.url}run/{rec.run_id}/log/{rec.target}/{rec.step}" if rec.log_key else None
+        # The step's page (numbered lines, search, the run around it); the raw log is linked there.
+        return f"{self.url}run/{rec.run_id}/step/{rec.target}/{rec.step}" if rec.log_key else None
 
     def artifact(self, rec: ResultRecord) -> str | None:
         return f"{self.url}run/{rec.run_id}/artifact/{rec.target}/{rec.step}" if rec.artifact_key else None

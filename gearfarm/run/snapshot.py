@@ -260,10 +260,21 @@ def local_repository(cfg: Config, project: ProjectConfig) -> Path | None:
 
 def changes(repo: Path, old: str, new: str, limit: int = 200) -> list[Commit]:
     """The commits in ``new`` that ``old`` lacks, newest first (at most ``limit``)."""
-    proc = _git(["log", f"--max-count={limit}", "--format=%H%x1f%an%x1f%at%x1f%s", f"{old}..{new}", "--"],
-                cwd=repo, timeout=30)
+    return _log(repo, [f"--max-count={limit}", f"{old}..{new}"], f"{old[:12]}..{new[:12]}")
+
+
+def commit(repo: Path, rev: str) -> Commit:
+    """One commit: its author, time and subject."""
+    (one,) = _log(repo, ["--max-count=1", "--no-walk", rev], rev[:12]) or [None]
+    if one is None:
+        raise SourceError(f"no commit {rev[:12]} in {repo}")
+    return one
+
+
+def _log(repo: Path, args: list[str], what: str) -> list[Commit]:
+    proc = _git(["log", "--format=%H%x1f%an%x1f%at%x1f%s", *args, "--"], cwd=repo, timeout=30)
     if proc.returncode != 0:
-        raise SourceError(f"git log {old[:12]}..{new[:12]} in {repo}: {_err(proc)}")
+        raise SourceError(f"git log {what} in {repo}: {_err(proc)}")
     out = []
     for line in proc.stdout.decode(errors="replace").splitlines():
         rev, author, at, subject = line.split("\x1f", 3)

@@ -108,6 +108,8 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
     app.jinja_env.filters["secs"] = lambda s: "" if s is None else (f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min")
     app.jinja_env.filters["pct"] = lambda x: "" if x is None else f"{x * 100:+.1f} %"
     app.jinja_env.filters["counted"] = counted
+    app.jinja_env.filters["status_word"] = dashboard.status_word
+    app.jinja_env.filters["status_mark"] = dashboard.status_mark
 
     def user() -> str | None:
         """Under /api/ only a bearer token counts, never the session cookie: a third-party page
@@ -268,7 +270,8 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
 
     @both("/perf", "perf_index", "perf.html.j2")
     def perf_index() -> dict[str, Any]:
-        return dashboard.perf_index(db, request.args.get("project") or None)
+        return dashboard.perf_index(db, request.args.get("project") or None, request.args.get("target") or None,
+                                    request.args.get("benchmark") or None)
 
     @both("/perf/series", "perf_series", "series.html.j2")
     def perf_series() -> dict[str, Any]:
@@ -283,9 +286,17 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
     @both("/compare", "compare", "compare.html.j2")
     def compare() -> dict[str, Any] | None:
         a, b = request.args.get("a", "").strip(), request.args.get("b", "").strip()
-        if not a or not b:
-            abort(400, "name two runs: /compare?a=RUN&b=RUN")
-        return dashboard.compare(db, a, b)
+        return dashboard.compare(db, a or None, b or None)
+
+    @both("/tests", "tests", "tests.html.j2")
+    def tests() -> dict[str, Any]:
+        """Every test of the recent runs, searchable by name: per target its last status, fail rate."""
+        return dashboard.tests(db, request.args.get("q"), request.args.get("project") or None)
+
+    @both("/hosts", "hosts", "hosts.html.j2")
+    def hosts() -> dict[str, Any]:
+        """Every host: its key, machine, workers connected now and what they run, recent jobs."""
+        return dashboard.hosts(db, cfg)
 
     @both("/live", "live", "live.html.j2")
     def live() -> dict[str, Any]:
@@ -385,6 +396,21 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
         # junit.xml as text too: as XML, a browser would run an XHTML or SVG script in it.
         return job_output(chunks)
 
+    @app.get("/run/<run_id>/step/<target>/<step>")
+    def step_page(run_id: str, target: str, step: str) -> Any:
+        """A step's log as a page: numbered lines to link to, its header, search, the run's other
+        steps. The text is the job's and is escaped like every value (the raw log, served inert,
+        is a link away)."""
+        try:
+            chunks = joblog.stream(store, run_dir(cfg, run_id), run_id, target, step, "log.txt")
+        except ValueError as e:
+            abort(400, str(e))
+        text = b"".join(chunks).decode("utf-8", "replace") if chunks is not None else None
+        data = dashboard.step_log(db, run_id, target, step, text)
+        if data is None:
+            abort(404, f"no step {target}/{step} in run {run_id}")
+        return page("step.html.j2", data)
+
     def build_file(run_id: str, target: str, step: str, provenance: bool = False) -> Response:
         """A build's archive or its provenance, to whoever may download builds: named by the
         record the ledger applied, never by a key the browser chose."""
@@ -434,6 +460,23 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
         account.end_session(db, session.get("sid"))
         session.clear()
         return redirect(url_for("status"), 303)
+
+    @app.get("/api/")
+    def api_index() -> Any:
+        """The API's own index: every JSON endpoint, its methods, and the page it is the JSON of
+        (each is the same function as its page: one definition, two views)."""
+        endpoints = []
+        for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
+            if not rule.rule.startswith("/api/") or rule.endpoint == "api_index":
+                continue
+            view = app.view_functions[rule.endpoint]
+            page_rule = rule.rule.removeprefix("/api") if rule.endpoint.startswith("api_") else None
+            endpoints.append({"path": rule.rule, "methods": sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}),
+                              "page": "/" if page_rule == "/status" else page_rule,
+                              "about": (view.__doc__ or "").strip().split("\n")[0]})
+        return jsonify({"endpoints": endpoints,
+                        "auth": "reads are open; writes (POST) need an account's token: "
+                                "Authorization: Bearer TOKEN (gearfarm web user add NAME)"})
 
     @app.get("/healthz")
     def healthz() -> Any:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import re
 import statistics
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from gearfarm.gearman import GearmanError, admin
 from gearfarm.hosts import reach
 from gearfarm.hosts.connection import ssl_context
 from gearfarm.perf import analysis as perf
+from gearfarm.perf import compare as judge
 from gearfarm.perf.pairs import Paired
 from gearfarm.report import document as report
 from gearfarm.report.links import DashboardLinks
@@ -36,6 +39,21 @@ NIGHTS = 10
 TEST_RUNS = 200
 # Worst first: the state a target shows for a run is the worst of its jobs'.
 SEVERITY = ("failed", "infra", "cancelled", "running", "missing", "passed")
+
+
+# A status in words with a mark, so that no page tells it by colour alone.
+STATUS_WORDS = {"passed": "✔ passed", "failed": "✘ failed", "error": "✘ error", "timed_out": "⏱ timed out",
+                "infra": "⚠ infra", "no_worker": "⚠ no worker", "skipped": "– skipped", "cancelled": "⊘ cancelled",
+                "missing": "? missing", "running": "… running"}
+
+
+def status_word(status: str | None) -> str:
+    return STATUS_WORDS.get(status or "", status or "")
+
+
+def status_mark(status: str | None) -> str:
+    """The mark alone, for a cell too small for the word (its title says the word)."""
+    return status_word(status).split(" ", 1)[0] if (status or "") in STATUS_WORDS else "?"
 
 
 def step_key(step: str) -> tuple[int, str]:
@@ -132,10 +150,12 @@ class RunPage(report.Report):
     previous: dict[str, Any] | None
     changes: list[dict[str, Any]]
     changes_error: str | None
+    built: dict[str, Any] | None
     regressions: list[dict[str, Any]]
     curves: list[dict[str, Any]]
     builds: list[dict[str, Any]]
     job_timings: list[dict[str, Any]]
+    timing_columns: list[tuple[str, str]]
 
 
 def run(db: ResultsDB, cfg: Config, run_id: str, root: str = "/") -> RunPage | None:
@@ -158,6 +178,7 @@ def run(db: ResultsDB, cfg: Config, run_id: str, root: str = "/") -> RunPage | N
         **rep.with_bisections(db.bisections(origin_run_ids=[run_id])).as_dict(),
         perf_figures=perf.figures(db, r, records), state=r.state, parent_run_id=r.parent_run_id,
         previous=_run_brief(prev[0]) if prev else None, changes=changes, changes_error=changes_error,
+        built=_built(cfg, r.project, r.rev),
         regressions=[triage.as_dict(g) for g in triage.listing(db, run_id=run_id)], curves=_curves(records),
         builds=[{"target": x.target, "sha256": x.artifact_sha256, "manifest_sha256": x.manifest_sha256,
                  "host": x.host.get("hostname", ""), "reused": x.reused_artifact,
@@ -165,9 +186,9 @@ def run(db: ResultsDB, cfg: Config, run_id: str, root: str = "/") -> RunPage | N
                  "provenance": f"{root}run/{run_id}/provenance/{x.target}"}
                 for x in sorted(records, key=lambda x: x.target)
                 if x.kind == "build" and x.status == "passed" and x.artifact_key and x.artifact_sha256],
-        job_timings=sorted(({"target": x.target, "step": x.step, "status": x.status,
-                             "duration": x.duration, **x.timings} for x in records),
-                           key=lambda d: (d["target"], step_key(d["step"]))))
+        job_timings=sorted((_timing(x) for x in records), key=lambda d: (d["target"], step_key(d["step"]))),
+        timing_columns=[(k, label) for k, label in TIMING_LABELS.items()
+                        if any(k in x.timings for x in records)])
 
 
 def _curves(records: list[ResultRecord]) -> list[dict[str, Any]]:
@@ -208,6 +229,26 @@ def _changes(cfg: Config, project: str, old: str, new: str) -> tuple[list[dict[s
     return [{"rev": c.rev, "author": c.author, "at": c.at, "subject": c.subject} for c in commits], None
 
 
+def _built(cfg: Config, project: str, rev: str) -> dict[str, Any] | None:
+    """The built revision's author, time and subject, when this host has the repository."""
+    try:
+        repo = snapshot.local_repository(cfg, cfg.project(project))
+    except ConfigError:
+        return None
+    if repo is None:
+        return None
+    try:
+        c = _git_commit(str(repo), rev)
+    except snapshot.SourceError:
+        return None
+    return {"rev": c.rev, "author": c.author, "at": c.at, "subject": c.subject}
+
+
+@functools.lru_cache(maxsize=512)
+def _git_commit(repo: str, rev: str) -> snapshot.Commit:
+    return snapshot.commit(Path(repo), rev)  # a commit never changes: read once
+
+
 @functools.lru_cache(maxsize=512)
 def _git_log(repo: str, old: str, new: str) -> tuple[snapshot.Commit, ...]:
     # Revisions are immutable: the commits between two never change, so they are read once.
@@ -232,7 +273,63 @@ def test(db: ResultsDB, name: str, project: str | None = None) -> dict[str, Any]
                     "failures": fails, "fail_rate": fails / len(results) if results else 0.0,
                     "flips": history.flips(recent), "flaky": history.flips(recent) >= history.FLIP_LIMIT,
                     "results": list(reversed(results))})
-    return {"test": name, "project": project, "runs_read": TEST_RUNS, "targets": out}
+    # The grid: a row per run, newest first, a column per target, each cell its result, time and
+    # whether its status changed from the run before on that target.
+    suite, _, case = name.partition("/")
+    times = db.case_times(suite, case, list({r["run_id"] for t in out for r in t["results"]}))
+    columns = [f"{t['project']}:{t['target']}" for t in out]
+    grid: dict[str, dict[str, Any]] = {}
+    for t in out:
+        key = f"{t['project']}:{t['target']}"
+        ordered = list(reversed(t["results"]))  # oldest first, to see each change
+        for prev, r in zip([None, *ordered[:-1]], ordered, strict=True):
+            row = grid.setdefault(r["run_id"], {"run_id": r["run_id"], "rev": r["rev"], "created_at": r["created_at"],
+                                                "cells": {}})
+            changed = prev is not None and _passing(prev["status"]) != _passing(r["status"])
+            row["cells"][key] = {"status": r["status"], "verdict": r["verdict"], "changed": changed,
+                                 "seconds": times.get((r["run_id"], t["target"]))}
+    rows = sorted(grid.values(), key=lambda r: r["created_at"] or 0, reverse=True)
+    return {"test": name, "project": project, "runs_read": TEST_RUNS, "targets": out, "columns": columns,
+            "grid": rows}
+
+
+def _passing(status: str) -> bool:
+    return status not in ("failed", "error")
+
+
+TESTS_RUNS = 30
+TESTS_SHOWN = 500
+
+
+def tests(db: ResultsDB, query: str | None = None, project: str | None = None) -> dict[str, Any]:
+    """Every test of the newest TESTS_RUNS runs (of ``project``), those whose suite/name holds
+    ``query`` when given: per target its last status, fail rate over those runs and mean time;
+    the failing ones first."""
+    runs_ = db.runs(limit=TESTS_RUNS, project=project)
+    order = {r.run_id: i for i, r in enumerate(runs_)}  # 0: the newest
+    per: dict[str, dict[str, dict[str, Any]]] = {}
+    targets: set[str] = set()
+    for rid, target, suite, name, st, secs in db.case_rows(list(order), query.strip() if query else None):
+        targets.add(target)
+        cell = per.setdefault(f"{suite}/{name}", {}).setdefault(target, {
+            "runs": 0, "failures": 0, "seconds": 0.0, "last": None, "last_at": len(order)})
+        cell["runs"] += 1
+        cell["failures"] += st in ("failed", "error")
+        cell["seconds"] += secs or 0.0
+        if order[rid] < cell["last_at"]:
+            cell["last"], cell["last_at"] = st, order[rid]
+    rows = []
+    for test, cells in per.items():
+        for c in cells.values():
+            c["fail_rate"] = c["failures"] / c["runs"]
+            c["mean_seconds"] = c["seconds"] / c["runs"]
+            del c["last_at"], c["seconds"]
+        worst = max(c["fail_rate"] for c in cells.values())
+        failing_now = any(c["last"] in ("failed", "error") for c in cells.values())
+        rows.append({"test": test, "targets": cells, "worst_fail_rate": worst, "failing": failing_now})
+    rows.sort(key=lambda r: (not r["failing"], -r["worst_fail_rate"], r["test"]))
+    return {"query": query or "", "project": project, "runs_read": len(runs_), "targets": sorted(targets),
+            "tests": rows[:TESTS_SHOWN], "more": max(0, len(rows) - TESTS_SHOWN), "found": len(rows)}
 
 
 def regressions(db: ResultsDB, project: str | None = None, state: str | None = None,
@@ -258,18 +355,67 @@ INDEX_RUNS = 30
 SERIES_NIGHTS = 120
 
 
-def perf_index(db: ResultsDB, project: str | None = None) -> dict[str, Any]:
-    """Every series measured lately, grouped by project, with its open regressions."""
-    run_ids = [r.run_id for p in ([project] if project else db.projects()) for r in db.runs(INDEX_RUNS, project=p)]
+def perf_index(db: ResultsDB, project: str | None = None, target: str | None = None,
+               benchmark: str | None = None) -> dict[str, Any]:
+    """Every series measured in the newest INDEX_RUNS runs of each project (filtered by project,
+    target, benchmark): its latest value with unit and direction, a sparkline of those nights,
+    its last detected change and open regressions, and the machine it runs on by name."""
+    runs_by_project = {p: db.runs(INDEX_RUNS, project=p) for p in ([project] if project else db.projects())}
+    order = {r.run_id: (p, i) for p, rs in runs_by_project.items() for i, r in enumerate(reversed(rs))}
+    latest_run = {p: rs[0] for p, rs in runs_by_project.items() if rs}
+    catalogs = {p: db.catalog_of(r) for p, r in latest_run.items()}
     open_changes: dict[tuple[str, str, str], int] = {}
+    last_change: dict[tuple[str, str, str], dict[str, Any]] = {}
     for g in triage.listing(db, project=project, kind="performance", limit=1000):
+        key = (g.project, g.target, g.subject)
         if g.state in ("untriaged", "investigating"):
-            key = (g.project, g.target, g.subject)
             open_changes[key] = open_changes.get(key, 0) + 1
-    series = [{"project": p, "target": t, "host_class": hc, "benchmark": b, "metric": m,
-               "open": open_changes.get((p, t, triage.perf_subject(b, m, hc)), 0)}
-              for p, t, hc, b, m in db.series_keys(run_ids)]
-    return {"project": project, "series": series}
+        if key not in last_change or g.detected_at > last_change[key]["detected_at"]:
+            last_change[key] = {"detected_at": g.detected_at, "change": (g.detail or {}).get("change"),
+                                "first_bad_run": g.first_bad_run, "id": g.id, "state": g.state}
+    nights: dict[tuple[str, str, str, str, str], dict[int, list[float]]] = {}
+    for rid, t, hc, b, m, v in db.new_values(order):
+        p, i = order[rid]
+        nights.setdefault((p, t, hc, b, m), {}).setdefault(i, []).append(v)
+    machines = _machine_names(db)
+    series = []
+    all_targets, all_benchmarks = set(), set()
+    for (p, t, hc, b, m), by_night in sorted(nights.items()):
+        all_targets.add(t)
+        all_benchmarks.add(b)
+        if (target and t != target) or (benchmark and b != benchmark):
+            continue
+        bench = catalogs[p].benchmarks.get(b) if catalogs.get(p) is not None else None
+        values = [statistics.median(by_night[i]) if i in by_night else None for i in range(len(runs_by_project[p]))]
+        subject = triage.perf_subject(b, m, hc)
+        latest = next((v for v in reversed(values) if v is not None), None)
+        series.append({"project": p, "target": t, "host_class": hc, "machine": machines.get(hc, hc or "unnamed"),
+                       "benchmark": b, "metric": m, "latest": latest,
+                       "unit": bench.units.get(m, "") if bench else "",
+                       "higher_is_better": (bench.metrics.get(m, "higher") == "higher") if bench else True,
+                       "trend": values, "open": open_changes.get((p, t, subject), 0),
+                       "last_change": last_change.get((p, t, subject))})
+    return {"project": project, "target": target, "benchmark": benchmark, "series": series,
+            "projects": sorted(runs_by_project), "targets": sorted(all_targets), "benchmarks": sorted(all_benchmarks),
+            "nights": INDEX_RUNS}
+
+
+def _machine_names(db: ResultsDB) -> dict[str, str]:
+    """Host class -> the machine as people name it (CPU and cores, and how many hosts share it),
+    from the hosts' fingerprints: a class is the hash of what makes figures comparable."""
+    seen: dict[str, list[Any]] = {}
+    for h in db.hosts():
+        if h.host_class:
+            seen.setdefault(h.host_class, []).append(h)
+    out = {}
+    for cls, hosts_ in seen.items():
+        h = hosts_[-1]
+        what = h.cpu_model or h.machine or "a machine"
+        if h.cores:
+            what += f", {h.cores} cores"
+        names = sorted({x.hostname for x in hosts_})
+        out[cls] = f"{what} ({', '.join(names[:3])}{' …' if len(names) > 3 else ''})"
+    return out
 
 
 def _tip(run_id: str, rev: str, at: float | None, value: float | None, extra: str = "") -> str:
@@ -287,6 +433,8 @@ def perf_series(db: ResultsDB, project: str, target: str, host_class: str, bench
     when = db.run_times(rid for rid, _, _ in rows)
     latest = db.get_run(rows[-1][0]) if rows else None
     higher = perf.directions(db, latest).get((benchmark, metric), True) if latest is not None else True
+    cat = db.catalog_of(latest) if latest is not None else None
+    bench = cat.benchmarks.get(benchmark) if cat is not None else None
     points = []
     for i, (rid, rev, values) in enumerate(rows):
         new = values.get("new", [])
@@ -311,7 +459,8 @@ def perf_series(db: ResultsDB, project: str, target: str, host_class: str, bench
     annotations = [{"rev": rev, "index": by_rev[rev]} for rev in sorted(expected) if rev in by_rev]
     return {"project": project, "target": target, "host_class": host_class, "benchmark": benchmark,
             "metric": metric, "higher_is_better": higher, "nights": points, "changes": changes,
-            "annotations": annotations, "root": root}
+            "annotations": annotations, "root": root, "unit": bench.units.get(metric, "") if bench else "",
+            "machine": _machine_names(db).get(host_class, host_class)}
 
 
 def series_charts(d: dict[str, Any]) -> tuple[str, str]:
@@ -330,7 +479,11 @@ def series_charts(d: dict[str, Any]) -> tuple[str, str]:
                             p["low"], p["high"], f"{root}run/{p['run_id']}") for p in pts]
     direction = "higher is better" if d["higher_is_better"] else "lower is better"
     top = svgplot.chart(values, marks, title=f"{d['benchmark']} {d['metric']} on {d['target']} ({direction})",
-                        y_label=d["metric"], x_labels=labels, css="chart series")
+                        y_label=f"{d['metric']} ({d['unit']})" if d.get("unit") else d["metric"], x_labels=labels,
+                        css="chart series")
+    if not any(p["ab_change"] is not None for p in pts):
+        # No night has pairs yet (the first night has no last good build): no chart of nothing.
+        return str(top), ""
     ab = [svgplot.Point(p["index"], None if p["ab_change"] is None else p["ab_change"] * 100,
                         _tip(p["run_id"], p["rev"], p["created_at"], None if p["ab_change"] is None
                              else p["ab_change"] * 100,
@@ -345,33 +498,136 @@ def series_charts(d: dict[str, Any]) -> tuple[str, str]:
     return str(top), str(bottom)
 
 
-def compare(db: ResultsDB, a: str, b: str) -> dict[str, Any] | None:
-    """Two runs side by side (like LNT's run comparison): every figure both measured with the
-    change from A to B, the tests whose status differs, and the jobs' durations."""
-    ra, rb = db.get_run(a), db.get_run(b)
-    if ra is None or rb is None:
+# A job's timings as the run page shows them, in the order they happen; a stage no job of the
+# run has is not shown at all.
+TIMING_LABELS = {"queue_wait": "queued", "host_wait": "waiting for the host", "lookup": "artifact lookup",
+                 "source": "source", "download": "download", "verify": "verify", "build": "build",
+                 "upload": "upload", "test": "test", "cpu": "CPU"}
+# The stages inside a job's clock (started_at to finished_at); the rest of it is "other".
+_CLOCKED = ("lookup", "source", "download", "verify", "build", "upload", "test")
+
+
+def _timing(rec: ResultRecord) -> dict[str, Any]:
+    clocked = sum(v for k, v in rec.timings.items() if k in _CLOCKED)
+    other = rec.duration - clocked if rec.duration is not None else None
+    return {"target": rec.target, "step": rec.step, "status": rec.status, "duration": rec.duration,
+            "host": rec.host.get("hostname", "") or rec.worker, "other": other if other and other > 0.005 else None,
+            **rec.timings}
+
+
+def compare(db: ResultsDB, a: str | None, b: str | None, choices: int = 30) -> dict[str, Any] | None:
+    """Two runs side by side (like LNT's run comparison): every figure both measured with B's
+    change from A, its 95 % interval and a verdict (same, different, not enough data:
+    gearfarm.perf.compare.between); the tests whose status differs; the jobs' durations. Runs are
+    named by id or by a revision (its latest run). With a run missing: the runs to pick from,
+    B the latest and A the run of B's project before it."""
+    recent = [_run_brief(r) for r in db.runs(limit=choices)]
+    rb = _named_run(db, b) if b else (db.get_run(recent[0]["run_id"]) if recent else None)
+    if b and rb is None:
         return None
-    ja = {(r.target, r.step): r for r in db.jobs(a)}
-    jb = {(r.target, r.step): r for r in db.jobs(b)}
-    fa = {(f["target"], f["benchmark"], f["metric"]): f for f in perf.figures(db, ra, list(ja.values()))}
-    fb = {(f["target"], f["benchmark"], f["metric"]): f for f in perf.figures(db, rb, list(jb.values()))}
+    if a:
+        ra = _named_run(db, a)
+        if ra is None:
+            return None
+    else:
+        before = db.runs_before(rb.created_at, rb.project, limit=1) if rb is not None else []
+        ra = before[0] if before else None
+    picked = {"choices": recent, "a": _run_brief(ra) if ra else None, "b": _run_brief(rb) if rb else None}
+    if ra is None or rb is None or not (a and b):
+        return {**picked, "figures": [], "tests": [], "jobs": [], "picking": True}
+    ja = {(r.target, r.step): r for r in db.jobs(ra.run_id)}
+    jb = {(r.target, r.step): r for r in db.jobs(rb.run_id)}
+    sa, sb = _new_samples(ja.values()), _new_samples(jb.values())
+    higher = {**perf.directions(db, ra), **perf.directions(db, rb)}
     figures = []
-    for key in sorted(set(fa) | set(fb)):
-        va, vb = (fa.get(key) or {}).get("value"), (fb.get(key) or {}).get("value")
-        higher = (fb.get(key) or fa.get(key) or {}).get("higher_is_better", True)
-        change = vb / va - 1 if va and vb is not None else None
-        better = None if change is None else (change > 0) == higher
-        figures.append({"target": key[0], "benchmark": key[1], "metric": key[2], "a": va, "b": vb,
-                        "change": change, "better": better})
-    sa = {(t, s, n): st for _r, t, s, n, st in db.cases_in([a])}
-    sb = {(t, s, n): st for _r, t, s, n, st in db.cases_in([b])}
-    tests = [{"target": t, "test": f"{s}/{n}", "a": sa.get((t, s, n)), "b": sb.get((t, s, n))}
-             for (t, s, n) in sorted(set(sa) | set(sb)) if sa.get((t, s, n)) != sb.get((t, s, n))]
+    for target, benchmark, metric in sorted(set(sa) | set(sb)):
+        va, vb = sa.get((target, benchmark, metric), []), sb.get((target, benchmark, metric), [])
+        same_binary = ra.run_id == rb.run_id or (_binary(ja, target) is not None
+                                                 and _binary(ja, target) == _binary(jb, target))
+        judged = judge.between(va, vb)
+        # The same binary on both sides: whatever moved is the host, not the code (as LNT does).
+        verdict = "same" if same_binary and va and vb else judged.verdict
+        up = higher.get((benchmark, metric), True)
+        figures.append({"target": target, "benchmark": benchmark, "metric": metric,
+                        "a": statistics.median(va) if va else None, "b": statistics.median(vb) if vb else None,
+                        "a_runs": len(va), "b_runs": len(vb), "change": judged.change, "ci_low": judged.ci_low,
+                        "ci_high": judged.ci_high, "p_value": judged.p_value, "verdict": verdict,
+                        "same_binary": same_binary, "higher_is_better": up,
+                        "better": None if verdict != "different" or judged.change is None
+                        else (judged.change > 0) == up})
+    ca = {(t, s, n): st for _r, t, s, n, st in db.cases_in([ra.run_id])}
+    cb = {(t, s, n): st for _r, t, s, n, st in db.cases_in([rb.run_id])}
+    tests = [{"target": t, "test": f"{s}/{n}", "a": ca.get((t, s, n)), "b": cb.get((t, s, n))}
+             for (t, s, n) in sorted(set(ca) | set(cb)) if ca.get((t, s, n)) != cb.get((t, s, n))]
     jobs = [{"target": k[0], "step": k[1], "a_status": ja[k].status if k in ja else None,
              "b_status": jb[k].status if k in jb else None,
              "a_seconds": ja[k].duration if k in ja else None, "b_seconds": jb[k].duration if k in jb else None}
             for k in sorted(set(ja) | set(jb), key=lambda k: (k[0], step_key(k[1])))]
-    return {"a": _run_brief(ra), "b": _run_brief(rb), "figures": figures, "tests": tests, "jobs": jobs}
+    verdicts = [f["verdict"] for f in figures]
+    return {**picked, "figures": figures, "tests": tests, "jobs": jobs, "picking": False,
+            "summary": {v: verdicts.count(v) for v in ("different", "same", "not enough data")}}
+
+
+def _named_run(db: ResultsDB, name: str) -> Run | None:
+    """A run by its id, else the latest run at a revision that starts with ``name`` (7+ hex)."""
+    run = db.get_run(name)
+    if run is None and len(name) >= 7 and all(c in "0123456789abcdef" for c in name.lower()):
+        run = db.latest_run_at(name.lower())
+    return run
+
+
+def _new_samples(records: Iterable[ResultRecord]) -> dict[tuple[str, str, str], list[float]]:
+    out: dict[tuple[str, str, str], list[float]] = {}
+    for rec in records:
+        if rec.kind == "perf":
+            for s in rec.samples:
+                if s.variant == "new":
+                    out.setdefault((rec.target, s.benchmark, s.metric), []).append(s.value)
+    return out
+
+
+def _binary(jobs: dict[tuple[str, str], ResultRecord], target: str) -> str | None:
+    build = jobs.get((target, "build"))
+    return build.artifact_sha256 if build is not None and build.status == "passed" else None
+
+
+# ------------------------------------------------------------------------------------ a step's log
+
+# ANSI escape sequences (colours, cursor moves) and the other C0 controls but tab: a log is shown
+# as the text it says, never as the terminal it drove.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|[\x00-\x08\x0b-\x1f\x7f]")
+_DROPPED = re.compile(r"^\*\*\* \d+ bytes of output dropped here \(log capped at ")
+# A log longer than this many lines is shown to that line, with the rest a download away.
+LOG_LINES = 50_000
+
+
+def step_log(db: ResultsDB, run_id: str, target: str, step: str, text: str | None) -> dict[str, Any] | None:
+    """A step's log as a page: the step's record (status, host, duration, attempt, message), the
+    commands it ran (the log's `$ ` lines), its lines numbered, where its output was capped, and
+    the run's other steps on the same target. None when the run has neither a record of the step
+    nor its log."""
+    run = db.get_run(run_id)
+    if run is None:
+        return None
+    records = [r for r in db.jobs(run_id) if r.target == target]
+    rec = next((r for r in records if r.step == step), None)
+    if rec is None and text is None:
+        return None
+    lines = _ANSI.sub("", text).split("\n") if text is not None else []
+    if lines and lines[-1] == "":
+        lines.pop()
+    shown = lines[:LOG_LINES]
+    return {
+        "run": _run_brief(run), "target": target, "step": step,
+        "record": None if rec is None else {
+            "status": rec.status, "host": rec.host.get("hostname", ""), "worker": rec.worker,
+            "attempt": rec.attempt, "duration": rec.duration, "started_at": rec.started_at,
+            "finished_at": rec.finished_at, "message": rec.message},
+        "commands": [(n, line[2:]) for n, line in enumerate(shown, 1) if line.startswith("$ ")],
+        "capped": [n for n, line in enumerate(shown, 1) if _DROPPED.match(line)],
+        "lines": shown, "more_lines": len(lines) - len(shown), "has_log": text is not None,
+        "siblings": [{"step": r.step, "status": r.status}
+                     for r in sorted(records, key=lambda r: step_key(r.step)) if r.step != step]}
 
 
 # ------------------------------------------------------------------------------------ live
@@ -417,6 +673,100 @@ def live(db: ResultsDB, cfg: Config) -> dict[str, Any]:
         out.append({**_run_brief(r), "jobs": jobs, "done": sum(j["finished"] for j in jobs),
                     "cancelled_by": [{"job_id": c.job_id, "who": c.who, "at": c.at} for c in cancels[r.run_id]]})
     return {"gearmand": gearmand(cfg), "runs": out, "generated_at": time.time()}
+
+
+# A lease whose host has not beaten for this long is not shown as running: the worker beats
+# every few seconds while it holds the job (gearfarm.formats.lease).
+LEASE_FRESH = 120.0
+HOST_NIGHTS = 14
+
+
+def hosts(db: ResultsDB, cfg: Config, now: float | None = None) -> dict[str, Any]:
+    """Every host that served the farm or may: its registered key (roles, targets, key id: the
+    identity its records are signed with), its machine as last fingerprinted, when it was last
+    seen, the workers it has connected to gearmand now with the functions they serve and the
+    job each is running, and its jobs and infra failures over the last nights."""
+    from gearfarm.db.registry import Registry
+
+    now = time.time() if now is None else now
+    names: dict[str, dict[str, Any]] = {}
+
+    def host(name: str) -> dict[str, Any]:
+        return names.setdefault(name, {"host": name, "keys": [], "machine": None, "first_seen": None,
+                                       "last_seen": None, "workers": [], "jobs": {}, "total": 0, "infra": 0})
+
+    for e in Registry(db).entries():
+        host(e.host)["keys"].append({"kid": e.kid, "roles": list(e.roles), "targets": list(e.targets),
+                                     "added_at": e.added_at, "revoked_at": e.revoked_at})
+    for m in db.hosts():  # oldest first: the newest fingerprint of a name wins
+        h = host(m.hostname)
+        h["machine"] = {"class": m.host_class, "cpu": m.cpu_model, "cores": m.cores, "memory_gib": m.memory_gib,
+                        "kernel": m.kernel, "machine": m.machine}
+        h["first_seen"] = min(x for x in (h["first_seen"], m.first_seen) if x is not None)
+        h["last_seen"] = max(x for x in (h["last_seen"], m.last_seen) if x is not None)
+    recent = db.runs(limit=HOST_NIGHTS)
+    for name, status, n in db.host_jobs([r.run_id for r in recent]):
+        h = host(name)
+        h["jobs"][status] = h["jobs"].get(status, 0) + n
+        h["total"] += n
+        h["infra"] += n if status == "infra" else 0
+    running: dict[str, list[dict[str, Any]]] = {}
+    for lease in db.open_leases():
+        if now - lease.beat_at > LEASE_FRESH:
+            continue
+        h = host(lease.host)
+        h["last_seen"] = max(x for x in (h["last_seen"], lease.beat_at) if x is not None)
+        running.setdefault(lease.host, []).append({"job_id": lease.job_id, "worker": lease.worker,
+                                                   "since": lease.claimed_at, "step": _job_step(lease.job_id)})
+    connected, unreachable = _workers(cfg)
+    for w in connected:
+        jobs = [j for j in running.get(w["host"], []) if _same_worker(j["worker"], w["worker"])]
+        host(w["host"])["workers"].append({**w, "running": jobs})
+    for name, jobs in running.items():  # a job whose worker gearmand does not list (it may be away)
+        listed = {id(j) for w in names[name]["workers"] for j in w["running"]}
+        for j in jobs:
+            if id(j) not in listed:
+                names[name]["workers"].append({"worker": j["worker"], "host": name, "roles": [], "targets": [],
+                                               "running": [j], "connected": False})
+    return {"hosts": sorted(names.values(), key=lambda h: h["host"]), "nights": len(recent),
+            "unreachable": unreachable, "generated_at": now}
+
+
+def _job_step(job_id: str) -> dict[str, str] | None:
+    try:
+        jid = JobId.parse(job_id)
+    except ValueError:
+        return None
+    return {"run_id": jid.run_id, "target": jid.target, "step": jid.step}
+
+
+def _same_worker(lease_worker: str, client_id: str) -> bool:
+    """A lease names one role's worker (host-build-PID), gearmand the process's connection
+    (host-build+test-PID): the same process when host and PID agree."""
+    lw, cw = lease_worker.rsplit("-", 2), client_id.rsplit("-", 2)
+    return len(lw) == 3 and len(cw) == 3 and lw[0] == cw[0] and lw[2] == cw[2]
+
+
+def _workers(cfg: Config, timeout: float = 2.0) -> tuple[list[dict[str, Any]], list[str]]:
+    """The workers (not plain clients) connected to the job servers: name, host, roles,
+    targets; and the job servers that did not answer, each with why."""
+    rows: list[dict[str, Any]] = []
+    unreachable = []
+    for address in cfg.gearman.addresses():
+        try:
+            listed = admin.workers(*address, ssl_context=ssl_context(cfg), timeout=timeout)
+        except (OSError, GearmanError) as e:
+            unreachable.append(f"gearmand at {address[0]}:{address[1]}: {e} (is the farm running?)")
+            continue
+        for w in listed:
+            fns = [f for f in w.functions if ":" in f]
+            if not fns:
+                continue
+            parts = w.client_id.rsplit("-", 2)
+            rows.append({"worker": w.client_id, "host": parts[0] if len(parts) == 3 else w.client_id,
+                         "roles": sorted({f.split(":", 1)[0] for f in fns}),
+                         "targets": sorted({f.split(":", 1)[1] for f in fns}), "connected": True})
+    return rows, unreachable
 
 
 def farm_down(cfg: Config) -> str | None:

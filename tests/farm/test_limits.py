@@ -9,6 +9,7 @@ running a 50,000-case suite and a suite printing 1 GiB."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -84,16 +85,25 @@ def test_a_1gib_output_leaves_a_capped_log_and_the_streaming_process_small(tmp_p
         f.seek(-4096, 2)
         tail = f.read()
     assert head.startswith(b"$ sh -c ") and b"first-line-of-the-flood\n01234" in head
-    assert tail.endswith(b"\nlast-line-of-the-flood\n")
+    tail, ended = _ended(tail)
+    assert tail.endswith(b"\nlast-line-of-the-flood\n") and ended.startswith(b"--- exit status 0 after ")
     notes = [line for line in _lines_with(log, b"*** ") if b"dropped" in line]
     assert len(notes) == 1, notes
     # Every byte printed is either in the log or counted in the note (which has a line of its own).
     printed = len("first-line-of-the-flood\n") + GiB + len("\nlast-line-of-the-flood\n")
-    kept = size - len(head.split(b"\n")[0] + b"\n") - len(b"\n" + notes[0] + b"\n")
+    kept = size - len(head.split(b"\n")[0] + b"\n") - len(b"\n" + notes[0] + b"\n") - len(ended)
     assert notes[0] == (f"*** {printed - kept} bytes of output dropped here (log capped at 64 MiB: [farm] "
                         "log_limit) ***").encode()
     # Measured, not assumed: the process that streamed 1 GiB peaked far below it.
     assert got["maxrss_kib"] < 300 * 1024, f"peak RSS {got['maxrss_kib']} KiB"
+
+
+def _ended(data: bytes) -> tuple[bytes, bytes]:
+    """The log without its last line, how the command ended (``--- exit status 0 after 1.2 s ---``),
+    and that line."""
+    body, _, last = data.rstrip(b"\n").rpartition(b"\n")
+    assert last.startswith(b"--- ") and last.endswith(b" s ---"), last
+    return body + b"\n", last + b"\n"
 
 
 def _lines_with(path: Path, needle: bytes) -> list[bytes]:
@@ -112,9 +122,9 @@ def test_the_cap_keeps_the_head_and_the_tail_and_counts_every_dropped_byte(tmp_p
     got = stream(log, "seq 1 2000000", limit)
     assert got["rc"] == 0
     printed = subprocess.run(["seq", "1", "2000000"], capture_output=True, check=True).stdout
-    data = log.read_bytes()
+    data, ended = _ended(log.read_bytes())
     command, rest = data.split(b"\n", 1)
-    assert command == b"$ sh -c seq 1 2000000"
+    assert command == b"$ sh -c seq 1 2000000" and ended.startswith(b"--- exit status 0 after ")
     head, after = rest.split(b"\n*** ", 1)
     note, tail = after.split(b" ***\n", 1)
     dropped = int(note.split()[0])
@@ -122,7 +132,7 @@ def test_the_cap_keeps_the_head_and_the_tail_and_counts_every_dropped_byte(tmp_p
     # The head is the output's beginning, the tail its end, and nothing is lost unsaid.
     assert printed.startswith(head) and printed.endswith(tail)
     assert len(head) + dropped + len(tail) == len(printed)
-    assert len(data) <= limit + 200
+    assert len(data) + len(ended) <= limit + 200
     assert len(tail) >= limit // 8, "the tail (where a failure usually is) is kept, not only the head"
 
 
@@ -131,7 +141,9 @@ def test_a_log_under_the_cap_is_left_whole(tmp_path: Path) -> None:
     got = stream(log, "seq 1 1000; echo done >&2; exit 3", 1 * MiB)
     assert got["rc"] == 3
     printed = subprocess.run(["seq", "1", "1000"], capture_output=True, check=True).stdout
-    assert log.read_bytes() == b"$ sh -c seq 1 1000; echo done >&2; exit 3\n" + printed + b"done\n"
+    data, ended = _ended(log.read_bytes())
+    assert data == b"$ sh -c seq 1 1000; echo done >&2; exit 3\n" + printed + b"done\n"
+    assert re.fullmatch(rb"--- exit status 3 after \d+\.\d s ---\n", ended)
 
 
 def test_a_benchmark_runs_output_is_appended_to_the_job_log_within_the_cap(tmp_path: Path) -> None:
@@ -459,7 +471,9 @@ def test_a_1gib_log_is_capped_with_a_note_and_the_worker_stays_small(night: dict
         head = f.read(64 * 1024)
         f.seek(-4096, 2)
         tail = f.read()
+    tail, ended = _ended(tail)
     assert b"first-line-of-the-flood\n" in head and tail.endswith(b"last-line-of-the-flood\n")
+    assert ended.startswith(b"--- exit status 0 after ")
     notes = [line for line in _lines_with(log, b"bytes of output dropped here")]
     assert len(notes) == 1 and b"[farm] log_limit" in notes[0], notes
     assert night["restarts"] == {}, "a worker died on the way"

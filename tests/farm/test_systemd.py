@@ -340,7 +340,7 @@ def test_the_installed_units_run_a_farm_under_a_real_systemd(tmp_path: Path) -> 
             assert time.monotonic() < deadline, (registered, sh("journalctl --no-pager -n 80", check=False))
             time.sleep(2)
         timings["workers registered"] = time.monotonic() - t1
-        healthz = "import urllib.request\ntry: print(urllib.request.urlopen('http://127.0.0.1:8080/healthz')" \
+        healthz = "import urllib.request\ntry: print(urllib.request.urlopen('http://127.0.0.1:8631/healthz')" \
                   ".status)\nexcept OSError as e: print(e)"
         while (answer := py(healthz).strip()) != "200":
             assert time.monotonic() < deadline, answer + sh("journalctl -u gearfarm-web --no-pager", check=False)
@@ -367,7 +367,7 @@ def test_the_installed_units_run_a_farm_under_a_real_systemd(tmp_path: Path) -> 
         (tmp_path / "nightly.txt").write_text(out)
         for target in unitlab.TARGETS:
             assert re.search(rf"^{target} +[0-9.]+s build=passed test-hello=passed$", out, re.M), out
-        page = py("import urllib.request; r = urllib.request.urlopen('http://127.0.0.1:8080/run/systemd-1'); "
+        page = py("import urllib.request; r = urllib.request.urlopen('http://127.0.0.1:8631/run/systemd-1'); "
                   "print(r.status, 'linux-aarch64' in r.read().decode())")
         assert page.split() == ["200", "True"], page
         assert rev[:12] in out, out

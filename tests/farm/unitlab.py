@@ -184,7 +184,7 @@ def setup(repo: Path) -> None:
                  "signing_key": str(ETC / "keys" / "nightly.key"), "host_key": str(ETC / "keys" / "host.key"),
                  "host_name": HOST, "no_worker_wait": 120, "run_deadline": 900},
         "bisect": {"auto": False},
-        "web": {"listen": "127.0.0.1:8080"},
+        "web": {"listen": "127.0.0.1:8631"},
     })
     config_mod.dump(cfg, ETC / "farm.toml")
     cfg = config_mod.load(ETC / "farm.toml")

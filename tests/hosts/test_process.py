@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -151,7 +152,10 @@ def test_command_gets_its_output_log_env_cwd_and_no_stdin(tmp_path: Path) -> Non
     assert process.run_logged(argv, log, 60, cwd=work, env=env) == (0, False)
     lines = log.read_text().splitlines()
     assert lines[:5] == ["header", "$ " + " ".join(argv), "out", "err", str(work)]
-    assert set(lines[5:]) - {f"PWD={work}"} == {f"{k}={v}" for k, v in env.items()}
+    assert re.fullmatch(r"--- exit status 0 after \d+\.\d s ---", lines[-1])  # how it ended, last
+    assert set(lines[5:-1]) - {f"PWD={work}"} == {f"{k}={v}" for k, v in env.items()}
+    process.run_logged(["sh", "-c", "kill -ABRT $$"], log, 60)
+    assert re.search(r"\n--- killed by SIGABRT after \d+\.\d s ---\n$", log.read_text())
     assert process.run_logged(["no-such-command-gearfarm"], log, 60) == (127, False)
     assert log.read_text().endswith("cannot start no-such-command-gearfarm: [Errno 2] No such file or "
                                     "directory: 'no-such-command-gearfarm'\n")

@@ -85,21 +85,45 @@ def _regression_id(site: Site, kind: str) -> int:
 def test_status_shows_the_failing_stage_in_red_and_a_log_line_is_two_clicks_away(site: Site, page) -> None:  # type: ignore[no-untyped-def]
     page.goto(site.url + "/")
     cell = page.locator(f"td[data-target='{TARGET}']")
-    assert cell.inner_text().strip() == "failed: test-unit"
+    assert cell.inner_text().strip() == "✘ failed: test-unit"  # in words and a mark, not colour alone
     assert cell.evaluate("e => getComputedStyle(e).backgroundColor") == RED
     # The strip: six nights, oldest first, four green then two red.
     strip = page.locator("table.status .strip a")
     assert [strip.nth(i).get_attribute("class") for i in range(strip.count())] == ["passed"] * 4 + ["failed"] * 2
+    assert [strip.nth(i).inner_text() for i in range(strip.count())] == ["✔"] * 4 + ["✘"] * 2
 
     cell.locator("a").click()  # 1: the run
     page.wait_for_load_state()
     assert page.url.endswith("/run/w6")
     unit = page.locator(f"td[data-cell='{TARGET}/test-unit']")
     assert unit.evaluate("e => getComputedStyle(e).backgroundColor") == RED
-    unit.locator("a").click()  # 2: its log, from the copy on disk (MinIO stopped with the farm)
+    unit.locator("a").click()  # 2: its step's page, the log from the copy on disk (MinIO stopped with the farm)
     page.wait_for_load_state()
-    assert "empty index name accepted" in page.inner_text("body")
+    assert "empty index name accepted" in page.inner_text("#log")
+    assert page.url.endswith(f"/run/w6/step/{TARGET}/test-unit")
+    page.click("text=raw")  # and the raw log a link away
+    page.wait_for_load_state()
     assert page.url.endswith(f"/run/w6/log/{TARGET}/test-unit")
+    assert "empty index name accepted" in page.inner_text("body")
+
+
+def test_a_log_lines_link_opens_the_page_at_that_line_and_search_finds_lines(site: Site, page) -> None:  # type: ignore[no-untyped-def]
+    base = f"{site.url}/run/w5/step/{TARGET}/test-unit"
+    page.goto(base)
+    lines = page.locator("#log tr").count()
+    assert lines > 40, lines
+    n = lines - 5  # far down the page: the browser must scroll to it
+    page.locator(f"#L{n} td.ln a").click()
+    assert page.url == f"{base}#L{n}"
+    page.goto("about:blank")
+    page.goto(f"{base}#L{n}")  # the shared link, opened afresh
+    top = page.evaluate(f"document.getElementById('L{n}').getBoundingClientRect().top")
+    assert 0 <= top < page.evaluate("window.innerHeight"), top
+    assert page.locator(f"#L{n}").evaluate("e => getComputedStyle(e).backgroundColor") == "rgb(255, 243, 176)"
+    page.fill("#log-search", BROKEN_TEST.split("/")[-1])
+    assert page.locator("#log tr.hit").count() >= 1
+    assert "line" in page.inner_text("#log-hits")
+    assert BROKEN_TEST.split("/")[-1] in page.locator("#log tr.hit").first.inner_text()
 
 
 def test_the_static_report_links_the_logs_copied_beside_it(site: Site) -> None:
@@ -138,10 +162,17 @@ def test_test_history_shows_the_test_across_runs_with_its_flakiness(site: Site, 
     page.goto(site.url + "/run/w5")
     page.locator("div.failure.new h3 a").click()
     page.wait_for_load_state()
-    rows = page.locator("table tr td:nth-child(4)")
-    statuses = [rows.nth(i).inner_text() for i in range(rows.count())]
+    rows = page.locator("#test-grid tr td:nth-child(4)")
+    statuses = [rows.nth(i).inner_text().split()[1] for i in range(rows.count())]
     assert statuses == ["failed", "failed", "passed", "passed", "passed", "passed"]  # newest first
+    assert rows.nth(1).inner_text().startswith("◆")  # w5: where it changed
     assert "2 failures in 6 runs" in page.inner_text("main") and "not flaky" in page.inner_text("main")
+    # Found by name on /tests, and its page has every target as a column.
+    page.goto(site.url + "/tests?q=" + BROKEN_TEST.split("/")[1][:6])
+    page.locator(f"#tests tr[data-test='{BROKEN_TEST}'] a").click()
+    page.wait_for_load_state()
+    heads = page.locator("#test-grid th")
+    assert [heads.nth(i).inner_text() for i in range(heads.count())][3:] == [TARGET]
 
 
 # ----------------------------------------------------------------------------- performance
@@ -166,13 +197,55 @@ def test_the_series_plot_marks_the_change_point_and_hovering_a_point_names_its_r
     assert page.locator("svg.ab line.ci").count() >= 1  # the nights' A/B intervals
 
 
+def test_the_performance_index_shows_a_sparkline_and_the_latest_value_with_its_unit(site: Site, page) -> None:  # type: ignore[no-untyped-def]
+    page.goto(site.url + "/perf")
+    row = page.locator("#perf-index tr[data-series='iibench-quick/instructions']")
+    assert row.count() == 1
+    latest = row.locator("td.latest").inner_text()
+    assert latest.endswith("instructions") and float(latest.split()[0]) > 1e6, latest
+    spark = row.locator("td.spark svg.trend polyline")
+    assert spark.count() == 1 and len(spark.get_attribute("points").split()) == 6  # six nights
+    assert "▼" in row.inner_text()  # lower is better
+    page.select_option("#perf-filter select[name=benchmark]", "iibench-quick")
+    page.click("#perf-filter button[type=submit]")
+    page.wait_for_url("**/perf?*benchmark=iibench-quick*")
+    assert page.locator("#perf-index tr[data-series]").count() >= 1
+
+
+def test_the_run_page_names_the_built_commit_its_author_and_subject(site: Site) -> None:
+    code, body = site.get("/api/run/w5")
+    built = json.loads(body)["built"]
+    assert code == 200 and built["rev"] == site.revs["w5"]
+    assert built["subject"] == "night 5: break limits_and_bad_arguments, slow down inserts"
+    assert built["author"] == "gearfarm-test"
+    code, html = site.get("/run/w5")
+    assert b"<b>night 5: break limits_and_bad_arguments, slow down inserts</b> \xc2\xb7 gearfarm-test" in html
+
+
 def test_compare_view_shows_the_slowdown_and_the_test_that_changed(site: Site, page) -> None:  # type: ignore[no-untyped-def]
-    page.goto(site.url + "/compare?a=w4&b=w5")
+    # Picked from the lists: B is the latest run (w6), A the one before; pick w4 and w5 instead.
+    page.goto(site.url + "/compare")
+    assert page.locator("#pick-b").input_value() == "w6" and page.locator("#pick-a").input_value() == "w5"
+    page.select_option("#pick-a", "w4")
+    page.select_option("#pick-b", "w5")
+    page.click("form.picker button[type=submit]")
+    page.wait_for_url("**/compare?a=w4&b=w5")
     row = page.locator("tr", has_text="instructions")
     cell = row.locator("td").nth(5)
     assert cell.get_attribute("class") == "regression"
     assert 15 < float(cell.inner_text().replace("%", "").strip()) < 35
+    # The planted slowdown: "different", its interval in red beside it.
+    assert row.get_attribute("data-verdict") == "different"
+    assert "regression" in (row.locator("td.interval").get_attribute("class") or "")
+    assert "%" in row.locator("td.interval").inner_text()
+    assert "worse: different" in row.locator("td.verdict").inner_text()
     assert BROKEN_TEST in page.locator("h2:has-text('Tests whose status differs') + table").inner_text()
+    # A run against itself: every figure "same", and no cell coloured.
+    page.goto(site.url + "/compare?a=w5&b=w5")
+    verdicts = page.locator("#figures tr[data-verdict]")
+    assert verdicts.count() >= 1
+    assert {verdicts.nth(i).get_attribute("data-verdict") for i in range(verdicts.count())} == {"same"}
+    assert page.locator("#figures .regression, #figures .improvement").count() == 0
 
 
 # ------------------------------------------------------------------------ triage and /api
@@ -277,8 +350,11 @@ def test_self_service_on_the_stopped_embedded_farm_says_how_to_start_it(site: Si
     code, body = site.get("/api/submit", token=site.tokens["alice"], data=json.dumps({"project": "engine"}).encode())
     assert code == 503 and start in json.loads(body)["error"], body
     assert not list((site.state / "web").glob("*.log"))  # no nightly was started
-    # Without an account the refusal is about the account, as before.
+    # Without an account the refusal is about the account, as before, and the page offers no
+    # form to fill in: only the way to log in.
     assert site.get("/api/submit", data=b"{}")[0] == 403
+    code, body = site.get("/submit")
+    assert code == 200 and b'class="submit"' not in body and b"Log in</a> to start a run" in body
 
 
 # ------------------------------------------------------------- figures in every night's mail

@@ -238,6 +238,25 @@ def test_a_job_file_with_a_script_does_not_run_in_a_logged_in_browser(site: Site
     ctx.close()
 
 
+@pytest.mark.parametrize("step", ["test-html", "test-xhtml", "test-svg"])
+def test_a_step_page_shows_a_hostile_log_as_text_in_a_logged_in_browser(site: Site, browser, step: str) -> None:  # type: ignore[no-untyped-def]
+    """The step's page puts the job's log into the dashboard's own HTML: every line escaped, so
+    the script is text on the page and never runs with alice's session."""
+    ctx = browser.new_context()
+    page = ctx.new_page()
+    login(page, site, "alice")
+    before = _started(site)
+    resp = page.goto(f"{site.url}/run/{RUN}/step/{TARGET}/{step}")
+    assert resp is not None and resp.status == 200
+    page.wait_for_timeout(1500)
+    assert page.evaluate("window.name") == "", f"the job's script ran: window.name={page.evaluate('window.name')!r}"
+    assert page.title() != "ran" and _started(site) == before
+    if step == "test-html":  # its log is the HTML page: shown as its text, line by line
+        assert "<script>window.name='ran'" in page.locator("#L1 td.lc").inner_text()
+    assert page.locator("#log script, #log h1").count() == 0
+    ctx.close()
+
+
 def test_an_artifact_is_a_sandboxed_download(site: Site) -> None:
     req = urllib.request.Request(f"{site.url}/run/{RUN}/artifact/{TARGET}/build",
                                  headers={"Authorization": f"Bearer {site.tokens['alice']}"})

@@ -138,6 +138,16 @@ def test_a_self_service_run_starts_real_jobs_shows_live_and_cancel_stops_them(li
     assert page.locator("meta[http-equiv=refresh]").count() == 1  # the page follows the run by itself
     started = time.time()
     assert _sleepers(), "the suite's command is not running"
+    # /hosts: the farm's workers (a build and a test worker on this host, at least two), each with
+    # the targets it registered, and the one running the suite names its step.
+    page.goto(f"{live.url}/hosts")
+    workers = page.locator("#hosts div.worker")
+    assert workers.count() >= 2, page.inner_text("main")
+    texts = [workers.nth(i).inner_text() for i in range(workers.count())]
+    assert all(TARGET in text for text in texts), texts
+    assert any("build" in text.split(":", 1)[-1] for text in texts) and any("test" in text for text in texts), texts
+    running = page.locator("#hosts a.running")
+    assert running.count() == 1 and running.inner_text() == f"{TARGET}/test-sleepy", page.inner_text("main")
 
     page.locator(f"#run-{run_id} form.cancel-run button").click()
     page.wait_for_load_state()

@@ -30,7 +30,7 @@ from gearfarm.formats import catalog as catalog_mod  # noqa: E402
 from gearfarm.formats.result import ResultRecord  # noqa: E402
 from gearfarm.hosts import process  # noqa: E402
 from gearfarm.hosts.net import free_port  # noqa: E402
-from gearfarm.report import publisher  # noqa: E402
+from gearfarm.report import joblog, publisher  # noqa: E402
 
 TARGETS = [f"linux-t{i:02d}" for i in range(10)]
 BENCHMARKS = {"iibench-betree": ["insert_rate", "insert_rate_last10pct", "insert_rate_cpu", "file_bytes"],
@@ -173,12 +173,19 @@ def main() -> None:
                 assert run is not None
                 publisher.classify(db, run, db.jobs(rid))
             db.engine.dispose()
+            # A long unit log on disk (the store is down here), for the step page: 5,000 lines.
+            log = cfg.runs_dir() / last / joblog.relative(TARGETS[0], "test-unit")
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text("".join(f"\x1b[32m[{i:05d}]\x1b[0m unit case_{i % 20:02d} step {i}: ok\n"
+                                   for i in range(5000)))
         series = urlencode({"project": "engine", "target": TARGETS[0], "host_class": HOST_CLASS, "benchmark": "oltp",
                             "metric": "tps"})
         pages = ["/", "/runs", f"/run/{last}", f"/run/{middle}", "/test?name=unit/case_01", "/perf",
                  f"/perf/series?{series}", f"/perf/series?{series}&nights=365", f"/compare?a={middle}&b={last}",
-                 "/regressions", "/regression/7", "/feed.atom"]
+                 f"/compare?a={last}&b={last}", "/compare", "/regressions", "/regression/7", "/tests",
+                 "/tests?q=case_0", "/hosts", "/live", "/feed.atom"]
         pages += ["/api" + (p if p != "/" else "/status") for p in pages if not p.startswith("/feed")]
+        pages += [f"/run/{last}/step/{TARGETS[0]}/test-unit", "/api/"]
         print(f"# gearfarm web speed, {time.strftime('%Y-%m-%d %H:%M')}, database {db_path.stat().st_size / 2**20:.0f} "
               f"MiB ({args.runs} runs x 50 jobs, 100 series; " + (f"made in {made:.0f} s" if fresh else "reused")
               + f"), each page {args.repeat} times after one untimed fetch\n")

@@ -22,7 +22,7 @@ from gearfarm.formats.job import JobId
 from gearfarm.formats.result import PRODUCT_FAILURES, ResultRecord
 from gearfarm.formats.words import counted
 from gearfarm.gearman import GearmanError, admin
-from gearfarm.hosts import reach
+from gearfarm.hosts import reach, tls
 from gearfarm.hosts.connection import ssl_context
 from gearfarm.perf import analysis as perf
 from gearfarm.perf import compare as judge
@@ -692,8 +692,9 @@ def hosts(db: ResultsDB, cfg: Config, now: float | None = None) -> dict[str, Any
     names: dict[str, dict[str, Any]] = {}
 
     def host(name: str) -> dict[str, Any]:
-        return names.setdefault(name, {"host": name, "keys": [], "machine": None, "first_seen": None,
-                                       "last_seen": None, "workers": [], "jobs": {}, "total": 0, "infra": 0})
+        return names.setdefault(name, {"host": name, "keys": [], "certificates": [], "machine": None,
+                                       "first_seen": None, "last_seen": None, "workers": [], "jobs": {}, "total": 0,
+                                       "infra": 0})
 
     for e in Registry(db).entries():
         host(e.host)["keys"].append({"kid": e.kid, "roles": list(e.roles), "targets": list(e.targets),
@@ -718,6 +719,9 @@ def hosts(db: ResultsDB, cfg: Config, now: float | None = None) -> dict[str, Any
         h["last_seen"] = max(x for x in (h["last_seen"], lease.beat_at) if x is not None)
         running.setdefault(lease.host, []).append({"job_id": lease.job_id, "worker": lease.worker,
                                                    "since": lease.claimed_at, "step": _job_step(lease.job_id)})
+    certs, cert_note = _certificates(cfg)
+    for name, issued in certs.items():
+        host(name)["certificates"] = issued
     connected, unreachable = _workers(cfg)
     for w in connected:
         jobs = [j for j in running.get(w["host"], []) if _same_worker(j["worker"], w["worker"])]
@@ -729,7 +733,29 @@ def hosts(db: ResultsDB, cfg: Config, now: float | None = None) -> dict[str, Any
                 names[name]["workers"].append({"worker": j["worker"], "host": name, "roles": [], "targets": [],
                                                "running": [j], "connected": False})
     return {"hosts": sorted(names.values(), key=lambda h: h["host"]), "nights": len(recent),
-            "unreachable": unreachable, "generated_at": now}
+            "unreachable": unreachable, "certificates_note": cert_note, "generated_at": now}
+
+
+def _certificates(cfg: Config) -> tuple[dict[str, list[dict[str, Any]]], str | None]:
+    """Each host's TLS identity: the client certificates the farm CA issued in its name (the
+    common name stunnel admits it by), from the CA's index beside ``[gearman] tls_ca``; and,
+    when that index cannot be read here, why (a dashboard on a host without the CA)."""
+    if not cfg.gearman.tls_ca:
+        return {}, None  # a farm without TLS: no identity but the signing key
+    ca_dir = Path(cfg.gearman.tls_ca).parent
+    try:
+        issued = tls.issued(ca_dir)
+    except (OSError, tls.TLSError) as e:
+        return {}, f"The farm CA's index of certificates could not be read ({e})."
+    if not issued and not (ca_dir / tls.INDEX_FILE).exists():
+        return {}, (f"No index of the farm CA's certificates beside {cfg.gearman.tls_ca}: run the dashboard "
+                    "where 'gearfarm tls' keeps the CA to see each host's certificate.")
+    out: dict[str, list[dict[str, Any]]] = {}
+    for c in issued:
+        if c.kind == "client":
+            out.setdefault(c.name, []).append({"common_name": c.name, "serial": f"{c.serial:x}",
+                                               "not_after": c.not_after, "revoked": c.revoked or None})
+    return out, None
 
 
 def _job_step(job_id: str) -> dict[str, str] | None:

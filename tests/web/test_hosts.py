@@ -15,6 +15,7 @@ from gearfarm.db.results import LeaseRow, ResultsDB
 from gearfarm.formats.seal import Signer
 from gearfarm.gearman import admin
 from gearfarm.gearman.worker import Worker
+from gearfarm.hosts import tls
 from gearfarm.hosts.gearmand import Gearmand
 from gearfarm.hosts.net import free_port
 from gearfarm.web.app import create_app
@@ -73,3 +74,31 @@ def test_hosts_says_when_gearmand_does_not_answer(tmp_path: Path) -> None:
                  s3=S3Config(endpoint=f"http://127.0.0.1:{free_port()}"), farm=FarmConfig(state_dir=str(tmp_path)))
     html = create_app(cfg, db).test_client().get("/hosts").get_data(as_text=True)
     assert "is the farm running?" in html and "No host has served this farm" in html
+
+
+def test_hosts_shows_each_hosts_tls_certificate_from_the_farm_ca(tmp_path: Path) -> None:
+    """A host's TLS identity is the client certificate the farm CA issued in its name: its common
+    name, serial and expiry, and its revocation, read from the CA's index beside tls_ca."""
+    ca = tls.create_ca(tmp_path / "ca")
+    first = tls.issue_client(tmp_path / "ca", "testhost")
+    tls.issue_client(tmp_path / "ca", "oldhost")
+    tls.revoke(ca, "oldhost")
+    db = ResultsDB(f"sqlite:///{tmp_path / 'results.db'}")
+    Registry(db).add("testhost", Signer.generate().public_text, ["test"], ["linux-t00"])
+    cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{free_port()}"], tls_ca=str(ca.cert),
+                                       tls_cert=str(first.cert), tls_key=str(first.key)),
+                 database=DatabaseConfig(url=f"sqlite:///{tmp_path / 'results.db'}"),
+                 s3=S3Config(endpoint=f"http://127.0.0.1:{free_port()}"), farm=FarmConfig(state_dir=str(tmp_path)))
+    client = create_app(cfg, db).test_client()
+    hosts = {h["host"]: h for h in client.get("/api/hosts").get_json()["hosts"]}
+    (cert,) = hosts["testhost"]["certificates"]
+    serial = next(c.serial for c in tls.issued(tmp_path / "ca") if c.name == "testhost")
+    assert cert["common_name"] == "testhost" and cert["serial"] == f"{serial:x}" and cert["revoked"] is None
+    (old,) = hosts["oldhost"]["certificates"]  # issued, never seen: still listed, as revoked
+    assert old["revoked"]
+    html = client.get("/hosts").get_data(as_text=True)
+    assert f"CN=<code>testhost</code>, serial <code>{serial:x}</code>" in html and "(revoked " in html
+    # A dashboard on a host that has the CA certificate but not the CA: says where to look.
+    (tmp_path / "ca" / tls.INDEX_FILE).unlink()
+    html = create_app(cfg, db).test_client().get("/hosts").get_data(as_text=True)
+    assert "No index of the farm CA" in html

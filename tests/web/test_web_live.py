@@ -149,6 +149,7 @@ def test_a_self_service_run_starts_real_jobs_shows_live_and_cancel_stops_them(li
     running = page.locator("#hosts a.running")
     assert running.count() == 1 and running.inner_text() == f"{TARGET}/test-sleepy", page.inner_text("main")
 
+    page.goto(f"{live.url}/live")
     page.locator(f"#run-{run_id} form.cancel-run button").click()
     page.wait_for_load_state()
     assert "was cancelled by carol" in page.inner_text(f"#run-{run_id}")

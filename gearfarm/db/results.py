@@ -166,8 +166,10 @@ class Host(Base):
 
 class Case(Base):
     __tablename__ = "cases"
-    # History reads one test case on one target across runs.
-    __table_args__ = (Index("ix_cases_target_suite_name", "target", "suite", "name"),)
+    # History reads one test case on one target across runs; a test's page, one case in the
+    # newest runs (by name and run id: through the name alone it read every night's).
+    __table_args__ = (Index("ix_cases_target_suite_name", "target", "suite", "name"),
+                      Index("ix_cases_name_run", "name", "run_id"))
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), index=True)
     run_id: Mapped[str] = mapped_column(String(96), index=True)
@@ -563,12 +565,15 @@ class ResultsDB:
                  .options(load_only(Run.run_id, Run.rev, Run.created_at, Run.project, Run.parent_run_id))
                  .where(Case.name == name).order_by(Run.created_at, Case.id))
             if recent is not None:
-                newest = select(Run.created_at).where(Run.parent_run_id.is_(None)).order_by(Run.created_at.desc())
+                # The newest runs by id, then their cases by (name, run id): a bound on time
+                # instead read the case in every night before dropping the older ones.
+                newest = select(Run.run_id).where(Run.parent_run_id.is_(None)).order_by(Run.created_at.desc())
                 if project is not None:
                     newest = newest.where(Run.project == project)
-                cutoff = s.scalar(newest.offset(recent - 1).limit(1))
-                if cutoff is not None:
-                    q = q.where(Run.created_at >= cutoff)
+                ids = list(s.scalars(newest.limit(recent)))
+                if reruns:
+                    ids += list(s.scalars(select(Run.run_id).where(Run.parent_run_id.in_(ids))))
+                q = q.where(Case.run_id.in_(ids))
             if target is not None:
                 q = q.where(Case.target == target)
             if suite is not None:
@@ -883,6 +888,36 @@ class ResultsDB:
             for run_id, rev, variant, value in s.execute(q):
                 by_run.setdefault(run_id, (rev, {}))[1].setdefault(variant, []).append(value)
         return [(rid, rev, values) for rid, (rev, values) in by_run.items()]
+
+    def perf_trends(self, project: str, keys: list[tuple[str, str, str, str]], upto: float, window: int,
+                    variant: str = "new") -> dict[tuple[str, str, str, str], list[list[float]]]:
+        """For each (target, host class, benchmark, metric) of ``keys``: the ``variant`` values of
+        each of its last ``window`` runs up to ``upto``, oldest first -- ``perf_series`` for many
+        series in two queries (a run page shows every series the run measured: one query each
+        made the page cost grow with the number of series)."""
+        wanted = set(keys)
+        with self.session() as s:
+            last = list(s.scalars(
+                select(Run.run_id)
+                .where(Run.project == project, Run.created_at <= upto, Run.parent_run_id.is_(None),
+                       select(SampleRow.run_id).where(SampleRow.run_id == Run.run_id).exists())
+                .order_by(Run.created_at.desc()).limit(window)))
+            q = (select(SampleRow.target, SampleRow.host_class, SampleRow.benchmark, SampleRow.metric,
+                        SampleRow.run_id, SampleRow.value)
+                 .join(Run, Run.run_id == SampleRow.run_id)
+                 .where(SampleRow.run_id.in_(last), SampleRow.variant == variant)
+                 .order_by(Run.created_at, SampleRow.repetition))
+            found: dict[tuple[str, str, str, str], dict[str, list[float]]] = {}
+            for target, host_class, benchmark, metric, run_id, value in s.execute(q):
+                key = (target, host_class, benchmark, metric)
+                if key in wanted:
+                    found.setdefault(key, {}).setdefault(run_id, []).append(value)
+        out = {k: list(v.values()) for k, v in found.items()}
+        for key in keys:
+            if len(out.get(key, [])) < window and len(last) == window:
+                # Not measured on every one of the project's last nights: its own window, further back.
+                out[key] = [v[variant] for _, _, v in self.perf_series(project, *key, upto, window) if variant in v]
+        return out
 
     def step_records(self, run_ids: list[str], target: str, step: str) -> dict[str, ResultRecord]:
         """Run id -> the record of one step (e.g. "perf-iibench") on one target, for each of

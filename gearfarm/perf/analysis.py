@@ -151,7 +151,9 @@ def figures(db: ResultsDB, run: Run, records: list[ResultRecord] | None = None) 
     higher_is_better = directions(db, run)
     recs = {(r.target, r.name): r for r in (db.jobs(run.run_id) if records is None else records) if r.kind == "perf"}
     out = []
-    for target, host_class, benchmark, metric in db.perf_keys(run.run_id):
+    keys = db.perf_keys(run.run_id)
+    trends = db.perf_trends(run.project, keys, run.created_at, TREND_NIGHTS)
+    for target, host_class, benchmark, metric in keys:
         rec = recs.get((target, benchmark))
         if rec is None:
             continue
@@ -164,9 +166,7 @@ def figures(db: ResultsDB, run: Run, records: list[ResultRecord] | None = None) 
             "baseline_rev": rec.baseline_rev, "baseline_identical": rec.baseline_identical,
             "quietness": dict(rec.quietness),
             # The series' last nights up to this one (median of each night's runs of its build).
-            "trend": [statistics.median(v["new"]) if v.get("new") else None
-                      for _, _, v in db.perf_series(run.project, target, host_class, benchmark, metric,
-                                                    run.created_at, TREND_NIGHTS)]}
+            "trend": [statistics.median(v) for v in trends.get((target, host_class, benchmark, metric), [])]}
         if night.k:
             fig["change"] = math.expm1(night.mean)
             fig["ci_low"], fig["ci_high"] = night.interval() or (None, None)

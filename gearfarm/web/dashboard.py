@@ -540,11 +540,12 @@ def compare(db: ResultsDB, a: str | None, b: str | None, choices: int = 30) -> d
     sa, sb = _new_samples(ja.values()), _new_samples(jb.values())
     higher = {**perf.directions(db, ra), **perf.directions(db, rb)}
     figures = []
-    for target, benchmark, metric in sorted(set(sa) | set(sb)):
+    measured = sorted(set(sa) | set(sb))
+    judgements = judge.between_all([(sa.get(k, []), sb.get(k, [])) for k in measured])
+    for (target, benchmark, metric), judged in zip(measured, judgements, strict=True):
         va, vb = sa.get((target, benchmark, metric), []), sb.get((target, benchmark, metric), [])
         same_binary = ra.run_id == rb.run_id or (_binary(ja, target) is not None
                                                  and _binary(ja, target) == _binary(jb, target))
-        judged = judge.between(va, vb)
         # The same binary on both sides: whatever moved is the host, not the code (as LNT does).
         verdict = "same" if same_binary and va and vb else judged.verdict
         up = higher.get((benchmark, metric), True)

@@ -371,41 +371,53 @@ def restarted(farm: EmbeddedFarm, name: str, old_pid: int, timeout: float = 30.0
 
 def test_worker_killed_mid_job_loses_nothing(farm: EmbeddedFarm) -> None:
     """kill -9 of the worker group while a job's command runs; the supervisor restarts it and
-    gearmand hands the job out again (or the nightly resubmits it once gearmand gave up)."""
+    gearmand hands the job out again (or the nightly resubmits it once gearmand gave up).
+
+    A kill is aimed into a command, but the command may end first: the worker then sealed its
+    result and the kill fell between jobs, which proves nothing about a job. Such a miss is
+    counted and made up by another kill, up to twice the target, rather than failing the case."""
     view, tally, rng = FarmView(farm), Tally(), random.Random(1)
     kills: list[Start] = []
     target, per_run = int(SIZE["worker_kills"]), int(SIZE["worker_kills_per_run"])
-    for trial in range(target + 1):  # every run has a model suite to start, so one kill at least
-        if len(kills) >= target:
-            break
-        watch = StartWatch(farm.state / "logs")
-        with Nightly(farm.config_path, f"kill{trial}") as run:
-            done = 0
-            per_attempt: Counter[tuple[str, int]] = Counter()
-            while done < per_run and len(kills) < target:
-                s = watch.next(run, run.run_id, LONG_STEPS)
-                if s is None:
-                    break
-                if per_attempt[s.job_id, s.attempt] >= SIZE["worker_kills_per_attempt"]:
-                    continue  # let this one run (small profile: one build and one suite killed)
-                # Into the command, well before its end (build ~2 s, model suite ~8 s).
-                time.sleep(rng.uniform(0.3, 0.8) if s.jid.step == "build" else rng.uniform(0.5, 3.0))
-                name = proc_of(farm, s.pid)
-                if name is None:
-                    continue
-                os.killpg(s.pid, signal.SIGKILL)
-                kills.append(s)
-                per_attempt[s.job_id, s.attempt] += 1
-                done += 1
-                restarted(farm, name, s.pid)
-            view.add_run(tally, run)
-    view.count(tally)
-    # A kill was mid-job if the killed worker never sealed a result for that job and attempt.
-    finished = {(r.job_id, r.attempt, r.worker) for r in tally.records.values()}
-    mid_job = sum((s.job_id, s.attempt, s.worker) not in finished for s in kills)
-    tally.report("worker-kill-9", kills=len(kills), kills_mid_job=mid_job,
+    mid_job, runs = 0, 0
+    while mid_job < target and len(kills) < 2 * target:
+        wanted = target - mid_job  # this round: the kills still missing
+        aimed = 0
+        for _ in range(wanted + 1):  # every run has a model suite to start, so one kill at least
+            if aimed >= wanted:
+                break
+            watch = StartWatch(farm.state / "logs")
+            with Nightly(farm.config_path, f"kill{runs}") as run:
+                runs += 1
+                done = 0
+                per_attempt: Counter[tuple[str, int]] = Counter()
+                while done < per_run and aimed < wanted:
+                    s = watch.next(run, run.run_id, LONG_STEPS)
+                    if s is None:
+                        break
+                    if per_attempt[s.job_id, s.attempt] >= SIZE["worker_kills_per_attempt"]:
+                        continue  # let this one run (small profile: one build and one suite killed)
+                    # Into the command, well before its end (build ~2 s, model suite ~8 s).
+                    time.sleep(rng.uniform(0.3, 0.8) if s.jid.step == "build" else rng.uniform(0.5, 3.0))
+                    name = proc_of(farm, s.pid)
+                    if name is None:
+                        continue
+                    os.killpg(s.pid, signal.SIGKILL)
+                    kills.append(s)
+                    per_attempt[s.job_id, s.attempt] += 1
+                    done += 1
+                    aimed += 1
+                    restarted(farm, name, s.pid)
+                view.add_run(tally, run)
+        view.count(tally)
+        # A kill was mid-job if the killed worker never sealed a result for that job and attempt.
+        finished = {(r.job_id, r.attempt, r.worker) for r in tally.records.values()}
+        mid_job = sum((s.job_id, s.attempt, s.worker) not in finished for s in kills)
+        if aimed == 0:
+            break  # no run offered a command to kill: the assertion below says so
+    tally.report("worker-kill-9", kills=len(kills), kills_mid_job=mid_job, kills_between_jobs=len(kills) - mid_job,
                  restarts=sum(v for k, v in farm.restarts.items() if k != "collector"))
-    assert len(kills) == target and mid_job == len(kills)
+    assert mid_job >= target, f"{mid_job} of {len(kills)} kills landed mid-job, {target} wanted"
 
 
 def test_gearmand_killed_and_restarted_loses_no_job(farm: EmbeddedFarm) -> None:

@@ -93,3 +93,24 @@ def test_the_gearman_client_size_in_its_doc_is_the_real_one() -> None:
     claimed = int(said.group(1).replace(",", ""))
     real = sum(len(p.read_text().splitlines()) for p in (ROOT / "gearfarm" / "gearman").glob("*.py"))
     assert abs(claimed - real) <= real * 0.10, f"the doc says about {claimed} lines; gearfarm/gearman/ has {real}"
+
+
+def test_every_image_a_doc_shows_is_committed() -> None:
+    """An image in the README or a doc (`![...](path)`, or a screenshot named in docs/dashboard.md)
+    is a file in the repository: a page that shows a broken image shows nothing."""
+    files = set(subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                               check=True).stdout.splitlines())
+    missing, shown = [], 0
+    for doc in DOCS:
+        text = doc.read_text()
+        named = re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", text)
+        if doc.name == "dashboard.md":
+            named += [f"screenshots/{n}" for n in re.findall(r"`([\w-]+\.png)`", text)]
+        for target in named:
+            if target.startswith(("http://", "https://")):
+                continue
+            shown += 1
+            path = (doc.parent / target).resolve().relative_to(ROOT.resolve()).as_posix()
+            if path not in files:
+                missing.append(f"{doc.relative_to(ROOT)}: {target}")
+    assert shown >= 10 and not missing, missing

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import random
 
-from gearfarm.perf.compare import SOUGHT, between
+import pytest
+
+from gearfarm.perf.compare import SOUGHT, between, between_all
 
 
 def test_identical_figures_are_the_same_and_a_10_percent_slowdown_is_different() -> None:
@@ -32,3 +34,25 @@ def test_noise_alone_is_rarely_called_different_and_one_run_is_not_enough() -> N
     one = between([1.0], [0.5, 0.5])
     assert one.verdict == "not enough data" and one.change == -0.5 and one.ci_low is None
     assert between([], [1.0, 1.0]).change is None
+
+
+def test_judging_many_figures_at_once_gives_each_the_verdict_it_gets_alone() -> None:
+    """The compare page judges every figure in batches of one size; a figure's verdict, interval
+    and p-value must be its own, whatever its neighbours (sizes, ties, zeros, too few values)."""
+    rng = random.Random(7)
+    pairs: list[tuple[list[float], list[float]]] = []
+    for i in range(60):
+        base = (1000.0, 0.0, 5.0)[i % 3]
+        a = [base * rng.gauss(1, 0.02) for _ in range(rng.choice([0, 1, 3, 5]))]
+        b = [base * rng.gauss(1.05, 0.02) for _ in range(rng.choice([2, 3, 5]))]
+        if i % 4 == 0:  # instruction counts: ties everywhere
+            a, b = [float(round(x)) for x in a], [float(round(x)) for x in b]
+        pairs.append((a, b))
+    batch = between_all(pairs)
+    assert len(batch) == len(pairs)
+    assert {j.verdict for j in batch} >= {"different", "not enough data"}
+    for (a, b), got in zip(pairs, batch, strict=True):
+        alone = between(a, b)
+        assert got.verdict == alone.verdict and got.change == alone.change
+        assert got.ci_low == pytest.approx(alone.ci_low) and got.ci_high == pytest.approx(alone.ci_high)
+        assert got.p_value == pytest.approx(alone.p_value, nan_ok=True)

@@ -17,6 +17,7 @@ from gearfarm.config import Config, DatabaseConfig, FarmConfig, S3Config
 from gearfarm.db.results import ResultsDB
 from gearfarm.hosts.net import free_port
 from gearfarm.report import publisher
+from gearfarm.web import dashboard
 from gearfarm.web.app import create_app
 from tests.farmkit import ROOT
 
@@ -77,9 +78,14 @@ def histories(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[Any, 
 
 @pytest.mark.parametrize("page", ["/run/{last}", "/api/run/{last}", "/run/{middle}",
                                   "/compare?a={middle}&b={last}", "/api/compare?a={middle}&b={last}",
-                                  "/tests?q=case_01", "/hosts", "/run/{last}/step/linux-t00/test-unit", "/perf"])
+                                  "/tests?q=case_01", "/hosts", "/run/{last}/step/linux-t00/test-unit", "/perf",
+                                  "/test?name=unit/case_01", "/api/test?name=unit/case_01", "/tests"])
 def test_a_page_costs_the_same_on_three_times_the_history(histories: dict[int, tuple[Any, Steps, list[str]]],
-                                                          page: str) -> None:
+                                                          page: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The test pages read a fixed number of the newest runs (200 and 30): fewer here, so that
+    # both histories are longer than what they read, as 1,000 nights are.
+    monkeypatch.setattr(dashboard, "TEST_RUNS", 12)
+    monkeypatch.setattr(dashboard, "TESTS_RUNS", 12)
     cost = {}
     for runs, (client, steps, run_ids) in histories.items():
         path = page.format(last=run_ids[-1], middle=run_ids[len(run_ids) // 2])

@@ -241,7 +241,8 @@ def test_compare_view_shows_the_slowdown_and_the_test_that_changed(site: Site, p
     assert "regression" in (row.locator("td.interval").get_attribute("class") or "")
     assert "%" in row.locator("td.interval").inner_text()
     assert "worse: different" in row.locator("td.verdict").inner_text()
-    assert BROKEN_TEST in page.locator("h2:has-text('Tests whose status differs') + table").inner_text()
+    differs = page.locator("h2:has-text('Tests whose status differs') + table").inner_text()
+    assert BROKEN_TEST in differs and "✔ passed" in differs and "✘ failed" in differs  # icon and word, not colour alone
     # A run against itself: every figure "same", and no cell coloured.
     page.goto(site.url + "/compare?a=w5&b=w5")
     verdicts = page.locator("#figures tr[data-verdict]")

@@ -131,26 +131,25 @@ def between_all(pairs: list[tuple[list[float], list[float]]], sought: float = SO
     """``between`` for many figures at once (a compare page judges every figure two runs have):
     figures with as many values a side are judged together, one array operation for all, since
     scipy's per-call overhead, not the arithmetic, is what a hundred separate calls cost."""
-    out: list[Between | None] = [None] * len(pairs)
+    out: list[Between] = []
+    changes: list[float | None] = []
     groups: dict[tuple[int, int, bool], list[int]] = {}
     for i, (a, b) in enumerate(pairs):
         ma = statistics.median(a) if a else None
         mb = statistics.median(b) if b else None
-        change = mb / ma - 1.0 if ma and mb is not None else None
-        if change is None or len(a) < 2 or len(b) < 2:
-            out[i] = Between(VERDICTS["unknown"], change, None, None, None)
-        else:
-            # Ties decide whether Mann-Whitney's p is exact or asymptotic for a whole batch: a
-            # figure's p must not depend on its neighbours, so tied figures are a batch of their own.
-            groups.setdefault((len(a), len(b), len(set(a) | set(b)) < len(a) + len(b)), []).append(i)
+        changes.append(mb / ma - 1.0 if ma and mb is not None else None)
+        out.append(Between(VERDICTS["unknown"], changes[i], None, None, None))  # judged below if it can be
+        if changes[i] is None or len(a) < 2 or len(b) < 2:
+            continue
+        # Ties decide whether Mann-Whitney's p is exact or asymptotic for a whole batch: a
+        # figure's p must not depend on its neighbours, so tied figures are a batch of their own.
+        groups.setdefault((len(a), len(b), len(set(a) | set(b)) < len(a) + len(b)), []).append(i)
     for idx in groups.values():
         a2 = [pairs[i][0] for i in idx]
         b2 = [pairs[i][1] for i in idx]
         intervals = _intervals(a2, b2)
         ps = _p_values(a2, b2)
         for i, (low, high), p in zip(idx, intervals, ps, strict=True):
-            a, b = pairs[i]
-            change = statistics.median(b) / statistics.median(a) - 1.0
             # The interval decides: an interval wholly beyond the change sought is a change, one
             # wholly within it none. Pinpoint's rank test (``compare``) cannot say this for two
             # runs' figures: with three a side its p-value never falls to 0.01, and figures that
@@ -162,8 +161,8 @@ def between_all(pairs: list[tuple[list[float], list[float]]], sought: float = SO
                     verdict = VERDICTS["different"]
                 elif -sought <= low and high <= sought:
                     verdict = VERDICTS["same"]
-            out[i] = Between(verdict, change, low, high, p)
-    return [b for b in out if b is not None]
+            out[i] = Between(verdict, changes[i], low, high, p)
+    return out
 
 
 def _p_values(a: list[list[float]], b: list[list[float]]) -> list[float]:

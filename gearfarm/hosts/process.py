@@ -27,10 +27,30 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
+# A daemon's log (a farm's worker, its collector, MinIO) is appended to by every process started
+# on it: the embedded farm's state directory keeps the same logs/<name>.log night after night.
+# A log past this size when the next process starts is moved to <name>.1, replacing the one
+# before: each of the two holds at most this plus what one process wrote (issue #38, the soak).
+SPAWN_LOG_ROTATE = 16 * 1024 * 1024
+
+
+def rotate_log(path: Path, limit: int | None = None) -> bool:
+    """Move ``path`` to ``path``.1 if it is larger than ``limit`` (default SPAWN_LOG_ROTATE)."""
+    try:
+        if path.stat().st_size <= (SPAWN_LOG_ROTATE if limit is None else limit):
+            return False
+    except FileNotFoundError:
+        return False
+    os.replace(path, path.with_name(path.name + ".1"))
+    return True
+
 
 def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None,
           cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a session of its own, its output appended to ``log_path`` (rotated
+    first when it is past SPAWN_LOG_ROTATE)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    rotate_log(log_path)
     with log_path.open("ab") as log:
         return subprocess.Popen(
             list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -202,6 +202,20 @@ with job_dir(Path(sys.argv[1]), "test-") as d:
 """
 
 
+def test_a_daemons_log_past_its_size_is_rotated_when_the_next_process_starts(tmp_path: Path) -> None:
+    """The embedded farm appends each night's worker to the same logs/<name>.log: without a
+    rotation the state directory grows without bound (measured by bench/soak.py)."""
+    log = tmp_path / "slot-1.log"
+    with log.open("wb") as f:
+        f.truncate(process.SPAWN_LOG_ROTATE + 1)  # sparse: a full log without writing one
+    process.spawn([sys.executable, "-c", "print('second life')"], log).wait()
+    assert (tmp_path / "slot-1.log.1").stat().st_size == process.SPAWN_LOG_ROTATE + 1
+    assert log.read_text() == "second life\n"
+    process.spawn([sys.executable, "-c", "print('third')"], log).wait()  # small: appended to
+    assert log.read_text() == "second life\nthird\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["slot-1.log", "slot-1.log.1"]
+
+
 def test_sweep_removes_the_job_dirs_of_dead_workers_only(tmp_path: Path) -> None:
     root = tmp_path / "work"
     dead = subprocess.Popen([sys.executable, "-c", JOB_DIR_OWNER, str(root)], cwd=ROOT, stdout=subprocess.PIPE,

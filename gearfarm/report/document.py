@@ -182,7 +182,8 @@ def build(run: Run, records: list[ResultRecord], links: Links | None = None,
     by_target: dict[str, dict[str, ResultRecord]] = {}
     for r in records:
         by_target.setdefault(r.target, {})[r.step] = r
-    missing = [j for j in run.expected if j not in {r.job_id for r in records}]
+    recorded = {r.job_id for r in records}  # once: made per expected job, it cost jobs² on a big night
+    missing = [j for j in run.expected if j not in recorded]
     # The matrix has a row for every target and a column for every step the run expected or
     # ran: a job whose result never came shows as "missing" in its cell (Report.absent), even
     # when no target has a result for its step.

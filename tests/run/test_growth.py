@@ -1,0 +1,229 @@
+"""Costs that must not grow faster than a night's jobs (issue #38, found by bench/scale.py): each
+test counts what a night does per job (round trips to gearmand, reads of a run's expected
+jobs, records read again from S3, passes over the records, history loaded) on a night large
+enough that a cost growing with the jobs' square shows, without timing anything."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from sqlalchemy import event
+
+from gearfarm.config import Config, DatabaseConfig, FarmConfig
+from gearfarm.db.results import ResultsDB, Run
+from gearfarm.formats.job import JobId, Source
+from gearfarm.formats.result import ResultRecord
+from gearfarm.gearman import JobStatus
+from gearfarm.gearman.admin import FunctionStatus
+from gearfarm.report import document
+from gearfarm.run import nightly
+from gearfarm.run.ledger import Ledger, farm_record
+from gearfarm.s3 import keys
+from tests.farmkit import keyed
+
+REV = "a" * 40
+T = "linux-x86_64"
+
+
+
+def statements(db: ResultsDB) -> list[str]:
+    """Every SQL statement ``db``'s engine runs from now on."""
+    seen: list[str] = []
+    event.listen(db.engine, "before_cursor_execute", lambda _c, _cur, stmt, *_: seen.append(stmt))
+    return seen
+
+
+def night(db: ResultsDB, run_id: str, suites: int, targets: tuple[str, ...] = (T,)) -> list[JobId]:
+    jids = [JobId(run_id, t, s) for t in targets for s in ["build"] + [f"test-s{i:03d}" for i in range(suites)]]
+    assert db.create_run(run_id, REV, list(targets), [str(j) for j in jids])
+    return jids
+
+
+def record(jid: JobId, status: str = "passed", finished: float = 1000.0) -> ResultRecord:
+    return ResultRecord(job_id=str(jid), run_id=jid.run_id, target=jid.target, kind=jid.kind, step=jid.step,
+                        name=jid.name, rev=REV, status=status, attempt=1, worker="w",  # type: ignore[arg-type]
+                        started_at=finished - 1, finished_at=finished, timings={"test": 1.0})
+
+
+def test_the_ledger_reads_a_runs_expected_jobs_once_not_per_record(tmp_path: Path) -> None:
+    """Every record and lease checked its job against the run's whole expected list, read and
+    parsed from the database each time: a record cost more the larger the night."""
+    db = ResultsDB(f"sqlite:///{tmp_path / 'r.db'}")
+    jids = night(db, "big", 400)
+    ledger = Ledger(db)
+    sql = statements(db)
+    for jid in jids[1:101]:  # tests, not the build (whose infra would end them all)
+        assert ledger.apply(farm_record(jid, REV, "infra", "expired"), "nightly") == "applied"
+    assert ledger.apply(farm_record(JobId("big", T, "test-nosuch"), REV, "infra", "x"), "nightly") == "rejected"
+    reads = [s for s in sql if "runs.expected" in s]
+    assert len(reads) <= 1, f"the run's expected jobs were read {len(reads)} times for 101 records"
+    # A failed build still ends its dependents, from the list read once.
+    other = night(db, "other", 3)
+    assert ledger.apply(farm_record(other[0], REV, "infra", "no compiler"), "nightly") == "applied"
+    assert {r.job_id: r.status for r in db.jobs("other")} == {str(other[0]): "infra",
+                                                             **{str(j): "skipped" for j in other[1:]}}
+
+
+def planned(tmp: Path, run_id: str, targets: int = 5, suites: int = 60) -> tuple[ResultsDB, Config, nightly.Plan]:
+    """A nightly's config (its signing key), its results database and a recorded plan of
+    ``targets`` × (build + ``suites``)."""
+    url = f"sqlite:///{tmp / 'r.db'}"
+    db = ResultsDB(url)
+    cfg = Config(database=DatabaseConfig(url=url),
+                 farm=FarmConfig(state_dir=str(tmp / "state"), **keyed(tmp, url)))  # type: ignore[arg-type]
+    names = [f"linux-t{i}" for i in range(targets)]
+    steps = [f"s{i:03d}" for i in range(suites)]
+    p = nightly.Plan(run_id, Source("engine", REV, "5" * 64, "6" * 64), names, {t: steps for t in names},
+                     {t: [] for t in names})
+    assert db.create_run(p.run_id, REV, names, [str(j) for j in p.expected])
+    return db, cfg, p
+
+
+@dataclass
+class CountingClient:
+    """gearmand as the watchdog sees it: every job queued, ``running`` ones running."""
+
+    running: set[str] = field(default_factory=set)
+    asked: list[str] = field(default_factory=list)
+
+    def get_status_unique(self, unique: str) -> JobStatus:
+        self.asked.append(unique)
+        return JobStatus(unique, True, unique in self.running, 0, 0)
+
+
+def test_the_watchdog_asks_gearmand_about_a_bounded_number_of_jobs_per_poll(tmp_path: Path) -> None:
+    """The wait loop asked gearmand about every pending job every poll (0.2 s): one round trip
+    each, so a 5,000-job night spent seconds per poll and its cost grew with the square of its
+    jobs. Running jobs are still asked about every poll, and every queued one in turn."""
+    db, cfg, p = planned(tmp_path, "w")
+    targets = p.targets
+    states = {str(JobId("w", t, "build")): "passed" for t in targets}
+    pending = [j for j in p.expected if j.kind != "build"]  # 300 suites, their builds passed
+    client = CountingClient(running={pending[7].unique(1), pending[250].unique(1)})
+    dog = nightly.Watchdog(cfg, db, Ledger(db), None, client, p, set())  # type: ignore[arg-type]
+    dog.released.update(pending)  # submitted already: this is about watching them
+    table = {"collect": FunctionStatus(0, 0, 1)}
+    polls = 0
+    asked: set[str] = set()
+    while len(asked) < len(pending) or polls < 10:
+        client.asked.clear()
+        dog.check(pending, states, time.time(), table)
+        polls += 1
+        assert len(client.asked) <= nightly.STATUS_SWEEP + 2, f"{len(client.asked)} round trips in one poll"
+        # A job seen running is asked about every poll from then on (its lease is judged).
+        assert asked & client.running <= set(client.asked)
+        asked |= set(client.asked)
+        assert polls <= 10 or len(asked) == len(pending), "some queued job is never asked about"
+    assert client.running <= asked
+
+
+@dataclass
+class Submissions:
+    """gearmand taking background jobs."""
+
+    sent: list[str] = field(default_factory=list)
+
+    def submit_background(self, function: str, data: bytes, unique: str) -> str:
+        self.sent.append(unique)
+        return f"H:{len(self.sent)}"
+
+
+def test_releasing_a_targets_suites_reads_its_build_once_and_records_them_together(tmp_path: Path) -> None:
+    """Each test job released read its target's build record again (the same artifact for all
+    of them) and recorded its attempt in a transaction of its own."""
+    db, cfg, p = planned(tmp_path, "rl")
+    targets = p.targets
+    ledger = Ledger(db)
+    for t in targets:
+        build = record(JobId("rl", t, "build")).model_copy(update={"artifact_key": f"artifacts/{REV}/{t}/x/a.tar.zst",
+                                                                   "artifact_sha256": "7" * 64})
+        assert ledger.apply(build, "nightly") == "applied"
+    client = Submissions()
+    dog = nightly.Watchdog(cfg, db, ledger, None, client, p, set())  # type: ignore[arg-type]
+    tests = [j for j in p.expected if j.kind == "test"]
+    sql = statements(db)
+    dog.release(tests)
+    assert sorted(client.sent) == sorted(j.unique(1) for j in tests)
+    builds = [s for s in sql if "FROM jobs" in s and "jobs.record" in s]
+    assert len(builds) <= len(targets), f"{len(builds)} reads of build records for {len(tests)} jobs"
+    writes = [s for s in sql if s.startswith("BEGIN IMMEDIATE")]
+    assert len(writes) <= len(targets), f"{len(writes)} write transactions for {len(tests)} jobs"
+    assert {lj.attempt for lj in db.live(["rl"]).values()} == {1} and len(db.live(["rl"])) == len(tests)
+
+
+class ResultsInS3:
+    """An S3 holding the run's result records: lists them, counts what is read."""
+
+    def __init__(self, listed: list[str]) -> None:
+        self.listed, self.read = listed, []
+
+    def list(self, prefix: str) -> Iterator[str]:
+        return iter(self.listed)
+
+    def get_bytes(self, key: str) -> bytes:
+        self.read.append(key)
+        return b"{}"  # not a sealed record: the ledger rejects it
+
+
+def test_reconcile_reads_only_records_the_ledger_has_not_ranked(tmp_path: Path) -> None:
+    """The nightly's last reconcile read every record of the night from S3 again and offered it
+    to the ledger (a GET and a signature check per job at the end of every night), though the
+    collector had delivered them all."""
+    db = ResultsDB(f"sqlite:///{tmp_path / 'r.db'}")
+    jids = night(db, "rc", 50)
+    ledger = Ledger(db)
+    delivered = []
+    for jid in jids:
+        rec = record(jid)
+        assert ledger.apply(rec, "nightly") == "applied"
+        delivered.append(keys.result(rec.run_id, rec.target, rec.step, rec.attempt, rec.digest))
+    lost = keys.result("rc", T, "test-s000", 2, "f" * 64)  # a record the collector never delivered
+    store = ResultsInS3(delivered + [lost])
+    seen: set[str] = set()
+    nightly.reconcile(ledger, store, "rc", seen)  # type: ignore[arg-type]
+    assert store.read == [lost]
+    assert set(delivered) <= seen
+
+
+@pytest.mark.parametrize("jobs", [3000])
+def test_the_report_passes_over_the_records_a_bounded_number_of_times(jobs: int) -> None:
+    """document.build rebuilt the set of recorded jobs once per expected job: jobs² steps."""
+    jids = [JobId("rp", T, "build")] + [JobId("rp", T, f"test-s{i:04d}") for i in range(jobs - 1)]
+    run = Run(run_id="rp", rev=REV, created_at=1.0, finished_at=2.0, expected=[str(j) for j in jids], targets=[T],
+              state="finished", notes={}, parent_run_id=None, project="engine")
+
+    class Passes(list):  # type: ignore[type-arg]
+        count = 0
+
+        def __iter__(self) -> Iterator[ResultRecord]:
+            Passes.count += 1
+            return super().__iter__()
+
+    records = Passes(record(j) for j in jids[:-1])  # the last job's result never came
+    rep = document.build(run, records)
+    assert rep.missing == [str(jids[-1])]
+    assert Passes.count <= 20, f"the records were iterated {Passes.count} times for {jobs} jobs"
+
+
+def test_history_queries_load_neither_expected_jobs_nor_other_targets(tmp_path: Path) -> None:
+    """The nightly asks each target's last durations (step_seconds) and the report each target's
+    history (runs_before): both loaded every earlier run's whole expected list, and step_seconds
+    every record of the run, for each target: targets × jobs per night."""
+    db = ResultsDB(f"sqlite:///{tmp_path / 'r.db'}")
+    targets = tuple(f"linux-t{i}" for i in range(4))
+    jids = night(db, "n1", 20, targets)
+    ledger = Ledger(db)
+    for jid in jids:
+        assert ledger.apply(record(jid), "nightly") == "applied"
+    sql = statements(db)
+    runs = db.runs_before(time.time(), "engine", targets[1], limit=5)
+    assert [r.run_id for r in runs] == ["n1"]
+    want = {"build": 1.0} | {f"test-s{i:03d}": 1.0 for i in range(20)}
+    assert db.step_seconds("engine", targets[1], time.time()) == want
+    assert not [s for s in sql if "runs.expected" in s or "runs.notes" in s]
+    reads = [s for s in sql if "FROM jobs" in s]
+    assert reads and all("jobs.target" in s for s in reads), reads

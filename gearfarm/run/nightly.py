@@ -115,7 +115,7 @@ class Plan:
     def ready(self, jid: JobId, states: dict[str, str]) -> bool:
         """A test or perf job exists only after its build passed; before that it waits on the
         build, not on a worker."""
-        return self.rerun or jid.kind == "build" or states.get(str(JobId(self.run_id, jid.target, "build"))) == "passed"
+        return self.rerun or jid.kind == "build" or states.get(f"{self.run_id}:{jid.target}:build") == "passed"
 
     def payload(self, jid: JobId, attempt: int = 1, artifact: Artifact | None = None,
                 signed_builds: list[SignedBuild] | None = None) -> Payload:
@@ -506,12 +506,14 @@ def wait(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, clien
     last_reconcile = time.monotonic()
     watchdog = Watchdog(cfg, db, ledger, store, client, p, seen)
     db_down_since: float | None = None
+    # The plan's jobs and their ids, made once (not at every poll: jobs × polls).
+    expected = [(j, str(j)) for j in p.expected]
     while True:
         try:
             # Polled every `poll` seconds: the end of a run is noticed within it (it was 1 s, the
             # average 0.5 s of every nightly's tail), and reading statuses only keeps it cheap.
             states = db.job_states(p.run_id)
-            pending = [j for j in p.expected if states.get(str(j)) not in TERMINAL]
+            pending = [j for j, k in expected if states.get(k) not in TERMINAL]
             try:
                 table = preflight(cfg)
             except RunError as e:

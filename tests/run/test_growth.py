@@ -227,3 +227,63 @@ def test_history_queries_load_neither_expected_jobs_nor_other_targets(tmp_path: 
     assert not [s for s in sql if "runs.expected" in s or "runs.notes" in s]
     reads = [s for s in sql if "FROM jobs" in s]
     assert reads and all("jobs.target" in s for s in reads), reads
+
+
+class CountedPlan(nightly.Plan):
+    """A plan that counts how often its jobs are made (each time: every job of the night)."""
+
+    made = 0
+
+    @property
+    def expected(self) -> list[JobId]:
+        CountedPlan.made += 1
+        return super().expected
+
+
+@dataclass
+class PolledDB:
+    """The results database as the wait loop polls it: the jobs pending for ``polls`` polls."""
+
+    ids: list[str]
+    polls: int
+    asked: int = 0
+
+    def job_states(self, run_id: str) -> dict[str, str]:
+        self.asked += 1
+        return {} if self.asked <= self.polls else {j: "passed" for j in self.ids}
+
+    def get_run(self, run_id: str) -> None:
+        return None
+
+    def cancellations(self, run_id: str) -> list[object]:
+        return []
+
+    def jobs(self, run_id: str) -> list[ResultRecord]:
+        return []
+
+
+def test_the_wait_loop_and_its_progress_make_the_nights_jobs_once(tmp_path: Path) -> None:
+    """Each 0.2 s poll made every job id of the night again, twice (the pending list, then the
+    progress lines, and on a terminal once per target): polls × jobs, and the polls grow with
+    the jobs."""
+    from gearfarm.cli.nightly_cmd import _ConsoleObserver, _table
+
+    steps = [f"s{i:03d}" for i in range(20)]
+    targets = [f"linux-t{i}" for i in range(5)]
+    p = CountedPlan("wl", Source("engine", REV, "5" * 64, "6" * 64), targets, {t: steps for t in targets},
+                    {t: [] for t in targets}, deadline=time.time() + 600)
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    cfg = Config(gearman={"servers": ["127.0.0.1:1"]},  # nothing there: no functions table, no judging
+                 farm=FarmConfig(state_dir=str(tmp_path / "state"), **keyed(tmp_path, url)))  # type: ignore[arg-type]
+    db = PolledDB([str(j) for j in p.expected], polls=8)
+    observer, lines = _ConsoleObserver(), []
+    CountedPlan.made = 0
+
+    def progress(states: dict[str, str], fns: dict[str, FunctionStatus]) -> None:
+        observer.progress(p, states, fns)
+        _table(p, observer._order(p), states, fns)
+        lines.append(len(observer.last))
+
+    nightly.wait(cfg, db, None, ResultsInS3([]), None, p, progress, poll=0)  # type: ignore[arg-type]
+    assert db.asked == 9
+    assert CountedPlan.made <= 3, f"the night's jobs were made {CountedPlan.made} times in 9 polls"

@@ -64,7 +64,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from farm_speed import Job, cpu_seconds, lab, lower_bound, pct  # noqa: E402
+from farm_speed import Job, lab, lower_bound, pct  # noqa: E402
 from web_speed import fetch  # noqa: E402
 
 from gearfarm.hosts import process  # noqa: E402
@@ -183,12 +183,31 @@ class Usage:
 
 
 def proc_usage(pid: int) -> Usage:
-    """A live process's CPU so far and peak RSS (VmHWM), from /proc."""
+    """A live process's CPU so far (its own, and its reaped children's: a worker's suites, a
+    PostgreSQL's ended backends) and its peak RSS (VmHWM), from /proc."""
     hwm = 0.0
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             hwm = int(line.split()[1]) / 1024
-    return Usage(cpu_seconds(pid), hwm)
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return Usage(sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK"), hwm)
+
+
+def tree_usage(pid: int) -> Usage:
+    """``proc_usage`` of a process and of its live descendants: CPU summed, the largest peak."""
+    children: dict[int, list[int]] = defaultdict(list)
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                children[int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])].append(int(d.name))
+    total, todo = Usage(), [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError):
+            u = proc_usage(p)
+            total.add(u.cpu, u.rss)
+        todo += children.get(p, [])
+    return total
 
 
 @dataclass
@@ -205,8 +224,8 @@ class Night:
 
 
 @contextlib.contextmanager
-def postgres() -> Iterator[str]:
-    """A throw-away PostgreSQL (tests/pg.py) and a database in it."""
+def postgres() -> Iterator[tuple[str, int]]:
+    """A throw-away PostgreSQL (tests/pg.py): a database's URL in it, and the postmaster's pid."""
     from tests.pg import PostgresServer
 
     server = PostgresServer().start()
@@ -214,7 +233,7 @@ def postgres() -> Iterator[str]:
     where = server.dir
     postmaster = int((where / "data" / "postmaster.pid").read_text().split()[0])
     try:
-        yield server.create_database("scale")
+        yield server.create_database("scale"), postmaster
     finally:
         try:
             server.stop()
@@ -309,9 +328,9 @@ def measure(hosts: int, jobs: int, slots: int, scale: float, per_target: int, tm
     if profile:
         profile.mkdir(parents=True, exist_ok=True)
         os.environ["SCALE_PROFILE"] = str(profile / "collector.prof")  # the collector's; the nightly's its own
-    with postgres() as db_url, lab(hosts, tmp / "lab", names, repo=repo, slots=slots, perf=False, servers=2,
-                                   db_url=db_url, settle=120 + 2 * hosts * slots,
-                                   collector_cli=gearfarm_cli(profile) if profile else None) as lb:
+    with postgres() as (db_url, postmaster), lab(hosts, tmp / "lab", names, repo=repo, slots=slots, perf=False,
+                                                 servers=2, db_url=db_url, settle=120 + 2 * hosts * slots,
+                                                 collector_cli=gearfarm_cli(profile) if profile else None) as lb:
         earlier = []
         for i in range(nights - 1):
             earlier.append(run_nightly(lb.config, None, f"{RUN_ID}-{i + 1}")[0])
@@ -320,12 +339,12 @@ def measure(hosts: int, jobs: int, slots: int, scale: float, per_target: int, tm
             named = [("collector", lb.collector.pid), ("MinIO", lb.minio.pid)] + \
                     [(f"gearmand {i + 1}", gm.pid) for i, gm in enumerate(lb.gearmands)]
             got = {name: proc_usage(pid) for name, pid in named if pid is not None}
+            got["PostgreSQL (all its processes)"] = tree_usage(postmaster)
             workers = Usage()
             for w in lb.workers:
-                with contextlib.suppress(OSError):
-                    u = proc_usage(w.pid)
-                    workers.add(u.cpu, u.rss)
-            got["workers (all, CPU summed, largest RSS)"] = workers
+                u = tree_usage(w.pid)
+                workers.add(u.cpu, u.rss)
+            got["workers with their jobs (all, CPU summed, largest RSS)"] = workers
             return got
 
         before = daemons()
@@ -393,7 +412,11 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
              if lag else "-")]
     rows += [(f"farm cost: {k}, ms per job", f"{v:.1f}") for k, v in parts.items()]
     rows += [(f"{k}: CPU s / peak RSS MiB", f"{u.cpu:.1f} / {u.rss:.0f}") for k, u in night.usage.items()]
-    rows += [("nightly CPU ms per job", f"{1000 * night.usage['nightly'].cpu / max(n, 1):.1f}"),
+    busy = sum(u.cpu for u in night.usage.values())
+    rows += [("CPU of all of the above ÷ (cores × wall)",
+              f"{busy / (len(os.sched_getaffinity(0)) * night.wall):.2f} ({busy:.0f} CPU s)"),
+             ("CPU ms per job (all of the above, the jobs' own commands included)", f"{1000 * busy / max(n, 1):.0f}"),
+             ("nightly CPU ms per job", f"{1000 * night.usage['nightly'].cpu / max(n, 1):.1f}"),
              ("report build s", f"{night.report_seconds:.2f}")]
     rows += [(f"dashboard `{p}` worst ms", f"{v:.0f}") for p, v in night.pages.items()]
     for k, v in rows:

@@ -189,11 +189,13 @@ def test_reconcile_reads_only_records_the_ledger_has_not_ranked(tmp_path: Path) 
     assert set(delivered) <= seen
 
 
-@pytest.mark.parametrize("jobs", [3000])
-def test_the_report_passes_over_the_records_a_bounded_number_of_times(jobs: int) -> None:
-    """document.build rebuilt the set of recorded jobs once per expected job: jobs² steps."""
-    jids = [JobId("rp", T, "build")] + [JobId("rp", T, f"test-s{i:04d}") for i in range(jobs - 1)]
-    run = Run(run_id="rp", rev=REV, created_at=1.0, finished_at=2.0, expected=[str(j) for j in jids], targets=[T],
+@pytest.mark.parametrize("targets", [1, 60])
+def test_the_report_passes_over_the_records_a_bounded_number_of_times(targets: int) -> None:
+    """document.build rebuilt the set of recorded jobs once per expected job (jobs² steps), and
+    its targets' spans went over every record once per target (targets × jobs)."""
+    names = [f"linux-t{i:02d}" for i in range(targets)]
+    jids = [JobId("rp", t, s) for t in names for s in ["build"] + [f"test-s{i:04d}" for i in range(3000 // targets)]]
+    run = Run(run_id="rp", rev=REV, created_at=1.0, finished_at=2.0, expected=[str(j) for j in jids], targets=names,
               state="finished", notes={}, parent_run_id=None, project="engine")
 
     class Passes(list):  # type: ignore[type-arg]
@@ -204,9 +206,28 @@ def test_the_report_passes_over_the_records_a_bounded_number_of_times(jobs: int)
             return super().__iter__()
 
     records = Passes(record(j) for j in jids[:-1])  # the last job's result never came
+    Passes.count = 0
     rep = document.build(run, records)
     assert rep.missing == [str(jids[-1])]
-    assert Passes.count <= 20, f"the records were iterated {Passes.count} times for {jobs} jobs"
+    assert Passes.count <= 20, f"the records were iterated {Passes.count} times for {len(jids)} jobs"
+
+
+def test_the_reports_performance_figures_read_no_records_again(tmp_path: Path) -> None:
+    """publisher made the night's figures with perf.figures(db, run), which read every record of
+    the run from the database again (every case of every suite) though the report had them,
+    and read them for a night without any benchmark too."""
+    from gearfarm.perf import analysis
+
+    db = ResultsDB(f"sqlite:///{tmp_path / 'r.db'}")
+    jids = night(db, "pf", 30)
+    ledger = Ledger(db)
+    for jid in jids:
+        assert ledger.apply(record(jid), "nightly") == "applied"
+    run = db.get_run("pf")
+    assert run is not None
+    sql = statements(db)
+    assert analysis.figures(db, run) == []
+    assert not [s for s in sql if "jobs.record" in s]
 
 
 def test_history_queries_load_neither_expected_jobs_nor_other_targets(tmp_path: Path) -> None:

@@ -326,3 +326,51 @@ def test_a_steps_page_reads_its_targets_records_only(tmp_path: Path) -> None:
     assert page is not None and page["record"]["status"] == "passed" and len(page["siblings"]) == 10
     reads = [s for s in sql if "FROM jobs" in s]
     assert reads and all("jobs.target = ?" in s for s in reads), reads
+
+
+def test_a_worker_makes_one_context_per_role_not_per_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """workers.base.serve made a Context (S3 and gearmand clients, keys, the host's fingerprint,
+    the sandbox check) for every function it serves, though it keeps one per role: a worker of
+    100 targets made 200 and took minutes to start while 127 others did the same."""
+    import threading
+
+    from gearfarm.workers import base
+
+    made: list[str] = []
+
+    class Ctx:
+        def __init__(self, cfg: Config, role: str) -> None:
+            made.append(role)
+            self.work = tmp_path / "work"
+            self.client = self
+
+        def close(self) -> None:
+            pass
+
+        def flush_spool(self) -> None:
+            pass
+
+    class GearmanWorker:
+        client_id = "w"
+
+        def stop_on_signals(self, stop: threading.Event) -> None:
+            pass
+
+        def register(self, function: str, handler: object) -> None:
+            self.registered = [*getattr(self, "registered", []), function]
+
+        def work(self, stop: threading.Event) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    worker = GearmanWorker()
+    monkeypatch.setattr(base, "Context", Ctx)
+    monkeypatch.setattr(base, "gearman_worker", lambda cfg, name: worker)
+    functions = [(r, f"{r}:linux-t{i:03d}", base.run_step) for i in range(100) for r in ("build", "test")]
+    stop = threading.Event()
+    stop.set()
+    base.serve(Config(), functions, stop)  # type: ignore[arg-type]
+    assert sorted(made) == ["build", "test"]
+    assert len(worker.registered) == 200

@@ -503,14 +503,16 @@ class Lab:
 @contextlib.contextmanager
 def lab(n_hosts: int, base: Path, targets: list[str], *, repo: Path = ROOT, slots: int = 1, perf: bool = True,
         servers: int = 1, db_url: str | None = None, wait_for: list[str] | None = None,
-        settle: float = 60.0, collector_cli: list[str] | None = None) -> Iterator[Lab]:
+        settle: float = 60.0, cli: list[str] | None = None,
+        collector_cli: list[str] | None = None) -> Iterator[Lab]:
     """A lab of n simulated hosts sharing this machine's cores: ``servers`` gearmand, MinIO and
     the collector here, ``slots`` build-and-test worker processes per host (the first host also
     runs the perf worker when ``perf``), each host with its own key registered for what it
     serves, its own config and its own host lock. Yields once every worker slot is registered
     with every gearmand for ``wait_for`` (default: every target); stops every process and
-    removes every namespace on the way out. ``collector_cli`` runs the collector's `gearfarm`
-    command another way (e.g. under a profiler)."""
+    removes every namespace on the way out. ``cli`` runs the workers' and the collector's
+    `gearfarm` another way (default: python -m gearfarm.cli), ``collector_cli`` the collector's
+    alone (e.g. under a profiler)."""
     from gearfarm import config as config_mod
     from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig
     from gearfarm.db.registry import Registry
@@ -551,10 +553,10 @@ def lab(n_hosts: int, base: Path, targets: list[str], *, repo: Path = ROOT, slot
             return path
 
         here = config("127.0.0.1", "farm")
-        cli = [sys.executable, "-m", "gearfarm.cli"]
+        cli = cli or [sys.executable, "-m", "gearfarm.cli"]
         stack.callback(process.stop_all, procs, 10)
-        collector = process.spawn((collector_cli or cli) + ["collector", "--config", str(here)], base / "collector.log",
-                                  cwd=ROOT)
+        collector = process.spawn((collector_cli or cli) + ["collector", "--config", str(here)],
+                                  base / "collector.log", cwd=ROOT)
         procs.append(collector)
         workers = []
         for i, (ns, addr) in enumerate(hosts):

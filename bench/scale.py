@@ -64,6 +64,23 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+# gearfarm.workers and gearfarm.s3 live in top-level folders (pyproject's package-dir): an
+# editable install of another checkout maps them to that checkout's. Every process the bench
+# starts (and the bench itself) takes them from this one.
+THIS_CHECKOUT = """
+import importlib.util, pathlib, sys
+import gearfarm
+for _name in ("workers", "s3"):
+    _dir = pathlib.Path(gearfarm.__file__).resolve().parent.parent / _name
+    _spec = importlib.util.spec_from_file_location("gearfarm." + _name, _dir / "__init__.py",
+                                                   submodule_search_locations=[str(_dir)])
+    _mod = importlib.util.module_from_spec(_spec)
+    sys.modules[_spec.name] = _mod
+    _spec.loader.exec_module(_mod)
+    setattr(gearfarm, _name, _mod)
+"""
+exec(THIS_CHECKOUT)
+
 from farm_speed import Job, lab, lower_bound, pct  # noqa: E402
 from web_speed import fetch  # noqa: E402
 
@@ -114,22 +131,25 @@ sleep "$secs"
 # `gearfarm` under cProfile, its stats written to $SCALE_PROFILE also when it ends with os._exit
 # (gearfarm.cli.common.exit_now: the nightly after its report, the collector on SIGTERM).
 PROFILED = """
-import cProfile, os, runpy, sys
+import cProfile, os
 prof, out, _exit = cProfile.Profile(), os.environ["SCALE_PROFILE"], os._exit
 def _dump_and_exit(code):
     prof.disable()
     prof.dump_stats(out)
     _exit(code)
 os._exit = _dump_and_exit
-sys.argv = ["gearfarm", *sys.argv[1:]]
 prof.enable()
+"""
+RUN = """
+import runpy, sys
+sys.argv = ["gearfarm", *sys.argv[1:]]
 runpy.run_module("gearfarm.cli", run_name="__main__")
 """
 
 
-def gearfarm_cli(profile: Path | None) -> list[str]:
+def gearfarm_cli(profile: Path | None = None) -> list[str]:
     """How to run `gearfarm` from this checkout: under cProfile (stats to $SCALE_PROFILE) when asked."""
-    return [sys.executable, "-c", PROFILED] if profile else [sys.executable, "-m", "gearfarm.cli"]
+    return [sys.executable, "-c", THIS_CHECKOUT + (PROFILED if profile else "") + RUN]
 
 
 def layout(jobs: int, per_target: int) -> tuple[int, int]:
@@ -299,7 +319,7 @@ def dashboard(config: Path, base: Path, step: tuple[str, str], before: str, repe
     """The worst of ``repeat`` answers (ms) of each dashboard page about the night, after one
     untimed (the comparison with the night ``before``)."""
     port = free_port()
-    proc = process.spawn([sys.executable, "-m", "gearfarm.cli", "web", "--config", str(config), "--listen",
+    proc = process.spawn(gearfarm_cli() + ["web", "--config", str(config), "--listen",
                           f"127.0.0.1:{port}"], base / "web.log", cwd=ROOT)
     try:
         if not wait_port("127.0.0.1", port, 60):
@@ -330,6 +350,7 @@ def measure(hosts: int, jobs: int, slots: int, scale: float, per_target: int, tm
         os.environ["SCALE_PROFILE"] = str(profile / "collector.prof")  # the collector's; the nightly's its own
     with postgres() as (db_url, postmaster), lab(hosts, tmp / "lab", names, repo=repo, slots=slots, perf=False,
                                                  servers=2, db_url=db_url, settle=120 + 2 * hosts * slots,
+                                                 cli=gearfarm_cli(),
                                                  collector_cli=gearfarm_cli(profile) if profile else None) as lb:
         earlier = []
         for i in range(nights - 1):

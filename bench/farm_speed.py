@@ -44,6 +44,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 from gearfarm.gearman import Client, Worker  # noqa: E402
 from gearfarm.hosts.gearmand import Gearmand  # noqa: E402
 from gearfarm.hosts.hostlock import HostLock  # noqa: E402
+from gearfarm.hosts.minio_server import MinioServer  # noqa: E402
 
 SECTIONS = ("dispatch", "transfer", "codec", "startstop", "nightly", "scale", "hosts")
 FUNCTION = "bench-echo"
@@ -174,7 +176,6 @@ def dispatch(n: int, rounds: int = 10) -> None:
 # ------------------------------------------------------------------------------------ transfer
 
 def transfer(size_mib: int, repeat: int) -> None:
-    from gearfarm.hosts.minio_server import MinioServer
     from gearfarm.s3.store import ArtifactStore
 
     print(f"\n## Transfer: a {size_mib} MiB incompressible artifact to and from MinIO on loopback, best of {repeat}")
@@ -486,10 +487,32 @@ def namespaces(n: int, tag: str) -> Iterator[list[tuple[str, str]]]:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-def lab_nightly(n_hosts: int, tmp: Path, targets: str | None) -> tuple[float, int]:
-    """A nightly on a lab of n simulated hosts sharing this machine's cores: gearmand, MinIO and
-    the collector here, one build-and-test slot per host (the first also runs the perf worker),
-    each host with its own host lock. Returns (wall seconds, jobs)."""
+@dataclass
+class Lab:
+    """A running lab (``lab()``): the farm's own config (the nightly's and the collector's), and
+    the processes outside the simulated hosts."""
+
+    base: Path
+    config: Path
+    gearmands: list[Gearmand]
+    minio: MinioServer
+    collector: subprocess.Popen[bytes]
+    workers: list[subprocess.Popen[bytes]]
+
+
+@contextlib.contextmanager
+def lab(n_hosts: int, base: Path, targets: list[str], *, repo: Path = ROOT, slots: int = 1, perf: bool = True,
+        servers: int = 1, db_url: str | None = None, wait_for: list[str] | None = None,
+        settle: float = 60.0, cli: list[str] | None = None,
+        collector_cli: list[str] | None = None) -> Iterator[Lab]:
+    """A lab of n simulated hosts sharing this machine's cores: ``servers`` gearmand, MinIO and
+    the collector here, ``slots`` build-and-test worker processes per host (the first host also
+    runs the perf worker when ``perf``), each host with its own key registered for what it
+    serves, its own config and its own host lock. Yields once every worker slot is registered
+    with every gearmand for ``wait_for`` (default: every target); stops every process and
+    removes every namespace on the way out. ``cli`` runs the workers' and the collector's
+    `gearfarm` another way (default: python -m gearfarm.cli), ``collector_cli`` the collector's
+    alone (e.g. under a profiler)."""
     from gearfarm import config as config_mod
     from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig
     from gearfarm.db.registry import Registry
@@ -498,30 +521,31 @@ def lab_nightly(n_hosts: int, tmp: Path, targets: str | None) -> tuple[float, in
     from gearfarm.formats.seal import Signer
     from gearfarm.gearman import admin
     from gearfarm.hosts import process
-    from gearfarm.hosts.minio_server import MinioServer
 
-    base = tmp / f"lab-{n_hosts}"
     procs: list[subprocess.Popen[bytes]] = []
-    with namespaces(n_hosts, str(os.getpid() % 1000)) as hosts, \
-            Gearmand(base / "gm", host="0.0.0.0", queue_db=base / "gm" / "q.db", job_retries=3) as gm, \
-            MinioServer(base / "minio", host="0.0.0.0") as minio:
+    with contextlib.ExitStack() as stack:
+        hosts = stack.enter_context(namespaces(n_hosts, str(os.getpid() % 1000)))
+        gms = [stack.enter_context(Gearmand(base / f"gm{i}", host="0.0.0.0", queue_db=base / f"gm{i}" / "q.db",
+                                            job_retries=3)) for i in range(servers)]
+        minio = stack.enter_context(MinioServer(base / "minio", host="0.0.0.0"))
         s3 = minio.s3_config()
         port = minio.port
 
         # The nightly's key, and one key per host registered for what it serves (docs/security.md).
         nightly_key = base / "keys" / "nightly.key"
         config_mod.write_private(nightly_key, Signer.generate().pem())
-        db_url = f"sqlite:///{base / 'results.db'}"
+        db_url = db_url or f"sqlite:///{base / 'results.db'}"
+        registry = Registry(ResultsDB(db_url))
 
         def config(addr: str, name: str) -> Path:
             host_key = base / "keys" / f"{name}.key"
             signer = Signer.generate()
             config_mod.write_private(host_key, signer.pem())
-            Registry(ResultsDB(db_url)).add(name, signer.public_text, KINDS, ["*"])
-            cfg = Config(gearman=GearmanConfig(servers=[f"{addr}:{gm.address[1]}"]),
+            registry.add(name, signer.public_text, KINDS, ["*"])
+            cfg = Config(gearman=GearmanConfig(servers=[f"{addr}:{gm.address[1]}" for gm in gms]),
                          s3=s3.model_copy(update={"endpoint": f"http://{addr}:{port}"}),
                          database=DatabaseConfig(url=db_url),
-                         farm=FarmConfig(repo=str(ROOT), state_dir=str(base / "state"), host_name=name,
+                         farm=FarmConfig(repo=str(repo), state_dir=str(base / "state"), host_name=name,
                                          host_key=str(host_key), signing_key=str(nightly_key),
                                          nightly_keys=[Signer.load(nightly_key).public_text]))
             path = base / f"{name}.toml"
@@ -529,33 +553,49 @@ def lab_nightly(n_hosts: int, tmp: Path, targets: str | None) -> tuple[float, in
             return path
 
         here = config("127.0.0.1", "farm")
-        cli = [sys.executable, "-m", "gearfarm.cli"]
-        try:
-            procs.append(process.spawn(cli + ["collector", "--config", str(here)], base / "collector.log", cwd=ROOT))
-            wanted = {"collect"}
-            for i, (ns, addr) in enumerate(hosts):
-                cfg = config(addr, f"host{i}")
-                env = dict(os.environ, GEARFARM_HOST_LOCK_DIR=str(base / f"lock-{i}"))
-                roles = [["build,test"]] + ([["perf"]] if i == 0 else [])
-                for role in roles:
-                    argv = ["ip", "netns", "exec", ns, *cli, "worker", "--role", *role, "--targets",
-                            targets or "linux-x86_64,linux-i686,linux-aarch64,windows-x86_64", "--config", str(cfg)]
-                    procs.append(process.spawn(argv, base / f"host{i}-{role[0]}.log", env=env, cwd=ROOT))
-            wanted |= {f"build:{t}" for t in (targets or "linux-x86_64").split(",")}
-            deadline = time.monotonic() + 60
-            while not wanted <= {f for f, st in admin.status(*gm.address).items() if st.workers}:
-                if time.monotonic() > deadline:
-                    sys.exit(f"the simulated hosts' workers did not register; logs in {base}")
-                time.sleep(0.1)
-            argv = [str(ROOT / ".venv" / "bin" / "gearfarm"), "nightly", "--config", str(here), "--run-id", "lab"]
+        cli = cli or [sys.executable, "-m", "gearfarm.cli"]
+        stack.callback(process.stop_all, procs, 10)
+        collector = process.spawn((collector_cli or cli) + ["collector", "--config", str(here)],
+                                  base / "collector.log", cwd=ROOT)
+        procs.append(collector)
+        workers = []
+        for i, (ns, addr) in enumerate(hosts):
+            cfg = config(addr, f"host{i}")
+            env = dict(os.environ, GEARFARM_HOST_LOCK_DIR=str(base / f"lock-{i}"))
+            roles = [f"build,test.{s}" for s in range(slots)] + (["perf"] if perf and i == 0 else [])
+            for role in roles:
+                argv = ["ip", "netns", "exec", ns, *cli, "worker", "--role", role, "--targets", ",".join(targets),
+                        "--config", str(cfg)]
+                workers.append(process.spawn(argv, base / f"host{i}-{role}.log", env=env, cwd=ROOT))
+        procs.extend(workers)
+        wanted = {"collect": 1} | {f"build:{t}": n_hosts * slots for t in wait_for or targets}
+        deadline = time.monotonic() + settle
+        while not all(all(admin.status(*gm.address).get(f, admin.FunctionStatus(0, 0, 0)).workers >= n
+                          for f, n in wanted.items()) for gm in gms):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the simulated hosts' workers did not register within {settle:.0f} s; "
+                                   f"logs in {base}")
+            time.sleep(0.2)
+        yield Lab(base, here, gms, minio, collector, workers)
+
+
+def lab_nightly(n_hosts: int, tmp: Path, targets: str | None) -> tuple[float, int]:
+    """A nightly on a lab of n simulated hosts sharing this machine's cores (``lab``): one
+    build-and-test slot per host, the first also running the perf worker. Returns (wall
+    seconds, jobs)."""
+    base = tmp / f"lab-{n_hosts}"
+    served = (targets or "linux-x86_64,linux-i686,linux-aarch64,windows-x86_64").split(",")
+    try:
+        with lab(n_hosts, base, served, wait_for=(targets or "linux-x86_64").split(",")) as lb:
+            argv = [sys.executable, "-m", "gearfarm.cli", "nightly", "--config", str(lb.config), "--run-id", "lab"]
             argv += ["--targets", targets] if targets else []
             t0 = time.perf_counter()
             proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
             wall = time.perf_counter() - t0
-            if proc.returncode not in (0, 1):
-                sys.exit(f"the lab nightly failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-        finally:
-            process.stop_all(procs, timeout=10)
+    except RuntimeError as e:
+        sys.exit(str(e))
+    if proc.returncode not in (0, 1):
+        sys.exit(f"the lab nightly failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return wall, len(job_seconds(base, "lab"))
 
 

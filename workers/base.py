@@ -427,7 +427,10 @@ def serve(cfg: Config, functions: list[tuple[str, str, Work]], stop: threading.E
     """Run a worker slot until SIGTERM/SIGINT (or ``stop``): one job at a time, of the
     (role, function, the kind's work) it serves, preferring them in the order given
     (gearfarm.run.priority)."""
-    ctxs = {role: Context(cfg, role) for role, _, _ in functions}
+    # One context per role, not per function: made for every (role, target) pair, a worker of
+    # 100 targets made 200 (S3 and gearmand clients, keys, the host's fingerprint) and took
+    # minutes to start on a loaded host.
+    ctxs = {role: Context(cfg, role) for role in dict.fromkeys(role for role, _, _ in functions)}
     first = next(iter(ctxs.values()))
     for gone in process.sweep_work_dirs(first.work):
         log.info("removed %s, left by a worker that died mid-job", gone)

@@ -189,6 +189,9 @@ class _ConsoleObserver:
     def __init__(self, run_id_file: Path | None = None, web_url: str | None = None) -> None:
         self.live: Live | None = None
         self.last: dict[str, str] = {}
+        # Run id -> its job ids in the plan's order, made once: the plan's jobs were made and
+        # printed afresh at every poll, jobs (or targets × jobs, on a terminal) each 0.2 s.
+        self.order: dict[str, dict[str, int]] = {}
         self.run_id_file, self.web_url = run_id_file, web_url
 
     def say(self, text: str) -> None:
@@ -221,13 +224,20 @@ class _ConsoleObserver:
             if self.live is None:
                 self.live = Live(console=console, refresh_per_second=2)
                 self.live.start()
-            self.live.update(_table(plan, states, functions))
+            self.live.update(_table(plan, self._order(plan), states, functions))
             return
-        for j in map(str, plan.expected):
-            if states.get(j) and states.get(j) != self.last.get(j):
-                # The project first: a night of several projects has each one's linux-x86_64:build.
-                console.print(f"  {plan.project + ': ' + j[len(plan.run_id) + 1:]:<48} {states[j]}", highlight=False)
+        order = self._order(plan)
+        changed = [j for j, st in states.items() if st and st != self.last.get(j)]
+        for j in sorted(changed, key=lambda j: order.get(j, len(order))):
+            # The project first: a night of several projects has each one's linux-x86_64:build.
+            console.print(f"  {plan.project + ': ' + j[len(plan.run_id) + 1:]:<48} {states[j]}", highlight=False)
         self.last.update(states)
+
+    def _order(self, plan: nightly.Plan) -> dict[str, int]:
+        got = self.order.get(plan.run_id)
+        if got is None:
+            got = self.order[plan.run_id] = {str(j): i for i, j in enumerate(plan.expected)}
+        return got
 
     def waited(self, plan: nightly.Plan, records: list) -> None:
         self.close()
@@ -238,17 +248,22 @@ class _ConsoleObserver:
             self.live = None
 
 
-def _table(plan: nightly.Plan, states: dict[str, str], fns: dict[str, admin.FunctionStatus]) -> Table:
+def _table(plan: nightly.Plan, order: dict[str, int], states: dict[str, str],
+           fns: dict[str, admin.FunctionStatus]) -> Table:
     from rich.table import Table
 
     from gearfarm.formats.result import TERMINAL
+
+    by_target: dict[str, list[str]] = {t: [] for t in plan.targets}
+    for j in order:  # run:target:step
+        by_target.setdefault(j.split(":")[1], []).append(states.get(j, ""))
 
     t = Table(title=f"run {plan.run_id} ({plan.project})")
     t.add_column("target")
     for col in ("queued", "running", "passed", "failed", "other"):
         t.add_column(col)
     for target in plan.targets:
-        st = [states.get(str(j), "") for j in plan.expected if j.target == target]
+        st = by_target[target]
         running = sum(fns[f].running for f in fns if f.endswith(":" + target))
         queued = sum(1 for s in st if s not in TERMINAL) - running
         t.add_row(target, str(max(queued, 0)), str(running), str(st.count("passed")),

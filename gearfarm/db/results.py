@@ -39,7 +39,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, load_only, mapped_column, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, defer, load_only, mapped_column, sessionmaker
 
 from gearfarm.config import DEFAULT_PROJECT
 from gearfarm.db import DatabaseUnavailable
@@ -533,10 +533,13 @@ class ResultsDB:
                 run.state = state
                 run.finished_at = time.time()
 
-    def jobs(self, run_id: str) -> list[ResultRecord]:
+    def jobs(self, run_id: str, target: str | None = None) -> list[ResultRecord]:
+        """The run's records (of ``target`` only, when given), by job id."""
         with self.session() as s:
-            rows = s.scalars(select(JobRow).where(JobRow.run_id == run_id).order_by(JobRow.job_id))
-            return [ResultRecord.model_validate(r.record) for r in rows]
+            q = select(JobRow).where(JobRow.run_id == run_id).order_by(JobRow.job_id)
+            if target is not None:
+                q = q.where(JobRow.target == target)
+            return [ResultRecord.model_validate(r.record) for r in s.scalars(q)]
 
     def job(self, job_id: str) -> ResultRecord | None:
         """The record a job's row holds now (the one the ledger ranked first), if any."""
@@ -756,9 +759,11 @@ class ResultsDB:
     def runs_before(self, created_at: float, project: str, target: str | None = None,
                     limit: int = 50) -> list[Run]:
         """Runs (not re-runs) of ``project`` older than ``created_at`` that planned ``target``,
-        newest first."""
+        newest first, without their expected jobs and notes (a big night's are hundreds of KB of
+        JSON, and a report asks for a few dozen runs per target)."""
         with self.session() as s:
             q = (select(Run).where(Run.created_at < created_at, Run.parent_run_id.is_(None), Run.project == project)
+                 .options(defer(Run.expected, raiseload=True), defer(Run.notes, raiseload=True))
                  .order_by(Run.created_at.desc()))
             if target is None:
                 return list(s.scalars(q.limit(limit)))
@@ -778,7 +783,7 @@ class ResultsDB:
         for run in self.runs_before(time.time(), project, target, limit=60):
             if run.rev == exclude_rev:
                 continue
-            recs = [r for r in self.jobs(run.run_id) if r.target == target]
+            recs = self.jobs(run.run_id, target)
             build = next((r for r in recs if r.step == "build"), None)
             if (build is not None and build.status == "passed" and build.artifact_key and build.artifact_sha256
                     and all(r.status == "passed" for r in recs if r.kind == "test")):
@@ -807,8 +812,8 @@ class ResultsDB:
         before ``before`` that has finished jobs of it: which of its suites to queue first tonight
         (gearfarm.run.priority)."""
         for run in self.runs_before(before, project, target, limit=5):
-            got = {r.step: w for r in self.jobs(run.run_id)
-                   if r.target == target and r.status in ("passed", "failed") and (w := r.work_seconds) is not None}
+            got = {r.step: w for r in self.jobs(run.run_id, target)
+                   if r.status in ("passed", "failed") and (w := r.work_seconds) is not None}
             if got:
                 return got
         return {}
@@ -823,8 +828,7 @@ class ResultsDB:
             return None
         rev, used = None, 0
         for run in self.runs_before(time.time(), project, target, limit=2 * nights + 10):
-            refs = {r.reference_rev for r in self.jobs(run.run_id)
-                    if r.target == target and r.kind == "perf" and r.reference_rev}
+            refs = {r.reference_rev for r in self.jobs(run.run_id, target) if r.kind == "perf" and r.reference_rev}
             if not refs:
                 continue
             if rev is None:
@@ -839,7 +843,7 @@ class ResultsDB:
         for run in self.runs_before(time.time(), project, target, limit=400):
             if run.rev != rev:
                 continue
-            build = next((r for r in self.jobs(run.run_id) if r.target == target and r.step == "build"), None)
+            build = next((r for r in self.jobs(run.run_id, target) if r.step == "build"), None)
             if build is not None and build.status == "passed" and build.artifact_key and build.artifact_sha256:
                 return Artifact(build.artifact_key, build.artifact_sha256, rev)
         return None
@@ -993,6 +997,15 @@ class ResultsDB:
     def deliveries(self, run_id: str) -> list[DeliveryRow]:
         with self.session() as s:
             return list(s.scalars(select(DeliveryRow).where(DeliveryRow.run_id == run_id).order_by(DeliveryRow.id)))
+
+    def ranked(self, run_id: str) -> list[tuple[str, int, str]]:
+        """(job id, attempt, digest) of every record of the run the ledger has ranked (applied,
+        duplicate, superseded or late): offering one of them again changes nothing."""
+        with self.session() as s:
+            q = (select(DeliveryRow.job_id, DeliveryRow.attempt, DeliveryRow.digest)
+                 .where(DeliveryRow.run_id == run_id, DeliveryRow.digest.is_not(None),
+                        DeliveryRow.outcome.in_(("applied", "duplicate", "superseded", "late"))).distinct())
+            return [(j, a, d) for j, a, d in s.execute(q)]
 
     def upsert_host(self, conn: Connection, fp: dict[str, str]) -> str:
         """The host's id; its row made or refreshed in the caller's transaction."""

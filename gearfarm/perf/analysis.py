@@ -148,10 +148,12 @@ def figures(db: ResultsDB, run: Run, records: list[ResultRecord] | None = None) 
     of tonight's build, and the paired estimate against its baseline with its 95 % interval
     (the night's figure: what the code change did, the host's state cancelled), with how
     quiet the host was while it measured."""
+    keys = db.perf_keys(run.run_id)
+    if not keys:  # nothing measured: no record to read (a night's are many, with every case)
+        return []
     higher_is_better = directions(db, run)
     recs = {(r.target, r.name): r for r in (db.jobs(run.run_id) if records is None else records) if r.kind == "perf"}
     out = []
-    keys = db.perf_keys(run.run_id)
     trends = db.perf_trends(run.project, keys, run.created_at, TREND_NIGHTS)
     for target, host_class, benchmark, metric in keys:
         rec = recs.get((target, benchmark))

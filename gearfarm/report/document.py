@@ -182,7 +182,8 @@ def build(run: Run, records: list[ResultRecord], links: Links | None = None,
     by_target: dict[str, dict[str, ResultRecord]] = {}
     for r in records:
         by_target.setdefault(r.target, {})[r.step] = r
-    missing = [j for j in run.expected if j not in {r.job_id for r in records}]
+    recorded = {r.job_id for r in records}  # once: made per expected job, it cost jobs² on a big night
+    missing = [j for j in run.expected if j not in recorded]
     # The matrix has a row for every target and a column for every step the run expected or
     # ran: a job whose result never came shows as "missing" in its cell (Report.absent), even
     # when no target has a result for its step.
@@ -253,8 +254,12 @@ def build(run: Run, records: list[ResultRecord], links: Links | None = None,
 def _target_spans(records: list[ResultRecord]) -> dict[str, float]:
     """Per target, from its build's submission to its last job's end: its wall time."""
     spans: dict[str, float] = {}
-    for t in {r.target for r in records}:
-        rs = [r for r in records if r.target == t and r.finished_at is not None]
+    by_target: dict[str, list[ResultRecord]] = {}
+    for r in records:  # once, not once per target (targets × jobs)
+        by_target.setdefault(r.target, [])
+        if r.finished_at is not None:
+            by_target[r.target].append(r)
+    for t, rs in by_target.items():
         starts = [r.submitted_at or r.started_at for r in rs if (r.submitted_at or r.started_at)]
         if rs and starts:
             spans[t] = round(max(r.finished_at for r in rs if r.finished_at) - min(starts), 3)  # type: ignore[type-var]

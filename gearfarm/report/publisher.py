@@ -139,7 +139,7 @@ def _publish_run(cfg: Config, db: ResultsDB, store: ArtifactStore | None, run: R
         problems += joblog.copy_all(store, records + reruns, out.parent)
     rep = report.build(run, records, links.for_run(cfg.web.url, out), verdicts, reruns)
     try:
-        rep = rep.with_performance(perf.analyze(db, run), perf.figures(db, run))
+        rep = rep.with_performance(perf.analyze(db, run), perf.figures(db, run, records))
     except SQLAlchemyError as e:
         rep = rep.with_performance([])
         problems.append(_db_down("no performance history", e))

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
@@ -68,6 +69,8 @@ _NAME_MAX = Case.__table__.c.name.type.length
 _CLASSNAME_MAX = Case.__table__.c.classname.type.length
 Disposition = Literal["applied", "duplicate", "superseded", "late", "rejected"]
 Channel = Literal["collect", "reconcile", "nightly", "rule"]
+# Runs whose expected jobs a ledger keeps in memory (the newest used).
+EXPECTED_RUNS = 16
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,11 @@ class Ledger:
     def __init__(self, db: ResultsDB) -> None:
         self.db = db
         self.registry = Registry(db)
+        # Run id -> the jobs it expects, in the plan's order. Fixed when the run is recorded
+        # (ResultsDB.create_run never changes it), so it is read once per run: read with every
+        # record and every lease, as it was, a 5,000-job run's list (~200 KB of JSON) made each
+        # record cost more the larger the night.
+        self._expected: OrderedDict[str, tuple[tuple[str, ...], frozenset[str]]] = OrderedDict()
 
     # ------------------------------------------------------------------ entry points
 
@@ -128,8 +136,8 @@ class Ledger:
             return self._refuse_lease(f"{lease.job_id} attempt {lease.attempt}: {why}")
         now = time.time()
         with self.db.writing() as conn:
-            run = conn.execute(select(Run.expected, Run.reported_at).where(Run.run_id == jid.run_id)).first()
-            if run is None or lease.job_id not in (run.expected or []) or run.reported_at is not None:
+            run = conn.execute(select(Run.reported_at).where(Run.run_id == jid.run_id)).first()
+            if run is None or lease.job_id not in self._expects(conn, jid.run_id)[1] or run.reported_at is not None:
                 return self._refuse_lease(f"{lease.job_id}: " + ("its run is unknown" if run is None else
                                           "its run expects no such job" if run.reported_at is None else
                                           "its run was reported and closed"))
@@ -182,11 +190,12 @@ class Ledger:
             log.error("REJECTED result record for %s (%s): %s", rec.job_id, source, why)
             self._log(conn, source, "rejected", rec, why)
             return "rejected"
-        q = select(Run.expected, Run.reported_at).where(Run.run_id == rec.run_id)
+        q = select(Run.reported_at).where(Run.run_id == rec.run_id)
         if conn.dialect.name == "postgresql":
             q = q.with_for_update(read=True)
         row = conn.execute(q).first()
-        if row is None or rec.job_id not in (row.expected or []):
+        expected = self._expects(conn, rec.run_id) if row is not None else ((), frozenset())
+        if row is None or rec.job_id not in expected[1]:
             why = f"run {rec.run_id!r} is unknown" if row is None else f"run {rec.run_id} expects no job {rec.job_id}"
             log.error("REJECTED result record for %s (%s): %s", rec.job_id, source, why)
             self._log(conn, source, "rejected", rec, why)
@@ -251,8 +260,22 @@ class Ledger:
                      value=x.value) for x in rec.samples])
         self._log(conn, source, "applied", rec, "")
         if rec.kind == "build" and rec.status != "passed":
-            self._end_dependents(conn, rec, list(row.expected or []))
+            self._end_dependents(conn, rec, list(expected[0]))
         return "applied"
+
+    def _expects(self, conn: Connection, run_id: str) -> tuple[tuple[str, ...], frozenset[str]]:
+        """The jobs run ``run_id`` expects (in order, and as a set), read once (an unknown run:
+        none, and not remembered)."""
+        got = self._expected.get(run_id)
+        if got is None:
+            listed = conn.execute(select(Run.expected).where(Run.run_id == run_id)).scalar()
+            if listed is None:
+                return (), frozenset()
+            got = self._expected[run_id] = (tuple(listed), frozenset(listed))
+            while len(self._expected) > EXPECTED_RUNS:
+                self._expected.popitem(last=False)
+        self._expected.move_to_end(run_id)
+        return got
 
     def _not_leased(self, conn: Connection, rec: ResultRecord) -> str:
         """Rule 8: why a worker's record is not the attempt's holder's ("" when it is); marks the

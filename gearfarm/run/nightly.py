@@ -47,6 +47,12 @@ from gearfarm.s3.store import ArtifactStore, StoreError
 log = logging.getLogger(__name__)
 # How long the nightly keeps waiting for an unreachable results database past the deadline.
 DB_OUTAGE_LIMIT = 600.0
+# Queued jobs the watchdog asks gearmand about per poll, in turn (Watchdog._asked): one round
+# trip each, so asking about every pending job every poll made a night's cost grow with the
+# square of its jobs (5,000 jobs: seconds per poll). Running jobs and jobs gearmand did not
+# know at their last look are asked about every poll; a queued job only has to be seen again
+# within the lost grace, which a turn of the others takes well under at this rate.
+STATUS_SWEEP = 64
 
 
 class RunError(RuntimeError):
@@ -109,7 +115,7 @@ class Plan:
     def ready(self, jid: JobId, states: dict[str, str]) -> bool:
         """A test or perf job exists only after its build passed; before that it waits on the
         build, not on a worker."""
-        return self.rerun or jid.kind == "build" or states.get(str(JobId(self.run_id, jid.target, "build"))) == "passed"
+        return self.rerun or jid.kind == "build" or states.get(f"{self.run_id}:{jid.target}:build") == "passed"
 
     def payload(self, jid: JobId, attempt: int = 1, artifact: Artifact | None = None,
                 signed_builds: list[SignedBuild] | None = None) -> Payload:
@@ -255,19 +261,35 @@ def build_payload(db: ResultsDB, p: Plan, jid: JobId, attempt: int = 1) -> Paylo
 def send(db: ResultsDB, client: Client, signer: Signer, payload: Payload) -> None:
     """Sign and submit one payload. The attempt is recorded first: the ledger applies a worker's
     record only for an attempt the farm submitted."""
-    db.set_live(payload.run_id, {payload.job_id: ("queued", payload.attempt)})
-    client.submit_background(payload.function, sign(payload, signer), unique=payload.unique)
+    send_all(db, client, signer, [payload])
+
+
+def send_all(db: ResultsDB, client: Client, signer: Signer, payloads: list[Payload]) -> None:
+    """Sign and submit payloads of one run, their attempts recorded first in one transaction
+    (one per job made releasing a target's suites cost a database round trip each)."""
+    if not payloads:
+        return
+    db.set_live(payloads[0].run_id, {p.job_id: ("queued", p.attempt) for p in payloads})
+    for p in payloads:
+        client.submit_background(p.function, sign(p, signer), unique=p.unique)
 
 
 def reconcile(ledger: Ledger, store: ArtifactStore, run_id: str, seen: set[str]) -> int:
     """Offer the ledger every sealed record in S3 it has not been offered by this loop (a
     collector outage loses nothing). Each key holds one immutable record, so ``seen`` keys are
-    skipped; the ledger's rules make the order irrelevant."""
+    skipped, and so are the records the ledger ranked already (the collector delivered them):
+    reading every record of the night again, as this did, cost a GET and a signature check per
+    job at the end of every night. The ledger's rules make the order irrelevant."""
     try:
         found = [k for k in store.list(keys.run_prefix(run_id)) if keys.is_result(k) and k not in seen]
     except StoreError as e:
         log.warning("cannot reconcile from S3 now: %s", e)
         return 0
+    if found:
+        for job_id, attempt, digest in ledger.db.ranked(run_id):
+            jid = JobId.parse(job_id)
+            seen.add(keys.result(run_id, jid.target, jid.step, attempt, digest))
+        found = [k for k in found if k not in seen]
     applied = 0
     for key in found:
         try:
@@ -312,6 +334,9 @@ class Watchdog:
         self.created_at = run.created_at if run is not None else time.time()
         # Jobs of this plan submitted by this process (builds and a re-run's jobs by submit()).
         self.released: set[JobId] = set(p.first_jobs())
+        # Jobs gearmand said were running at their last look, and where the turn of the others is.
+        self.running: set[JobId] = set()
+        self._turn = 0
 
     def attempt(self, jid: JobId) -> int:
         return self.attempts.get(jid, 1)
@@ -331,10 +356,13 @@ class Watchdog:
                seen: dict[str, tuple[str, int]], judge: bool) -> None:
         self.release([j for j in pending if j not in self.released and self.plan.ready(j, states)])
         leases: dict[tuple[str, int], tuple[str, int]] | None = None
+        ready = []
         for jid in pending:
-            if not self.plan.ready(jid, states):
+            if self.plan.ready(jid, states):
+                ready.append(jid)
+            else:
                 seen[str(jid)] = ("waiting", self.attempt(jid))
-                continue
+        for jid in self._asked(ready):
             away = ""
             try:
                 st = self.client.get_status_unique(jid.unique(self.attempt(jid)))
@@ -352,8 +380,10 @@ class Watchdog:
                 seen[str(jid)] = ("running" if st.running else "queued", self.attempt(jid))
                 self.unknown_since.pop(jid, None)
                 if not st.running:
+                    self.running.discard(jid)
                     self.beats.pop(jid, None)
                     continue
+                self.running.add(jid)
                 if not judge:
                     # The collector is behind or away: the beats may be waiting in its queue, and
                     # are counted once it has taken them.
@@ -372,6 +402,7 @@ class Watchdog:
                                   if host else f"held for {now - last[1]:.0f}s by a worker that never claimed it "
                                   "(no registered host holds its lease)")
                 continue
+            self.running.discard(jid)
             since = self.unknown_since.setdefault(jid, now)
             if now - since > self.cfg.farm.lost_grace:
                 # Its result may be on the way: S3 has it if the worker reported at all.
@@ -381,6 +412,20 @@ class Watchdog:
                 self.resubmit(jid, f"gearmand at {away} has not answered for {now - since:.0f}s, no other server "
                                    "holds the job and no result arrived" if away else
                                    "gearmand no longer holds the job and no result arrived")
+
+    def _asked(self, ready: list[JobId]) -> list[JobId]:
+        """The ready jobs to ask gearmand about now: every one that was running or unknown at
+        its last look (a lease to judge, a loss to confirm), and STATUS_SWEEP of the others in
+        turn, so a poll costs round trips by the jobs running, not by the jobs in the night."""
+        if len(ready) <= STATUS_SWEEP:
+            return ready
+        urgent = [j for j in ready if j in self.running or j in self.unknown_since]
+        rest = [j for j in ready if j not in self.running and j not in self.unknown_since]
+        if len(rest) <= STATUS_SWEEP:
+            return urgent + rest
+        start = self._turn % len(rest)
+        self._turn = start + STATUS_SWEEP
+        return urgent + rest[start:start + STATUS_SWEEP] + rest[:max(0, start + STATUS_SWEEP - len(rest))]
 
     def _leases(self, now: float) -> dict[tuple[str, int], tuple[str, int]]:
         """The run's leases, read at most once a second: beats come every few seconds and a lease
@@ -394,20 +439,27 @@ class Watchdog:
         time first (gearmand hands out one function's jobs in the order they came)."""
         if not jids:
             return
-        for target in sorted({j.target for j in jids}):
-            mine = [j for j in jids if j.target == target]
+        by_target: dict[str, list[JobId]] = {}
+        for j in jids:
+            by_target.setdefault(j.target, []).append(j)
+        for target, mine in sorted(by_target.items()):
             seconds = self.db.step_seconds(self.plan.project, target, self.created_at)
-            for jid in sorted(mine, key=lambda j: (-seconds.get(j.step, 0.0), self.plan.steps(target).index(j.step))):
-                artifact = self._artifact(jid)
-                if artifact is None:
+            order = {s: i for i, s in enumerate(self.plan.steps(target))}
+            mine.sort(key=lambda j: (-seconds.get(j.step, 0.0), order[j.step]))
+            # Every job of a target runs on its one build: its record is read once, not per job.
+            artifact = self._artifact(mine[0])
+            if artifact is None:
+                for jid in mine:
                     expire(self.ledger, self.plan, [jid], "infra", "its build passed but left no artifact on record")
-                else:
-                    send(self.db, self.client, self.signer, self.plan.payload(jid, self.attempt(jid), artifact))
-                self.released.add(jid)
+            else:
+                send_all(self.db, self.client, self.signer,
+                         [self.plan.payload(jid, self.attempt(jid), artifact) for jid in mine])
+            self.released.update(mine)
 
     def _artifact(self, jid: JobId) -> Artifact | None:
-        """What a test or perf job runs on: a re-run's given build, else the artifact its target's
-        build record (signed by the host that built it) names."""
+        """What a test or perf job runs on (the same for every job of its target): a re-run's
+        given build, else the artifact its target's build record (signed by the host that built
+        it) names."""
         if self.plan.rerun:
             return self.plan.artifacts.get(jid.target)
         build = self.db.job(str(JobId(self.plan.run_id, jid.target, "build")))
@@ -454,12 +506,14 @@ def wait(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, clien
     last_reconcile = time.monotonic()
     watchdog = Watchdog(cfg, db, ledger, store, client, p, seen)
     db_down_since: float | None = None
+    # The plan's jobs and their ids, made once (not at every poll: jobs × polls).
+    expected = [(j, str(j)) for j in p.expected]
     while True:
         try:
             # Polled every `poll` seconds: the end of a run is noticed within it (it was 1 s, the
             # average 0.5 s of every nightly's tail), and reading statuses only keeps it cheap.
             states = db.job_states(p.run_id)
-            pending = [j for j in p.expected if states.get(str(j)) not in TERMINAL]
+            pending = [j for j, k in expected if states.get(k) not in TERMINAL]
             try:
                 table = preflight(cfg)
             except RunError as e:

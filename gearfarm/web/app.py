@@ -416,7 +416,7 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
         record the ledger applied, never by a key the browser chose."""
         if not cfg.web.public_artifacts and user() is None:
             abort(403, "log in to download builds (or set [web] public_artifacts = true)")
-        rec = next((r for r in db.jobs(run_id) if r.target == target and r.step == step), None)
+        rec = next((r for r in db.jobs(run_id, target) if r.step == step), None)
         if rec is None or not rec.artifact_key:
             abort(404, f"no artifact for {target}/{step} of run {run_id}")
         key = keys.provenance_of(rec.artifact_key) if provenance else rec.artifact_key

@@ -610,7 +610,7 @@ def step_log(db: ResultsDB, run_id: str, target: str, step: str, text: str | Non
     run = db.get_run(run_id)
     if run is None:
         return None
-    records = [r for r in db.jobs(run_id) if r.target == target]
+    records = db.jobs(run_id, target)  # the target's only: a big night's are thousands, with their cases
     rec = next((r for r in records if r.step == step), None)
     if rec is None and text is None:
         return None

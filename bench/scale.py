@@ -1,0 +1,480 @@
+"""How the farm's own cost grows with the lab and the night (issue #38): N simulated hosts
+(network namespaces, one address each, one or two worker slots), two gearmand, MinIO, PostgreSQL
+and the collector outside them, and a synthetic project made here whose catalog has J jobs a
+night. Its suites sleep for durations drawn from a real nightly's spread, write a JUnit file of
+many cases and leave small outputs, so what the night costs beyond those sleeps is the farm's.
+
+The spread (``REAL_SECONDS``) is the engine's own nightly (jobs/catalog.toml): its build and
+suites timed natively on this machine (`make -C engine` 2.07 s; gfe-suite unit 0.58 s, model
+6.68 s, recovery 0.35 s, November 2026) and its Windows suites under wine as docs/speed.md gives
+them (unit 1.7 s, model 8-12 s). Each job draws one of them, times a jitter of ±20 %, times
+--time-scale (default 0.5: median about 0.6 s, the longest suite about 6 s).
+
+Jobs: J = targets × (build + suites), --per-target jobs a target (default 50, so 2 targets at
+J = 100 and 100 at 5,000; a build's payload lists at most 64 suites). The bound is
+farm_speed's lower_bound over the jobs' own command seconds (their records' build/test
+timings) with one core per slot: the longest chain (a build then its longest suite) or the
+total work over the slots, whichever is longer.
+
+Per configuration it prints one markdown table and the line ``farm cost: X ms per job``, where
+the farm's cost per job is, from what the farm records (result records' timings, the ledger's
+deliveries table), the mean per job of
+
+* dispatch: from the moment both the job and a slot were free (submitted, and the slot's previous
+  job finished) to the job's start; it holds the previous record's signing and delivery (S3 put,
+  submit to the collector) and gearmand handing out the job;
+* S3: the record's lookup, download, verify, upload and export timings;
+* other in-job: the job's started→finished span less its command and S3 (catalog, job dir,
+  log upload);
+* collector + ledger: the record's finish to the ledger's `applied` row;
+* report: the report's build time (publisher.publish, timed here after the night) over J.
+
+With no --hosts/--jobs it runs the whole table (N in 1, 8, 32, 64, J in 100, 1000, 5000).
+Root only (network namespaces). Every namespace, process and temp dir it makes goes, also on
+failure.
+
+    /work/main/.venv/bin/python bench/scale.py --hosts 8 --jobs 1000 [--slots 2] [--time-scale 0.5]
+    /work/main/.venv/bin/python bench/scale.py            # the whole table
+    ... --nights 2       a night before the measured one, on the same lab: its history (durations,
+                         the report's past), as a farm has every night but its first
+    ... --profile DIR    the nightly, the collector and the report's build under cProfile
+                         (DIR/nightly.prof, collector.prof, report.prof)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+# gearfarm.workers and gearfarm.s3 live in top-level folders (pyproject's package-dir): an
+# editable install of another checkout maps them to that checkout's. Every process the bench
+# starts (and the bench itself) takes them from this one.
+THIS_CHECKOUT = """
+import importlib.util, pathlib, sys
+import gearfarm
+for _name in ("workers", "s3"):
+    _dir = pathlib.Path(gearfarm.__file__).resolve().parent.parent / _name
+    _spec = importlib.util.spec_from_file_location("gearfarm." + _name, _dir / "__init__.py",
+                                                   submodule_search_locations=[str(_dir)])
+    _mod = importlib.util.module_from_spec(_spec)
+    sys.modules[_spec.name] = _mod
+    _spec.loader.exec_module(_mod)
+    setattr(gearfarm, _name, _mod)
+"""
+exec(THIS_CHECKOUT)
+
+from farm_speed import Job, lab, lower_bound, pct  # noqa: E402
+from web_speed import fetch  # noqa: E402
+
+from gearfarm.hosts import process  # noqa: E402
+from gearfarm.hosts.net import free_port, wait_port  # noqa: E402
+
+# A real nightly's jobs (see the module's docstring): seconds, and where each comes from.
+REAL_SECONDS = {
+    "build": [2.07],  # make -C engine, native (the cross builds are of the same order)
+    "test": [0.58, 0.35, 6.68,  # linux-x86_64 unit, recovery, model
+             0.58, 0.35, 6.68,  # linux-i686 (static, run natively): as linux-x86_64
+             1.7, 10.0],  # windows-x86_64 under wine: unit 1.7 s, model 8-12 s (docs/speed.md)
+}
+HOSTS = (1, 8, 32, 64)
+JOBS = (100, 1000, 5000)
+RUN_ID = "scale"
+CASES = 40  # JUnit cases per suite
+
+BUILD_SH = """#!/bin/sh
+# build.sh TARGET: sleep this target's drawn build seconds, leave the suite script and its table.
+set -e
+secs=$(awk -v t="$1" '$1 == t && $2 == "build" { print $3 }' durations.txt)
+sleep "$secs"
+mkdir -p out
+cp suite.sh out/suite.sh
+awk -v t="$1" '$1 == t' durations.txt > out/durations.txt
+"""
+
+SUITE_SH = """#!/bin/sh
+# suite.sh JUNIT SUITE: sleep this suite's drawn seconds, write a JUnit file of its cases.
+set -e
+here=$(dirname "$0")
+secs=$(awk -v s="$2" '$2 == s { print $3 }' "$here/durations.txt")
+sleep "$secs"
+{
+  echo '<?xml version="1.0" encoding="UTF-8"?>'
+  echo "<testsuite name=\\"$2\\" tests=\\"$3\\">"
+  i=0
+  while [ "$i" -lt "$3" ]; do
+    echo "<testcase classname=\\"$2\\" name=\\"case_$i\\" time=\\"0.001\\"/>"
+    i=$((i + 1))
+  done
+  echo '</testsuite>'
+} > "$1"
+"""
+
+
+# `gearfarm` under cProfile, its stats written to $SCALE_PROFILE also when it ends with os._exit
+# (gearfarm.cli.common.exit_now: the nightly after its report, the collector on SIGTERM).
+PROFILED = """
+import cProfile, os
+prof, out, _exit = cProfile.Profile(), os.environ["SCALE_PROFILE"], os._exit
+def _dump_and_exit(code):
+    prof.disable()
+    prof.dump_stats(out)
+    _exit(code)
+os._exit = _dump_and_exit
+prof.enable()
+"""
+RUN = """
+import runpy, sys
+sys.argv = ["gearfarm", *sys.argv[1:]]
+runpy.run_module("gearfarm.cli", run_name="__main__")
+"""
+
+
+def gearfarm_cli(profile: Path | None = None) -> list[str]:
+    """How to run `gearfarm` from this checkout: under cProfile (stats to $SCALE_PROFILE) when asked."""
+    return [sys.executable, "-c", THIS_CHECKOUT + (PROFILED if profile else "") + RUN]
+
+
+def layout(jobs: int, per_target: int) -> tuple[int, int]:
+    """(targets, suites per target) for about ``jobs`` jobs, ``per_target`` jobs a target."""
+    targets = max(1, round(jobs / per_target))
+    return targets, max(1, round(jobs / targets) - 1)
+
+
+def make_project(dest: Path, targets: int, suites: int, scale: float, seed: int = 38) -> dict[tuple[str, str], float]:
+    """A git repository of a synthetic project (build.sh, suite.sh, the drawn durations and a
+    catalog of ``targets`` × (build + ``suites``)); returns the drawn seconds per (target, step)."""
+    from tests.farmkit import GIT, commit
+
+    rng = random.Random(seed)
+    names = [f"linux-s{i:03d}" for i in range(targets)]
+    suite_names = [f"s{i:03d}" for i in range(suites)]
+    drawn: dict[tuple[str, str], float] = {}
+    lines = []
+    for t in names:
+        for step, kind in [("build", "build")] + [(s, "test") for s in suite_names]:
+            secs = round(rng.choice(REAL_SECONDS[kind]) * rng.uniform(0.8, 1.2) * scale, 3)
+            drawn[t, step] = secs
+            lines.append(f"{t} {step} {secs}\n")
+    dest.mkdir(parents=True)
+    (dest / "durations.txt").write_text("".join(lines))
+    (dest / "build.sh").write_text(BUILD_SH)
+    (dest / "suite.sh").write_text(SUITE_SH)
+    cat = ['schema = 2\n', '[build]\nargv = ["sh", "build.sh", "{target}"]\noutputs = ["out/suite.sh", '
+           '"out/durations.txt"]\ntimeout = 300\n']
+    listed = ", ".join(f'"{s}"' for s in suite_names)
+    cat += [f'[targets.{t}]\nsuites = [{listed}]\n' for t in names]
+    cat += [f'[suites.{s}]\nargv = ["sh", "{{root}}/out/suite.sh", "{{junit}}", "{s}", "{CASES}"]\ntimeout = 300\n'
+            for s in suite_names]
+    (dest / "jobs").mkdir()
+    (dest / "jobs" / "catalog.toml").write_text("\n".join(cat))
+    subprocess.run(GIT + ["init", "-q", "-b", "main"], cwd=dest, check=True)
+    commit(dest, "synthetic project for bench/scale.py")
+    return drawn
+
+
+@dataclass
+class Usage:
+    """CPU seconds and peak RSS (MiB) of one process (or several: summed CPU, largest peak)."""
+
+    cpu: float = 0.0
+    rss: float = 0.0
+
+    def add(self, cpu: float, rss: float) -> None:
+        self.cpu += cpu
+        self.rss = max(self.rss, rss)
+
+
+def proc_usage(pid: int) -> Usage:
+    """A live process's CPU so far (its own, and its reaped children's: a worker's suites, a
+    PostgreSQL's ended backends) and its peak RSS (VmHWM), from /proc."""
+    hwm = 0.0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            hwm = int(line.split()[1]) / 1024
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return Usage(sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK"), hwm)
+
+
+def tree_usage(pid: int) -> Usage:
+    """``proc_usage`` of a process and of its live descendants: CPU summed, the largest peak."""
+    children: dict[int, list[int]] = defaultdict(list)
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                children[int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])].append(int(d.name))
+    total, todo = Usage(), [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError):
+            u = proc_usage(p)
+            total.add(u.cpu, u.rss)
+        todo += children.get(p, [])
+    return total
+
+
+@dataclass
+class Night:
+    hosts: int
+    slots: int
+    jobs: int
+    wall: float
+    exit: int
+    earlier: list[float] = field(default_factory=list)  # the walls of the nights before it
+    usage: dict[str, Usage] = field(default_factory=dict)
+    report_seconds: float = 0.0
+    pages: dict[str, float] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def postgres() -> Iterator[tuple[str, int]]:
+    """A throw-away PostgreSQL (tests/pg.py): a database's URL in it, and the postmaster's pid."""
+    from tests.pg import PostgresServer
+
+    server = PostgresServer().start()
+    assert server.dir is not None
+    where = server.dir
+    postmaster = int((where / "data" / "postmaster.pid").read_text().split()[0])
+    try:
+        yield server.create_database("scale"), postmaster
+    finally:
+        try:
+            server.stop()
+        finally:
+            # Checked, not trusted: this bench once left servers running (stop() after a nightly
+            # on a loaded machine, cause not found), so what stop() leaves is killed here.
+            with contextlib.suppress(OSError):  # gone, or a zombie (its parent may never reap it)
+                if Path(f"/proc/{postmaster}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    print(f"(PostgreSQL {postmaster} outlived its stop: killed)", file=sys.stderr)
+                    os.kill(postmaster, signal.SIGKILL)
+            shutil.rmtree(where, ignore_errors=True)
+
+
+def run_nightly(config: Path, profile: Path | None, run_id: str) -> tuple[float, int, Usage]:
+    """The nightly, start to exit: wall seconds, exit status, its CPU and peak RSS (wait4)."""
+    argv = gearfarm_cli(profile) + ["nightly", "--config", str(config), "--run-id", run_id]
+    env = dict(os.environ, SCALE_PROFILE=str(profile / "nightly.prof")) if profile else None
+    log = config.parent / "nightly.log"
+    t0 = time.perf_counter()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
+                                env=env)
+        try:
+            _, status, ru = os.wait4(proc.pid, 0)
+        except BaseException:  # the bench is stopped: so is its nightly
+            proc.kill()
+            proc.wait()
+            raise
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode not in (0, 1) or b"Traceback" in log.read_bytes():
+        raise RuntimeError(f"the nightly failed ({proc.returncode}):\n{log.read_text()[-3000:]}")
+    return wall, proc.returncode, Usage(ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024)
+
+
+def build_report(config: Path, profile: Path | None = None) -> float:
+    """Seconds to build the night's report again from the database (as `gearfarm report` does);
+    with ``profile``, under cProfile (DIR/report.prof)."""
+    import cProfile
+
+    from gearfarm.config import load
+    from gearfarm.db.results import ResultsDB
+    from gearfarm.report import publisher
+    from gearfarm.s3.store import ArtifactStore
+
+    cfg = load(config)
+    db = ResultsDB(cfg.database.url)
+    run = db.get_run(RUN_ID)
+    assert run is not None
+    prof = cProfile.Profile() if profile else None
+    t0 = time.perf_counter()
+    with prof or contextlib.nullcontext():
+        publisher.publish(cfg, db, ArtifactStore(cfg.s3, retry_for=5), [run], {RUN_ID: db.jobs(RUN_ID)},
+                          send_mail=False, write_mail=False)
+    took = time.perf_counter() - t0
+    if prof is not None and profile is not None:
+        prof.dump_stats(profile / "report.prof")
+    db.engine.dispose()
+    return took
+
+
+def dashboard(config: Path, base: Path, step: tuple[str, str], before: str, repeat: int = 3) -> dict[str, float]:
+    """The worst of ``repeat`` answers (ms) of each dashboard page about the night, after one
+    untimed (the comparison with the night ``before``)."""
+    port = free_port()
+    proc = process.spawn(gearfarm_cli() + ["web", "--config", str(config), "--listen",
+                          f"127.0.0.1:{port}"], base / "web.log", cwd=ROOT)
+    try:
+        if not wait_port("127.0.0.1", port, 60):
+            raise RuntimeError("the dashboard did not start: " + (base / "web.log").read_text()[-2000:])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        pages = ["/", "/runs", f"/run/{RUN_ID}", f"/api/run/{RUN_ID}", f"/run/{RUN_ID}/step/{step[0]}/{step[1]}",
+                 f"/compare?a={before}&b={RUN_ID}", "/live", "/tests", "/hosts"]
+        out = {}
+        for path in pages:
+            status, _, _ = fetch(conn, path)
+            times = [fetch(conn, path)[1] for _ in range(repeat)]
+            out[f"{path} ({status})"] = max(times)
+        return out
+    finally:
+        process.stop(proc, timeout=10)
+
+
+def measure(hosts: int, jobs: int, slots: int, scale: float, per_target: int, tmp: Path, profile: Path | None,
+            nights: int = 1) -> None:
+    """One configuration: ``nights`` nightlies on one lab (the earlier ones are the later ones'
+    history: durations, baselines, the report's past), the last one measured."""
+    targets, suites = layout(jobs, per_target)
+    repo = tmp / "project"
+    make_project(repo, targets, suites, scale)
+    names = [f"linux-s{i:03d}" for i in range(targets)]
+    if profile:
+        profile.mkdir(parents=True, exist_ok=True)
+        os.environ["SCALE_PROFILE"] = str(profile / "collector.prof")  # the collector's; the nightly's its own
+    with postgres() as (db_url, postmaster), lab(hosts, tmp / "lab", names, repo=repo, slots=slots, perf=False,
+                                                 servers=2, db_url=db_url, settle=120 + 2 * hosts * slots,
+                                                 cli=gearfarm_cli(),
+                                                 collector_cli=gearfarm_cli(profile) if profile else None) as lb:
+        earlier = []
+        for i in range(nights - 1):
+            earlier.append(run_nightly(lb.config, None, f"{RUN_ID}-{i + 1}")[0])
+
+        def daemons() -> dict[str, Usage]:
+            named = [("collector", lb.collector.pid), ("MinIO", lb.minio.pid)] + \
+                    [(f"gearmand {i + 1}", gm.pid) for i, gm in enumerate(lb.gearmands)]
+            got = {name: proc_usage(pid) for name, pid in named if pid is not None}
+            got["PostgreSQL (all its processes)"] = tree_usage(postmaster)
+            workers = Usage()
+            for w in lb.workers:
+                u = tree_usage(w.pid)
+                workers.add(u.cpu, u.rss)
+            got["workers with their jobs (all, CPU summed, largest RSS)"] = workers
+            return got
+
+        before = daemons()
+        wall, code, nightly_usage = run_nightly(lb.config, profile, RUN_ID)
+        night = Night(hosts, slots, jobs, wall, code, earlier)
+        night.usage["nightly"] = nightly_usage
+        for name, u in daemons().items():  # tonight's CPU; the peak RSS is the process's
+            night.usage[name] = Usage(u.cpu - before[name].cpu, u.rss)
+        night.report_seconds = build_report(lb.config, profile)
+        night.pages = dashboard(lb.config, tmp, (names[0], "test-s000"), f"{RUN_ID}-{nights - 1}" if nights > 1
+                                else RUN_ID)
+        report(night, db_url, targets, suites, scale)
+
+
+def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -> None:
+    from gearfarm.db.results import ResultsDB
+
+    db = ResultsDB(db_url)
+    recs = db.jobs(RUN_ID)
+    applied = {d.job_id: d.at for d in db.deliveries(RUN_ID) if d.outcome == "applied"}
+    db.engine.dispose()
+    n = len(recs)
+    ran = [r for r in recs if r.started_at is not None and r.finished_at is not None]
+    command = {r.job_id: r.timings.get("build", r.timings.get("test", 0.0)) for r in ran}
+    s3_stages = ("lookup", "download", "verify", "upload", "export")
+    # The bound: each job's own command seconds, one core per slot.
+    own: list[Job] = [(r.kind, r.target, command[r.job_id], command[r.job_id], 0.0, 0.0) for r in ran]
+    slots = night.hosts * night.slots
+    bound, path, work = lower_bound(own, slots)
+    # Dispatch: from the moment both the job and its slot were free to its start.
+    by_slot: dict[tuple[str, str], list] = defaultdict(list)
+    for r in ran:
+        by_slot[r.host.get("hostname", ""), r.worker.rsplit("-", 1)[-1]].append(r)
+    dispatch = []
+    for rs in by_slot.values():
+        rs.sort(key=lambda r: r.started_at)
+        prev_end = 0.0
+        for r in rs:
+            dispatch.append(max(0.0, r.started_at - max(r.submitted_at or r.started_at, prev_end)))
+            prev_end = r.finished_at
+    s3 = [sum(r.timings.get(k, 0.0) for k in s3_stages) for r in ran]
+    other = [max(0.0, r.finished_at - r.started_at - command[r.job_id] - s) for r, s in zip(ran, s3, strict=True)]
+    lag = [applied[r.job_id] - r.finished_at for r in ran if r.job_id in applied]
+    times = sorted(applied.values())
+    rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0
+
+    def ms(xs: list[float]) -> float:
+        return 1000 * statistics.fmean(xs) if xs else 0.0
+
+    parts = {"dispatch (incl. the previous record's signing and delivery)": ms(dispatch), "S3 (lookup, download, "
+             "verify, upload, export)": ms(s3), "other in-job (catalog, job dir, log upload)": ms(other),
+             "collector + ledger (finished → applied)": ms(lag),
+             "report (build time ÷ jobs)": 1000 * night.report_seconds / max(n, 1)}
+    cost = sum(parts.values())
+    print(f"\n## {night.hosts} hosts × {night.slots} slots, {n} jobs ({targets} targets × (build + {suites} suites), "
+          f"{CASES} cases a suite, time scale {scale})\n")
+    print("| figure | value |\n|---|---|")
+    rows = [("nights before this one (their walls s)", ", ".join(f"{w:.1f}" for w in night.earlier) or "none"),
+            ("nightly exit status", f"{night.exit}"), ("jobs recorded / applied", f"{n} / {len(applied)}"),
+            ("bound: longest chain s", f"{path:.1f}"), ("bound: work ÷ slots s", f"{work:.1f}"),
+            ("night's wall s", f"{night.wall:.1f}"), ("**wall ÷ bound**", f"**{night.wall / bound:.2f}**"),
+            ("dispatch latency p50 / p99 ms", f"{1000 * pct(dispatch, 0.5):.0f} / {1000 * pct(dispatch, 0.99):.0f}"),
+            ("records applied per second (first to last applied)", f"{rate:.1f}"),
+            ("collector + ledger lag p50 / p99 ms", f"{1000 * pct(lag, 0.5):.0f} / {1000 * pct(lag, 0.99):.0f}"
+             if lag else "-")]
+    rows += [(f"farm cost: {k}, ms per job", f"{v:.1f}") for k, v in parts.items()]
+    rows += [(f"{k}: CPU s / peak RSS MiB", f"{u.cpu:.1f} / {u.rss:.0f}") for k, u in night.usage.items()]
+    busy = sum(u.cpu for u in night.usage.values())
+    rows += [("CPU of all of the above ÷ (cores × wall)",
+              f"{busy / (len(os.sched_getaffinity(0)) * night.wall):.2f} ({busy:.0f} CPU s)"),
+             ("CPU ms per job (all of the above, the jobs' own commands included)", f"{1000 * busy / max(n, 1):.0f}"),
+             ("nightly CPU ms per job", f"{1000 * night.usage['nightly'].cpu / max(n, 1):.1f}"),
+             ("report build s", f"{night.report_seconds:.2f}")]
+    rows += [(f"dashboard `{p}` worst ms", f"{v:.0f}") for p, v in night.pages.items()]
+    for k, v in rows:
+        print(f"| {k} | {v} |")
+    print(f"\nfarm cost: {cost:.1f} ms per job")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hosts", type=int, help="simulated hosts (default: 1, 8, 32, 64)")
+    ap.add_argument("--jobs", type=int, help="jobs a night (default: 100, 1000, 5000)")
+    ap.add_argument("--slots", type=int, default=2, choices=(1, 2), help="worker slots a host (default 2)")
+    ap.add_argument("--time-scale", type=float, default=0.5, help="times the real spread's seconds (default 0.5)")
+    ap.add_argument("--per-target", type=int, default=50, help="jobs a target (default 50; at most 65)")
+    ap.add_argument("--profile", type=Path,
+                    help="the nightly, the collector and the report under cProfile (DIR/*.prof)")
+    ap.add_argument("--nights", type=int, default=1,
+                    help="nightlies per configuration, the last measured (the others are its history; default 1)")
+    ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, databases) after the run")
+    args = ap.parse_args()
+    # Stopped with SIGTERM, it unwinds: every namespace, process and temp dir it made goes.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(2))
+    if os.geteuid() != 0:
+        sys.exit("bench/scale.py needs root (network namespaces)")
+    configs = [(h, j) for j in ([args.jobs] if args.jobs else JOBS) for h in ([args.hosts] if args.hosts else HOSTS)]
+    print(f"# gearfarm at scale, {time.strftime('%Y-%m-%d %H:%M')}, {len(os.sched_getaffinity(0))} cores, "
+          f"load {os.getloadavg()[0]:.2f}")
+    for hosts, jobs in configs:
+        tmp = Path(tempfile.mkdtemp(prefix="gf-scale-"))
+        try:
+            measure(hosts, jobs, args.slots, args.time_scale, args.per_target, tmp, args.profile, args.nights)
+        finally:
+            if args.keep:
+                print(f"(kept {tmp})")
+            else:
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,376 @@
+"""Costs that must not grow faster than a night's jobs (issue #38, found by bench/scale.py): each
+test counts what a night does per job (round trips to gearmand, reads of a run's expected
+jobs, records read again from S3, passes over the records, history loaded) on a night large
+enough that a cost growing with the jobs' square shows, without timing anything."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from sqlalchemy import event
+
+from gearfarm.config import Config, DatabaseConfig, FarmConfig
+from gearfarm.db.results import ResultsDB, Run
+from gearfarm.formats.job import JobId, Source
+from gearfarm.formats.result import ResultRecord
+from gearfarm.gearman import JobStatus
+from gearfarm.gearman.admin import FunctionStatus
+from gearfarm.report import document
+from gearfarm.run import nightly
+from gearfarm.run.ledger import Ledger, farm_record
+from gearfarm.s3 import keys
+from tests.farmkit import keyed
+
+REV = "a" * 40
+T = "linux-x86_64"
+
+
+
+def statements(db: ResultsDB) -> list[str]:
+    """Every SQL statement ``db``'s engine runs from now on."""
+    seen: list[str] = []
+    event.listen(db.engine, "before_cursor_execute", lambda _c, _cur, stmt, *_: seen.append(stmt))
+    return seen
+
+
+def night(db: ResultsDB, run_id: str, suites: int, targets: tuple[str, ...] = (T,)) -> list[JobId]:
+    jids = [JobId(run_id, t, s) for t in targets for s in ["build"] + [f"test-s{i:03d}" for i in range(suites)]]
+    assert db.create_run(run_id, REV, list(targets), [str(j) for j in jids])
+    return jids
+
+
+def record(jid: JobId, status: str = "passed", finished: float = 1000.0) -> ResultRecord:
+    return ResultRecord(job_id=str(jid), run_id=jid.run_id, target=jid.target, kind=jid.kind, step=jid.step,
+                        name=jid.name, rev=REV, status=status, attempt=1, worker="w",  # type: ignore[arg-type]
+                        started_at=finished - 1, finished_at=finished, timings={"test": 1.0})
+
+
+def test_the_ledger_reads_a_runs_expected_jobs_once_not_per_record(tmp_path: Path) -> None:
+    """Every record and lease checked its job against the run's whole expected list, read and
+    parsed from the database each time: a record cost more the larger the night."""
+    db = ResultsDB(f"sqlite:///{tmp_path / 'r.db'}")
+    jids = night(db, "big", 400)
+    ledger = Ledger(db)
+    sql = statements(db)
+    for jid in jids[1:101]:  # tests, not the build (whose infra would end them all)
+        assert ledger.apply(farm_record(jid, REV, "infra", "expired"), "nightly") == "applied"
+    assert ledger.apply(farm_record(JobId("big", T, "test-nosuch"), REV, "infra", "x"), "nightly") == "rejected"
+    reads = [s for s in sql if "runs.expected" in s]
+    assert len(reads) <= 1, f"the run's expected jobs were read {len(reads)} times for 101 records"
+    # A failed build still ends its dependents, from the list read once.
+    other = night(db, "other", 3)
+    assert ledger.apply(farm_record(other[0], REV, "infra", "no compiler"), "nightly") == "applied"
+    assert {r.job_id: r.status for r in db.jobs("other")} == {str(other[0]): "infra",
+                                                             **{str(j): "skipped" for j in other[1:]}}
+
+
+def planned(tmp: Path, run_id: str, targets: int = 5, suites: int = 60) -> tuple[ResultsDB, Config, nightly.Plan]:
+    """A nightly's config (its signing key), its results database and a recorded plan of
+    ``targets`` × (build + ``suites``)."""
+    url = f"sqlite:///{tmp / 'r.db'}"
+    db = ResultsDB(url)
+    cfg = Config(database=DatabaseConfig(url=url),
+                 farm=FarmConfig(state_dir=str(tmp / "state"), **keyed(tmp, url)))  # type: ignore[arg-type]
+    names = [f"linux-t{i}" for i in range(targets)]
+    steps = [f"s{i:03d}" for i in range(suites)]
+    p = nightly.Plan(run_id, Source("engine", REV, "5" * 64, "6" * 64), names, {t: steps for t in names},
+                     {t: [] for t in names})
+    assert db.create_run(p.run_id, REV, names, [str(j) for j in p.expected])
+    return db, cfg, p
+
+
+@dataclass
+class CountingClient:
+    """gearmand as the watchdog sees it: every job queued, ``running`` ones running."""
+
+    running: set[str] = field(default_factory=set)
+    asked: list[str] = field(default_factory=list)
+
+    def get_status_unique(self, unique: str) -> JobStatus:
+        self.asked.append(unique)
+        return JobStatus(unique, True, unique in self.running, 0, 0)
+
+
+def test_the_watchdog_asks_gearmand_about_a_bounded_number_of_jobs_per_poll(tmp_path: Path) -> None:
+    """The wait loop asked gearmand about every pending job every poll (0.2 s): one round trip
+    each, so a 5,000-job night spent seconds per poll and its cost grew with the square of its
+    jobs. Running jobs are still asked about every poll, and every queued one in turn."""
+    db, cfg, p = planned(tmp_path, "w")
+    targets = p.targets
+    states = {str(JobId("w", t, "build")): "passed" for t in targets}
+    pending = [j for j in p.expected if j.kind != "build"]  # 300 suites, their builds passed
+    client = CountingClient(running={pending[7].unique(1), pending[250].unique(1)})
+    dog = nightly.Watchdog(cfg, db, Ledger(db), None, client, p, set())  # type: ignore[arg-type]
+    dog.released.update(pending)  # submitted already: this is about watching them
+    table = {"collect": FunctionStatus(0, 0, 1)}
+    polls = 0
+    asked: set[str] = set()
+    while len(asked) < len(pending) or polls < 10:
+        client.asked.clear()
+        dog.check(pending, states, time.time(), table)
+        polls += 1
+        assert len(client.asked) <= nightly.STATUS_SWEEP + 2, f"{len(client.asked)} round trips in one poll"
+        # A job seen running is asked about every poll from then on (its lease is judged).
+        assert asked & client.running <= set(client.asked)
+        asked |= set(client.asked)
+        assert polls <= 10 or len(asked) == len(pending), "some queued job is never asked about"
+    assert client.running <= asked
+
+
+@dataclass
+class Submissions:
+    """gearmand taking background jobs."""
+
+    sent: list[str] = field(default_factory=list)
+
+    def submit_background(self, function: str, data: bytes, unique: str) -> str:
+        self.sent.append(unique)
+        return f"H:{len(self.sent)}"
+
+
+def test_releasing_a_targets_suites_reads_its_build_once_and_records_them_together(tmp_path: Path) -> None:
+    """Each test job released read its target's build record again (the same artifact for all
+    of them) and recorded its attempt in a transaction of its own."""
+    db, cfg, p = planned(tmp_path, "rl")
+    targets = p.targets
+    ledger = Ledger(db)
+    for t in targets:
+        build = record(JobId("rl", t, "build")).model_copy(update={"artifact_key": f"artifacts/{REV}/{t}/x/a.tar.zst",
+                                                                   "artifact_sha256": "7" * 64})
+        assert ledger.apply(build, "nightly") == "applied"
+    client = Submissions()
+    dog = nightly.Watchdog(cfg, db, ledger, None, client, p, set())  # type: ignore[arg-type]
+    tests = [j for j in p.expected if j.kind == "test"]
+    sql = statements(db)
+    dog.release(tests)
+    assert sorted(client.sent) == sorted(j.unique(1) for j in tests)
+    builds = [s for s in sql if "FROM jobs" in s and "jobs.record" in s]
+    assert len(builds) <= len(targets), f"{len(builds)} reads of build records for {len(tests)} jobs"
+    writes = [s for s in sql if s.startswith("BEGIN IMMEDIATE")]
+    assert len(writes) <= len(targets), f"{len(writes)} write transactions for {len(tests)} jobs"
+    assert {lj.attempt for lj in db.live(["rl"]).values()} == {1} and len(db.live(["rl"])) == len(tests)
+
+
+class ResultsInS3:
+    """An S3 holding the run's result records: lists them, counts what is read."""
+
+    def __init__(self, listed: list[str]) -> None:
+        self.listed, self.read = listed, []
+
+    def list(self, prefix: str) -> Iterator[str]:
+        return iter(self.listed)
+
+    def get_bytes(self, key: str) -> bytes:
+        self.read.append(key)
+        return b"{}"  # not a sealed record: the ledger rejects it
+
+
+def test_reconcile_reads_only_records_the_ledger_has_not_ranked(tmp_path: Path) -> None:
+    """The nightly's last reconcile read every record of the night from S3 again and offered it
+    to the ledger (a GET and a signature check per job at the end of every night), though the
+    collector had delivered them all."""
+    db = ResultsDB(f"sqlite:///{tmp_path / 'r.db'}")
+    jids = night(db, "rc", 50)
+    ledger = Ledger(db)
+    delivered = []
+    for jid in jids:
+        rec = record(jid)
+        assert ledger.apply(rec, "nightly") == "applied"
+        delivered.append(keys.result(rec.run_id, rec.target, rec.step, rec.attempt, rec.digest))
+    lost = keys.result("rc", T, "test-s000", 2, "f" * 64)  # a record the collector never delivered
+    store = ResultsInS3(delivered + [lost])
+    seen: set[str] = set()
+    nightly.reconcile(ledger, store, "rc", seen)  # type: ignore[arg-type]
+    assert store.read == [lost]
+    assert set(delivered) <= seen
+
+
+@pytest.mark.parametrize("targets", [1, 60])
+def test_the_report_passes_over_the_records_a_bounded_number_of_times(targets: int) -> None:
+    """document.build rebuilt the set of recorded jobs once per expected job (jobs² steps), and
+    its targets' spans went over every record once per target (targets × jobs)."""
+    names = [f"linux-t{i:02d}" for i in range(targets)]
+    jids = [JobId("rp", t, s) for t in names for s in ["build"] + [f"test-s{i:04d}" for i in range(3000 // targets)]]
+    run = Run(run_id="rp", rev=REV, created_at=1.0, finished_at=2.0, expected=[str(j) for j in jids], targets=names,
+              state="finished", notes={}, parent_run_id=None, project="engine")
+
+    class Passes(list):  # type: ignore[type-arg]
+        count = 0
+
+        def __iter__(self) -> Iterator[ResultRecord]:
+            Passes.count += 1
+            return super().__iter__()
+
+    records = Passes(record(j) for j in jids[:-1])  # the last job's result never came
+    Passes.count = 0
+    rep = document.build(run, records)
+    assert rep.missing == [str(jids[-1])]
+    assert Passes.count <= 20, f"the records were iterated {Passes.count} times for {len(jids)} jobs"
+
+
+def test_the_reports_performance_figures_read_no_records_again(tmp_path: Path) -> None:
+    """publisher made the night's figures with perf.figures(db, run), which read every record of
+    the run from the database again (every case of every suite) though the report had them,
+    and read them for a night without any benchmark too."""
+    from gearfarm.perf import analysis
+
+    db = ResultsDB(f"sqlite:///{tmp_path / 'r.db'}")
+    jids = night(db, "pf", 30)
+    ledger = Ledger(db)
+    for jid in jids:
+        assert ledger.apply(record(jid), "nightly") == "applied"
+    run = db.get_run("pf")
+    assert run is not None
+    sql = statements(db)
+    assert analysis.figures(db, run) == []
+    assert not [s for s in sql if "jobs.record" in s]
+
+
+def test_history_queries_load_neither_expected_jobs_nor_other_targets(tmp_path: Path) -> None:
+    """The nightly asks each target's last durations (step_seconds) and the report each target's
+    history (runs_before): both loaded every earlier run's whole expected list, and step_seconds
+    every record of the run, for each target: targets × jobs per night."""
+    db = ResultsDB(f"sqlite:///{tmp_path / 'r.db'}")
+    targets = tuple(f"linux-t{i}" for i in range(4))
+    jids = night(db, "n1", 20, targets)
+    ledger = Ledger(db)
+    for jid in jids:
+        assert ledger.apply(record(jid), "nightly") == "applied"
+    sql = statements(db)
+    runs = db.runs_before(time.time(), "engine", targets[1], limit=5)
+    assert [r.run_id for r in runs] == ["n1"]
+    want = {"build": 1.0} | {f"test-s{i:03d}": 1.0 for i in range(20)}
+    assert db.step_seconds("engine", targets[1], time.time()) == want
+    assert not [s for s in sql if "runs.expected" in s or "runs.notes" in s]
+    reads = [s for s in sql if "FROM jobs" in s]
+    assert reads and all("jobs.target = ?" in s for s in reads), reads
+
+
+class CountedPlan(nightly.Plan):
+    """A plan that counts how often its jobs are made (each time: every job of the night)."""
+
+    made = 0
+
+    @property
+    def expected(self) -> list[JobId]:
+        CountedPlan.made += 1
+        return super().expected
+
+
+@dataclass
+class PolledDB:
+    """The results database as the wait loop polls it: the jobs pending for ``polls`` polls."""
+
+    ids: list[str]
+    polls: int
+    asked: int = 0
+
+    def job_states(self, run_id: str) -> dict[str, str]:
+        self.asked += 1
+        return {} if self.asked <= self.polls else {j: "passed" for j in self.ids}
+
+    def get_run(self, run_id: str) -> None:
+        return None
+
+    def cancellations(self, run_id: str) -> list[object]:
+        return []
+
+    def jobs(self, run_id: str) -> list[ResultRecord]:
+        return []
+
+
+def test_the_wait_loop_and_its_progress_make_the_nights_jobs_once(tmp_path: Path) -> None:
+    """Each 0.2 s poll made every job id of the night again, twice (the pending list, then the
+    progress lines, and on a terminal once per target): polls × jobs, and the polls grow with
+    the jobs."""
+    from gearfarm.cli.nightly_cmd import _ConsoleObserver, _table
+
+    steps = [f"s{i:03d}" for i in range(20)]
+    targets = [f"linux-t{i}" for i in range(5)]
+    p = CountedPlan("wl", Source("engine", REV, "5" * 64, "6" * 64), targets, {t: steps for t in targets},
+                    {t: [] for t in targets}, deadline=time.time() + 600)
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    cfg = Config(gearman={"servers": ["127.0.0.1:1"]},  # nothing there: no functions table, no judging
+                 farm=FarmConfig(state_dir=str(tmp_path / "state"), **keyed(tmp_path, url)))  # type: ignore[arg-type]
+    db = PolledDB([str(j) for j in p.expected], polls=8)
+    observer, lines = _ConsoleObserver(), []
+    CountedPlan.made = 0
+
+    def progress(states: dict[str, str], fns: dict[str, FunctionStatus]) -> None:
+        observer.progress(p, states, fns)
+        _table(p, observer._order(p), states, fns)
+        lines.append(len(observer.last))
+
+    nightly.wait(cfg, db, None, ResultsInS3([]), None, p, progress, poll=0)  # type: ignore[arg-type]
+    assert db.asked == 9
+    assert CountedPlan.made <= 3, f"the night's jobs were made {CountedPlan.made} times in 9 polls"
+
+
+def test_a_steps_page_reads_its_targets_records_only(tmp_path: Path) -> None:
+    """The step page (and a build's download) read every record of the run, every case of
+    every suite, to show one step and its target's other steps: a 5,000-job night's step page
+    took seconds."""
+    from gearfarm.web import dashboard
+
+    db = ResultsDB(f"sqlite:///{tmp_path / 'r.db'}")
+    targets = tuple(f"linux-t{i}" for i in range(4))
+    ledger = Ledger(db)
+    for jid in night(db, "sp", 10, targets):
+        assert ledger.apply(record(jid), "nightly") == "applied"
+    sql = statements(db)
+    page = dashboard.step_log(db, "sp", targets[2], "test-s003", None)
+    assert page is not None and page["record"]["status"] == "passed" and len(page["siblings"]) == 10
+    reads = [s for s in sql if "FROM jobs" in s]
+    assert reads and all("jobs.target = ?" in s for s in reads), reads
+
+
+def test_a_worker_makes_one_context_per_role_not_per_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """workers.base.serve made a Context (S3 and gearmand clients, keys, the host's fingerprint,
+    the sandbox check) for every function it serves, though it keeps one per role: a worker of
+    100 targets made 200 and took minutes to start while 127 others did the same."""
+    import threading
+
+    from gearfarm.workers import base
+
+    made: list[str] = []
+
+    class Ctx:
+        def __init__(self, cfg: Config, role: str) -> None:
+            made.append(role)
+            self.work = tmp_path / "work"
+            self.client = self
+
+        def close(self) -> None:
+            pass
+
+        def flush_spool(self) -> None:
+            pass
+
+    class GearmanWorker:
+        client_id = "w"
+
+        def stop_on_signals(self, stop: threading.Event) -> None:
+            pass
+
+        def register(self, function: str, handler: object) -> None:
+            self.registered = [*getattr(self, "registered", []), function]
+
+        def work(self, stop: threading.Event) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    worker = GearmanWorker()
+    monkeypatch.setattr(base, "Context", Ctx)
+    monkeypatch.setattr(base, "gearman_worker", lambda cfg, name: worker)
+    functions = [(r, f"{r}:linux-t{i:03d}", base.run_step) for i in range(100) for r in ("build", "test")]
+    stop = threading.Event()
+    stop.set()
+    base.serve(Config(), functions, stop)  # type: ignore[arg-type]
+    assert sorted(made) == ["build", "test"]
+    assert len(worker.registered) == 200

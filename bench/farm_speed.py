@@ -504,7 +504,7 @@ class Lab:
 def lab(n_hosts: int, base: Path, targets: list[str], *, repo: Path = ROOT, slots: int = 1, perf: bool = True,
         servers: int = 1, db_url: str | None = None, wait_for: list[str] | None = None,
         settle: float = 60.0, cli: list[str] | None = None,
-        collector_cli: list[str] | None = None) -> Iterator[Lab]:
+        collector_cli: list[str] | None = None, farm: dict[str, object] | None = None) -> Iterator[Lab]:
     """A lab of n simulated hosts sharing this machine's cores: ``servers`` gearmand, MinIO and
     the collector here, ``slots`` build-and-test worker processes per host (the first host also
     runs the perf worker when ``perf``), each host with its own key registered for what it
@@ -512,7 +512,7 @@ def lab(n_hosts: int, base: Path, targets: list[str], *, repo: Path = ROOT, slot
     with every gearmand for ``wait_for`` (default: every target); stops every process and
     removes every namespace on the way out. ``cli`` runs the workers' and the collector's
     `gearfarm` another way (default: python -m gearfarm.cli), ``collector_cli`` the collector's
-    alone (e.g. under a profiler)."""
+    alone (e.g. under a profiler). ``farm``: more [farm] settings of every host's config."""
     from gearfarm import config as config_mod
     from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig
     from gearfarm.db.registry import Registry
@@ -547,7 +547,7 @@ def lab(n_hosts: int, base: Path, targets: list[str], *, repo: Path = ROOT, slot
                          database=DatabaseConfig(url=db_url),
                          farm=FarmConfig(repo=str(repo), state_dir=str(base / "state"), host_name=name,
                                          host_key=str(host_key), signing_key=str(nightly_key),
-                                         nightly_keys=[Signer.load(nightly_key).public_text]))
+                                         nightly_keys=[Signer.load(nightly_key).public_text], **(farm or {})))
             path = base / f"{name}.toml"
             config_mod.dump(cfg, path)
             return path

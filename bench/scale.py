@@ -338,7 +338,7 @@ def dashboard(config: Path, base: Path, step: tuple[str, str], before: str, repe
 
 
 def measure(hosts: int, jobs: int, slots: int, scale: float, per_target: int, tmp: Path, profile: Path | None,
-            nights: int = 1) -> None:
+            nights: int = 1, collector_threads: int | None = None) -> None:
     """One configuration: ``nights`` nightlies on one lab (the earlier ones are the later ones'
     history: durations, baselines, the report's past), the last one measured."""
     targets, suites = layout(jobs, per_target)
@@ -351,7 +351,9 @@ def measure(hosts: int, jobs: int, slots: int, scale: float, per_target: int, tm
     with postgres() as (db_url, postmaster), lab(hosts, tmp / "lab", names, repo=repo, slots=slots, perf=False,
                                                  servers=2, db_url=db_url, settle=120 + 2 * hosts * slots,
                                                  cli=gearfarm_cli(),
-                                                 collector_cli=gearfarm_cli(profile) if profile else None) as lb:
+                                                 collector_cli=gearfarm_cli(profile) if profile else None,
+                                                 farm={"collector_threads": collector_threads}
+                                                 if collector_threads else None) as lb:
         earlier = []
         for i in range(nights - 1):
             earlier.append(run_nightly(lb.config, None, f"{RUN_ID}-{i + 1}")[0])
@@ -378,6 +380,8 @@ def measure(hosts: int, jobs: int, slots: int, scale: float, per_target: int, tm
         night.pages = dashboard(lb.config, tmp, (names[0], "test-s000"), f"{RUN_ID}-{nights - 1}" if nights > 1
                                 else RUN_ID)
         report(night, db_url, targets, suites, scale)
+        from gearfarm.config import FarmConfig
+        print(f"(collector threads: {collector_threads or FarmConfig().collector_threads})")
 
 
 def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -> None:
@@ -456,6 +460,8 @@ def main() -> None:
                     help="the nightly, the collector and the report under cProfile (DIR/*.prof)")
     ap.add_argument("--nights", type=int, default=1,
                     help="nightlies per configuration, the last measured (the others are its history; default 1)")
+    ap.add_argument("--collector-threads", type=int,
+                    help="[farm] collector_threads of the lab (default: the farm's default)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, databases) after the run")
     args = ap.parse_args()
     # Stopped with SIGTERM, it unwinds: every namespace, process and temp dir it made goes.
@@ -468,7 +474,8 @@ def main() -> None:
     for hosts, jobs in configs:
         tmp = Path(tempfile.mkdtemp(prefix="gf-scale-"))
         try:
-            measure(hosts, jobs, args.slots, args.time_scale, args.per_target, tmp, args.profile, args.nights)
+            measure(hosts, jobs, args.slots, args.time_scale, args.per_target, tmp, args.profile, args.nights,
+                    args.collector_threads)
         finally:
             if args.keep:
                 print(f"(kept {tmp})")

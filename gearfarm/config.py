@@ -275,6 +275,12 @@ class FarmConfig(_Section):
     # only part of it they may write (a project cannot plant objects in another's cache). A
     # build uses it through ccache, e.g. CMAKE_C_COMPILER_LAUNCHER=ccache or CC="ccache gcc".
     ccache: str | None = None
+    # Records and leases the collector takes at once (one Gearman connection and database
+    # connection each). One at a time was the farm's bottleneck at scale: a 5,000-job night on 64
+    # hosts waited on the collector at 6 records a second, the workers' claims queued behind it
+    # (docs/speed.md). The ledger's rules hold for concurrent writers (gearfarm/run/ledger.py); on
+    # SQLite writes still take turns, but verifying and parsing overlap them.
+    collector_threads: int = Field(default=4, ge=1, le=64)
 
 
 class BisectConfig(_Section):

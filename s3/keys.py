@@ -90,8 +90,7 @@ def result(run_id: str, target: str, step: str, attempt: int, digest: str) -> st
 
 
 def results_of(run_id: str, target: str, step: str, attempt: int) -> str:
-    """The prefix of every record one attempt of a job delivered (a worker that finds one does
-    not run that attempt again)."""
+    """The prefix of every record one attempt of a job delivered."""
     return f"runs/{part(run_id)}/{part(target)}/{part(step)}/results/{int(attempt)}-"
 
 

@@ -31,6 +31,7 @@ from gearfarm.formats.result import CASES_CONTENT_TYPE, RecordError, ResultRecor
 from gearfarm.formats.seal import SealError
 from gearfarm.gearman import GearmanError, Job
 from gearfarm.hosts import host, process
+from gearfarm.hosts.cache import ArchiveCache
 from gearfarm.hosts.connection import gearman_client, gearman_worker
 from gearfarm.hosts.hostlock import HostLock
 from gearfarm.run import snapshot
@@ -57,6 +58,8 @@ class Context:
         self.spool = self.state / "spool" / f"{socket.gethostname()}-{role}"
         # Job directories, one owner directory per worker process (gearfarm.hosts.process.job_dir).
         self.work = self.state / "work"
+        # Verified artifacts this host's test and perf jobs fetched, shared by its workers.
+        self.archives = ArchiveCache(self.state / "cache" / "artifacts")
         # The role's own MinIO user: a build may write artifacts, a test may not (s3.keys).
         self.s3 = cfg.s3.for_role(role)
         if role not in cfg.s3.roles:
@@ -176,13 +179,12 @@ class Context:
                 return f"run {p.run_id} was reported and closed"
             if self.cancelled(p):
                 return "it was cancelled"
-            # Each attempt runs once: a copy of a payload submitted again under its own unique id
-            # after it ran (gearmand only merges copies while the first is queued or running), or
-            # handed to this worker after another delivered and died, finds its record.
-            if next(iter(self.store.list(keys.results_of(p.run_id, p.target, p.step, p.attempt))), None):
-                return f"attempt {p.attempt} of {p.job_id} ran already and delivered its result"
         except StoreError as e:
             log.warning("cannot check whether run %s is closed (%s); running the job", p.run_id, e)
+        # An attempt that ran already (a copy submitted again under its own unique id after it
+        # ran, or handed on after its worker delivered and died) is the ledger's answer to the
+        # claim that follows ("done", once its record is applied): it is not asked of S3 too, a
+        # LIST of each job's results, MinIO's dearest request of a job (docs/speed.md).
         return ""
 
     @functools.cached_property

@@ -71,17 +71,32 @@ def is_lease(data: bytes) -> bool:
 
 
 def serve(cfg: Config, stop: threading.Event | None = None) -> None:
+    """Serve `collect` with ``[farm] collector_threads`` Gearman workers, one thread each, that
+    share the ledger (and its database pool): gearmand hands each connection its own job, so a
+    record waits for the database while the next one is verified. A crash of the process loses
+    nothing: gearmand requeues whatever each connection held."""
     db = ResultsDB(cfg.database.url)
     stop = stop or threading.Event()
-    worker = gearman_worker(cfg, "collector")
-    worker.stop_on_signals(stop)
     if "collector" not in cfg.s3.roles:
         log.warning("no [s3.roles.collector] keys in the config: the collector reads records' cases with the "
                     "farm's own S3 keys, which allow more than it needs")
     store = ArtifactStore(cfg.s3.for_role("collector"))
-    worker.register(COLLECT_FUNCTION, make_handler(Ledger(db), store))
-    log.info("collector storing into %s", db.engine.url.render_as_string(hide_password=True))
+    handler = make_handler(Ledger(db), store)
+    n = cfg.farm.collector_threads
+    workers = [gearman_worker(cfg, "collector" if i == 0 else f"collector-{i + 1}") for i in range(n)]
+    for w in workers:
+        w.register(COLLECT_FUNCTION, handler)
+    workers[0].stop_on_signals(stop)
+    log.info("collector storing into %s with %d thread(s)", db.engine.url.render_as_string(hide_password=True), n)
+    threads = [threading.Thread(target=w.work, args=(stop,), name=f"collector-{i + 1}", daemon=True)
+               for i, w in enumerate(workers[1:], 1)]
+    for t in threads:
+        t.start()
     try:
-        worker.work(stop)
+        workers[0].work(stop)
     finally:
-        worker.close()
+        stop.set()
+        for w in workers[1:]:
+            w.wake()
+        for t in threads:
+            t.join(60)

@@ -20,18 +20,33 @@ log = logging.getLogger(__name__)
 
 
 def fetch_artifact(ctx: Context, p: Payload, tree: Path, timings: dict[str, float], source: bool = False) -> Path:
-    """Download and verify the artifact into ``tree`` (over the source snapshot when ``source``);
-    returns ``tree``."""
+    """Download (or take from this host's cache) and verify the artifact into ``tree`` (over the
+    source snapshot when ``source``); returns ``tree``."""
     assert p.artifact_key and p.artifact_sha256
     tmp = tree.parent
     t0 = time.monotonic()
     if source:
         snapshot.fetch_source(ctx.store, p.rev, p.source_sha256, tree, tmp)
     archive = tmp / f"{tree.name}{artifact.ARCHIVE_SUFFIX}"
-    ctx.store.get_file(p.artifact_key, archive)
+    cached = ctx.archives.take(p.artifact_sha256, archive)
+    if not cached:
+        ctx.store.get_file(p.artifact_key, archive)
     timings["download"] = timings.get("download", 0.0) + time.monotonic() - t0
     t0 = time.monotonic()
-    manifest = artifact.unpack(archive, tree, p.artifact_sha256)
+    try:
+        manifest = artifact.unpack(archive, tree, p.artifact_sha256)
+    except artifact.ArtifactError as e:
+        if not cached:
+            raise
+        # The cached copy is damaged: what the payload names is fetched again, and checked again.
+        log.warning("cached artifact %s did not verify (%s); downloading it", p.artifact_sha256[:12], e)
+        ctx.archives.drop(p.artifact_sha256)
+        archive.unlink(missing_ok=True)
+        ctx.store.get_file(p.artifact_key, archive)
+        cached = False
+        manifest = artifact.unpack(archive, tree, p.artifact_sha256)
+    if not cached:
+        ctx.archives.add(p.artifact_sha256, archive)
     archive.unlink()
     if manifest.get("rev") != p.rev or manifest.get("target") != p.target:
         raise artifact.ArtifactError(

@@ -50,6 +50,7 @@ the report's snapshot and the run's close.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -96,6 +97,8 @@ class Ledger:
         # record and every lease, as it was, a 5,000-job run's list (~200 KB of JSON) made each
         # record cost more the larger the night.
         self._expected: OrderedDict[str, tuple[tuple[str, ...], frozenset[str]]] = OrderedDict()
+        # The collector's threads share one ledger (gearfarm.workers.collector).
+        self._expected_lock = threading.Lock()
 
     # ------------------------------------------------------------------ entry points
 
@@ -266,15 +269,19 @@ class Ledger:
     def _expects(self, conn: Connection, run_id: str) -> tuple[tuple[str, ...], frozenset[str]]:
         """The jobs run ``run_id`` expects (in order, and as a set), read once (an unknown run:
         none, and not remembered)."""
-        got = self._expected.get(run_id)
-        if got is None:
-            listed = conn.execute(select(Run.expected).where(Run.run_id == run_id)).scalar()
-            if listed is None:
-                return (), frozenset()
-            got = self._expected[run_id] = (tuple(listed), frozenset(listed))
+        with self._expected_lock:
+            got = self._expected.get(run_id)
+            if got is not None:
+                self._expected.move_to_end(run_id)
+                return got
+        listed = conn.execute(select(Run.expected).where(Run.run_id == run_id)).scalar()
+        if listed is None:
+            return (), frozenset()
+        got = (tuple(listed), frozenset(listed))
+        with self._expected_lock:
+            self._expected[run_id] = got
             while len(self._expected) > EXPECTED_RUNS:
                 self._expected.popitem(last=False)
-        self._expected.move_to_end(run_id)
         return got
 
     def _not_leased(self, conn: Connection, rec: ResultRecord) -> str:

@@ -347,7 +347,9 @@ def test_a_build_replaced_in_s3_is_refused_by_digest_and_never_runs(auth: Farm) 
     assert first.returncode == 0, first.stdout + first.stderr
     _, bad = _replace_build(auth, rev, manifest_too=False)
     # The next nightly reuses the build it signed (its manifest is intact) and its tests refuse
-    # the archive S3 now holds, naming both digests.
+    # the archive S3 now holds, naming both digests. (This host kept the genuine archive from
+    # the first night, gearfarm/hosts/cache.py, and would run that: a host without it is shown.)
+    shutil.rmtree(auth.farm.state / "cache" / "artifacts")
     p = auth.nightly("replace-2", "--suites", "good", rev=1)
     assert p.returncode == 1, p.stdout + p.stderr
     jobs = {r.step: r for r in auth.db.jobs("replace-2")}

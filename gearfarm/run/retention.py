@@ -14,8 +14,9 @@ Everything else expires once it has not been used for [retention] days: a build 
 when no run of its revision (nightly, re-run or bisection probe) started within that time, a
 run's files when the run started before it. A run's files are its folder in S3 and its folder
 on this host's disk ([farm] state_dir/runs/<run>: the reports, the mail and the job files the
-publisher wrote there), one entry under one rule: a nightly host that ran cron for a year would
-otherwise keep every night's copy after S3 let it go. The results database keeps every run's
+publisher wrote there) and, for a run the dashboard started, its nightly's output
+([farm] state_dir/web/<run>.log), one entry under one rule: a nightly host that ran cron for a
+year would otherwise keep every night's copy after S3 let it go. The results database keeps every run's
 rows (the history the series and the reports are made of). Catalogs and project markers are
 never pruned (content-addressed and tiny). A pruned build is made again from the repository when a
 bisection or a nightly needs it (the build worker rebuilds what S3 does not have).
@@ -60,6 +61,8 @@ class Holding:
     prefix: str
     keys: list[str] = field(default_factory=list)
     local: Path | None = None
+    # Files of the run elsewhere on this host's disk: the output of a nightly the dashboard started.
+    files: list[Path] = field(default_factory=list)
     size: int = 0
     last_used: float = 0.0
     # Why it is kept; empty: it expires (when older than the age limit).
@@ -147,6 +150,16 @@ def survey(cfg: Config, db: ResultsDB, store: ArtifactStore, now: float | None =
                 st = f.stat()
                 e.size += st.st_size
                 e.last_used = max(e.last_used, st.st_mtime)
+    web = cfg.submitted_log("x").parent
+    for f in sorted(web.iterdir()) if web.is_dir() else []:
+        run_id, dot, rest = f.name.partition(".log")
+        if not dot or rest not in ("", ".1") or not f.is_file() or f.is_symlink():
+            continue
+        e = entries.setdefault(f"runs/{run_id}/", Holding("run", run_id, f"runs/{run_id}/"))
+        st = f.stat()
+        e.files.append(f)
+        e.size += st.st_size
+        e.last_used = max(e.last_used, st.st_mtime)
     for e in entries.values():
         if e.kind in ("build", "source"):
             # The database knows when a revision was last used (a later nightly may have reused
@@ -187,6 +200,8 @@ def prune(db: ResultsDB, store: ArtifactStore, entries: list[Holding]) -> tuple[
         if e.local is not None and e.local.is_dir():
             shutil.rmtree(e.local)
             folders += 1
+        for f in e.files:
+            f.unlink(missing_ok=True)
         log.info("pruned %s (%d objects%s, %d bytes, last used %s)", e.prefix, len(e.keys),
                  f" and {e.local}" if e.local else "", e.size, time.strftime("%Y-%m-%d", time.gmtime(e.last_used)))
     return deleted, sum(e.size for e in doomed), folders

@@ -301,7 +301,7 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
     @both("/live", "live", "live.html.j2")
     def live() -> dict[str, Any]:
         data = dashboard.live(db, cfg)
-        data["started_here"] = [s.as_dict() for s in reversed(started.values())]
+        data["started_here"] = [s.as_dict() for s in reversed(list(started.values()))]
         return data
 
     def _cancel(run_id: str, body: Any) -> tuple[int, str]:
@@ -348,8 +348,9 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
         down = dashboard.farm_down(cfg)
         if down is not None:
             return 503, down
-        log_path = cfg.path(cfg.farm.state_dir) / "web" / f"{run_id}.log"
+        log_path = cfg.submitted_log(run_id)
         proc = process.spawn(argv, log_path, cwd=Path(__file__).resolve().parents[2])
+        _forget_ended(started)
         started[run_id] = Started(run_id, who, time.time(), proc, log_path)
         log.info("%s started run %s: %s", who, run_id, " ".join(argv[3:]))
         return 200, run_id
@@ -372,9 +373,13 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
     def submitted_log(run_id: str) -> Response:
         s = started.get(run_id)
         if s is None:
-            abort(404, f"run {run_id} was not started from this dashboard since it started")
+            abort(404, f"run {run_id} was not started from this dashboard in its last {STARTED_KEPT} runs")
+        try:
+            body = s.log_path.read_bytes()
+        except FileNotFoundError:
+            abort(404, f"the output of run {run_id} was pruned with the run (gearfarm store prune)")
         # The nightly's output quotes what the project's jobs printed: job output too.
-        return job_output(iter([s.log_path.read_bytes()]))
+        return job_output(iter([body]))
 
     @app.get("/feed.atom")
     def feed() -> Response:
@@ -507,6 +512,18 @@ class Started:
         code = self.proc.poll()
         return {"run_id": self.run_id, "who": self.who, "at": self.at, "exit_code": code,
                 "running": code is None, "log_tail": process.log_tail(self.log_path, 8)}
+
+
+# Self-service runs whose nightly ended that the dashboard remembers (for /live and their log
+# link): each holds its Popen, and a process nobody waits for stays a zombie, so a dashboard
+# left open for months kept one per run it started. Each submit reaps the ended ones.
+STARTED_KEPT = 100
+
+
+def _forget_ended(started: dict[str, Started]) -> None:
+    ended = [rid for rid, s in list(started.items()) if s.proc.poll() is not None]  # poll() reaps
+    for rid in ended[:max(0, len(ended) - STARTED_KEPT)]:
+        started.pop(rid, None)
 
 
 def _closing(chunks: Iterator[bytes]) -> Iterator[bytes]:

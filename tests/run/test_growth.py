@@ -374,3 +374,31 @@ def test_a_worker_makes_one_context_per_role_not_per_target(tmp_path: Path, monk
     base.serve(Config(), functions, stop)  # type: ignore[arg-type]
     assert sorted(made) == ["build", "test"]
     assert len(worker.registered) == 200
+
+
+def test_a_dashboard_that_started_many_runs_keeps_no_zombie_and_a_bounded_list(tmp_path: Path) -> None:
+    """Found by reading, for the soak: a dashboard kept every self-service run's nightly Popen
+    forever, and an ended process nobody waits for stays a zombie, one per run it started."""
+    import os
+    import subprocess
+
+    from gearfarm.web import app
+
+    started: dict[str, app.Started] = {}
+    for i in range(app.STARTED_KEPT + 20):
+        proc = subprocess.Popen(["true"])
+        started[f"r{i}"] = app.Started(f"r{i}", "ann", float(i), proc, tmp_path / f"r{i}.log")
+    pids = [s.proc.pid for s in started.values()]
+    time.sleep(0.5)  # every `true` has exited
+    running = subprocess.Popen(["sleep", "30"])
+    started["running"] = app.Started("running", "ann", 999.0, running, tmp_path / "running.log")
+    try:
+        app._forget_ended(started)
+        assert list(started)[0] == "r20" and len(started) == app.STARTED_KEPT + 1 and "running" in started
+        for pid in pids:  # reaped: none is left a zombie of this process
+            assert not Path(f"/proc/{pid}").exists() or "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pids[0], os.WNOHANG)
+    finally:
+        running.kill()
+        running.wait()

@@ -46,6 +46,10 @@ def _repo(dest: Path) -> list[str]:
     return revs
 
 
+# Nights a person started from the dashboard (gearfarm/web/selfservice.py).
+WEB_STARTED = (5, 20, 57)
+
+
 def _night(db: ResultsDB, ledger: Ledger, store: ArtifactStore, state_runs: Path, i: int, rev: str,
            at: float) -> None:
     run_id = f"night-{i}"
@@ -72,6 +76,12 @@ def _night(db: ResultsDB, ledger: Ledger, store: ArtifactStore, state_runs: Path
     (local / TARGET / "build").mkdir(parents=True)
     for name, size in ((f"{TARGET}/build/log.txt", 400), ("report.html", 500), ("report.eml", 300)):
         (local / name).write_bytes(b"x" * size)
+    if i in WEB_STARTED:
+        # Started from the dashboard: its nightly's output, kept with the run (and rotated once).
+        for log in (state_runs.parent / "web" / f"{run_id}.log", state_runs.parent / "web" / f"{run_id}.log.1"):
+            log.parent.mkdir(exist_ok=True)
+            log.write_bytes(b"x" * 100)
+            os.utime(log, (at + 60, at + 60))
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +162,10 @@ def test_pruning_60_nights_keeps_exactly_what_the_policy_says(store60: tuple[Pat
     want_folders = {f"night-{n}" for n in (20, 40, *range(56, NIGHTS + 1))} | {"stray-new"}
     assert folders == want_folders, f"kept: {sorted(folders - want_folders)}; lost: {sorted(want_folders - folders)}"
     assert (config.parent / "state" / "runs" / "night-20" / "report.eml").is_file()
+    # The dashboard's output of the nightlies it started goes with their runs: night 5's is
+    # pruned, night 20's (it first showed a regression) and night 57's (young) stay.
+    web = {f.name for f in (config.parent / "state" / "web").iterdir()}
+    assert web == {f"night-{n}.log{x}" for n in (20, 57) for x in ("", ".1")}, web
     # Every S3 prefix that went, and night 3's and the old stray's folders, whose S3 files were
     # already gone: one entry each.
     # (A run's cancel markers are part of its entry.)

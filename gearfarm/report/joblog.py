@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from botocore.exceptions import ClientError
@@ -35,25 +36,33 @@ def link(rec: ResultRecord, run_id: str, name: str = "log.txt") -> str:
     return path if rec.run_id == run_id else f"../{rec.run_id}/{path}"
 
 
+# Files copied at once: each copy is two requests (HEAD, GET) that mostly wait for the store,
+# and a 5,000-job night has 10,000 files (docs/speed.md, "At scale").
+COPIERS = 8
+
+
 def copy_all(store: ArtifactStore, records: list[ResultRecord], runs_dir: Path) -> list[str]:
     """Copy every job's files from the store into its run's directory under ``runs_dir``; the
     problems, one line each (a file the store does not have is not one: a job that never ran
     has no log)."""
-    problems: list[str] = []
-    for r in records:
-        for name, key in (("log.txt", r.log_key), ("junit.xml", r.junit_key)):
-            if not key:
-                continue
-            dest = runs_dir / r.run_id / relative(r.target, r.step, name)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                store.get_file(key, dest)
-            except ClientError as e:
-                if _code(e) not in ("NoSuchKey", "404"):
-                    problems.append(f"{r.target}/{r.step} {name} not copied to disk: {e}")
-            except StoreError as e:
-                problems.append(f"{r.target}/{r.step} {name} not copied to disk: {e}")
-    return problems
+    todo = [(r, name, key) for r in records for name, key in (("log.txt", r.log_key), ("junit.xml", r.junit_key))
+            if key]
+
+    def copy(item: tuple[ResultRecord, str, str]) -> str:
+        r, name, key = item
+        dest = runs_dir / r.run_id / relative(r.target, r.step, name)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            store.get_file(key, dest)
+        except ClientError as e:
+            if _code(e) not in ("NoSuchKey", "404"):
+                return f"{r.target}/{r.step} {name} not copied to disk: {e}"
+        except StoreError as e:
+            return f"{r.target}/{r.step} {name} not copied to disk: {e}"
+        return ""
+
+    with ThreadPoolExecutor(COPIERS, thread_name_prefix="joblog-copy") as pool:
+        return [p for p in pool.map(copy, todo) if p]
 
 
 def _code(e: ClientError) -> str:

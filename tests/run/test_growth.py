@@ -402,3 +402,47 @@ def test_a_dashboard_that_started_many_runs_keeps_no_zombie_and_a_bounded_list(t
     finally:
         running.kill()
         running.wait()
+
+
+def test_the_report_copies_a_nights_job_files_to_disk_several_at_a_time(tmp_path: Path, minio) -> None:  # type: ignore[no-untyped-def]
+    """bench/scale.py: a 5,000-job night's report copied its 10,000 job files from S3 to disk one
+    after the other (two requests each). Copies overlap now; every file still arrives, and a file
+    S3 lacks (a JUnit file never stored) is no problem."""
+    import threading
+
+    from gearfarm.report import joblog
+    from gearfarm.s3.store import ArtifactStore
+
+    store = ArtifactStore(minio.s3_config(), retry_for=0.0, attempts=1)
+    store.ensure_bucket()
+    recs = []
+    for i in range(24):
+        jid = JobId("copies", T, f"test-s{i}")
+        log_key, junit_key = keys.job_file("copies", T, jid.step, "log.txt"), keys.job_file("copies", T, jid.step,
+                                                                                              "junit.xml")
+        store.put_bytes(log_key, f"log {i}\n".encode())
+        if i:  # the first job's JUnit file never reached S3
+            store.put_bytes(junit_key, f"<testsuite name='{i}'/>".encode())
+        recs.append(farm_record(jid, REV, "passed", "").model_copy(update={"log_key": log_key,
+                                                                           "junit_key": junit_key}))
+    in_flight, most, lock = 0, 0, threading.Lock()
+    get_file = store.get_file
+
+    def counted(key: str, dest: Path) -> int:
+        nonlocal in_flight, most
+        with lock:
+            in_flight += 1
+            most = max(most, in_flight)
+        try:
+            return get_file(key, dest)
+        finally:
+            with lock:
+                in_flight -= 1
+
+    store.get_file = counted  # type: ignore[method-assign]
+    assert joblog.copy_all(store, recs, tmp_path) == []
+    assert most > 1
+    for i in range(24):
+        step = tmp_path / "copies" / joblog.relative(T, f"test-s{i}", "log.txt")
+        assert step.read_text() == f"log {i}\n"
+        assert (step.parent / "junit.xml").exists() == bool(i)

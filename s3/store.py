@@ -334,32 +334,39 @@ class ArtifactStore:
         return self._retry(f"download {key}", lambda: self._get_file(key, path))
 
     def _get_file(self, key: str, path: Path) -> int:
-        head = self.s3.head_object(Bucket=self.bucket, Key=key)
-        size, etag = int(head["ContentLength"]), str(head["ETag"])
+        # The first part's GET also says the size and the ETag (no HEAD first): an object of one
+        # part, as most job files are, is one request (docs/speed.md, "At scale").
+        try:
+            first = self.s3.get_object(Bucket=self.bucket, Key=key, Range=f"bytes=0-{PART_SIZE - 1}")
+        except ClientError as e:
+            if _error(e)[0] != "InvalidRange":
+                raise
+            first = self.s3.get_object(Bucket=self.bucket, Key=key)  # an empty object has no byte 0
+        total = str(first.get("ContentRange") or "").rpartition("/")[2]
+        size, etag = int(total) if total.isdigit() else int(first["ContentLength"]), str(first["ETag"])
         part = path.with_name(path.name + ".part")
         try:
             with part.open("wb") as f:
                 fd = f.fileno()
 
-                def fetch(offset: int) -> None:
-                    end = min(size, offset + PART_SIZE) - 1
-                    # If-Match: every range from the object the HEAD saw, even if the key is rewritten.
-                    body = self.s3.get_object(Bucket=self.bucket, Key=key, IfMatch=etag,
-                                              Range=f"bytes={offset}-{end}")["Body"]
+                def write(body: Any, offset: int, end: int) -> None:
                     at = offset
                     for chunk in body.iter_chunks(1 << 20):
                         at += os.pwrite(fd, chunk, at)
                     if at != end + 1:
                         raise StoreError(f"S3 {key}: range {offset}-{end} ended at byte {at}")
 
-                if size < 2 * PART_SIZE:
-                    body = self.s3.get_object(Bucket=self.bucket, Key=key, IfMatch=etag)["Body"]
-                    for chunk in body.iter_chunks(1 << 20):
-                        f.write(chunk)
-                else:
+                def fetch(offset: int) -> None:
+                    end = min(size, offset + PART_SIZE) - 1
+                    # If-Match: every range from the object the first GET saw, even if the key is rewritten.
+                    write(self.s3.get_object(Bucket=self.bucket, Key=key, IfMatch=etag,
+                                             Range=f"bytes={offset}-{end}")["Body"], offset, end)
+
+                write(first["Body"], 0, min(size, PART_SIZE) - 1)
+                if size > PART_SIZE:
                     os.ftruncate(fd, size)
                     with ThreadPoolExecutor(PARALLEL, thread_name_prefix="s3-get") as pool:
-                        list(pool.map(fetch, range(0, size, PART_SIZE)))
+                        list(pool.map(fetch, range(PART_SIZE, size, PART_SIZE)))
             if part.stat().st_size != size:
                 raise StoreError(f"S3 {key}: got {part.stat().st_size} of {size} bytes")
             os.replace(part, path)

@@ -62,11 +62,14 @@ def publish(cfg: Config, db: ResultsDB, store: ArtifactStore | None, runs: list[
     problems: list[str] = []
     reports: dict[str, report.Report] = {}
     paths_by_run: dict[str, dict[str, Path]] = {}
+    copy_later: list[tuple[Run, list[ResultRecord]]] = []
     for run in runs:
-        rep, paths, own = _publish_run(cfg, db, store, run, records.get(run.run_id, []))
+        rep, paths, own, later = _publish_run(cfg, db, store, run, records.get(run.run_id, []))
         reports[run.run_id], paths_by_run[run.run_id] = rep, paths
         # With several runs, the console and the exit status need to know whose problem it is.
         problems += own if len(runs) == 1 else [f"{run.project} ({run.run_id}): {p}" for p in own]
+        if later:
+            copy_later.append((run, later))
     first = runs[0]
     delivery = None
     if write_mail or send_mail:
@@ -80,6 +83,10 @@ def publish(cfg: Config, db: ResultsDB, store: ArtifactStore | None, runs: list[
                     db.update_notes(run.run_id, mail=delivery.as_dict())
             except SQLAlchemyError as e:
                 problems.append(_db_down("the mail's fate is not in the runs' notes", e))
+    for run, later in copy_later:
+        assert store is not None
+        own = joblog.copy_all(store, later, run_dir(cfg, run.run_id).parent)
+        problems += own if len(runs) == 1 else [f"{run.project} ({run.run_id}): {p}" for p in own]
     for p in problems:
         log.warning("%s", p)
     return Publication(reports[first.run_id], paths_by_run[first.run_id], delivery, problems, reports, paths_by_run)
@@ -121,9 +128,10 @@ def classify(db: ResultsDB, run: Run, records: list[ResultRecord]) -> list[histo
     return verdicts
 
 
-def _publish_run(cfg: Config, db: ResultsDB, store: ArtifactStore | None, run: Run,
-                 records: list[ResultRecord]) -> tuple[report.Report, dict[str, Path], list[str]]:
-    """One run's report, on disk and in S3: (report, its files, what was missing)."""
+def _publish_run(cfg: Config, db: ResultsDB, store: ArtifactStore | None, run: Run, records: list[ResultRecord]
+                 ) -> tuple[report.Report, dict[str, Path], list[str], list[ResultRecord]]:
+    """One run's report, on disk and in S3: (report, its files, what was missing, the records
+    whose job files are still to be copied to disk)."""
     problems: list[str] = []
     reruns: list[ResultRecord] = []
     verdicts = None
@@ -134,9 +142,16 @@ def _publish_run(cfg: Config, db: ResultsDB, store: ArtifactStore | None, run: R
     except SQLAlchemyError as e:
         problems.append(_db_down("failures are not classified against history", e))
     out = run_dir(cfg, run.run_id)
+    later: list[ResultRecord] = []
     if store is not None:
-        # Before the report is written: its links point at these copies when there is no dashboard.
-        problems += joblog.copy_all(store, records + reruns, out.parent)
+        if cfg.web.url:
+            # The report links to the dashboard, which reads the store first: the copies are
+            # its fallback, made after the mail (two requests a file: 10,000 files for a
+            # 5,000-job night, a minute and more on two cores; docs/speed.md, "At scale").
+            later = records + reruns
+        else:
+            # Before the report is written: its links point at these copies.
+            problems += joblog.copy_all(store, records + reruns, out.parent)
     rep = report.build(run, records, links.for_run(cfg.web.url, out), verdicts, reruns)
     try:
         rep = rep.with_performance(perf.analyze(db, run), perf.figures(db, run, records))
@@ -166,4 +181,4 @@ def _publish_run(cfg: Config, db: ResultsDB, store: ArtifactStore | None, run: R
             problems.append(f"the report is on disk ({out}) but not in S3: {e}")
             rep = rep.with_problems(problems)
             paths = report.write(rep, records, out)  # now saying so
-    return rep, paths, problems
+    return rep, paths, problems, later

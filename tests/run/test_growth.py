@@ -446,3 +446,38 @@ def test_the_report_copies_a_nights_job_files_to_disk_several_at_a_time(tmp_path
         step = tmp_path / "copies" / joblog.relative(T, f"test-s{i}", "log.txt")
         assert step.read_text() == f"log {i}\n"
         assert (step.parent / "junit.xml").exists() == bool(i)
+
+
+@pytest.mark.parametrize("dashboard", ["https://farm.lab/", ""])
+def test_with_a_dashboard_the_report_is_mailed_before_its_job_files_are_copied(
+        tmp_path: Path, minio, dashboard: str) -> None:  # type: ignore[no-untyped-def]
+    """A report whose links go to the dashboard (which reads S3 first) no longer waits for the
+    disk copies of every job file: they are made after the message. Without a dashboard the
+    report links to the copies, so they come first. Either way every file is copied."""
+    from gearfarm.config import S3Config, WebConfig
+    from gearfarm.report import joblog, publisher
+    from gearfarm.s3.store import ArtifactStore
+
+    cfg = Config(s3=S3Config.model_validate(minio.s3_config().model_dump()), web=WebConfig(url=dashboard or None),
+                 database=DatabaseConfig(url=f"sqlite:///{tmp_path / 'r.db'}"),
+                 farm=FarmConfig(state_dir=str(tmp_path / "state")))
+    db, store = ResultsDB(cfg.database.url), ArtifactStore(cfg.s3, retry_for=0.0, attempts=1)
+    store.ensure_bucket()
+    run_id = "mailed" + ("-web" if dashboard else "")
+    jids = night(db, run_id, 6)
+    for jid in jids:
+        key = keys.job_file(run_id, T, jid.step, "log.txt")
+        store.put_bytes(key, b"log\n")
+        Ledger(db).apply(farm_record(jid, REV, "passed", "").model_copy(update={"log_key": key}), "nightly")
+    run = db.get_run(run_id)
+    assert run is not None
+    publisher.publish(cfg, db, store, [run], {run_id: db.jobs(run_id)}, send_mail=False)
+    out = cfg.runs_dir() / run_id
+    copies = [out / joblog.relative(T, j.step, "log.txt") for j in jids]
+    assert all(c.read_bytes() == b"log\n" for c in copies)
+    eml = (out / "report.eml").stat().st_mtime_ns
+    if dashboard:
+        assert dashboard in (out / "report.html").read_text()
+        assert min(c.stat().st_mtime_ns for c in copies) >= eml
+    else:
+        assert max(c.stat().st_mtime_ns for c in copies) <= eml

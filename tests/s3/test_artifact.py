@@ -231,6 +231,18 @@ def test_large_file_comes_down_in_ranges_whole_or_not_at_all(store: ArtifactStor
     assert sorted(p.name for p in tmp_path.iterdir()) == ["down.bin"]
 
 
+def test_a_file_of_one_part_comes_down_in_one_request(store: ArtifactStore, tmp_path: Path) -> None:
+    """A job's log or JUnit file: the report copies 10,000 of them for a 5,000-job night, so
+    the size comes with the first GET rather than from a HEAD before it. An empty one too."""
+    store.put_bytes("t/get-one/log.txt", b"line\n" * 100)
+    store.put_bytes("t/get-one/empty", b"")
+    gets, heads = _count_requests(store, "GetObject"), _count_requests(store, "HeadObject")
+    assert store.get_file("t/get-one/log.txt", tmp_path / "log.txt") == 500
+    assert (tmp_path / "log.txt").read_bytes() == b"line\n" * 100 and (len(gets), heads) == (1, [])
+    assert store.get_file("t/get-one/empty", tmp_path / "empty") == 0
+    assert (tmp_path / "empty").read_bytes() == b"" and heads == []
+
+
 def _pack(tmp_path: Path, who: str, exe: bytes = EXE) -> tuple[Path, dict[str, Any]]:
     out = _outputs(tmp_path / who / "out", umask=0o022, exe=exe)
     dest = tmp_path / who / "artifact.tar.zst"

@@ -481,3 +481,43 @@ def test_with_a_dashboard_the_report_is_mailed_before_its_job_files_are_copied(
         assert min(c.stat().st_mtime_ns for c in copies) >= eml
     else:
         assert max(c.stat().st_mtime_ns for c in copies) <= eml
+
+
+def test_classifying_a_night_reads_a_window_of_history_per_passing_case(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/scale.py: the report classified every case of the night against its whole history
+    (HISTORY_RUNS earlier runs each), runs × cases look-ups: 100 × 200,000 for a 5,000-job
+    night. A case passing now and last time needs only its last WINDOW - 1 outcomes; the
+    verdicts are the same (a failing case still reads them all: its streak's start)."""
+    from gearfarm.db import history
+    from gearfarm.formats.result import CaseResult
+
+    db = ResultsDB(f"sqlite:///{tmp_path / 'r.db'}")
+    ledger = Ledger(db)
+    cases = 20
+    for n in range(41):
+        run_id = f"h{n:02d}"
+        for jid in night(db, run_id, 1):
+            # One case fails from night 30 on: it keeps its streak's start.
+            rec = record(jid).model_copy(update={"cases": [CaseResult(
+                name=f"c{i}", status="failed" if (i == 0 and n >= 30) else "passed") for i in range(cases)]}
+                if jid.kind == "test" else {})
+            ledger.apply(rec, "nightly")
+    looked = 0
+
+    class Counted(dict):  # type: ignore[type-arg]
+        def __contains__(self, key: object) -> bool:
+            nonlocal looked
+            looked += 1
+            return super().__contains__(key)
+
+    statuses = history._statuses
+    monkeypatch.setattr(history, "_statuses", lambda db_, ids: Counted(statuses(db_, ids)))
+    current = db.get_run("h40")
+    assert current is not None
+    verdicts = {v.name: v for v in history.classify_run(db, current, db.jobs("h40"))}
+    assert verdicts["c0"].kind == "known" and verdicts["c0"].since_run == "h30"
+    assert verdicts["c1"].kind == "passed" and verdicts["c1"].history == ["passed"] * history.WINDOW
+    # The failing case reads its last 9 outcomes, then all 40; the other 19 cases and the two
+    # jobs' own ([build], [test-s000]) their last 9 only (all 40 each before: 880 look-ups).
+    assert looked == (history.WINDOW - 1) + 40 + (cases - 1 + 2) * (history.WINDOW - 1), looked

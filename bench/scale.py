@@ -33,8 +33,8 @@ With no --hosts/--jobs it runs the whole table (N in 1, 8, 32, 64, J in 100, 100
 Root only (network namespaces). Every namespace, process and temp dir it makes goes, also on
 failure.
 
-    /work/main/.venv/bin/python bench/scale.py --hosts 8 --jobs 1000 [--slots 2] [--time-scale 0.5]
-    /work/main/.venv/bin/python bench/scale.py            # the whole table
+    .venv/bin/python bench/scale.py --hosts 8 --jobs 1000 [--slots 2] [--time-scale 0.5]
+    .venv/bin/python bench/scale.py            # the whole table
     ... --nights 2       a night before the measured one, on the same lab: its history (durations,
                          the report's past), as a farm has every night but its first
     ... --profile DIR    the nightly, the collector and the report's build under cProfile

@@ -373,7 +373,7 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
     def submitted_log(run_id: str) -> Response:
         s = started.get(run_id)
         if s is None:
-            abort(404, f"run {run_id} was not started from this dashboard in its last {STARTED_KEPT} runs")
+            abort(404, f"run {run_id} was not started from this dashboard in its last {counted(STARTED_KEPT, 'run')}")
         try:
             body = s.log_path.read_bytes()
         except FileNotFoundError:

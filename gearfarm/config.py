@@ -395,10 +395,13 @@ class Config(_Section):
         """Where this host keeps each run's reports and job files (one folder per run id)."""
         return self.path(self.farm.state_dir) / "runs"
 
+    def submitted_logs(self) -> Path:
+        """Where the dashboard keeps the output of the nightlies it started (self-service), one
+        ``<run>.log`` each: the retention prune removes it with the run's folder."""
+        return self.path(self.farm.state_dir) / "web"
+
     def submitted_log(self, run_id: str) -> Path:
-        """The output of a nightly the dashboard started (self-service), kept with the run: the
-        retention prune removes it with the run's folder."""
-        return self.path(self.farm.state_dir) / "web" / f"{run_id}.log"
+        return self.submitted_logs() / f"{run_id}.log"
 
 
 def load(path: str | os.PathLike[str]) -> Config:

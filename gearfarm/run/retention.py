@@ -150,10 +150,11 @@ def survey(cfg: Config, db: ResultsDB, store: ArtifactStore, now: float | None =
                 st = f.stat()
                 e.size += st.st_size
                 e.last_used = max(e.last_used, st.st_mtime)
-    web = cfg.submitted_log("x").parent
+    web = cfg.submitted_logs()
     for f in sorted(web.iterdir()) if web.is_dir() else []:
-        run_id, dot, rest = f.name.partition(".log")
-        if not dot or rest not in ("", ".1") or not f.is_file() or f.is_symlink():
+        # <run>.log, and <run>.log.1 when a restart rotated it (gearfarm.hosts.process.spawn).
+        run_id = f.name.removesuffix(".1").removesuffix(".log")
+        if not run_id or run_id in (f.name, f.name.removesuffix(".1")) or not f.is_file() or f.is_symlink():
             continue
         e = entries.setdefault(f"runs/{run_id}/", Holding("run", run_id, f"runs/{run_id}/"))
         st = f.stat()

@@ -65,7 +65,8 @@ def test_a_record_waiting_for_the_database_holds_up_no_other_claim_or_record(
                 lock.execute("SELECT 1 FROM runs WHERE run_id = 'slow' FOR UPDATE")
                 c.submit_background("collect", record(slow), unique="r-slow")
                 wait_for("the slow record to wait on the run's lock", lambda: lock.execute(
-                    "SELECT count(*) FROM pg_locks WHERE NOT granted").fetchone()[0] > 0)  # type: ignore[index]
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'").fetchone()[0] > 0)  # type: ignore[index]
                 t0 = time.monotonic()
                 assert c.submit("collect", claim(fast), unique="c-fast", timeout=20) == b"granted "
                 c.submit_background("collect", record(fast), unique="r-fast")

@@ -291,7 +291,7 @@ def run_nightly(config: Path, profile: Path | None, run_id: str) -> tuple[float,
     return wall, proc.returncode, Usage(ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024)
 
 
-def build_report(config: Path, profile: Path | None = None) -> tuple[float, float]:
+def build_report(config: Path, profile: Path | None = None, run_id: str = RUN_ID) -> tuple[float, float]:
     """Seconds to build the night's report again from the database (as `gearfarm report` does),
     and of them the copies of its job files to disk; with ``profile``, under cProfile
     (DIR/report.prof)."""
@@ -304,7 +304,7 @@ def build_report(config: Path, profile: Path | None = None) -> tuple[float, floa
 
     cfg = load(config)
     db = ResultsDB(cfg.database.url)
-    run = db.get_run(RUN_ID)
+    run = db.get_run(run_id)
     assert run is not None
     copying = [0.0]
     copy_all = joblog.copy_all
@@ -321,8 +321,8 @@ def build_report(config: Path, profile: Path | None = None) -> tuple[float, floa
     t0 = time.perf_counter()
     try:
         with prof or contextlib.nullcontext():
-            publisher.publish(cfg, db, ArtifactStore(cfg.s3, retry_for=5), [run], {RUN_ID: db.jobs(RUN_ID)},
-                              send_mail=False, write_mail=False)
+            publisher.publish(cfg, db, ArtifactStore(cfg.s3, retry_for=5), [run],
+                              {run_id: db.jobs(run_id, cases=False)}, send_mail=False, write_mail=False)
     finally:
         joblog.copy_all = copy_all  # type: ignore[assignment]
     took = time.perf_counter() - t0
@@ -332,7 +332,8 @@ def build_report(config: Path, profile: Path | None = None) -> tuple[float, floa
     return took, copying[0]
 
 
-def dashboard(config: Path, base: Path, step: tuple[str, str], before: str, repeat: int = 3) -> dict[str, float]:
+def dashboard(config: Path, base: Path, step: tuple[str, str], before: str, repeat: int = 3,
+              run_id: str = RUN_ID) -> dict[str, float]:
     """The worst of ``repeat`` answers (ms) of each dashboard page about the night, after one
     untimed (the comparison with the night ``before``)."""
     port = free_port()
@@ -342,8 +343,8 @@ def dashboard(config: Path, base: Path, step: tuple[str, str], before: str, repe
         if not wait_port("127.0.0.1", port, 60):
             raise RuntimeError("the dashboard did not start: " + (base / "web.log").read_text()[-2000:])
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-        pages = ["/", "/runs", f"/run/{RUN_ID}", f"/api/run/{RUN_ID}", f"/run/{RUN_ID}/step/{step[0]}/{step[1]}",
-                 f"/compare?a={before}&b={RUN_ID}", "/live", "/tests", "/hosts"]
+        pages = ["/", "/runs", f"/run/{run_id}", f"/api/run/{run_id}", f"/run/{run_id}/step/{step[0]}/{step[1]}",
+                 f"/compare?a={before}&b={run_id}", "/live", "/tests", "/hosts"]
         out = {}
         for path in pages:
             status, _, _ = fetch(conn, path)

@@ -50,7 +50,8 @@ def report_cmd(run_id: str, config_path: str | None, state_dir: Path | None, sen
     if down is not None:
         console.print(f"[yellow]the report links the logs' copies on disk:[/] {escape(str(down))}", highlight=False)
     # The message that went out stays as it was unless it is sent again.
-    pub = publisher.publish(cfg, db, store, [run], {run_id: db.jobs(run_id)}, send_mail=send, write_mail=send)
+    pub = publisher.publish(cfg, db, store, [run], {run_id: db.jobs(run_id, cases=False)}, send_mail=send,
+                            write_mail=send)
     click.echo(report.render_text(pub.report))
     click.echo(f"report: {pub.paths['html']}")
     if send and not cfg.mail.host:

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gearfarm.db.cases import RunCases
 from gearfarm.db.results import ResultsDB, Run
 from gearfarm.formats.result import PRODUCT_FAILURES, ResultRecord
 from gearfarm.formats.words import counted
@@ -150,27 +151,6 @@ def _suite_of(rec_name: str | None, step: str) -> str:
     return rec_name or step
 
 
-def current_outcomes(records: list[ResultRecord]) -> dict[tuple[str, str, str], tuple[str, ResultRecord]]:
-    """(target, suite, name) -> (status, the job's record) for this run's results."""
-    out: dict[tuple[str, str, str], tuple[str, ResultRecord]] = {}
-    for r in records:
-        suite = _suite_of(r.name, r.step)
-        failing = 0
-        for c in r.cases:
-            st = _case_status(c.status)
-            if st is None:
-                continue
-            failing += st == "failed"
-            key = (r.target, suite, c.name)
-            # A name reported twice in one suite: the worse result stands.
-            if key not in out or st == "failed":
-                out[key] = (st, r)
-        st = _job_status(r.status, failing)
-        if st is not None:
-            out[(r.target, suite, pseudo_name(r.step))] = (st, r)
-    return out
-
-
 def _statuses(db: ResultsDB, run_ids: list[str]) -> dict[tuple[str, str, str, str], str]:
     """(run_id, target, suite, name) -> passed|failed, from the database."""
     out: dict[tuple[str, str, str, str], str] = {}
@@ -192,50 +172,100 @@ def _statuses(db: ResultsDB, run_ids: list[str]) -> dict[tuple[str, str, str, st
     return out
 
 
-def classify_run(db: ResultsDB, run: Run, records: list[ResultRecord], window: int = WINDOW) -> list[CaseVerdict]:
-    """Every test case of the run with its verdict (passing ones included, kind "passed")."""
-    current = current_outcomes([r for r in records if r.run_id == run.run_id])
-    targets = sorted({t for t, _, _ in current})
-    earlier: dict[str, list[Run]] = {
-        t: list(reversed(db.runs_before(run.created_at, run.project, t, HISTORY_RUNS))) for t in targets}
-    run_ids = sorted({r.run_id for rs in earlier.values() for r in rs} | {run.run_id})
+def classify_run(db: ResultsDB, run: Run, records: list[ResultRecord], window: int = WINDOW,
+                 cases: RunCases | None = None) -> list[CaseVerdict]:
+    """The verdicts of the run's test cases that fail now or failed in the run's history (its
+    HISTORY_RUNS earlier runs on their target), "passed" ones among them; ``cases``: the run's
+    cases as the database counts them (default: the records' own).
+
+    A case that passes now and failed in none of those runs is "passed" whatever else its
+    history holds (``classify``: only a failing previous outcome changes a passing case) and is
+    left out, unread: a 5,000-job night has 200,000 cases, most of them passing for months, and
+    reading each one's history was the report's largest cost (docs/speed.md, "At scale"). The
+    history that is read: the failing cases of every earlier run (the partial index
+    ix_cases_failing), then the whole history of the few cases that fail now or failed then."""
+    own = [r for r in records if r.run_id == run.run_id]
+    cases = cases or RunCases.of_records(own)
+    failing_now = current_failures(own, cases)
+    targets = sorted({r.target for r in own})
+    earlier = {t: list(reversed(rs))
+               for t, rs in db.runs_before_each(run.created_at, run.project, targets, HISTORY_RUNS).items()}
     revs = {r.run_id: r.rev for rs in earlier.values() for r in rs}
-    past = _statuses(db, [rid for rid in run_ids if rid != run.run_id])
-    reruns = db.reruns_of(run_ids)
-    rerun_status: dict[tuple[str, str, str, str], str] = {}
-    for parent, children in reruns.items():
-        for key, st in _statuses(db, children).items():
-            _rid, target, suite, name = key
-            # The re-run is the second opinion; a test it did not run has none.
-            rerun_status[(parent, target, suite, name)] = st
-    newest_first = {t: list(reversed(rs)) for t, rs in earlier.items()}
+    ran_on = {(r.run_id, t) for t, rs in earlier.items() for r in rs}
+    parents = sorted({r.run_id for rs in earlier.values() for r in rs} | {run.run_id})
+    children = db.reruns_of(parents)
+    parent_of = {c: p for p, cs in children.items() for c in cs}
+    every_run = parents + sorted(parent_of)
+    # What failed before: the failing cases of the history, and the jobs that failed without one.
+    failed_cases = db.failing_in(every_run)
+    failing_per_job = _count_by_job(failed_cases)
+    case_keys = {k for k in failing_now if not k[2].startswith("[")}
+    case_keys |= {(t, suite, name) for rid, t, suite, name in failed_cases if (rid, t) in ran_on}
+    job_keys = {(k[0], k[2][1:-1]) for k in failing_now if k[2].startswith("[")}
+    for rid, t, step, status in db.job_statuses(every_run, failing=True):
+        if (rid, t) in ran_on and _job_status(status, failing_per_job.get((rid, t, _step_suite(step)), 0)) == "failed":
+            job_keys.add((t, step))
+    # Their whole history, tonight's outcome and the re-runs' included.
+    outcomes: dict[tuple[str, str, str, str], str] = {}
+    for rid, t, suite, name, status in db.case_statuses(every_run, case_keys):
+        st = _case_status(status)
+        if st is not None and ((key := (rid, t, suite, name)) not in outcomes or st == "failed"):
+            outcomes[key] = st
+    for rid, t, step, status in db.job_statuses(every_run, steps=job_keys):
+        st = _job_status(status, failing_per_job.get((rid, t, _step_suite(step)), 0))
+        if st is not None:
+            outcomes[(rid, t, _step_suite(step), pseudo_name(step))] = st
+    own_jobs = {(r.target, r.step): r for r in own}
+    by_suite = {(r.target, _suite_of(r.name, r.step)): r for r in own}
+    current: dict[tuple[str, str, str], tuple[str, ResultRecord]] = dict(failing_now)
+    for (rid, t, suite, name), st in outcomes.items():
+        if rid == run.run_id and (t, suite, name) not in current:
+            rec = own_jobs.get((t, name[1:-1])) if name.startswith("[") else by_suite.get((t, suite))
+            if rec is not None:
+                current[(t, suite, name)] = (st, rec)
+    rerun_status = {(parent_of[rid], t, suite, name): st for (rid, t, suite, name), st in outcomes.items()
+                    if rid in parent_of}
     verdicts = []
     for (target, suite, name), (status, rec) in sorted(current.items()):
         cur = CaseRun(run.run_id, run.rev, status, rerun_status.get((run.run_id, target, suite, name)))
-        # The newest window - 1 outcomes first: for a case passing now and last time (most of a
-        # night) they are all its verdict needs. Reading its whole history (HISTORY_RUNS runs)
-        # for every case was runs × cases: 100 × 200,000 for a 5,000-job night (docs/speed.md).
-        hist = []
-        for r in newest_first[target] if window > 1 else ():
-            if (k := (r.run_id, target, suite, name)) in past:
-                hist.append(CaseRun(r.run_id, revs[r.run_id], past[k], rerun_status.get(k)))
-                if len(hist) == window - 1:
-                    break
-        hist.reverse()
-        if cur.failed or (hist and hist[-1].failed) or window <= 1:
-            hist = [CaseRun(r.run_id, revs[r.run_id], past[k], rerun_status.get(k))
-                    for r in earlier[target]
-                    if (k := (r.run_id, target, suite, name)) in past]
+        hist = [CaseRun(r.run_id, revs[r.run_id], outcomes[k], rerun_status.get(k))
+                for r in earlier[target] if (k := (r.run_id, target, suite, name)) in outcomes]
         kind, reason, since = classify(hist, cur, window)
         if kind == "known" and since is None:
             since = cur
         if since is not None and hist and since is hist[0] and len(earlier[target]) >= HISTORY_RUNS:
             reason = f"since before run {since.run_id}"
         verdicts.append(CaseVerdict(target=target, suite=suite, name=name, kind=kind, reason=reason,
-                                since_run=since.run_id if since else None, since_rev=since.rev if since else None,
-                                rerun=cur.rerun, job_id=rec.job_id,
-                                history=[o.status for o in hist[-(window - 1):]] + [status]))
+                                    since_run=since.run_id if since else None, since_rev=since.rev if since else None,
+                                    rerun=cur.rerun, job_id=rec.job_id,
+                                    history=[o.status for o in hist[-(window - 1):]] + [status]))
     return verdicts
+
+
+def current_failures(records: list[ResultRecord], cases: RunCases
+                     ) -> dict[tuple[str, str, str], tuple[str, ResultRecord]]:
+    """(target, suite, name) -> ("failed", the job's record) of the run's failing test cases, and
+    of its jobs that failed as a product failure without a failing case ("[step]")."""
+    out: dict[tuple[str, str, str], tuple[str, ResultRecord]] = {}
+    for r in records:
+        suite = _suite_of(r.name, r.step)
+        for c in cases.failing.get(r.job_id, []):
+            out[(r.target, suite, c.name)] = ("failed", r)
+        if _job_status(r.status, cases.failing_count(r.job_id)) == "failed":
+            out[(r.target, suite, pseudo_name(r.step))] = ("failed", r)
+    return out
+
+
+def _step_suite(step: str) -> str:
+    """The suite the cases table names a job's cases by, from its step ("test-unit": "unit")."""
+    return step.split("-", 1)[1] if "-" in step else step
+
+
+def _count_by_job(rows: list[tuple[str, str, str, str]]) -> dict[tuple[str, str, str], int]:
+    out: dict[tuple[str, str, str], int] = {}
+    for rid, t, suite, _name in rows:
+        out[(rid, t, suite)] = out.get((rid, t, suite), 0) + 1
+    return out
 
 
 def history_of(db: ResultsDB, test: str, window: int = WINDOW, project: str | None = None,

@@ -28,13 +28,16 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     case,
+    cast,
     create_engine,
     event,
     func,
     inspect,
     select,
     text,
+    tuple_,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
@@ -49,6 +52,12 @@ from gearfarm.formats.job import Artifact
 from gearfarm.formats.result import TERMINAL, ResultRecord
 
 log = logging.getLogger(__name__)
+
+# A failing test case: the partial index ix_cases_failing and every query it serves say it in
+# these words (a planner uses a partial index only for a condition that matches its own).
+FAILING_SQL = "status IN ('failed', 'error')"
+# Values in one IN list: SQLite allows 32,766 parameters a statement, and a long list plans slowly.
+IN_CHUNK = 500
 
 
 class Base(DeclarativeBase):
@@ -168,8 +177,12 @@ class Case(Base):
     __tablename__ = "cases"
     # History reads one test case on one target across runs; a test's page, one case in the
     # newest runs (by name and run id: through the name alone it read every night's).
+    # The failing cases of a run, which classifying a night reads for every earlier run of its
+    # history (a partial index: a few rows a night where the run's index holds 200,000).
     __table_args__ = (Index("ix_cases_target_suite_name", "target", "suite", "name"),
-                      Index("ix_cases_name_run", "name", "run_id"))
+                      Index("ix_cases_name_run", "name", "run_id"),
+                      Index("ix_cases_failing", "run_id", postgresql_where=text(FAILING_SQL),
+                            sqlite_where=text(FAILING_SQL)))
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), index=True)
     run_id: Mapped[str] = mapped_column(String(96), index=True)
@@ -533,13 +546,24 @@ class ResultsDB:
                 run.state = state
                 run.finished_at = time.time()
 
-    def jobs(self, run_id: str, target: str | None = None) -> list[ResultRecord]:
-        """The run's records (of ``target`` only, when given), by job id."""
-        with self.session() as s:
-            q = select(JobRow).where(JobRow.run_id == run_id).order_by(JobRow.job_id)
-            if target is not None:
-                q = q.where(JobRow.target == target)
-            return [ResultRecord.model_validate(r.record) for r in s.scalars(q)]
+    def jobs(self, run_id: str, target: str | None = None, cases: bool = True,
+             kinds: Iterable[str] | None = None) -> list[ResultRecord]:
+        """The run's records (of ``target`` and of ``kinds`` only, when given), by job id; ``cases`` False: without
+        their test cases (an empty list), which a 5,000-job night has 200,000 of and which the
+        report and the dashboard read from the cases table instead (gearfarm.db.cases)."""
+        record: Any = JobRow.record
+        if not cases:
+            # Dropped by the database: decoding 200,000 cases' JSON only to drop it was most of
+            # the reading. (The column is JSON, as it was made; jsonb's "-" takes the key away.)
+            record = (func.json_remove(JobRow.record, "$.cases", type_=JSON) if self.engine.dialect.name == "sqlite"
+                      else cast(cast(JobRow.record, JSONB).op("-")("cases"), JSON))
+        q = select(record).where(JobRow.run_id == run_id).order_by(JobRow.job_id)
+        if target is not None:
+            q = q.where(JobRow.target == target)
+        if kinds is not None:
+            q = q.where(JobRow.kind.in_(list(kinds)))
+        with self.engine.connect() as conn:
+            return [ResultRecord.model_validate(r) for r in conn.execute(q).scalars()]
 
     def job(self, job_id: str) -> ResultRecord | None:
         """The record a job's row holds now (the one the ledger ranked first), if any."""
@@ -595,6 +619,89 @@ class ResultsDB:
         with self.session() as s:
             q = select(Case.run_id, Case.target, Case.suite, Case.name, Case.status).where(Case.run_id.in_(ids))
             return [tuple(r) for r in s.execute(q)]  # type: ignore[misc]
+
+    def case_counts(self, run_id: str) -> dict[str, dict[str, int]]:
+        """Job id -> {case status: how many} of a run's test cases, counted by the database."""
+        with self.session() as s:
+            q = select(Case.job_id, Case.status, func.count()).where(Case.run_id == run_id).group_by(
+                Case.job_id, Case.status)
+            out: dict[str, dict[str, int]] = {}
+            for jid, status, n in s.execute(q):
+                out.setdefault(jid, {})[status] = n
+            return out
+
+    def case_list(self, run_id: str, failing: bool = False) -> list[Any]:
+        """A run's test cases (only the failed and errored ones when ``failing``), by job then in
+        the order the job reported them: rows with job_id, classname, name, status, time, message."""
+        q = select(Case.job_id, Case.classname, Case.name, Case.status, Case.time, Case.message).where(
+            Case.run_id == run_id)
+        if failing:
+            q = q.where(text(FAILING_SQL))
+        with self.engine.connect() as conn:  # not a Session: its rows cost twice as much (200,000 of them)
+            return list(conn.execute(q.order_by(Case.job_id, Case.id)).all())
+
+    def case_changes(self, run_a: str, run_b: str) -> list[tuple[str, str, str, str | None, str | None]]:
+        """(target, suite, name, status in A, status in B) of the test cases whose status differs
+        between runs A and B (None: not in that run), joined by the database: reading both runs'
+        cases to compare them was 400,000 rows for two 5,000-job nights."""
+        def side(run_id: str, name: str) -> Any:
+            return select(Case.target, Case.suite, Case.name, Case.status).where(Case.run_id == run_id).subquery(name)
+
+        a, b = side(run_a, "a"), side(run_b, "b")
+        same = (a.c.target == b.c.target) & (a.c.suite == b.c.suite) & (a.c.name == b.c.name)
+        q = (select(func.coalesce(a.c.target, b.c.target), func.coalesce(a.c.suite, b.c.suite),
+                    func.coalesce(a.c.name, b.c.name), a.c.status, b.c.status)
+             .select_from(a.join(b, same, full=True)).where(a.c.status.is_distinct_from(b.c.status)))
+        with self.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(q)]  # type: ignore[misc]
+
+    def failing_in(self, run_ids: Iterable[str]) -> list[tuple[str, str, str, str]]:
+        """(run id, target, suite, name) of the failed and errored cases of the given runs (through
+        the partial index ix_cases_failing: not one row of the cases that passed)."""
+        ids = list(run_ids)
+        out: list[tuple[str, str, str, str]] = []
+        with self.session() as s:
+            for i in range(0, len(ids), IN_CHUNK):
+                q = select(Case.run_id, Case.target, Case.suite, Case.name).where(
+                    Case.run_id.in_(ids[i:i + IN_CHUNK]), text(FAILING_SQL))
+                out += [tuple(r) for r in s.execute(q)]  # type: ignore[misc]
+        return out
+
+    def case_statuses(self, run_ids: Iterable[str], keys: Iterable[tuple[str, str, str]]
+                      ) -> list[tuple[str, str, str, str, str]]:
+        """(run id, target, suite, name, status) of the cases ``keys`` (target, suite, name) in the
+        given runs, through the index by (target, suite, name): a few tests' whole history."""
+        ids, wanted = list(run_ids), sorted(set(keys))
+        out: list[tuple[str, str, str, str, str]] = []
+        if not ids:
+            return out
+        with self.session() as s:
+            for i in range(0, len(wanted), IN_CHUNK):
+                q = select(Case.run_id, Case.target, Case.suite, Case.name, Case.status).where(
+                    tuple_(Case.target, Case.suite, Case.name).in_(wanted[i:i + IN_CHUNK]), Case.run_id.in_(ids))
+                out += [tuple(r) for r in s.execute(q)]  # type: ignore[misc]
+        return out
+
+    def job_statuses(self, run_ids: Iterable[str], failing: bool = False,
+                     steps: Iterable[tuple[str, str]] | None = None) -> list[tuple[str, str, str, str]]:
+        """(run id, target, step, status) of the jobs of the given runs: all of them, those that did
+        not pass (``failing``), or those of the (target, step) pairs ``steps``."""
+        ids = list(run_ids)
+        out: list[tuple[str, str, str, str]] = []
+        with self.session() as s:
+            for i in range(0, len(ids), IN_CHUNK):
+                q = select(JobRow.run_id, JobRow.target, JobRow.step, JobRow.status).where(
+                    JobRow.run_id.in_(ids[i:i + IN_CHUNK]))
+                if failing:
+                    q = q.where(JobRow.status != "passed")
+                if steps is None:
+                    out += [tuple(r) for r in s.execute(q)]  # type: ignore[misc]
+                    continue
+                pairs = sorted(set(steps))
+                for k in range(0, len(pairs), IN_CHUNK):
+                    out += [tuple(r) for r in s.execute(  # type: ignore[misc]
+                        q.where(tuple_(JobRow.target, JobRow.step).in_(pairs[k:k + IN_CHUNK])))]
+        return out
 
     def job_cells(self, run_ids: Iterable[str]) -> list[tuple[str, str, str, str, float | None, float | None]]:
         """(run_id, target, step, status, started_at, finished_at) of every job recorded in the
@@ -776,6 +883,25 @@ class ResultsDB:
                     if len(out) >= limit:
                         break
             return out
+
+    def runs_before_each(self, created_at: float, project: str, targets: Iterable[str],
+                         limit: int = 50) -> dict[str, list[Run]]:
+        """``runs_before`` for each of ``targets`` in one reading (a night of 100 targets asked
+        100 times, each reading the same runs)."""
+        out: dict[str, list[Run]] = {t: [] for t in targets}
+        hungry = set(out)
+        with self.session() as s:
+            q = (select(Run).where(Run.created_at < created_at, Run.parent_run_id.is_(None), Run.project == project)
+                 .options(defer(Run.expected, raiseload=True), defer(Run.notes, raiseload=True))
+                 .order_by(Run.created_at.desc()))
+            for run in s.scalars(q.execution_options(yield_per=200)):
+                for t in hungry.intersection(run.targets or []):
+                    out[t].append(run)
+                    if len(out[t]) >= limit:
+                        hungry.discard(t)
+                if not hungry:
+                    break
+        return out
 
     def last_good_build(self, project: str, target: str, exclude_rev: str) -> ResultRecord | None:
         """The newest passed build of ``project`` for ``target`` at another revision whose tests

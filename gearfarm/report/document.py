@@ -20,6 +20,7 @@ from markupsafe import Markup, escape
 from pydantic import BaseModel, ConfigDict
 
 from gearfarm.bisection import search as bisect
+from gearfarm.db.cases import RunCases
 from gearfarm.db.history import CaseVerdict
 from gearfarm.db.results import Run
 from gearfarm.formats.job import JobId
@@ -45,13 +46,6 @@ CASE_ORDER = ("passed", "failed", "error", "skipped")
 def case_summary(counts: dict[str, int]) -> str:
     """Test cases by status, as a reader counts them: "162 passed, 1 skipped"."""
     return ", ".join(f"{counts[s]} {s}" for s in CASE_ORDER if counts.get(s))
-
-
-def _case_counts(r: ResultRecord) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for c in r.cases:
-        counts[c.status] = counts.get(c.status, 0) + 1
-    return counts
 
 
 _env.filters["cases"] = case_summary
@@ -173,11 +167,14 @@ _env.globals["trend_svg"] = trend.svg
 
 
 def build(run: Run, records: list[ResultRecord], links: Links | None = None,
-          verdicts: list[CaseVerdict] | None = None, reruns: list[ResultRecord] | None = None) -> Report:
+          verdicts: list[CaseVerdict] | None = None, reruns: list[ResultRecord] | None = None,
+          cases: RunCases | None = None) -> Report:
     """The report document. ``verdicts`` (gearfarm.db.history.classify_run) add the classified
     sections and the classified headline; ``reruns`` are the records of the run's re-run;
-    ``links`` says where the logs are read (default: the copies beside the report)."""
+    ``links`` says where the logs are read (default: the copies beside the report); ``cases``
+    the run's test cases as the database counts them (default: the records' own)."""
     links = links or Links()
+    cases = cases or RunCases.of_records(records)
 
     by_target: dict[str, dict[str, ResultRecord]] = {}
     for r in records:
@@ -193,7 +190,7 @@ def build(run: Run, records: list[ResultRecord], links: Links | None = None,
     matrix = {
         t: {s: {"status": r.status, "duration": r.duration, "log": links.log(r), "worker": r.worker,
                 "reused_artifact": r.reused_artifact, "message": r.message,
-                **({"cases": _case_counts(r)} if r.cases else {})}
+                **({"cases": counts} if (counts := cases.counts.get(r.job_id)) else {})}
             for s, r in sorted(by_target.get(t, {}).items())}
         for t in sorted(set(by_target) | {j.target for j in gone})
     }
@@ -201,7 +198,7 @@ def build(run: Run, records: list[ResultRecord], links: Links | None = None,
     for r in sorted(records, key=lambda r: r.job_id):
         if r.status in ("passed", "skipped", "cancelled"):
             continue
-        bad_cases = [c for c in r.cases if c.status in ("failed", "error")]
+        bad_cases = cases.failing.get(r.job_id, [])
         failures.append({
             "target": r.target, "step": r.step, "status": r.status, "message": r.message,
             "log_tail": r.log_tail, "log": links.log(r), "artifact": links.artifact(r),
@@ -216,7 +213,7 @@ def build(run: Run, records: list[ResultRecord], links: Links | None = None,
         counts[r.status] = counts.get(r.status, 0) + 1
     product_failed = sum(1 for f in failures if f["product"])
     infra = len(failures) - product_failed
-    classes = _classes(run, records, verdicts, reruns or [], links) if verdicts is not None else None
+    classes = _classes(run, records, verdicts, reruns or [], links, cases) if verdicts is not None else None
     if classes is not None:
         new, known, flaky, fixed = (len(classes[k]) for k in ("new", "known", "flaky", "fixed"))
         lead = [counted(new, "new failure") if new else "", f"{known} still failing" if known else "",
@@ -226,8 +223,8 @@ def build(run: Run, records: list[ResultRecord], links: Links | None = None,
     cancelled = [{"target": r.target, "step": r.step, "message": r.message} for r in records if r.status == "cancelled"]
     green = not (any(lead) or infra or missing or cancelled)
     total: dict[str, int] = {}
-    for r in records:
-        for status, n in _case_counts(r).items():
+    for per_job in cases.counts.values():
+        for status, n in per_job.items():
             total[status] = total.get(status, 0) + n
     headline = _headline(green, lead, fixed, infra, missing, len(records), len(by_target), total)
     if cancelled:
@@ -246,7 +243,9 @@ def build(run: Run, records: list[ResultRecord], links: Links | None = None,
         "overhead_seconds": round(sum(stage_totals[s] for s in OVERHEAD), 3),
         "queue_wait_seconds": stage_totals["queue_wait"],
         "work_seconds": round(stage_totals["build"] + stage_totals["test"], 3),
-        "jobs": [r.model_dump(mode="json", exclude={"log_tail"}) for r in records],
+        # Without their cases (the matrix counts them, junit.xml lists them): 200,000 of them
+        # on a 5,000-job night made report.json 60 MB and the dashboard's JSON of the run 7 s.
+        "jobs": [r.model_dump(mode="json", exclude={"log_tail", "cases"}) for r in records],
         "reruns": [r.model_dump(mode="json", exclude={"log_tail", "cases"}) for r in reruns or []],
     }).titled()
 
@@ -283,7 +282,7 @@ def _headline(green: bool, lead: list[str], fixed: int, infra: int, missing: lis
 
 
 def _classes(run: Run, records: list[ResultRecord], verdicts: list[CaseVerdict], reruns: list[ResultRecord],
-             links: Links) -> dict[str, list[dict[str, Any]]]:
+             links: Links, cases: RunCases) -> dict[str, list[dict[str, Any]]]:
     by_job = {r.job_id: r for r in records}
     rerun_of = {(r.target, r.step): r for r in reruns}
     out: dict[str, list[dict[str, Any]]] = {k: [] for k in ("new", "known", "fixed", "flaky")}
@@ -291,12 +290,14 @@ def _classes(run: Run, records: list[ResultRecord], verdicts: list[CaseVerdict],
         if v.kind not in out:
             continue
         rec = by_job.get(v.job_id)
-        case = next((c for c in rec.cases if c.name == v.name), None) if rec else None
         job_level = v.name.startswith("[")
+        # A failing case's message; a passing one (fixed) says nothing, and the job speaks only
+        # for itself ("[step]").
+        case = next((c for c in cases.failing.get(rec.job_id, []) if c.name == v.name), None) if rec else None
         item = v.as_dict()
         item.update({
             "step": rec.step if rec else "", "status": rec.status if rec else "",
-            "message": (case.message if case else (rec.message if rec else ""))[:2000],
+            "message": (case.message if case else (rec.message if rec and job_level else ""))[:2000],
             "worker": rec.worker if rec else "", "log": links.log(rec) if rec else None,
             "artifact": links.artifact(rec) if rec else None,
             "reproducer": reproducer(rec, run, None if job_level else v.name) if rec else "",
@@ -375,8 +376,10 @@ def mail_images(reports: Sequence[Report]) -> dict[str, bytes]:
             for i, r in enumerate(reports) for j, e in enumerate(r.performance or [])}
 
 
-def write(report: Report, records: list[ResultRecord], out_dir: Path) -> dict[str, Path]:
-    """The report files on disk; they never depend on S3 or the database being up."""
+def write(report: Report, records: list[ResultRecord], out_dir: Path, cases: RunCases | None = None
+          ) -> dict[str, Path]:
+    """The report files on disk; they never depend on S3 or the database being up (``cases``:
+    as given to ``build``, read again here for every case of junit.xml)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "report.json", "html": out_dir / "report.html", "txt": out_dir / "report.txt",
              "junit": out_dir / "junit.xml"}
@@ -388,7 +391,7 @@ def write(report: Report, records: list[ResultRecord], out_dir: Path) -> dict[st
     paths["json"].write_text(json.dumps(plain, sort_keys=True, default=str, separators=(",", ":")))
     paths["html"].write_text(render_html(report))
     paths["txt"].write_text(render_text(report))
-    junit.write_run(records, paths["junit"])
+    junit.write_run(records, paths["junit"], (cases or RunCases.of_records(records)).every())
     return paths
 
 

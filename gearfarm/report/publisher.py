@@ -15,6 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gearfarm.config import Config
 from gearfarm.db import history, triage
+from gearfarm.db.cases import RunCases
 from gearfarm.db.results import ResultsDB, Run
 from gearfarm.formats.result import ResultRecord
 from gearfarm.perf import analysis as perf
@@ -120,10 +121,11 @@ def letter(reports: list[report.Report]) -> mail.Letter:
                        images=report.mail_images(reports))
 
 
-def classify(db: ResultsDB, run: Run, records: list[ResultRecord]) -> list[history.CaseVerdict]:
+def classify(db: ResultsDB, run: Run, records: list[ResultRecord], cases: RunCases | None = None
+             ) -> list[history.CaseVerdict]:
     """The run's verdicts, kept with the run: the dashboard shows them without classifying the
     run again (which reads a hundred runs of history: 0.4 s against a page's 0.2 s budget)."""
-    verdicts = history.classify_run(db, run, records)
+    verdicts = history.classify_run(db, run, records, cases=cases)
     db.update_notes(run.run_id, verdicts=[v.as_dict() for v in verdicts if v.kind != "passed"])
     return verdicts
 
@@ -135,10 +137,12 @@ def _publish_run(cfg: Config, db: ResultsDB, store: ArtifactStore | None, run: R
     problems: list[str] = []
     reruns: list[ResultRecord] = []
     verdicts = None
+    cases = None  # then the records' own (the database down: the cases the nightly saw)
     try:
         for rid in db.reruns_of([run.run_id]).get(run.run_id, []):
-            reruns.extend(db.jobs(rid))
-        verdicts = classify(db, run, records)
+            reruns.extend(db.jobs(rid, cases=False))
+        cases = RunCases.of_run(db, run.run_id)
+        verdicts = classify(db, run, records, cases)
     except SQLAlchemyError as e:
         problems.append(_db_down("failures are not classified against history", e))
     out = run_dir(cfg, run.run_id)
@@ -152,7 +156,7 @@ def _publish_run(cfg: Config, db: ResultsDB, store: ArtifactStore | None, run: R
         else:
             # Before the report is written: its links point at these copies.
             problems += joblog.copy_all(store, records + reruns, out.parent)
-    rep = report.build(run, records, links.for_run(cfg.web.url, out), verdicts, reruns)
+    rep = report.build(run, records, links.for_run(cfg.web.url, out), verdicts, reruns, cases)
     try:
         rep = rep.with_performance(perf.analyze(db, run), perf.figures(db, run, records))
     except SQLAlchemyError as e:
@@ -173,12 +177,12 @@ def _publish_run(cfg: Config, db: ResultsDB, store: ArtifactStore | None, run: R
         rep = rep.with_late([])
         problems.append(_db_down("late results not shown", e))
     rep = rep.with_problems(problems)
-    paths = report.write(rep, records, out)
+    paths = report.write(rep, records, out, cases)
     if store is not None:
         try:
             report.upload(rep, paths, store)
         except StoreError as e:
             problems.append(f"the report is on disk ({out}) but not in S3: {e}")
             rep = rep.with_problems(problems)
-            paths = report.write(rep, records, out)  # now saying so
+            paths = report.write(rep, records, out, cases)  # now saying so
     return rep, paths, problems, later

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 
 from gearfarm.db import history
+from gearfarm.db.cases import RunCases
 from gearfarm.formats.job import Artifact, JobId
 from gearfarm.formats.result import ResultRecord
 from gearfarm.gearman import admin
@@ -46,7 +47,7 @@ def rerun_new_failures(ex: Executor, p: Plan, records: list[ResultRecord], say: 
         return []
     by_id = {r.job_id: r for r in records}
     todo: dict[JobId, ResultRecord] = {}
-    for v in history.classify_run(db, run, records):
+    for v in history.classify_run(db, run, records, cases=RunCases.of_run(db, run.run_id)):
         rec = by_id.get(v.job_id)
         if v.kind == "new" and rec is not None and rec.kind == "test" and rec.artifact_key and rec.artifact_sha256:
             todo[JobId(rerun_id(p.run_id), rec.target, rec.step)] = rec

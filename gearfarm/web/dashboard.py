@@ -17,6 +17,7 @@ from typing import Any
 
 from gearfarm.config import Config, ConfigError
 from gearfarm.db import history, triage
+from gearfarm.db.cases import RunCases
 from gearfarm.db.results import ResultsDB, Run
 from gearfarm.formats.job import JobId
 from gearfarm.formats.result import PRODUCT_FAILURES, ResultRecord
@@ -110,13 +111,16 @@ def status(db: ResultsDB, nights: int = NIGHTS) -> dict[str, Any]:
         targets: list[str] = []
         for r in runs:
             targets += [t for t in r.targets or [] if t not in targets]
+        # Once a run, not once a target and run: 100 targets of 5,000 jobs parsed every job id
+        # 100 times, 2 million parses a page (docs/speed.md, "At scale").
+        expected = {r.run_id: _expected_steps(r) for r in runs}
         rows = []
         for t in targets:
             strip = []
             for r in reversed(runs):
                 if t not in (r.targets or []):
                     continue
-                state, stage = target_state(cells.get((r.run_id, t), {}), _expected_steps(r).get(t, []),
+                state, stage = target_state(cells.get((r.run_id, t), {}), expected[r.run_id].get(t, []),
                                             r.state == "running")
                 strip.append({"run_id": r.run_id, "rev": r.rev, "created_at": r.created_at, "state": state,
                               "stage": stage})
@@ -165,12 +169,15 @@ def run(db: ResultsDB, cfg: Config, run_id: str, root: str = "/") -> RunPage | N
     r = db.get_run(run_id)
     if r is None:
         return None
-    records = db.jobs(run_id)
-    reruns = [rec for rid in db.reruns_of([run_id]).get(run_id, []) for rec in db.jobs(rid)]
+    # The records without their cases, which the database counts (a 5,000-job night's 200,000
+    # cases made this page 5.5 s and its JSON 7 s: docs/speed.md, "At scale").
+    records = db.jobs(run_id, cases=False)
+    cases = RunCases.of_run(db, run_id)
+    reruns = [rec for rid in db.reruns_of([run_id]).get(run_id, []) for rec in db.jobs(rid, cases=False)]
     stored = (r.notes or {}).get("verdicts")
     verdicts = ([history.CaseVerdict.from_dict(v) for v in stored] if isinstance(stored, list)
-                else history.classify_run(db, r, records))  # not reported yet (or by an older gearfarm)
-    rep = report.build(r, records, DashboardLinks(root), verdicts, reruns)
+                else history.classify_run(db, r, records, cases=cases))  # not reported yet (or by an older gearfarm)
+    rep = report.build(r, records, DashboardLinks(root), verdicts, reruns, cases)
     prev = db.runs_before(r.created_at, r.project, limit=1)
     changes, changes_error = (_changes(cfg, r.project, prev[0].rev, r.rev) if prev
                               else ([], "no earlier run of this project"))
@@ -535,8 +542,13 @@ def compare(db: ResultsDB, a: str | None, b: str | None, choices: int = 30) -> d
     picked = {"choices": recent, "a": _run_brief(ra) if ra else None, "b": _run_brief(rb) if rb else None}
     if ra is None or rb is None or not (a and b):
         return {**picked, "figures": [], "tests": [], "jobs": [], "picking": True}
-    ja = {(r.target, r.step): r for r in db.jobs(ra.run_id)}
-    jb = {(r.target, r.step): r for r in db.jobs(rb.run_id)}
+    # The builds (their binaries) and benchmarks (their figures) as records; every job's status
+    # and times from its row: a 5,000-job night's records took a second to read.
+    ja = {(r.target, r.step): r for r in db.jobs(ra.run_id, cases=False, kinds=("build", "perf"))}
+    jb = {(r.target, r.step): r for r in db.jobs(rb.run_id, cases=False, kinds=("build", "perf"))}
+    cells = {rid: {(t, step): (st, f - s if s is not None and f is not None else None)
+                   for _r, t, step, st, s, f in db.job_cells([rid])} for rid in (ra.run_id, rb.run_id)}
+    ka, kb = cells[ra.run_id], cells[rb.run_id]
     sa, sb = _new_samples(ja.values()), _new_samples(jb.values())
     higher = {**perf.directions(db, ra), **perf.directions(db, rb)}
     figures = []
@@ -556,14 +568,12 @@ def compare(db: ResultsDB, a: str | None, b: str | None, choices: int = 30) -> d
                         "same_binary": same_binary, "higher_is_better": up,
                         "better": None if verdict != "different" or judged.change is None
                         else (judged.change > 0) == up})
-    ca = {(t, s, n): st for _r, t, s, n, st in db.cases_in([ra.run_id])}
-    cb = {(t, s, n): st for _r, t, s, n, st in db.cases_in([rb.run_id])}
-    tests = [{"target": t, "test": f"{s}/{n}", "a": ca.get((t, s, n)), "b": cb.get((t, s, n))}
-             for (t, s, n) in sorted(set(ca) | set(cb)) if ca.get((t, s, n)) != cb.get((t, s, n))]
-    jobs = [{"target": k[0], "step": k[1], "a_status": ja[k].status if k in ja else None,
-             "b_status": jb[k].status if k in jb else None,
-             "a_seconds": ja[k].duration if k in ja else None, "b_seconds": jb[k].duration if k in jb else None}
-            for k in sorted(set(ja) | set(jb), key=lambda k: (k[0], step_key(k[1])))]
+    tests = [{"target": t, "test": f"{s}/{n}", "a": st_a, "b": st_b}
+             for t, s, n, st_a, st_b in sorted(db.case_changes(ra.run_id, rb.run_id), key=lambda c: c[:3])]
+    jobs = [{"target": k[0], "step": k[1], "a_status": ka[k][0] if k in ka else None,
+             "b_status": kb[k][0] if k in kb else None,
+             "a_seconds": ka[k][1] if k in ka else None, "b_seconds": kb[k][1] if k in kb else None}
+            for k in sorted(set(ka) | set(kb), key=lambda k: (k[0], step_key(k[1])))]
     verdicts = [f["verdict"] for f in figures]
     return {**picked, "figures": figures, "tests": tests, "jobs": jobs, "picking": False,
             "summary": {v: verdicts.count(v) for v in ("different", "same", "not enough data")}}

@@ -546,3 +546,32 @@ def test_the_dashboards_front_page_reads_each_runs_jobs_once_not_once_per_target
     assert [t["target"] for t in page["projects"][0]["targets"]] == list(targets)
     assert all(len(t["strip"]) == 3 for t in page["projects"][0]["targets"])
     assert parsed == 3 * 20 * 10, parsed  # each of the 3 runs' 200 jobs once (12,000 before)
+
+
+def test_the_tests_page_reads_whole_runs_and_says_how_many(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/big_night.py: the tests page read at most 100,000 case rows of its 30 runs in one
+    query without an order: a 5,000-job night has 200,000, so the page showed an arbitrary half
+    of one night and said "in the last 30 runs". It reads whole runs, newest first, until its
+    row budget, and names the runs it read."""
+    from gearfarm.formats.result import CaseResult
+    from gearfarm.web import dashboard
+
+    db = ResultsDB(f"sqlite:///{tmp_path / 'r.db'}")
+    ledger = Ledger(db)
+    for n in range(4):
+        for jid in night(db, f"n{n}", 3):
+            # c0 of each suite fails on the newest night only.
+            rec = record(jid, finished=1000.0 + n).model_copy(update={"cases": [
+                CaseResult(name=f"c{i}", status="failed" if i == 0 and n == 3 else "passed") for i in range(20)]}
+                if jid.kind == "test" else {})
+            ledger.apply(rec, "nightly")
+        with db.writing() as conn:  # one night a day, newest last
+            conn.execute(Run.__table__.update().where(Run.run_id == f"n{n}").values(created_at=1000.0 * (n + 1)))
+    monkeypatch.setattr(dashboard, "TESTS_ROWS", 100)  # 60 cases a night: the newest 2 nights whole
+    page = dashboard.tests(db)
+    assert page["runs_read"] == 2 and page["found"] == 60
+    cells = [cell for t in page["tests"] for cell in t["targets"].values()]
+    assert all(c["runs"] == 2 for c in cells), {c["runs"] for c in cells}
+    failing = {t["test"] for t in page["tests"] if t["failing"]}
+    assert failing == {"s000/c0", "s001/c0", "s002/c0"}
+    assert all(t["targets"][T]["fail_rate"] == 0.5 for t in page["tests"] if t["test"] in failing)

@@ -28,7 +28,6 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     case,
-    cast,
     create_engine,
     event,
     func,
@@ -37,7 +36,6 @@ from sqlalchemy import (
     text,
     tuple_,
 )
-from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
@@ -551,19 +549,23 @@ class ResultsDB:
         """The run's records (of ``target`` and of ``kinds`` only, when given), by job id; ``cases`` False: without
         their test cases (an empty list), which a 5,000-job night has 200,000 of and which the
         report and the dashboard read from the cases table instead (gearfarm.db.cases)."""
-        record: Any = JobRow.record
-        if not cases:
-            # Dropped by the database: decoding 200,000 cases' JSON only to drop it was most of
-            # the reading. (The column is JSON, as it was made; jsonb's "-" takes the key away.)
-            record = (func.json_remove(JobRow.record, "$.cases", type_=JSON) if self.engine.dialect.name == "sqlite"
-                      else cast(cast(JobRow.record, JSONB).op("-")("cases"), JSON))
+        # Without cases, SQLite drops them itself (json_remove: its JSON is text, decoded here in
+        # Python); PostgreSQL's json column would have to become jsonb to lose a key, which took
+        # longer than its driver's C decoder takes over the whole record (0.86 s against 0.60 s
+        # for 5,000 records of 40 cases), so there they are dropped here.
+        drop_here = not cases and self.engine.dialect.name != "sqlite"
+        record: Any = (JobRow.record if cases or drop_here
+                       else func.json_remove(JobRow.record, "$.cases", type_=JSON))
         q = select(record).where(JobRow.run_id == run_id).order_by(JobRow.job_id)
         if target is not None:
             q = q.where(JobRow.target == target)
         if kinds is not None:
             q = q.where(JobRow.kind.in_(list(kinds)))
         with self.engine.connect() as conn:
-            return [ResultRecord.model_validate(r) for r in conn.execute(q).scalars()]
+            rows = conn.execute(q).scalars()
+            if drop_here:
+                return [ResultRecord.model_validate({k: v for k, v in r.items() if k != "cases"}) for r in rows]
+            return [ResultRecord.model_validate(r) for r in rows]
 
     def job(self, job_id: str) -> ResultRecord | None:
         """The record a job's row holds now (the one the ledger ranked first), if any."""

@@ -483,8 +483,8 @@ def test_with_a_dashboard_the_report_is_mailed_before_its_job_files_are_copied(
         assert max(c.stat().st_mtime_ns for c in copies) <= eml
 
 
-def test_classifying_a_night_reads_only_the_history_of_cases_that_fail_or_failed(tmp_path: Path,
-                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_classifying_a_night_reads_only_the_history_of_cases_that_fail_or_failed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """bench/scale.py: the report classified every case of the night against its whole history
     (HISTORY_RUNS earlier runs each): for a 5,000-job night with 100 nights behind it, 20
     million rows read and 200,000 cases judged one by one, 16 s of a 24 s report. A case that

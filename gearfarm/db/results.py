@@ -689,6 +689,7 @@ class ResultsDB:
         """(run id, target, step, status) of the jobs of the given runs: all of them, those that did
         not pass (``failing``), or those of the (target, step) pairs ``steps``."""
         ids = list(run_ids)
+        pairs = sorted(set(steps)) if steps is not None else None  # once: an iterator is read once
         out: list[tuple[str, str, str, str]] = []
         with self.session() as s:
             for i in range(0, len(ids), IN_CHUNK):
@@ -696,10 +697,9 @@ class ResultsDB:
                     JobRow.run_id.in_(ids[i:i + IN_CHUNK]))
                 if failing:
                     q = q.where(JobRow.status != "passed")
-                if steps is None:
+                if pairs is None:
                     out += [tuple(r) for r in s.execute(q)]  # type: ignore[misc]
                     continue
-                pairs = sorted(set(steps))
                 for k in range(0, len(pairs), IN_CHUNK):
                     out += [tuple(r) for r in s.execute(  # type: ignore[misc]
                         q.where(tuple_(JobRow.target, JobRow.step).in_(pairs[k:k + IN_CHUNK])))]

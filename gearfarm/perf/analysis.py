@@ -152,7 +152,9 @@ def figures(db: ResultsDB, run: Run, records: list[ResultRecord] | None = None) 
     if not keys:  # nothing measured: no record to read (a night's are many, with every case)
         return []
     higher_is_better = directions(db, run)
-    recs = {(r.target, r.name): r for r in (db.jobs(run.run_id) if records is None else records) if r.kind == "perf"}
+    if records is None:  # its perf jobs' only: a night's tests are thousands, with every case
+        records = db.jobs(run.run_id, cases=False, kinds=["perf"])
+    recs = {(r.target, r.name): r for r in records if r.kind == "perf"}
     out = []
     trends = db.perf_trends(run.project, keys, run.created_at, TREND_NIGHTS)
     for target, host_class, benchmark, metric in keys:

@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from pydantic import PrivateAttr
+
 from gearfarm.config import Config, ConfigError
 from gearfarm.db import history, triage
 from gearfarm.db.cases import RunCases
@@ -32,10 +34,14 @@ from gearfarm.report import document as report
 from gearfarm.report.links import DashboardLinks
 from gearfarm.run import snapshot
 from gearfarm.web import svgplot
+from gearfarm.web.cache import PageCache
 
 log = logging.getLogger(__name__)
 
 NIGHTS = 10
+# A run page lists each job's timings up to this many jobs; past it, each target's summed, and a
+# target's jobs when asked for (?target=): 5,000 rows took half a second to render and to read.
+TIMING_ROWS = 500
 # A test's page reads this many of the newest runs.
 TEST_RUNS = 200
 # Worst first: the state a target shows for a run is the worst of its jobs'.
@@ -159,43 +165,112 @@ class RunPage(report.Report):
     curves: list[dict[str, Any]]
     builds: list[dict[str, Any]]
     job_timings: list[dict[str, Any]]
+    target_timings: list[dict[str, Any]]
     timing_columns: list[tuple[str, str]]
+    # The version of the records it was made from when it was kept (ResultsDB.run_version),
+    # which what is made from it may be kept under too (its matrix's HTML); None: made anew.
+    _version: str | None = PrivateAttr(default=None)
+
+    @property
+    def version(self) -> str | None:
+        return self._version
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields that were set, as they are: every part is already plain JSON data (made by
+        run() from the report's own dict), which a model_dump would walk again, 7 MB of it."""
+        return {k: getattr(self, k) for k in self.model_fields_set}
 
 
-def run(db: ResultsDB, cfg: Config, run_id: str, root: str = "/") -> RunPage | None:
+def run(db: ResultsDB, cfg: Config, run_id: str, root: str = "/", cache: PageCache | None = None,
+        jobs: bool = True, timings_of: str | None = None) -> RunPage | None:
     """One run: the report's matrix, failures and classification with links into the
     dashboard, the change set since the previous run of its project, the night's performance
-    figures and what it was the first to show (its regressions)."""
+    figures and what it was the first to show (its regressions). What comes from the run's own
+    records is made once per version of them when a ``cache`` is given and the run has ended
+    (a 5,000-job night's took 2 s: docs/speed.md, "At scale").
+
+    ``jobs`` False is the HTML page's: without the records' list (the page shows the matrix and
+    timings made from them), and on a night of more than TIMING_ROWS jobs with the per-job
+    timings of target ``timings_of`` only (none without it: the page sums them per target).
+    With ``jobs``, everything: the records as JSON text the API writes out unread."""
     r = db.get_run(run_id)
     if r is None:
         return None
-    # The records without their cases, which the database counts (a 5,000-job night's 200,000
-    # cases made this page 5.5 s and its JSON 7 s: docs/speed.md, "At scale").
-    records = db.jobs(run_id, cases=False)
-    cases = RunCases.of_run(db, run_id)
-    reruns = [rec for rid in db.reruns_of([run_id]).get(run_id, []) for rec in db.jobs(rid, cases=False)]
-    stored = (r.notes or {}).get("verdicts")
-    verdicts = ([history.CaseVerdict.from_dict(v) for v in stored] if isinstance(stored, list)
-                else history.classify_run(db, r, records, cases=cases))  # not reported yet (or by an older gearfarm)
-    rep = report.build(r, records, DashboardLinks(root), verdicts, reruns, cases)
+    rerun_ids = db.reruns_of([run_id]).get(run_id, [])
+    # A running run's page shows its wall time so far: made anew each time, until it ends.
+    cache = cache if r.finished_at is not None else None
+    key = ("run", run_id, root)
+    version = db.run_version([run_id, *rerun_ids]) if cache is not None else ""
+    made = cache.get(key, version, ("page",)) if cache is not None else None
+    if made is None:
+        made = _run_made(db, r, rerun_ids, root)
+        if cache is not None:
+            cache.put(key, version, made)
+            made = {"page": made["page"]}  # the other parts as a hit reads them, below
+    many = sum(made["page"]["counts"].values()) > TIMING_ROWS
+    if cache is not None and (jobs or not many or timings_of):
+        more = cache.get(key, version, ("timings", "jobs") if jobs else ("timings",), raw=("jobs",))
+        if more is None:  # made again since (a record came in): this once, from what was read
+            return run(db, cfg, run_id, root, None, jobs, timings_of)
+        made.update(more)
+    timings = made.get("timings", [])
+    if many and not jobs:
+        timings = [t for t in timings if t["target"] == timings_of]
     prev = db.runs_before(r.created_at, r.project, limit=1)
     changes, changes_error = (_changes(cfg, r.project, prev[0].rev, r.rev) if prev
                               else ([], "no earlier run of this project"))
-    return RunPage(
-        **rep.with_bisections(db.bisections(origin_run_ids=[run_id])).as_dict(),
-        perf_figures=perf.figures(db, r, records), state=r.state, parent_run_id=r.parent_run_id,
-        previous=_run_brief(prev[0]) if prev else None, changes=changes, changes_error=changes_error,
-        built=_built(cfg, r.project, r.rev),
-        regressions=[triage.as_dict(g) for g in triage.listing(db, run_id=run_id)], curves=_curves(records),
+    # Made from trusted parts: the report's own dict, just made or read back as it was kept
+    # (validating 7 MB of it again would cost what keeping it saves).
+    page = RunPage.model_construct(
+        **made["page"], job_timings=timings, jobs=made.get("jobs", []), perf_figures=perf.figures(db, r), state=r.state,
+        parent_run_id=r.parent_run_id, previous=_run_brief(prev[0]) if prev else None, changes=changes,
+        changes_error=changes_error, built=_built(cfg, r.project, r.rev),
+        regressions=[triage.as_dict(g) for g in triage.listing(db, run_id=run_id)])
+    page = page.with_bisections(db.bisections(origin_run_ids=[run_id]))
+    page._version = version if cache is not None else None
+    return page
+
+
+def _run_made(db: ResultsDB, r: Run, rerun_ids: list[str], root: str) -> dict[str, Any]:
+    """The parts of a run page made from the run's own records and cases: its report (links
+    into the dashboard at ``root``), builds, timings per target and curves ("page"), each job's
+    timings ("timings") and its records without their cases ("jobs"), as JSON."""
+    # The records without their cases, which the database counts (a 5,000-job night's 200,000
+    # cases made this page 5.5 s and its JSON 7 s: docs/speed.md, "At scale").
+    records = db.jobs(r.run_id, cases=False)
+    timings = sorted((_timing(x) for x in records), key=lambda d: (d["target"], step_key(d["step"])))
+    cases = RunCases.of_run(db, r.run_id)
+    reruns = [rec for rid in rerun_ids for rec in db.jobs(rid, cases=False)]
+    stored = (r.notes or {}).get("verdicts")
+    verdicts = ([history.CaseVerdict.from_dict(v) for v in stored] if isinstance(stored, list)
+                else history.classify_run(db, r, records, cases=cases))  # not reported yet (or by an older gearfarm)
+    page = report.build(r, records, DashboardLinks(root), verdicts, reruns, cases).as_dict()
+    jobs = page.pop("jobs")
+    page.update(
+        curves=_curves(records),
         builds=[{"target": x.target, "sha256": x.artifact_sha256, "manifest_sha256": x.manifest_sha256,
                  "host": x.host.get("hostname", ""), "reused": x.reused_artifact,
-                 "download": f"{root}run/{run_id}/artifact/{x.target}/build",
-                 "provenance": f"{root}run/{run_id}/provenance/{x.target}"}
+                 "download": f"{root}run/{r.run_id}/artifact/{x.target}/build",
+                 "provenance": f"{root}run/{r.run_id}/provenance/{x.target}"}
                 for x in sorted(records, key=lambda x: x.target)
                 if x.kind == "build" and x.status == "passed" and x.artifact_key and x.artifact_sha256],
-        job_timings=sorted((_timing(x) for x in records), key=lambda d: (d["target"], step_key(d["step"]))),
-        timing_columns=[(k, label) for k, label in TIMING_LABELS.items()
-                        if any(k in x.timings for x in records)])
+        target_timings=_target_timings(timings),
+        timing_columns=[(k, label) for k, label in TIMING_LABELS.items() if any(k in x.timings for x in records)])
+    return {"page": page, "timings": timings, "jobs": jobs}
+
+
+def _target_timings(timings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per target, its jobs' timings summed (what a big night's page shows in place of one row
+    per job): jobs, time, each stage, "other", and how many neither passed nor were skipped."""
+    out: dict[str, dict[str, Any]] = {}
+    for j in timings:
+        t = out.setdefault(j["target"], {"target": j["target"], "jobs": 0, "not_passed": 0})
+        t["jobs"] += 1
+        t["not_passed"] += j["status"] not in ("passed", "skipped")
+        for k, v in j.items():
+            if isinstance(v, float | int) and not isinstance(v, bool):
+                t[k] = t.get(k, 0.0) + v
+    return list(out.values())
 
 
 def _curves(records: list[ResultRecord]) -> list[dict[str, Any]]:
@@ -306,18 +381,35 @@ def _passing(status: str) -> bool:
 
 TESTS_RUNS = 30
 TESTS_SHOWN = 500
+# The tests page has a column per target up to this many; past it, each test's targets summed.
+TESTS_COLUMNS = 16
 # The most case results the page reads: whole runs, newest first, until this many (the newest
 # run always whole). One read of 100,000 rows across all 30 runs, as it was, cut a 5,000-job
 # night's 200,000 arbitrarily and called that the last 30 runs.
 TESTS_ROWS = 100_000
 
 
-def tests(db: ResultsDB, query: str | None = None, project: str | None = None) -> dict[str, Any]:
+def tests(db: ResultsDB, query: str | None = None, project: str | None = None,
+          cache: PageCache | None = None) -> dict[str, Any]:
     """Every test of the newest runs (of ``project``: TESTS_RUNS, fewer when their cases pass
     TESTS_ROWS), those whose suite/name holds ``query`` when given: per target its last
-    status, fail rate over those runs and mean time; the failing ones first."""
+    status, fail rate over those runs and mean time; the failing ones first. Made once per
+    version of those runs when a ``cache`` is given and they have all ended (a 5,000-job
+    night's 200,000 cases took 1.6 s to read and sum)."""
+    newest = db.runs(limit=TESTS_RUNS, project=project)
+    if cache is None or any(r.finished_at is None for r in newest):
+        return _tests(db, newest, query, project)
+    key, version = ("tests", query or "", project or ""), db.run_version([r.run_id for r in newest])
+    made = cache.get(key, version, ("tests",))
+    if made is None:
+        made = {"tests": _tests(db, newest, query, project)}
+        cache.put(key, version, made)
+    return made["tests"]
+
+
+def _tests(db: ResultsDB, newest: list[Run], query: str | None, project: str | None) -> dict[str, Any]:
     runs_, rows = [], []
-    for r in db.runs(limit=TESTS_RUNS, project=project):
+    for r in newest:
         if len(rows) >= TESTS_ROWS:
             break
         runs_.append(r)
@@ -341,8 +433,9 @@ def tests(db: ResultsDB, query: str | None = None, project: str | None = None) -
             c["mean_seconds"] = c["seconds"] / c["runs"]
             del c["last_at"], c["seconds"]
         worst = max(c["fail_rate"] for c in cells.values())
-        failing_now = any(c["last"] in ("failed", "error") for c in cells.values())
-        rows.append({"test": test, "targets": cells, "worst_fail_rate": worst, "failing": failing_now})
+        failing_on = sorted(t for t, c in cells.items() if c["last"] in ("failed", "error"))
+        rows.append({"test": test, "targets": cells, "worst_fail_rate": worst, "failing": bool(failing_on),
+                     "failing_on": failing_on})
     rows.sort(key=lambda r: (not r["failing"], -r["worst_fail_rate"], r["test"]))
     return {"query": query or "", "project": project, "runs_read": len(runs_), "targets": sorted(targets),
             "tests": rows[:TESTS_SHOWN], "more": max(0, len(rows) - TESTS_SHOWN), "found": len(rows)}
@@ -531,12 +624,15 @@ def _timing(rec: ResultRecord) -> dict[str, Any]:
             **rec.timings}
 
 
-def compare(db: ResultsDB, a: str | None, b: str | None, choices: int = 30) -> dict[str, Any] | None:
+def compare(db: ResultsDB, a: str | None, b: str | None, choices: int = 30,
+            cache: PageCache | None = None) -> dict[str, Any] | None:
     """Two runs side by side (like LNT's run comparison): every figure both measured with B's
     change from A, its 95 % interval and a verdict (same, different, not enough data:
     gearfarm.perf.compare.between); the tests whose status differs; the jobs' durations. Runs are
     named by id or by a revision (its latest run). With a run missing: the runs to pick from,
-    B the latest and A the run of B's project before it."""
+    B the latest and A the run of B's project before it. Two ended runs are compared once per
+    version of their records when a ``cache`` is given (two 5,000-job nights' 400,000 cases
+    joined took most of a second)."""
     recent = [_run_brief(r) for r in db.runs(limit=choices)]
     rb = _named_run(db, b) if b else (db.get_run(recent[0]["run_id"]) if recent else None)
     if b and rb is None:
@@ -551,6 +647,18 @@ def compare(db: ResultsDB, a: str | None, b: str | None, choices: int = 30) -> d
     picked = {"choices": recent, "a": _run_brief(ra) if ra else None, "b": _run_brief(rb) if rb else None}
     if ra is None or rb is None or not (a and b):
         return {**picked, "figures": [], "tests": [], "jobs": [], "picking": True}
+    if cache is None or ra.finished_at is None or rb.finished_at is None:
+        return {**picked, **_compared(db, ra, rb)}
+    key, version = ("compare", ra.run_id, rb.run_id), db.run_version([ra.run_id]) + db.run_version([rb.run_id])
+    made = cache.get(key, version, ("compared",))
+    if made is None:
+        made = {"compared": _compared(db, ra, rb)}
+        cache.put(key, version, made)
+    return {**picked, **made["compared"]}
+
+
+def _compared(db: ResultsDB, ra: Run, rb: Run) -> dict[str, Any]:
+    """What compare shows of two runs: figures, tests and jobs, and the summary of verdicts."""
     # The builds (their binaries) and benchmarks (their figures) as records; every job's status
     # and times from its row: a 5,000-job night's records took a second to read.
     ja = {(r.target, r.step): r for r in db.jobs(ra.run_id, cases=False, kinds=("build", "perf"))}
@@ -584,8 +692,18 @@ def compare(db: ResultsDB, a: str | None, b: str | None, choices: int = 30) -> d
              "a_seconds": ka[k][1] if k in ka else None, "b_seconds": kb[k][1] if k in kb else None}
             for k in sorted(set(ka) | set(kb), key=lambda k: (k[0], step_key(k[1])))]
     verdicts = [f["verdict"] for f in figures]
-    return {**picked, "figures": figures, "tests": tests, "jobs": jobs, "picking": False,
+    return {"figures": figures, "tests": tests, "jobs": jobs, "jobs_shown": _jobs_shown(jobs), "picking": False,
             "summary": {v: verdicts.count(v) for v in ("different", "same", "not enough data")}}
+
+
+def _jobs_shown(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The jobs compare's page lists: every one up to TIMING_ROWS; past it, those whose status
+    differs and the TIMING_ROWS // 10 whose time changed most (the JSON has every job)."""
+    if len(jobs) <= TIMING_ROWS:
+        return jobs
+    timed = [j for j in jobs if j["a_seconds"] is not None and j["b_seconds"] is not None]
+    moved = {id(j) for j in sorted(timed, key=lambda j: -abs(j["b_seconds"] - j["a_seconds"]))[:TIMING_ROWS // 10]}
+    return [j for j in jobs if j["a_status"] != j["b_status"] or id(j) in moved]
 
 
 def _named_run(db: ResultsDB, name: str) -> Run | None:

@@ -234,7 +234,7 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
     @both("/", "status", "status.html.j2")
     def status() -> dict[str, Any]:
         nights = request.args.get("nights", dashboard.NIGHTS, type=int)
-        return dashboard.status(db, max(1, min(nights, 100)))
+        return dashboard.status(db, max(1, min(nights, 100)), cache=pages)
 
     @both("/runs", "runs", "runs.html.j2")
     def runs() -> dict[str, Any]:

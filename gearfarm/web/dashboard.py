@@ -104,30 +104,44 @@ def _run_brief(run: Run) -> dict[str, Any]:
             "finished_at": run.finished_at, "state": run.state}
 
 
-def status(db: ResultsDB, nights: int = NIGHTS) -> dict[str, Any]:
-    """Projects × targets for each project's latest nightly, and the last ``nights`` per target."""
+def status(db: ResultsDB, nights: int = NIGHTS, cache: PageCache | None = None) -> dict[str, Any]:
+    """Projects × targets for each project's latest nightly, and the last ``nights`` per target.
+    Each ended run's targets' states are kept per version of the run when a ``cache`` is given:
+    ten 5,000-job nights are 50,000 jobs to read for a page people keep open."""
     projects = []
     for project in db.projects():
         runs = db.runs(limit=nights, project=project)  # newest first
         if not runs:
             continue
+        versions = db.run_versions([r.run_id for r in runs if r.finished_at is not None]) if cache is not None else {}
+        states: dict[str, dict[str, list[Any]]] = {}
+        for r in runs:
+            got = cache.get(("target-states", r.run_id), versions[r.run_id], ("states",)) \
+                if cache is not None and r.run_id in versions else None
+            if got is not None:
+                states[r.run_id] = got["states"]
+        todo = [r for r in runs if r.run_id not in states]
         cells: dict[tuple[str, str], dict[str, str]] = {}
-        for rid, target, step, st, _s, _f in db.job_cells([r.run_id for r in runs]):
+        for rid, target, step, st, _s, _f in db.job_cells([r.run_id for r in todo]):
             cells.setdefault((rid, target), {})[step] = st
+        for r in todo:
+            # Once a run, not once a target and run: 100 targets of 5,000 jobs parsed every job id
+            # 100 times, 2 million parses a page (docs/speed.md, "At scale").
+            expected = _expected_steps(r)
+            states[r.run_id] = {t: list(target_state(cells.get((r.run_id, t), {}), expected.get(t, []),
+                                                     r.state == "running")) for t in r.targets or []}
+            if cache is not None and r.run_id in versions:
+                cache.put(("target-states", r.run_id), versions[r.run_id], {"states": states[r.run_id]})
         targets: list[str] = []
         for r in runs:
             targets += [t for t in r.targets or [] if t not in targets]
-        # Once a run, not once a target and run: 100 targets of 5,000 jobs parsed every job id
-        # 100 times, 2 million parses a page (docs/speed.md, "At scale").
-        expected = {r.run_id: _expected_steps(r) for r in runs}
         rows = []
         for t in targets:
             strip = []
             for r in reversed(runs):
                 if t not in (r.targets or []):
                     continue
-                state, stage = target_state(cells.get((r.run_id, t), {}), expected[r.run_id].get(t, []),
-                                            r.state == "running")
+                state, stage = states[r.run_id][t]
                 strip.append({"run_id": r.run_id, "rev": r.rev, "created_at": r.created_at, "state": state,
                               "stage": stage})
             latest = strip[-1] if strip else None

@@ -238,7 +238,7 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
 
     @both("/runs", "runs", "runs.html.j2")
     def runs() -> dict[str, Any]:
-        return dashboard.runs(db, request.args.get("project") or None)
+        return dashboard.runs(db, request.args.get("project") or None, cache=pages)
 
     @both("/run/<run_id>", "run", "run.html.j2")
     def run(run_id: str) -> dashboard.RunPage | None:

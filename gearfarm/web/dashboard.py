@@ -105,33 +105,13 @@ def _run_brief(run: Run) -> dict[str, Any]:
 
 
 def status(db: ResultsDB, nights: int = NIGHTS, cache: PageCache | None = None) -> dict[str, Any]:
-    """Projects × targets for each project's latest nightly, and the last ``nights`` per target.
-    Each ended run's targets' states are kept per version of the run when a ``cache`` is given:
-    ten 5,000-job nights are 50,000 jobs to read for a page people keep open."""
+    """Projects × targets for each project's latest nightly, and the last ``nights`` per target."""
     projects = []
     for project in db.projects():
         runs = db.runs(limit=nights, project=project)  # newest first
         if not runs:
             continue
-        versions = db.run_versions([r.run_id for r in runs if r.finished_at is not None]) if cache is not None else {}
-        states: dict[str, dict[str, list[Any]]] = {}
-        for r in runs:
-            got = cache.get(("target-states", r.run_id), versions[r.run_id], ("states",)) \
-                if cache is not None and r.run_id in versions else None
-            if got is not None:
-                states[r.run_id] = got["states"]
-        todo = [r for r in runs if r.run_id not in states]
-        cells: dict[tuple[str, str], dict[str, str]] = {}
-        for rid, target, step, st, _s, _f in db.job_cells([r.run_id for r in todo]):
-            cells.setdefault((rid, target), {})[step] = st
-        for r in todo:
-            # Once a run, not once a target and run: 100 targets of 5,000 jobs parsed every job id
-            # 100 times, 2 million parses a page (docs/speed.md, "At scale").
-            expected = _expected_steps(r)
-            states[r.run_id] = {t: list(target_state(cells.get((r.run_id, t), {}), expected.get(t, []),
-                                                     r.state == "running")) for t in r.targets or []}
-            if cache is not None and r.run_id in versions:
-                cache.put(("target-states", r.run_id), versions[r.run_id], {"states": states[r.run_id]})
+        states = _target_states(db, runs, cache)
         targets: list[str] = []
         for r in runs:
             targets += [t for t in r.targets or [] if t not in targets]
@@ -150,19 +130,41 @@ def status(db: ResultsDB, nights: int = NIGHTS, cache: PageCache | None = None) 
     return {"generated_at": time.time(), "nights": nights, "projects": projects}
 
 
-def runs(db: ResultsDB, project: str | None = None, limit: int = 100) -> dict[str, Any]:
-    out = []
+def runs(db: ResultsDB, project: str | None = None, limit: int = 100,
+         cache: PageCache | None = None) -> dict[str, Any]:
     rows = db.runs(limit=limit, project=project)
-    cells: dict[tuple[str, str], dict[str, str]] = {}
-    for rid, target, step, st, _s, _f in db.job_cells([r.run_id for r in rows]):
-        cells.setdefault((rid, target), {})[step] = st
+    states = _target_states(db, rows, cache)
+    out = []
     for r in rows:
-        exp = _expected_steps(r)
-        states = [target_state(cells.get((r.run_id, t), {}), exp.get(t, []), r.state == "running")[0]
-                  for t in r.targets or []]
-        worst = min(states, key=SEVERITY.index) if states else "missing"
+        worst = min((st for st, _ in states[r.run_id].values()), key=SEVERITY.index, default="missing")
         out.append({**_run_brief(r), "targets": r.targets, "result": worst})
     return {"project": project, "runs": out}
+
+
+def _target_states(db: ResultsDB, runs: list[Run], cache: PageCache | None) -> dict[str, dict[str, list[Any]]]:
+    """Run id -> target -> [state, failing stage] (target_state) of each of ``runs``. An ended
+    run's are kept per version of the run when a ``cache`` is given: the front page's ten and
+    the runs page's hundred 5,000-job nights are 50,000 and 500,000 jobs to read at each look."""
+    versions = db.run_versions([r.run_id for r in runs if r.finished_at is not None]) if cache is not None else {}
+    states: dict[str, dict[str, list[Any]]] = {}
+    for r in runs:
+        got = cache.get(("target-states", r.run_id), versions[r.run_id], ("states",)) \
+            if cache is not None and r.run_id in versions else None
+        if got is not None:
+            states[r.run_id] = got["states"]
+    todo = [r for r in runs if r.run_id not in states]
+    cells: dict[tuple[str, str], dict[str, str]] = {}
+    for rid, target, step, st, _s, _f in db.job_cells([r.run_id for r in todo]):
+        cells.setdefault((rid, target), {})[step] = st
+    for r in todo:
+        # Once a run, not once a target and run: 100 targets of 5,000 jobs parsed every job id
+        # 100 times, 2 million parses a page (docs/speed.md, "At scale").
+        expected = _expected_steps(r)
+        states[r.run_id] = {t: list(target_state(cells.get((r.run_id, t), {}), expected.get(t, []),
+                                                 r.state == "running")) for t in r.targets or []}
+        if cache is not None and r.run_id in versions:
+            cache.put(("target-states", r.run_id), versions[r.run_id], {"states": states[r.run_id]})
+    return states
 
 
 class RunPage(report.Report):

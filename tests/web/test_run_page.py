@@ -173,7 +173,7 @@ def test_the_tests_page_sums_many_targets_and_reads_the_cases_again_only_when_a_
     assert reads and not any(t["failing"] for t in row), "a run changed and the tests page did not"
 
 
-def test_the_front_page_reads_an_ended_runs_jobs_once_and_again_when_one_changed(
+def test_the_front_and_runs_pages_read_an_ended_runs_jobs_once_and_again_when_one_changed(
         farm: tuple[Any, ResultsDB, Ledger, Config]) -> None:
     client, db, ledger, _cfg = farm
     reads: list[str] = []
@@ -182,8 +182,10 @@ def test_the_front_page_reads_an_ended_runs_jobs_once_and_again_when_one_changed
     latest = {t["target"]: t["latest"] for t in client.get("/api/status").get_json()["projects"][0]["targets"]}
     assert reads and latest["linux-a"]["state"] == "failed" and latest["linux-b"]["state"] == "missing"
     reads.clear()
-    assert client.get("/").status_code == 200 and client.get("/api/status").status_code == 200
-    assert reads == [], "the front page read an unchanged ended run's jobs again"
+    for path in ("/", "/api/status", "/runs", "/api/runs"):
+        assert client.get(path).status_code == 200
+    assert reads == [], "the front page or the runs page read an unchanged ended run's jobs again"
     assert ledger.apply(record("linux-b", "test-two"), "collect") == "applied"
     latest = {t["target"]: t["latest"] for t in client.get("/api/status").get_json()["projects"][0]["targets"]}
     assert reads and latest["linux-b"]["state"] == "passed", "a record came in and the front page did not show it"
+    assert client.get("/api/runs").get_json()["runs"][0]["result"] == "failed"  # linux-a's test-one still

@@ -189,3 +189,17 @@ def test_the_front_and_runs_pages_read_an_ended_runs_jobs_once_and_again_when_on
     latest = {t["target"]: t["latest"] for t in client.get("/api/status").get_json()["projects"][0]["targets"]}
     assert reads and latest["linux-b"]["state"] == "passed", "a record came in and the front page did not show it"
     assert client.get("/api/runs").get_json()["runs"][0]["result"] == "failed"  # linux-a's test-one still
+
+
+def test_the_newest_ended_runs_pages_are_made_ahead_so_the_first_look_reads_nothing(
+        farm: tuple[Any, ResultsDB, Ledger, Config]) -> None:
+    client, db, _ledger, _cfg = farm
+    assert client.application.extensions["gearfarm.warm"]() == 1  # `gearfarm web` does it every 20 s
+    reads = records_read(db)
+    cases: list[str] = []
+    event.listen(db.engine, "before_cursor_execute",
+                 lambda _c, _k, statement, *_: cases.append(statement) if "FROM cases" in statement else None)
+    html = client.get(f"/run/{RID}").get_data(as_text=True)
+    assert 'data-cell="linux-a/test-one"' in html and client.get("/tests").status_code == 200
+    assert reads == [] and cases == [], "the first look made what was made ahead"
+    assert client.application.extensions["gearfarm.warm"]() == 1 and reads == []  # kept: only checked

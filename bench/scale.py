@@ -343,6 +343,11 @@ def dashboard(config: Path, base: Path, step: tuple[str, str], before: str, repe
     try:
         if not wait_port("127.0.0.1", port, 60):
             raise RuntimeError("the dashboard did not start: " + (base / "web.log").read_text()[-2000:])
+        # Timed once it has made the night's pages ahead, as it does after each night: a look
+        # during those seconds shares the process with the making.
+        deadline = time.monotonic() + 300
+        while "pages made ahead" not in (base / "web.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.5)
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
         pages = ["/", "/runs", f"/run/{run_id}", f"/api/run/{run_id}", f"/run/{run_id}/step/{step[0]}/{step[1]}",
                  f"/compare?a={before}&b={run_id}", "/live", "/tests", "/hosts"]

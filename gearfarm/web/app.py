@@ -554,9 +554,16 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
 def _warm_forever(app: Flask, stop: threading.Event) -> None:
     """`gearfarm web`'s own thread: warm() at start and every WARM_SECONDS, so the morning's
     first look at a big night finds it made. A failure is logged and tried again next round."""
+    pages: PageCache = app.extensions["gearfarm.pages"]
+    first = True
     while not stop.is_set():
         try:
-            app.extensions["gearfarm.warm"]()
+            kept, t0 = pages.kept, time.monotonic()
+            seen = app.extensions["gearfarm.warm"]()
+            if first or pages.kept > kept:  # said once at start (bench/scale.py waits for it), then when it made any
+                log.info("pages made ahead: %d ended runs looked at, %d pages made, in %.1f s", seen,
+                         pages.kept - kept, time.monotonic() - t0)
+            first = False
         except Exception:
             log.exception("making the newest runs' pages ahead failed; trying again in %d s", WARM_SECONDS)
         stop.wait(WARM_SECONDS)

@@ -29,6 +29,7 @@ class PageCache:
 
     def __init__(self, budget: int = BUDGET_BYTES) -> None:
         self.budget = budget
+        self.kept = 0  # documents kept so far (made: a look found none of its version)
         self._lock = threading.Lock()
         self._items: OrderedDict[tuple[str, ...], tuple[str, dict[str, bytes]]] = OrderedDict()
         self._bytes = 0
@@ -53,6 +54,7 @@ class PageCache:
     def _keep(self, key: tuple[str, ...], version: str, blobs: dict[str, bytes]) -> None:
         size = sum(len(b) for b in blobs.values())
         with self._lock:
+            self.kept += 1
             old = self._items.pop(key, None)
             if old is not None:
                 self._bytes -= sum(len(b) for b in old[1].values())

@@ -217,20 +217,14 @@ def run(db: ResultsDB, cfg: Config, run_id: str, root: str = "/", cache: PageCac
     cache = cache if r.finished_at is not None else None
     key = ("run", run_id, root)
     version = db.run_version([run_id, *rerun_ids]) if cache is not None else ""
-    made = cache.get(key, version, ("page",)) if cache is not None else None
+    parts = ("page", "timings", "jobs") if jobs else ("page", "timings")
+    made = cache.get(key, version, parts, raw=("jobs",)) if cache is not None else None
     if made is None:
         made = _run_made(db, r, rerun_ids, root)
         if cache is not None:
             cache.put(key, version, made)
-            made = {"page": made["page"]}  # the other parts as a hit reads them, below
-    many = sum(made["page"]["counts"].values()) > TIMING_ROWS
-    if cache is not None and (jobs or not many or timings_of):
-        more = cache.get(key, version, ("timings", "jobs") if jobs else ("timings",), raw=("jobs",))
-        if more is None:  # made again since (a record came in): this once, from what was read
-            return run(db, cfg, run_id, root, None, jobs, timings_of)
-        made.update(more)
-    timings = made.get("timings", [])
-    if many and not jobs:
+    timings = made["timings"]
+    if not jobs and sum(made["page"]["counts"].values()) > TIMING_ROWS:
         timings = [t for t in timings if t["target"] == timings_of]
     prev = db.runs_before(r.created_at, r.project, limit=1)
     changes, changes_error = (_changes(cfg, r.project, prev[0].rev, r.rev) if prev
@@ -238,8 +232,8 @@ def run(db: ResultsDB, cfg: Config, run_id: str, root: str = "/", cache: PageCac
     # Made from trusted parts: the report's own dict, just made or read back as it was kept
     # (validating 7 MB of it again would cost what keeping it saves).
     page = RunPage.model_construct(
-        **made["page"], job_timings=timings, jobs=made.get("jobs", []), perf_figures=perf.figures(db, r), state=r.state,
-        parent_run_id=r.parent_run_id, previous=_run_brief(prev[0]) if prev else None, changes=changes,
+        **made["page"], job_timings=timings, jobs=made["jobs"] if jobs else [], perf_figures=perf.figures(db, r),
+        state=r.state, parent_run_id=r.parent_run_id, previous=_run_brief(prev[0]) if prev else None, changes=changes,
         changes_error=changes_error, built=_built(cfg, r.project, r.rev),
         regressions=[triage.as_dict(g) for g in triage.listing(db, run_id=run_id)])
     page = page.with_bisections(db.bisections(origin_run_ids=[run_id]))

@@ -149,6 +149,11 @@ def test_a_running_runs_page_is_made_each_time(tmp_path: Path) -> None:
     for _ in range(2):
         walls.append(client.get(f"/api/run/{RID}").get_json()["wall_seconds"])
     assert len(reads) >= 2 and walls[1] > walls[0], "a running run's page was kept: its wall time stood still"
+    cases: list[str] = []
+    event.listen(db.engine, "before_cursor_execute",
+                 lambda _c, _k, statement, *_: cases.append(statement) if "FROM cases" in statement else None)
+    assert client.application.extensions["gearfarm.warm"]() == 0
+    assert cases == [], "making pages ahead read a running night's cases, to keep nothing"
     db.engine.dispose()
 
 

@@ -46,7 +46,7 @@ from gearfarm.report.publisher import run_dir
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError
 from gearfarm.web import dashboard, selfservice
-from gearfarm.web.cache import PageCache
+from gearfarm.web.pagecache import PageCache
 
 log = logging.getLogger(__name__)
 TEMPLATES = Path(__file__).parents[1] / "templates" / "web"
@@ -100,7 +100,7 @@ def _secret(cfg: Config) -> str:
 class _OrJSON(DefaultJSONProvider):
     """The API's JSON written by orjson, keys sorted as Flask's own writer sorts them: a big
     night's run is 7 MB of it, 0.1 s in the standard library's encoder; and a part kept as JSON
-    text (an orjson.Fragment: a run's records, gearfarm.web.cache) goes out without being read.
+    text (an orjson.Fragment: a run's records, gearfarm.web.pagecache) goes out without being read.
     What orjson cannot write itself goes through Flask's default (dates, dataclasses)."""
 
     def dumps(self, obj: Any, **kwargs: Any) -> str:

@@ -34,7 +34,7 @@ from gearfarm.report import document as report
 from gearfarm.report.links import DashboardLinks
 from gearfarm.run import snapshot
 from gearfarm.web import svgplot
-from gearfarm.web.cache import PageCache
+from gearfarm.web.pagecache import PageCache
 
 log = logging.getLogger(__name__)
 

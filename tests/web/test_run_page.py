@@ -1,4 +1,4 @@
-"""A run's page is made once from its records and read back after (gearfarm.web.cache): a
+"""A run's page is made once from its records and read back after (gearfarm.web.pagecache): a
 second look at a night reads none of its records, a record that arrives later makes it again,
 and what is read back is what would be made; a big night's timings are summed per target with
 a target's jobs one click away. (Its speed on a 5,000-job night: bench/big_night.py.)"""
@@ -20,7 +20,7 @@ from gearfarm.hosts.net import free_port
 from gearfarm.run.ledger import Ledger
 from gearfarm.web import dashboard
 from gearfarm.web.app import create_app
-from gearfarm.web.cache import PageCache
+from gearfarm.web.pagecache import PageCache
 
 RID = "night-1"
 TARGETS = ("linux-a", "linux-b")

@@ -28,13 +28,21 @@ from gearfarm.formats.job import function_name, step_name
 EMULATED = 3.0
 # Weight of the newest duration in the running average: the engine and the host change.
 RECENT = 0.5
+# The journal's size past which it is folded into the durations file (about 2,000 jobs' lines).
+JOURNAL_BYTES = 128 * 1024
 
 
 class Durations:
-    """Seconds per job of each function on one host (a running average), kept in a file."""
+    """Seconds per job of each function on one host (a running average), kept in a file.
+
+    A job adds one line to a journal beside the file (``<host>.log``: key, seconds), and the
+    journal is folded into the file when it passes JOURNAL_BYTES: a host that serves 100 targets
+    knows 5,000 keys (every suite of every target), and rewriting them all after each job cost it
+    more than the job's delivery (docs/speed.md). Appends share the lock, the fold takes it alone."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.journal = path.with_suffix(".log")
 
     @classmethod
     def of_host(cls, state_dir: Path) -> Durations:
@@ -42,29 +50,65 @@ class Durations:
 
     def load(self) -> dict[str, float]:
         try:
+            with open(self.path.with_suffix(".lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_SH)  # not between a fold's two steps
+                return self._read()
+        except OSError:
+            return self._read()
+
+    def _read(self) -> dict[str, float]:
+        try:
             data = json.loads(self.path.read_text())
         except (OSError, ValueError):
-            return {}  # never measured, or unreadable: the defaults order the slots
-        return {k: float(v) for k, v in data.items() if isinstance(v, (int, float)) and v >= 0} \
+            data = {}  # never measured, or unreadable: the defaults order the slots
+        got = {k: float(v) for k, v in data.items() if isinstance(v, (int, float)) and v >= 0} \
             if isinstance(data, dict) else {}
+        try:
+            lines = self.journal.read_text().splitlines()
+        except (OSError, ValueError):
+            lines = []
+        for line in lines:
+            key, _, value = line.rpartition("\t")
+            try:
+                seconds = float(value)
+            except ValueError:
+                continue  # a line torn by a crash mid-append
+            if key and seconds >= 0:
+                old = got.get(key)
+                got[key] = seconds if old is None else RECENT * seconds + (1 - RECENT) * old
+        return got
 
     def record(self, function: str, seconds: float, step: str | None = None) -> None:
-        """Fold one job's duration into its function's and (given) its step's average, in one
-        write; several slot processes of the host write the file."""
+        """Fold one job's duration into its function's and (given) its step's average: one
+        append (several slot processes of the host record at once)."""
+        keys = [function] + ([step_key(function, step)] if step else [])
+        line = "".join(f"{k}\t{seconds!r}\n" for k in keys if "\n" not in k)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path.with_suffix(".lock"), "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                data = self.load()
-                for key in [function] + ([step_key(function, step)] if step else []):
-                    old = data.get(key)
-                    data[key] = seconds if old is None else RECENT * seconds + (1 - RECENT) * old
-                fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".durations-")
-                with os.fdopen(fd, "w") as f:
-                    json.dump(data, f, indent=1, sort_keys=True)
-                os.replace(tmp, self.path)
+                fcntl.flock(lock, fcntl.LOCK_SH)
+                # One write of O_APPEND: whole lines, never interleaved with a sibling's.
+                fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                try:
+                    os.write(fd, line.encode())
+                    size = os.fstat(fd).st_size
+                finally:
+                    os.close(fd)
+                if size > JOURNAL_BYTES:
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                    if self.journal.stat().st_size > JOURNAL_BYTES:  # else a sibling folded it meanwhile
+                        self._fold()
         except OSError:
             pass  # only the next start's order depends on it
+
+    def _fold(self) -> None:
+        """The journal into the file, under the lock held alone."""
+        data = self._read()
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".durations-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, self.path)
+        os.truncate(self.journal, 0)
 
 
 def step_key(function: str, step: str) -> str:

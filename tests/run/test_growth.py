@@ -5,6 +5,7 @@ enough that a cost growing with the jobs' square shows, without timing anything.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from gearfarm.gearman.admin import FunctionStatus
 from gearfarm.report import document
 from gearfarm.run import nightly
 from gearfarm.run.ledger import Ledger, farm_record
+from gearfarm.run.priority import JOURNAL_BYTES, Durations
 from gearfarm.s3 import keys
 from tests.farmkit import keyed
 
@@ -575,3 +577,38 @@ def test_the_tests_page_reads_whole_runs_and_says_how_many(tmp_path: Path, monke
     failing = {t["test"] for t in page["tests"] if t["failing"]}
     assert failing == {"s000/c0", "s001/c0", "s002/c0"}
     assert all(t["targets"][T]["fail_rate"] == 0.5 for t in page["tests"] if t["test"] in failing)
+
+
+def test_recording_a_jobs_duration_writes_one_line_not_every_known_duration(tmp_path: Path) -> None:
+    # A host serving 100 targets knows 5,000 durations (each target's suites); each job
+    # rewrote them all (300 KB of indented JSON) to fold in its own.
+    d = Durations(tmp_path / "host.json")
+    d.path.write_text(json.dumps({f"test:t{i // 50}/test-s{i % 50}": 1.0 for i in range(5000)}))
+    written = write_counter(d.path.parent)
+    for i in range(100):
+        d.record("test:t7", 2.0, f"test-s{i % 50}")
+    assert written() < 100 * 200, "bytes written by 100 jobs' durations"
+    got = d.load()
+    assert len(got) == 5001 and got["test:t7/test-s3"] == 1.75 and got["test:t7"] == 2.0
+    # Past JOURNAL_BYTES the journal is folded into the file, and nothing changes by it.
+    sizes = []
+    for _ in range(JOURNAL_BYTES // 16):
+        d.record("test:t7", 2.0, "test-s3")
+        sizes.append(d.journal.stat().st_size)
+    assert max(sizes) <= JOURNAL_BYTES + 100 and min(sizes) == 0 and d.load()["test:t7/test-s3"] == pytest.approx(2.0)
+    assert json.loads(d.path.read_text())["test:t7/test-s3"] == pytest.approx(2.0)
+
+
+def write_counter(folder: Path):  # noqa: ANN201 - a closure
+    """Bytes written into ``folder``'s files from now on: the sum of their sizes' growth, each
+    file replaced counted whole (an os.replace makes a new inode)."""
+    before = {p.name: (p.stat().st_ino, p.stat().st_size) for p in folder.iterdir()}
+
+    def written() -> int:
+        n = 0
+        for p in folder.iterdir():
+            ino, size = p.stat().st_ino, p.stat().st_size
+            was = before.get(p.name)
+            n += size - was[1] if was and was[0] == ino else size
+        return n
+    return written

@@ -190,7 +190,7 @@ test:
 	@$(MAKE) --no-print-directory -j3 $(call setup_parts,dev) images
 	$(MAKE) -s lint
 	$(MAKE) -C engine test
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=40 tests
 
 lint: setup
 	$(VENV)/bin/ruff check gearfarm workers s3 tests bench docs docker

@@ -436,6 +436,8 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
         for r in rs:
             dispatch.append(max(0.0, r.started_at - max(r.submitted_at or r.started_at, prev_end)))
             prev_end = r.finished_at
+    # Of the dispatch, the worker's admission (its checks and claim: the record's `admit`).
+    admit = [r.timings.get("admit", 0.0) for r in ran]
     s3 = [sum(r.timings.get(k, 0.0) for k in s3_stages) for r in ran]
     other = [max(0.0, r.finished_at - r.started_at - command[r.job_id] - s) for r, s in zip(ran, s3, strict=True)]
     lag = [applied[r.job_id] - r.finished_at for r in ran if r.job_id in applied]
@@ -458,6 +460,8 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
             ("bound: longest chain s", f"{path:.1f}"), ("bound: work ÷ slots s", f"{work:.1f}"),
             ("night's wall s", f"{night.wall:.1f}"), ("**wall ÷ bound**", f"**{night.wall / bound:.2f}**"),
             ("dispatch latency p50 / p99 ms", f"{1000 * pct(dispatch, 0.5):.0f} / {1000 * pct(dispatch, 0.99):.0f}"),
+            ("of which admission (checks, claim) p50 / p99 ms, mean",
+             f"{1000 * pct(admit, 0.5):.0f} / {1000 * pct(admit, 0.99):.0f}, {ms(admit):.1f}"),
             ("records applied per second (first to last applied)", f"{rate:.1f}"),
             ("collector + ledger lag p50 / p99 ms", f"{1000 * pct(lag, 0.5):.0f} / {1000 * pct(lag, 0.99):.0f}"
              if lag else "-")]

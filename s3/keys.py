@@ -10,7 +10,6 @@ projects/<project>/latest.json                         the project's newest cata
 runs/<run>/<target>/<step>/log.txt | junit.xml
 runs/<run>/<target>/<step>/results/<attempt>-<digest>.json   one sealed result record each
 runs/<run>/<target>/<step>/cases/<sha256>.json.zst          a record's cases, when too many for the record
-runs/<run>/closed.json                                       the run was reported: drop its jobs (a marker)
 cancels/<run>/run.json | cancels/<run>/<target>/<step>.json   a person cancelled the run / the job (a marker)
 runs/<run>/report.json | report.html
 """
@@ -105,10 +104,6 @@ def cases(run_id: str, target: str, step: str, sha256: str) -> str:
 
 def is_result(key: str) -> bool:
     return "/results/" in key and key.endswith(".json")
-
-
-def run_closed(run_id: str) -> str:
-    return f"runs/{part(run_id)}/closed.json"
 
 
 def run_prefix(run_id: str) -> str:

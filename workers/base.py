@@ -1,5 +1,5 @@
 """What every worker role shares: connecting to gearmand and S3, checking payloads before
-anything runs (the nightly's signature, unique id, deadline, the run not closed), a heartbeat for
+anything runs (the nightly's signature, unique id, deadline; then the ledger's claim), a heartbeat for
 the whole job including delivery, the job's dir and log around the kind's own work (an Attempt), and
 delivering the result record sealed with this host's own key (to S3 first, the durable copy, then
 to the collector through Gearman, spooling locally when that fails)."""
@@ -168,24 +168,20 @@ class Context:
         """One line per start of a job's command: what the chaos suite counts."""
         log.info("COMMAND START job=%s attempt=%d worker=%s", p.job_id, p.attempt, self.name)
 
-    def stale(self, p: Payload, job: Job) -> str:
-        """Why this genuine payload must not run now ("" when it may)."""
+    def admit(self, p: Payload, job: Job, stop: threading.Event) -> str:
+        """Why this genuine payload must not run ("" once it may and its attempt is this
+        worker's). What may run is the ledger's answer to the claim: it refuses a job of a run
+        reported and closed and one the nightly recorded cancelled, and answers "done" to an
+        attempt that ran already (a copy submitted again, or handed on after its worker
+        delivered and died). The worker asks S3 nothing before a job: three looks for the
+        nightly's markers and a LIST of the attempt's results were most of a slot's wait
+        between two jobs and of MinIO's work (docs/speed.md). A cancel the ledger did not know
+        yet is found by the heartbeat's look at the markers, within a beat."""
         if job.unique != p.unique:
             return f"it arrived under unique id {job.unique!r}, its payload says {p.unique!r}"
         if time.time() > p.deadline:
             return f"its run's deadline passed at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(p.deadline))}"
-        try:
-            if self.marked(self.store, Marker("closed", p.run_id), p):
-                return f"run {p.run_id} was reported and closed"
-            if self.cancelled(p):
-                return "it was cancelled"
-        except StoreError as e:
-            log.warning("cannot check whether run %s is closed (%s); running the job", p.run_id, e)
-        # An attempt that ran already (a copy submitted again under its own unique id after it
-        # ran, or handed on after its worker delivered and died) is the ledger's answer to the
-        # claim that follows ("done", once its record is applied): it is not asked of S3 too, a
-        # LIST of each job's results, MinIO's dearest request of a job (docs/speed.md).
-        return ""
+        return self.claim(p, stop)
 
     @functools.cached_property
     def quick_store(self) -> ArtifactStore:
@@ -231,10 +227,10 @@ class Context:
         except GearmanError as e:
             log.warning("cannot send the heartbeat of %s: %s", p.job_id, e)
 
-    def cancelled(self, p: Payload, quick: bool = False) -> bool:
-        """Whether a person cancelled the job or its run: the nightly's signed marker."""
-        store = self.quick_store if quick else self.store
-        return any(self.marked(store, Marker("cancel", p.run_id, t, s), p)
+    def cancelled(self, p: Payload) -> bool:
+        """Whether a person cancelled the job or its run: the nightly's signed marker. Asked at
+        each heartbeat, without waiting out an outage (quick_store)."""
+        return any(self.marked(self.quick_store, Marker("cancel", p.run_id, t, s), p)
                    for t, s in ((p.target, p.step), (None, None)))
 
     def marked(self, store: ArtifactStore, at: Marker, p: Payload) -> bool:
@@ -304,9 +300,10 @@ class Attempt:
 def handle_job(ctx: Context, work: Work, job: Job) -> bytes:
     """One Gearman job, start to end. Completed (never WORK_FAIL) unless its payload is refused:
     dropped when it must not run here, else with the record it delivered."""
+    t0 = time.monotonic()
     p = accept(ctx, job)
     with Heartbeat(ctx, job, p) as beat:
-        why = ctx.stale(p, job) or ctx.claim(p, beat.stop)
+        why = ctx.admit(p, job, beat.stop)
         if why:
             # Completed, so it leaves the queue; no record: the run has its answer already,
             # or it is not this worker's to give.
@@ -314,7 +311,10 @@ def handle_job(ctx: Context, work: Work, job: Job) -> bytes:
             return f"dropped: {why}".encode()
         beat.leased.set()
         log.info("job %s: %s %s at %s, attempt %d", job.handle, p.function, p.step, p.rev[:12], p.attempt)
+        admitted = time.monotonic() - t0
         rec = perform_job(ctx, p, job, work, beat.cancel)
+        # From the job handed over to its claim granted: part of queue_wait, the farm's own.
+        rec.timings["admit"] = round(admitted, 4)
         return handle_result(ctx, p, rec)
 
 
@@ -357,7 +357,7 @@ class Heartbeat:
             if self.leased.is_set() and n % ctx.lease_beats == 0:
                 ctx.renew(p, n)
             try:
-                if not self.cancel.is_set() and ctx.cancelled(p, quick=True):
+                if not self.cancel.is_set() and ctx.cancelled(p):
                     log.warning("job %s (%s) was cancelled: stopping it", self.job.handle, p.job_id)
                     self.cancel.set()
             except StoreError as e:

@@ -8,6 +8,7 @@ by gearfarm.run.ledger, the one owner of the transition rules."""
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -1169,12 +1170,17 @@ class ResultsDB:
                                                   "compiler")}
         host_id = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
         now = time.time()
-        stmt = self.insert(Host).values(
+        conn.execute(self._host_upsert, dict(
             host_id=host_id, hostname=fields["hostname"], host_class=fp.get("class", ""), cpu_model=fields["cpu"],
             cores=_int(fields["cores"]), memory_gib=_int(fields["mem_gib"]), kernel=fields["kernel"],
-            machine=fields["machine"], compiler=fields["compiler"], first_seen=now, last_seen=now)
-        conn.execute(stmt.on_conflict_do_update(index_elements=["host_id"], set_={"last_seen": now}))
+            machine=fields["machine"], compiler=fields["compiler"], first_seen=now, last_seen=now))
         return host_id
+
+    @functools.cached_property
+    def _host_upsert(self) -> Any:
+        """Made once: the ledger upserts the host of every record it applies."""
+        ins = self.insert(Host.__table__)
+        return ins.on_conflict_do_update(index_elements=["host_id"], set_={"last_seen": ins.excluded.last_seen})
 
 
 def _int(v: str) -> int:

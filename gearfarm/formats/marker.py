@@ -1,6 +1,6 @@
 """The nightly's markers in S3, what workers obey without asking anyone: a person cancelled a run
-or one of its jobs (gearfarm.s3.keys.cancel), or the run was reported and closed, so its jobs
-still queued are dropped (keys.run_closed). Only the nightly that owns the run writes them,
+or one of its jobs (gearfarm.s3.keys.cancel), so a running job stops within a heartbeat (a job not
+yet started is refused by the ledger when it claims it). Only the nightly that owns the run writes them,
 sealed with its key (gearfarm.formats.seal, purpose "marker"; the dashboard records a cancel in the
 database and the nightly writes its marker within a poll). A worker obeys a marker only when
 the seal verifies against [farm] nightly_keys and the marker names the run and job at whose
@@ -19,7 +19,7 @@ from typing import Literal
 from gearfarm.formats.seal import Lookup, SealError, Signer, seal, unseal
 from gearfarm.s3 import keys
 
-MarkerKind = Literal["cancel", "closed"]
+MarkerKind = Literal["cancel"]
 
 
 @dataclass(frozen=True)
@@ -28,13 +28,11 @@ class Marker:
     run_id: str
     target: str | None = None  # a cancel of one job: its target and step; of the run: None
     step: str | None = None
-    who: str = ""  # the person who cancelled ("" for closed)
+    who: str = ""  # the person who cancelled
     at: float = 0.0
 
     @property
     def key(self) -> str:
-        if self.kind == "closed":
-            return keys.run_closed(self.run_id)
         return keys.cancel(self.run_id, self.target, self.step)
 
     def names(self) -> str:

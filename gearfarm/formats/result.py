@@ -91,8 +91,9 @@ class ResultRecord(BaseModel):
     submitted_at: float | None = None
     started_at: float | None = None
     finished_at: float | None = None
-    # Per-stage seconds: queue_wait, host_wait (for a benchmark to end: gearfarm.hosts.hostlock),
-    # export, build, upload, download, verify, test.
+    # Per-stage seconds: queue_wait (submitted to started), admit (of it, the worker's checks and
+    # claim), host_wait (for a benchmark to end: gearfarm.hosts.hostlock), export, build, upload,
+    # download, verify, test, cpu.
     timings: dict[str, float] = Field(default_factory=dict)
     artifact_key: str | None = None
     artifact_sha256: str | None = None

@@ -82,8 +82,9 @@ class Executor:
         for p in plans:
             try:
                 # Closed first, then read: the records hold everything applied before the close,
-                # and anything after it is recorded as late.
-                nightly.close(self.ledger, self.store, p.run_id, self.cfg.nightly_signer())
+                # and anything after it is recorded as late. Its jobs still in a queue are dropped
+                # by the worker that finds one: the ledger refuses their claims.
+                self.ledger.close(p.run_id)
                 self.db.finish_run(p.run_id, "finished")
                 out[p.run_id] = self.db.jobs(p.run_id)
             except SQLAlchemyError as e:

@@ -56,11 +56,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
-from sqlalchemy import delete, func, select, tuple_, update
+from sqlalchemy import bindparam, delete, func, select, tuple_, update
 from sqlalchemy.engine import Connection
 
 from gearfarm.db.registry import Registry
-from gearfarm.db.results import Case, DeliveryRow, JobRow, LateResult, LeaseRow, ResultsDB, Run, SampleRow
+from gearfarm.db.results import Case, DeliveryRow, JobRow, LateResult, LeaseRow, LiveJob, ResultsDB, Run, SampleRow
 from gearfarm.formats.job import JobId
 from gearfarm.formats.lease import TAKEOVER, Answer, LeaseError, open_lease
 from gearfarm.formats.result import PRODUCT, CaseStore, RecordError, ResultRecord, load_cases, open_record
@@ -88,9 +88,55 @@ def rank(rec: ResultRecord) -> Rank:
     return Rank(1 if rec.status in PRODUCT else 0, rec.attempt, -(rec.finished_at or 0.0), rec.digest)
 
 
+class _Sql:
+    """The ledger's statements on the hot path (every claim, beat and record), made once per
+    ledger with bound parameters. Made at each use (the ORM's insert of 14 values, a dozen
+    clauses), they cost a record more than the database did: 19 ms a record and 7 ms a claim on
+    an idle PostgreSQL, which became the collector's lag and each job's wait for its claim
+    (docs/speed.md). A run's row, the attempt the farm submitted and the attempt's holder are
+    one read."""
+
+    def __init__(self, db: ResultsDB) -> None:
+        jobs, leases, cases, samples = JobRow.__table__, LeaseRow.__table__, Case.__table__, SampleRow.__table__
+        submitted = select(LiveJob.attempt).where(LiveJob.job_id == bindparam("p_job")).scalar_subquery()
+        lease_key = (leases.c.job_id == bindparam("p_job")) & (leases.c.attempt == bindparam("p_attempt"))
+        holder = select(leases.c.host).where(lease_key).scalar_subquery()
+        # The run's row held shared (closing the run takes it exclusively: no record slips
+        # between the report's snapshot and the close), on PostgreSQL; SQLite's writer is alone.
+        facts = select(Run.reported_at, submitted.label("submitted"), holder.label("holder")) \
+            .where(Run.run_id == bindparam("p_run"))
+        self.facts_shared = facts.with_for_update(read=True, of=Run) \
+            if db.engine.dialect.name == "postgresql" else facts
+        # A claim also asks the job's row: a job the nightly recorded cancelled is not run.
+        row = select(jobs.c.status, jobs.c.attempt).where(jobs.c.job_id == bindparam("p_job"))
+        self.claim_facts = facts.add_columns(row.with_only_columns(jobs.c.status).scalar_subquery().label("status"),
+                                             row.with_only_columns(jobs.c.attempt).scalar_subquery()
+                                             .label("recorded"))
+        self.lease_new = db.insert(leases).on_conflict_do_nothing(index_elements=["job_id", "attempt"]) \
+            .returning(leases.c.job_id)
+        self.lease_row = select(leases).where(lease_key)
+        self.lease_beat = update(leases).where(lease_key).values(
+            beats=leases.c.beats + 1, kid=bindparam("p_kid"), host=bindparam("p_host"),
+            worker=bindparam("p_worker"), beat_at=bindparam("p_at"))
+        self.lease_done = update(leases).where(lease_key).values(done=True)
+        ins = db.insert(jobs)
+        new_rank = tuple_(ins.excluded.prio, ins.excluded.attempt, -func.coalesce(ins.excluded.finished_at, 0.0),
+                          ins.excluded.digest)
+        old_rank = tuple_(jobs.c.prio, jobs.c.attempt, -func.coalesce(jobs.c.finished_at, 0.0), jobs.c.digest)
+        self.job_upsert = ins.on_conflict_do_update(
+            index_elements=["job_id"], set_={c.name: ins.excluded[c.name] for c in jobs.c if c.name != "job_id"},
+            where=new_rank > old_rank).returning(jobs.c.job_id)
+        self.job_kept = select(jobs.c.digest, jobs.c.attempt, jobs.c.status).where(jobs.c.job_id == bindparam("p_job"))
+        self.cases_gone = delete(cases).where(cases.c.job_id == bindparam("p_job"))
+        self.samples_gone = delete(samples).where(samples.c.job_id == bindparam("p_job"))
+        self.cases_new, self.samples_new = cases.insert(), samples.insert()
+        self.logged = DeliveryRow.__table__.insert()
+
+
 class Ledger:
     def __init__(self, db: ResultsDB) -> None:
         self.db = db
+        self.sql = _Sql(db)
         self.registry = Registry(db)
         # Run id -> the jobs it expects, in the plan's order. Fixed when the run is recorded
         # (ResultsDB.create_run never changes it), so it is read once per run: read with every
@@ -128,7 +174,9 @@ class Ledger:
         """A worker's signed claim of an attempt (beat 0) or heartbeat (beat n): ``granted`` (run
         it; beats renewed), ``held`` (another live worker holds it: try again later), ``done``
         (it delivered its record already: drop the copy) or ``refused`` (never: forged, not
-        registered for it, not submitted, run closed), with the reason."""
+        registered for it, not submitted, its run reported and closed, the job cancelled), with
+        the reason. The ledger is who a worker asks whether a job may run: a job of a closed run
+        or one the nightly recorded cancelled is dropped here, without a look of its own in S3."""
         try:
             lease, kid = open_lease(data, self.registry.public_key)
             jid = JobId.parse(lease.job_id)
@@ -138,21 +186,26 @@ class Ledger:
         if why:
             return self._refuse_lease(f"{lease.job_id} attempt {lease.attempt}: {why}")
         now = time.time()
+        sql, key = self.sql, {"p_job": lease.job_id, "p_attempt": lease.attempt}
         with self.db.writing() as conn:
-            run = conn.execute(select(Run.reported_at).where(Run.run_id == jid.run_id)).first()
-            if run is None or lease.job_id not in self._expects(conn, jid.run_id)[1] or run.reported_at is not None:
+            run = conn.execute(sql.claim_facts, {"p_run": jid.run_id, **key}).first()
+            if run is not None and run.reported_at is not None:
+                # Not an error: a job left in a queue after its run's report (gearmand keeps its
+                # queue across restarts) is dropped by the worker that finds it.
+                return "refused", f"run {jid.run_id} was reported and closed"
+            if run is None or lease.job_id not in self._expects(conn, jid.run_id)[1]:
                 return self._refuse_lease(f"{lease.job_id}: " + ("its run is unknown" if run is None else
-                                          "its run expects no such job" if run.reported_at is None else
-                                          "its run was reported and closed"))
-            submitted = self.db.submitted_attempt(conn, lease.job_id)
-            if lease.attempt > submitted:
+                                          "its run expects no such job"))
+            if lease.attempt > (run.submitted or 0):
                 return self._refuse_lease(f"attempt {lease.attempt} of {lease.job_id} was never submitted")
+            if run.status == "cancelled" and run.recorded >= lease.attempt:
+                return "refused", "it was cancelled"
             mine = dict(kid=kid, host=lease.host, worker=lease.worker, beat_at=now)
-            conn.execute(self.db.insert(LeaseRow).values(job_id=lease.job_id, attempt=lease.attempt, run_id=jid.run_id,
-                                                         claimed_at=now, beats=0, done=False, **mine)
-                         .on_conflict_do_nothing(index_elements=["job_id", "attempt"]))
-            key = (LeaseRow.job_id == lease.job_id) & (LeaseRow.attempt == lease.attempt)
-            held = conn.execute(select(LeaseRow).where(key)).one()
+            # A first claim (or a beat of an attempt nobody holds) takes it with its first beat.
+            if conn.execute(sql.lease_new, dict(job_id=lease.job_id, attempt=lease.attempt, run_id=jid.run_id,
+                                                claimed_at=now, beats=1, done=False, **mine)).first():
+                return "granted", ""
+            held = conn.execute(sql.lease_row, key).one()
             if held.done:
                 return "done", f"attempt {lease.attempt} of {lease.job_id} ran already (on {held.host})"
             if held.worker != lease.worker:
@@ -160,7 +213,7 @@ class Ledger:
                     return "held", f"held by {held.worker} on {held.host}, last beat {now - held.beat_at:.0f}s ago"
                 log.warning("lease of %s attempt %d taken over by %s from %s (no beat for %.0fs)", lease.job_id,
                             lease.attempt, lease.worker, held.worker, now - held.beat_at)
-            conn.execute(update(LeaseRow).where(key).values(beats=LeaseRow.beats + 1, **mine))
+            conn.execute(sql.lease_beat, dict(p_kid=kid, p_host=lease.host, p_worker=lease.worker, p_at=now, **key))
         return "granted", ""
 
     def _refuse_lease(self, why: str) -> tuple[Answer, str]:
@@ -193,10 +246,9 @@ class Ledger:
             log.error("REJECTED result record for %s (%s): %s", rec.job_id, source, why)
             self._log(conn, source, "rejected", rec, why)
             return "rejected"
-        q = select(Run.reported_at).where(Run.run_id == rec.run_id)
-        if conn.dialect.name == "postgresql":
-            q = q.with_for_update(read=True)
-        row = conn.execute(q).first()
+        sql = self.sql
+        row = conn.execute(sql.facts_shared, {"p_run": rec.run_id, "p_job": rec.job_id, "p_attempt": rec.attempt}) \
+            .first()
         expected = self._expects(conn, rec.run_id) if row is not None else ((), frozenset())
         if row is None or rec.job_id not in expected[1]:
             why = f"run {rec.run_id!r} is unknown" if row is None else f"run {rec.run_id} expects no job {rec.job_id}"
@@ -204,7 +256,7 @@ class Ledger:
             self._log(conn, source, "rejected", rec, why)
             return "rejected"
         if worker:
-            why = self._not_leased(conn, rec)
+            why = self._not_leased(conn, rec, row.submitted or 0, row.holder)
             if why:
                 log.error("REJECTED result record for %s (%s): %s", rec.job_id, source, why)
                 self._log(conn, source, "rejected", rec, why)
@@ -231,33 +283,25 @@ class Ledger:
         values = dict(job_id=rec.job_id, run_id=rec.run_id, target=rec.target, kind=rec.kind, step=rec.step,
                       status=rec.status, attempt=rec.attempt, worker=rec.worker, started_at=rec.started_at,
                       finished_at=rec.finished_at, record=data, host_id=host_id, prio=r.prio, digest=r.digest)
-        stmt = self.db.insert(JobRow).values(**values)
-        new_rank = tuple_(stmt.excluded.prio, stmt.excluded.attempt, -func.coalesce(stmt.excluded.finished_at, 0.0),
-                          stmt.excluded.digest)
-        old_rank = tuple_(JobRow.prio, JobRow.attempt, -func.coalesce(JobRow.finished_at, 0.0), JobRow.digest)
-        stmt = stmt.on_conflict_do_update(index_elements=["job_id"],
-                                          set_={k: v for k, v in values.items() if k != "job_id"},
-                                          where=new_rank > old_rank).returning(JobRow.job_id)
-        if conn.execute(stmt).first() is None:
-            old = conn.execute(select(JobRow.digest, JobRow.attempt, JobRow.status)
-                               .where(JobRow.job_id == rec.job_id)).one()
+        if conn.execute(sql.job_upsert, values).first() is None:
+            old = conn.execute(sql.job_kept, {"p_job": rec.job_id}).one()
             outcome = "duplicate" if old.digest == r.digest else "superseded"
             reason = "" if outcome == "duplicate" else f"kept attempt {old.attempt} ({old.status})"
             self._log(conn, source, outcome, rec, reason)
             return outcome
-        conn.execute(delete(Case).where(Case.job_id == rec.job_id))
-        conn.execute(delete(SampleRow).where(SampleRow.job_id == rec.job_id))
+        conn.execute(sql.cases_gone, {"p_job": rec.job_id})
+        conn.execute(sql.samples_gone, {"p_job": rec.job_id})
         suite = rec.name or rec.step
         if rec.cases:
             # Cut to the columns' sizes: a suite printing a name longer than PostgreSQL's column
             # would fail the insert, which the collector takes for an outage and retries forever.
-            conn.execute(Case.__table__.insert(), [
+            conn.execute(sql.cases_new, [
                 dict(job_id=rec.job_id, run_id=rec.run_id, target=rec.target, suite=suite,
                      classname=c.classname[:_CLASSNAME_MAX], name=c.name[:_NAME_MAX], status=c.status, time=c.time,
                      message=c.message[:4000]) for c in rec.cases])
         if rec.samples:
             host_class = rec.host.get("class", "")
-            conn.execute(SampleRow.__table__.insert(), [
+            conn.execute(sql.samples_new, [
                 dict(job_id=rec.job_id, run_id=rec.run_id, rev=rec.rev, target=rec.target, host_class=host_class,
                      benchmark=x.benchmark, metric=x.metric, variant=x.variant, repetition=x.repetition,
                      value=x.value) for x in rec.samples])
@@ -284,21 +328,19 @@ class Ledger:
                 self._expected.popitem(last=False)
         return got
 
-    def _not_leased(self, conn: Connection, rec: ResultRecord) -> str:
-        """Rule 8: why a worker's record is not the attempt's holder's ("" when it is); marks the
-        lease done, so no copy of the attempt runs after it."""
-        submitted = self.db.submitted_attempt(conn, rec.job_id)
+    def _not_leased(self, conn: Connection, rec: ResultRecord, submitted: int, held: str | None) -> str:
+        """Rule 8: why a worker's record is not the attempt's holder's ("" when it is), given the
+        attempt the farm submitted and the host holding this one; marks the lease done, so no
+        copy of the attempt runs after it."""
         if rec.attempt > submitted:
             return (f"attempt {rec.attempt} of {rec.job_id} was never submitted (the farm submitted "
                     f"{f'up to attempt {submitted}' if submitted else 'none'})")
-        key = (LeaseRow.job_id == rec.job_id) & (LeaseRow.attempt == rec.attempt)
-        held = conn.execute(select(LeaseRow.host).where(key)).first()
         host = rec.host.get("hostname", "")
         if held is None:
             return f"no host claimed attempt {rec.attempt} of {rec.job_id}: {host} never held it"
-        if held.host != host:
-            return f"attempt {rec.attempt} of {rec.job_id} is leased to host {held.host}, not {host}"
-        conn.execute(update(LeaseRow).where(key).values(done=True))
+        if held != host:
+            return f"attempt {rec.attempt} of {rec.job_id} is leased to host {held}, not {host}"
+        conn.execute(self.sql.lease_done, {"p_job": rec.job_id, "p_attempt": rec.attempt})
         return ""
 
     def _end_dependents(self, conn: Connection, build: ResultRecord, expected: list[str]) -> None:
@@ -317,7 +359,7 @@ class Ledger:
             self._apply(conn, dep, "rule")
 
     def _log(self, conn: Connection, source: str, outcome: str, rec: ResultRecord | None, reason: str) -> None:
-        conn.execute(DeliveryRow.__table__.insert().values(
+        conn.execute(self.sql.logged, dict(
             at=time.time(), source=source, outcome=outcome, reason=reason[:2000],
             job_id=rec.job_id if rec else None, run_id=rec.run_id if rec else None,
             attempt=rec.attempt if rec else None, status=rec.status if rec else None,

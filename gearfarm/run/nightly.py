@@ -602,16 +602,3 @@ def expire(ledger: Ledger, p: Plan, jids: list[JobId], status: str, message: str
     product result that got there first and end a build's dependents with it."""
     for jid in jids:
         ledger.apply(farm_record(jid, p.rev, status, message, attempt), "nightly")
-
-
-def close(ledger: Ledger, store: ArtifactStore | None, run_id: str, signer: Signer | None) -> float:
-    """The run is being reported: later results are late, and its jobs still in a queue are
-    dropped by any worker that finds them (the signed marker in S3; the payload's deadline too)."""
-    at = ledger.close(run_id)
-    if store is not None:
-        try:
-            m = Marker("closed", run_id, at=at)
-            store.put_bytes(m.key, sealed(signer, m), "application/json")
-        except StoreError as e:
-            log.warning("cannot mark run %s closed in S3 (%s); its payloads' deadline still stops its jobs", run_id, e)
-    return at

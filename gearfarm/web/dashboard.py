@@ -619,7 +619,8 @@ def series_charts(d: dict[str, Any]) -> tuple[str, str]:
 
 # A job's timings as the run page shows them, in the order they happen; a stage no job of the
 # run has is not shown at all.
-TIMING_LABELS = {"queue_wait": "queued", "host_wait": "waiting for the host", "lookup": "artifact lookup",
+TIMING_LABELS = {"queue_wait": "queued", "admit": "admitted (checks, claim)", "host_wait": "waiting for the host",
+                 "lookup": "artifact lookup",
                  "source": "source", "download": "download", "verify": "verify", "build": "build",
                  "upload": "upload", "test": "test", "cpu": "CPU"}
 # The stages inside a job's clock (started_at to finished_at); the rest of it is "other".

@@ -247,3 +247,24 @@ def test_concurrent_writers_on_postgresql_lose_and_duplicate_nothing(pg_url: str
     assert all(1 <= n <= 3 for n in applied_per_job.values()) and len(applied_per_job) == len(jobs)
     assert n_cases == len(jobs)  # one case per job: replaced, never doubled
     print(f"\n8 writers x {len(offered)} records on PostgreSQL in {time.monotonic() - t0:.1f}s")
+
+
+def test_the_ledger_refuses_the_claims_of_a_closed_runs_and_a_cancelled_jobs_attempts(tmp_path: Path) -> None:
+    """Who a worker asks whether a job may run: the ledger. A job left in a queue after its run's
+    report, and one the nightly recorded cancelled, are refused (the worker then drops them,
+    asking S3 nothing); the cancelled job's next attempt (a re-run) may run."""
+    db = ResultsDB(f"sqlite:///{tmp_path / 'r.db'}")
+    ledger = Ledger(db)
+    unit, model = new_run(db, "r3", ["test-unit", "test-model"])
+    db.set_live("r3", {str(unit): ("queued", 1), str(model): ("queued", 1)})
+    host = Signer.generate()
+    ledger.registry.add("h", host.public_text, ["test"], [T])
+    assert ledger.apply(farm_record(unit, REV, "cancelled", "the job was cancelled by carol"), "nightly") == "applied"
+    lease = Lease(job_id=str(unit), attempt=1, host="h", worker="w", beat=0)
+    assert ledger.lease(seal_lease(lease, host)) == ("refused", "it was cancelled")
+    db.set_live("r3", {str(unit): ("queued", 2)})
+    assert claim(ledger, host, str(unit), 2, "h") == "granted"
+    ledger.close("r3")
+    late = Lease(job_id=str(model), attempt=1, host="h", worker="w", beat=0)
+    assert ledger.lease(seal_lease(late, host)) == ("refused", "run r3 was reported and closed")
+    assert not [k for k in db.leases("r3") if k[0] == str(model)]

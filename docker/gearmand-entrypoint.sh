@@ -7,7 +7,7 @@ set -eu
 # Not daemonized (-d): a daemonized gearmand 1.1.20 sends its log to /dev/null (measured),
 # while in the foreground --log-file stderr reaches `docker logs`.
 gearmand -L 127.0.0.1 -p 4730 -q libsqlite3 --libsqlite3-db=/var/lib/gearmand/queue.db \
-  --job-retries 3 --log-file stderr --verbose WARNING &
+  --job-retries 3 --worker-wakeup 1 --log-file stderr --verbose WARNING &
 gearmand_pid=$!
 stunnel /etc/stunnel/gearmand.conf &
 stunnel_pid=$!

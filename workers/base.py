@@ -1,8 +1,8 @@
 """What every worker role shares: connecting to gearmand and S3, checking payloads before
 anything runs (the nightly's signature, unique id, deadline; then the ledger's claim), a heartbeat for
-the whole job including delivery, the job's dir and log around the kind's own work (an Attempt), and
-delivering the result record sealed with this host's own key (to S3 first, the durable copy, then
-to the collector through Gearman, spooling locally when that fails)."""
+the whole job, the job's dir and log around the kind's own work (an Attempt), and delivering the
+result record sealed with this host's own key: into the local spool, then from a thread of its own
+to S3 (the durable copy) and to the collector through Gearman while the slot takes its next job."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ import functools
 import hashlib
 import logging
 import os
+import queue
 import resource
 import socket
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from botocore.exceptions import ClientError
@@ -42,6 +44,8 @@ from gearfarm.step import sandbox
 
 log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 5.0
+# How long a stopping worker waits for the records it posted to be published.
+DRAIN_SECONDS = 10.0
 LOG_TAIL_LINES = 40
 
 
@@ -79,6 +83,13 @@ class Context:
         # How long this host's jobs take, for the order its slots take them in next time.
         self.durations = Durations.of_host(self.state)
         self._spool_lock = threading.Lock()
+        # Records posted and not yet published (post): the flush loop leaves their spool files.
+        self._outbox: queue.SimpleQueue[tuple[ResultRecord, bytes, Path]] = queue.SimpleQueue()
+        self._posted: set[Path] = set()
+        self._posted_lock = threading.Lock()
+        threading.Thread(target=self._send_posted, name="outbox", daemon=True).start()
+        # A job's files put to S3 beside its log (Attempt.record): one PUT waited for, not two.
+        self.uploads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="uploads")
         # Every this many heartbeats, one signed beat of a job's lease: every BEAT_SECONDS, or a
         # third of the lease time the nightly judges by ([farm] lease_timeout) if that is shorter.
         self.lease_beats = max(1, round(min(BEAT_SECONDS, cfg.farm.lease_timeout / 3) / HEARTBEAT_SECONDS))
@@ -100,6 +111,45 @@ class Context:
                 self._spool_write(rec, blob, self._spooled_cases(rec))  # first: a spooled record finds them
             path = self._spool_write(rec, body)
             log.warning("result of %s spooled to %s (%s); will deliver when possible", rec.job_id, path, e)
+
+    def post(self, rec: ResultRecord) -> None:
+        """Report a result without waiting for it to arrive: sealed and written to the spool
+        (fsync'd, under a millisecond), then published by the outbox's thread while this slot
+        takes its next job. The publish was a third of a slot's wait between two jobs (an S3 PUT
+        and a submit, docs/speed.md). Nothing is lost by not waiting: a worker killed before the
+        publish leaves the record in the spool, and the next worker of this host and role
+        delivers it (flush_spool); should S3 or the collector be away, it waits there the same."""
+        rec, body, blob = fit(rec, self.signer)
+        if blob is not None:
+            self._spool_write(rec, blob, self._spooled_cases(rec))  # first: a spooled record finds them
+        path = self._spool_write(rec, body)
+        with self._posted_lock:
+            self._posted.add(path)
+        self._outbox.put((rec, body, path))
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until every posted record was published or set aside in the spool (a stopping
+        worker); False when ``timeout`` passed first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._posted_lock:
+                if not self._posted:
+                    return True
+            time.sleep(0.01)
+        return False
+
+    def _send_posted(self) -> None:
+        while True:
+            rec, body, path = self._outbox.get()
+            try:
+                self._publish(rec, body)
+                path.unlink(missing_ok=True)
+            except Exception as e:  # it stays in the spool: the flush loop delivers it later
+                log.warning("result of %s stays in the spool at %s (%s); will deliver when possible",
+                            rec.job_id, path, e)
+            finally:
+                with self._posted_lock:
+                    self._posted.discard(path)
 
     def _spooled_cases(self, rec: ResultRecord) -> Path:
         """Where the cases of a spooled record wait (not *.json: flush_spool reads records only)."""
@@ -139,6 +189,9 @@ class Context:
             if not self.spool.is_dir():
                 return
             for path in sorted(self.spool.glob("*.json")):
+                with self._posted_lock:
+                    if path in self._posted:
+                        continue  # the outbox has it
                 try:
                     body = path.read_bytes()
                 except FileNotFoundError:
@@ -282,10 +335,16 @@ class Attempt:
         scratch.mkdir()
         return scratch
 
-    def record(self, status: str, message: str = "", **fields: object) -> ResultRecord:
-        """The record of work that ran. The log goes to S3 first: the record names it, and a
-        record that is not `passed` carries its tail, which is what a person reads first."""
+    def record(self, status: str, message: str = "", files: dict[str, tuple[Path, str]] | None = None,
+               **fields: object) -> ResultRecord:
+        """The record of work that ran. The log goes to S3 first, and ``files`` (key: path and
+        content type, such as a suite's junit.xml) beside it, at once: the record names them, and
+        a record that is not `passed` carries the log's tail, which is what a person reads first."""
+        beside = [self.ctx.uploads.submit(self.ctx.store.put_file, key, path, kind)
+                  for key, (path, kind) in (files or {}).items()]
         self.ctx.store.put_file(self.log_key, self.log_path, "text/plain; charset=utf-8")
+        for put in beside:
+            put.result()
         tail = "" if status == "passed" else process.log_tail(self.log_path, LOG_TAIL_LINES)
         return self.ctx.record(self.p, status, started_at=self.started, finished_at=time.time(),
                                timings=self.timings, log_key=self.log_key, message=message, log_tail=tail, **fields)
@@ -334,8 +393,8 @@ def accept(ctx: Context, job: Job) -> Payload:
 
 class Heartbeat:
     """The lease: the farm sees a live job by its signed beats (gearmand's WORK_STATUS is for
-    gearmand's own status), sent once ``leased`` is set and until the ``with`` ends, after
-    delivery, so a slow S3 while delivering is not a dead worker. At each beat it also looks
+    gearmand's own status), sent once ``leased`` is set and until the ``with`` ends, once the
+    record is in the spool (its publish cannot be lost, and the Gearman job ends with it). At each beat it also looks
     whether the job was cancelled and sets ``cancel``: the job's commands stop within a beat."""
 
     def __init__(self, ctx: Context, job: Job, p: Payload) -> None:
@@ -410,7 +469,7 @@ def run_step(ctx: Context, p: Payload, work: Work) -> ResultRecord:
 
 
 def handle_result(ctx: Context, p: Payload, rec: ResultRecord) -> bytes:
-    ctx.deliver(rec)
+    ctx.post(rec)
     # What the slots' order learns from: the job's own work, not its waits for the host,
     # and not a job the farm failed before it ran.
     if rec.status != "infra" and rec.work_seconds is not None:
@@ -450,6 +509,10 @@ def serve(cfg: Config, functions: list[tuple[str, str, Work]], stop: threading.E
     finally:
         worker.close()
         for ctx in ctxs.values():
+            # The last records posted go out now; what cannot (S3 or gearmand away) is in the
+            # spool for the next start.
+            if not ctx.drain(DRAIN_SECONDS):
+                log.warning("results still being published at stop; they wait in %s", ctx.spool)
             ctx.client.close()
         process.release_work_dir(first.work)
 

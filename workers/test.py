@@ -72,8 +72,6 @@ def handle(attempt: Attempt) -> ResultRecord:
                            p.cases)
     attempt.timings["test"] = run.seconds
     has_junit = suite.format in ("junit", "ctest") and run.results is not None and run.results.is_file()
-    if has_junit:
-        assert run.results is not None
-        ctx.store.put_file(junit_key, run.results, "application/xml")
-    return attempt.record(run.status, run.message, junit_key=junit_key if has_junit else None,
+    files = {junit_key: (run.results, "application/xml")} if has_junit and run.results is not None else {}
+    return attempt.record(run.status, run.message, files, junit_key=junit_key if has_junit else None,
                        artifact_key=p.artifact_key, artifact_sha256=p.artifact_sha256, cases=run.cases)

@@ -93,6 +93,12 @@ class Gearmand(Daemon):
             str(self.pid_file),
             "--verbose",
             "WARNING",
+            # One idle worker woken (NOOP) per job, the next in turn, not all of the function's:
+            # the rest asked for it in vain (a GRAB and NO_JOB each), a herd that grew with the
+            # slots (docs/speed.md). A worker that finds its woken job taken sleeps again, and
+            # every worker asks again at least every poll_interval.
+            "--worker-wakeup",
+            "1",
         ]
         if self.queue_db is not None:
             # Every background job is written to sqlite on submit, so the queue

@@ -55,6 +55,43 @@ def test_undeliverable_results_are_spooled_and_delivered_later(tmp_path: Path) -
         later.client.close()
 
 
+def test_a_posted_record_is_spooled_at_once_and_published_from_there(tmp_path: Path) -> None:
+    """A slot does not wait for its record to reach S3 and the collector: the record is in the
+    spool (durable) when post returns, the outbox publishes it and empties the spool, and one
+    it could not publish (the collector's gearmand away) stays there for the flush loop."""
+    farm = keyed(tmp_path / "state", f"sqlite:///{tmp_path / 'r.db'}")
+    with Gearmand(tmp_path / "gm") as gm, MinioServer(tmp_path / "minio") as minio:
+        cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]), s3=minio.s3_config(),
+                     farm=FarmConfig(repo=str(tmp_path), state_dir=str(tmp_path / "state"), **farm))  # type: ignore[arg-type]
+        ctx = Context(cfg, "test")
+
+        def rec(step: str) -> ResultRecord:
+            return ResultRecord(job_id=f"r1:linux-x86_64:{step}", run_id="r1", target="linux-x86_64", kind="test",
+                                step=step, name=step[5:], rev="a" * 40, status="passed")
+
+        def queued() -> int:
+            got = admin.status(*gm.address).get("collect")
+            return got.queued if got else 0
+
+        ctx.post(rec("test-unit"))
+        assert ctx.drain(30) and list(ctx.spool.glob("*.json")) == []
+        assert queued() == 1 and len([k for k in ctx.store.list("runs/r1/") if "/results/" in k]) == 1
+        gm.stop()
+        ctx.post(rec("test-model"))
+        spooled = list(ctx.spool.glob("*.json"))
+        assert len(spooled) == 1, "in the spool when post returned"
+        assert ctx.drain(60)
+        assert list(ctx.spool.glob("*.json")) == spooled, "not published: it waits in the spool"
+        gm.start()  # same port, an empty queue
+        ctx.flush_spool()
+        assert list(ctx.spool.glob("*.json")) == []
+        deadline = time.monotonic() + 10
+        while queued() != 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        ctx.client.close()
+
+
 def test_the_heartbeats_look_for_a_cancel_does_not_wait_out_an_s3_outage(tmp_path: Path) -> None:
     """The heartbeat is the job's lease (WORK_STATUS every 5 s, lease_timeout 60 s): its look
     for a cancel marker must give up at once when S3 is away, while the job's own S3 calls

@@ -100,7 +100,9 @@ class Context:
         """Report a result; never loses it: on failure it waits in the local spool. A record
         whose cases would make it too large for its envelope (gearfarm.formats.result.fit) stores them
         in S3 beside it first, or, on failure, in the spool beside it."""
-        rec, body, blob = fit(rec, self.signer)
+        self._deliver_sealed(*fit(rec, self.signer))
+
+    def _deliver_sealed(self, rec: ResultRecord, body: bytes, blob: bytes | None) -> None:
         try:
             if blob is not None:
                 assert rec.cases_key is not None
@@ -120,9 +122,14 @@ class Context:
         publish leaves the record in the spool, and the next worker of this host and role
         delivers it (flush_spool); should S3 or the collector be away, it waits there the same."""
         rec, body, blob = fit(rec, self.signer)
-        if blob is not None:
-            self._spool_write(rec, blob, self._spooled_cases(rec))  # first: a spooled record finds them
-        path = self._spool_write(rec, body)
+        try:
+            if blob is not None:
+                self._spool_write(rec, blob, self._spooled_cases(rec))  # first: a spooled record finds them
+            path = self._spool_write(rec, body)
+        except OSError as e:  # a full or broken disk: then it is delivered now, as it was before
+            log.warning("cannot spool the result of %s (%s); delivering it now", rec.job_id, e)
+            self._deliver_sealed(rec, body, blob)
+            return
         with self._posted_lock:
             self._posted.add(path)
         self._outbox.put((rec, body, path))
@@ -394,8 +401,9 @@ def accept(ctx: Context, job: Job) -> Payload:
 class Heartbeat:
     """The lease: the farm sees a live job by its signed beats (gearmand's WORK_STATUS is for
     gearmand's own status), sent once ``leased`` is set and until the ``with`` ends, once the
-    record is in the spool (its publish cannot be lost, and the Gearman job ends with it). At each beat it also looks
-    whether the job was cancelled and sets ``cancel``: the job's commands stop within a beat."""
+    record is in the spool (its publish cannot be lost, and the Gearman job ends with it). At
+    each beat it also looks whether the job was cancelled and sets ``cancel``: the job's
+    commands stop within a beat."""
 
     def __init__(self, ctx: Context, job: Job, p: Payload) -> None:
         self.ctx, self.job, self.p = ctx, job, p

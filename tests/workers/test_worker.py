@@ -89,6 +89,11 @@ def test_a_posted_record_is_spooled_at_once_and_published_from_there(tmp_path: P
         while queued() != 1:
             assert time.monotonic() < deadline
             time.sleep(0.1)
+        # A spool that cannot be written (a full disk, say): the record is delivered at once.
+        (tmp_path / "a-file").write_text("")
+        ctx.spool = tmp_path / "a-file" / "spool"
+        ctx.post(rec("test-recovery"))
+        assert queued() == 2 and len([k for k in ctx.store.list("runs/r1/") if "/results/" in k]) == 3
         ctx.client.close()
 
 

@@ -39,6 +39,9 @@ failure.
                          the report's past), as a farm has every night but its first
     ... --profile DIR    the nightly, the collector and the report's build under cProfile
                          (DIR/nightly.prof, collector.prof, report.prof)
+    ... --nice 10        the simulated hosts' workers and jobs at niceness 10: in a lab the farm's
+                         daemons (nightly, collector, gearmand, MinIO, PostgreSQL) have a host of
+                         their own; here they share two cores with 128 worker slots
 """
 
 from __future__ import annotations
@@ -364,7 +367,7 @@ def dashboard(config: Path, base: Path, step: tuple[str, str], before: str, repe
 
 
 def measure(hosts: int, jobs: int, slots: int, scale: float, per_target: int, tmp: Path, profile: Path | None,
-            nights: int = 1, collector_threads: int | None = None) -> None:
+            nights: int = 1, collector_threads: int | None = None, nice: int = 0) -> None:
     """One configuration: ``nights`` nightlies on one lab (the earlier ones are the later ones'
     history: durations, baselines, the report's past), the last one measured."""
     targets, suites = layout(jobs, per_target)
@@ -376,8 +379,8 @@ def measure(hosts: int, jobs: int, slots: int, scale: float, per_target: int, tm
         os.environ["SCALE_PROFILE"] = str(profile / "collector.prof")  # the collector's; the nightly's its own
     with postgres() as (db_url, postmaster), lab(hosts, tmp / "lab", names, repo=repo, slots=slots, perf=False,
                                                  servers=2, db_url=db_url, settle=120 + 2 * hosts * slots,
-                                                 cli=gearfarm_cli(),
-                                                 collector_cli=gearfarm_cli(profile) if profile else None,
+                                                 cli=(["nice", "-n", str(nice)] if nice else []) + gearfarm_cli(),
+                                                 collector_cli=gearfarm_cli(profile),
                                                  farm={"collector_threads": collector_threads}
                                                  if collector_threads else None) as lb:
         earlier = []
@@ -407,7 +410,7 @@ def measure(hosts: int, jobs: int, slots: int, scale: float, per_target: int, tm
                                 else RUN_ID)
         report(night, db_url, targets, suites, scale)
         from gearfarm.config import FarmConfig
-        print(f"(collector threads: {collector_threads or FarmConfig().collector_threads})")
+        print(f"(collector threads: {collector_threads or FarmConfig().collector_threads}; workers at nice {nice})")
 
 
 def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -> None:
@@ -491,6 +494,10 @@ def main() -> None:
                     help="the nightly, the collector and the report under cProfile (DIR/*.prof)")
     ap.add_argument("--nights", type=int, default=1,
                     help="nightlies per configuration, the last measured (the others are its history; default 1)")
+    ap.add_argument("--nice", type=int, default=0,
+                    help="run the simulated hosts' workers (and their jobs) at this niceness: on one machine "
+                         "they share the cores with the farm's own daemons, which in a lab have a host of "
+                         "their own (default 0: all alike)")
     ap.add_argument("--collector-threads", type=int,
                     help="[farm] collector_threads of the lab (default: the farm's default)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, databases) after the run")
@@ -506,7 +513,7 @@ def main() -> None:
         tmp = Path(tempfile.mkdtemp(prefix="gf-scale-"))
         try:
             measure(hosts, jobs, args.slots, args.time_scale, args.per_target, tmp, args.profile, args.nights,
-                    args.collector_threads)
+                    args.collector_threads, args.nice)
         finally:
             if args.keep:
                 print(f"(kept {tmp})")

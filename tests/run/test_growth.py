@@ -352,6 +352,9 @@ def test_a_worker_makes_one_context_per_role_not_per_target(tmp_path: Path, monk
         def flush_spool(self) -> None:
             pass
 
+        def drain(self, timeout: float) -> bool:
+            return True
+
     class GearmanWorker:
         client_id = "w"
 

@@ -809,11 +809,6 @@ class ResultsDB:
                 conn.execute(stmt.on_conflict_do_update(index_elements=["job_id"],
                                                         set_={"state": state, "attempt": highest, "since": now}))
 
-    def submitted_attempt(self, conn: Connection, job_id: str) -> int:
-        """The highest attempt of a job the farm submitted (0: none), in the caller's transaction."""
-        got = conn.execute(select(LiveJob.attempt).where(LiveJob.job_id == job_id)).scalar()
-        return int(got or 0)
-
     def leases(self, run_id: str) -> dict[tuple[str, int], tuple[str, int]]:
         """{(job id, attempt): (holder's host, signed beats so far)} of a run's leases."""
         with self.session() as s:

@@ -246,6 +246,39 @@ class Night:
     report_seconds: float = 0.0
     copy_seconds: float = 0.0  # of report_seconds: the job files copied to disk (gearfarm.report.joblog)
     pages: dict[str, float] = field(default_factory=dict)
+    collect_queue: list[int] = field(default_factory=list)  # `collect` jobs waiting in the gearmands, each second
+    published: dict[str, float] = field(default_factory=dict)  # job id -> when its record was in S3 (first one)
+
+
+@contextlib.contextmanager
+def queue_sampler(addresses: list[tuple[str, int]], into: list[int]) -> Iterator[None]:
+    """Samples, every second while in the block, how many `collect` jobs (records, claims,
+    beats) wait in the gearmands for a collector thread: a queue that grows is a collector that
+    does not keep up, a lag that grows without one is the workers' (their outbox)."""
+    import threading
+
+    from gearfarm.formats.job import COLLECT_FUNCTION
+    from gearfarm.gearman import admin
+    from gearfarm.gearman.errors import ProtocolError
+
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(1.0):
+            waiting = 0
+            for host, port in addresses:
+                with contextlib.suppress(OSError, ProtocolError):
+                    st = admin.status(host, port).get(COLLECT_FUNCTION)
+                    waiting += max(0, st.queued - st.running) if st else 0
+            into.append(waiting)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        done.set()
+        t.join()
 
 
 @contextlib.contextmanager
@@ -400,8 +433,11 @@ def measure(hosts: int, jobs: int, slots: int, scale: float, per_target: int, tm
             return got
 
         before = daemons()
-        wall, code, nightly_usage = run_nightly(lb.config, profile, RUN_ID)
-        night = Night(hosts, slots, jobs, wall, code, earlier)
+        queue: list[int] = []
+        with queue_sampler([gm.address for gm in lb.gearmands], queue):
+            wall, code, nightly_usage = run_nightly(lb.config, profile, RUN_ID)
+        night = Night(hosts, slots, jobs, wall, code, earlier, collect_queue=queue,
+                      published=published(lb.config, RUN_ID))
         night.usage["nightly"] = nightly_usage
         for name, u in daemons().items():  # tonight's CPU; the peak RSS is the process's
             night.usage[name] = Usage(u.cpu - before[name].cpu, u.rss)
@@ -411,6 +447,24 @@ def measure(hosts: int, jobs: int, slots: int, scale: float, per_target: int, tm
         report(night, db_url, targets, suites, scale)
         from gearfarm.config import FarmConfig
         print(f"(collector threads: {collector_threads or FarmConfig().collector_threads}; workers at nice {nice})")
+
+
+def published(config: Path, run_id: str) -> dict[str, float]:
+    """When each job's record was in S3 (its object's last-modified, the first if an attempt sent
+    more): a worker's outbox submits it to the collector, then puts it there, so it is when the
+    worker's part of the collector + ledger lag ended (or a PUT later)."""
+    from gearfarm.config import load
+    from gearfarm.formats.job import JobId
+    from gearfarm.s3 import keys
+    from gearfarm.s3.store import ArtifactStore
+
+    got: dict[str, float] = {}
+    for key, _, at in ArtifactStore(load(config).s3).objects(keys.run_prefix(run_id)):
+        parts = key.split("/")
+        if len(parts) == 6 and parts[4] == "results":
+            jid = str(JobId(run_id, parts[2], parts[3]))
+            got[jid] = min(at, got.get(jid, at))
+    return got
 
 
 def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -> None:
@@ -444,6 +498,9 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
     s3 = [sum(r.timings.get(k, 0.0) for k in s3_stages) for r in ran]
     other = [max(0.0, r.finished_at - r.started_at - command[r.job_id] - s) for r, s in zip(ran, s3, strict=True)]
     lag = [applied[r.job_id] - r.finished_at for r in ran if r.job_id in applied]
+    outbox = [night.published[r.job_id] - r.finished_at for r in ran if r.job_id in night.published]
+    collect = [applied[r.job_id] - night.published[r.job_id] for r in ran
+               if r.job_id in applied and r.job_id in night.published]
     times = sorted(applied.values())
     rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0
 
@@ -467,7 +524,14 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
              f"{1000 * pct(admit, 0.5):.0f} / {1000 * pct(admit, 0.99):.0f}, {ms(admit):.1f}"),
             ("records applied per second (first to last applied)", f"{rate:.1f}"),
             ("collector + ledger lag p50 / p99 ms", f"{1000 * pct(lag, 0.5):.0f} / {1000 * pct(lag, 0.99):.0f}"
-             if lag else "-")]
+             if lag else "-"),
+            ("of it: finished → the record's copy in S3 (the worker's outbox: submit, PUT) p50 / p99 ms",
+             f"{1000 * pct(outbox, 0.5):.0f} / {1000 * pct(outbox, 0.99):.0f}" if outbox else "-"),
+            ("then: the copy in S3 → applied (below 0: applied first) p50 / p99 ms",
+             f"{1000 * pct(collect, 0.5):.0f} / {1000 * pct(collect, 0.99):.0f}" if collect else "-"),
+            ("`collect` jobs waiting in gearmand, sampled each second: mean / max",
+             f"{statistics.fmean(night.collect_queue):.1f} / {max(night.collect_queue)}"
+             if night.collect_queue else "-")]
     rows += [(f"farm cost: {k}, ms per job", f"{v:.1f}") for k, v in parts.items()]
     rows += [(f"{k}: CPU s / peak RSS MiB", f"{u.cpu:.1f} / {u.rss:.0f}") for k, u in night.usage.items()]
     busy = sum(u.cpu for u in night.usage.values())

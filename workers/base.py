@@ -175,9 +175,13 @@ class Context:
         return path
 
     def _publish(self, rec: ResultRecord, body: bytes) -> None:
-        """S3 first (the durable copy the nightly reconciles from; one key per record), then the
-        collector. The record's digest is in the unique id: a changed record is a new delivery,
-        the very same record sent twice (a spool replay) is deduplicated by gearmand."""
+        """To the collector, then to S3 (the durable copy the nightly reconciles from; one key per
+        record), the second tried whether or not the first went: the collector first, as its
+        apply is what the live page and the nightly wait for and they waited out the PUT too; S3
+        still, as with Gearman away the nightly finds the record there. Either failing raises,
+        which leaves the record in the spool, sent again both ways: the record's digest is in the
+        unique id, so gearmand drops a copy it still holds, and the ledger logs one it applied
+        already as a duplicate."""
         digest = rec.digest
         if rec.cases_key is not None:
             # A spooled record's cases go first: whoever opens the record reads them at once.
@@ -187,9 +191,14 @@ class Context:
                 pending.unlink(missing_ok=True)
             except FileNotFoundError:
                 pass  # delivered from here before, or by a sibling worker of this host and role
-        self.store.put_bytes(keys.result(rec.run_id, rec.target, rec.step, rec.attempt, digest), body,
-                             "application/json")
-        self.client.submit_background(COLLECT_FUNCTION, body, unique=unique_id(rec.job_id, rec.attempt, digest[:16]))
+        key = keys.result(rec.run_id, rec.target, rec.step, rec.attempt, digest)
+        try:
+            self.client.submit_background(COLLECT_FUNCTION, body,
+                                          unique=unique_id(rec.job_id, rec.attempt, digest[:16]))
+        except Exception:
+            self.store.put_bytes(key, body, "application/json")
+            raise
+        self.store.put_bytes(key, body, "application/json")
 
     def flush_spool(self) -> None:
         with self._spool_lock:

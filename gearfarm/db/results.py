@@ -12,6 +12,7 @@ import functools
 import hashlib
 import json
 import logging
+import re
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -27,7 +28,9 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    TextClause,
     UniqueConstraint,
+    bindparam,
     case,
     create_engine,
     event,
@@ -38,7 +41,9 @@ from sqlalchemy import (
     tuple_,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.postgresql.base import PGDialect
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.dialects.sqlite.base import SQLiteDialect
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, defer, load_only, mapped_column, sessionmaker
@@ -443,6 +448,27 @@ class ResultsDB:
         if self.engine.dialect.name == "postgresql":
             return pg_insert(table)
         return sqlite_insert(table)
+
+    def compiled(self, stmt: Any, keys: Iterable[str]) -> TextClause:
+        """An upsert (``insert``'s, with ON CONFLICT) compiled once, for parameters ``keys``.
+        SQLAlchemy 2.0 never caches the dialects' INSERT ... ON CONFLICT (their Insert has
+        ``inherit_cache = False``): executed as made, the ledger's upserts were compiled afresh
+        at every claim and record, a millisecond of the collector's Python each. As text with
+        its parameters' types, it is compiled once and the types still convert the values (a
+        JSON column's dict). Compiled for the plain dialect: the driver's own casts every
+        parameter (``:x::VARCHAR``)."""
+        dialect = PGDialect(paramstyle="named") if self.engine.dialect.name == "postgresql" \
+            else SQLiteDialect(paramstyle="named")
+        keys = list(keys)
+        made = stmt.compile(dialect=dialect, column_keys=keys)
+        stray = set(made.binds) - set(keys)
+        if stray:  # a literal in the statement: it would need a value at each execution
+            raise ValueError(f"statement has parameters {sorted(stray)} beyond {keys}: write literals as "
+                             "literal_column()")
+        # PostgreSQL's JSON parameters are cast (`:record::JSON`), which text would read as no
+        # parameter; the standard spelling of the same cast it reads.
+        sql = re.sub(r"(?<![:\w]):(\w+)::(\w+)", r"CAST(:\1 AS \2)", str(made))
+        return text(sql).bindparams(*(bindparam(k, type_=b.type) for k, b in made.binds.items()))
 
     def create_run(self, run_id: str, rev: str, targets: list[str], expected: list[str],
                    notes: dict[str, Any] | None = None, parent_run_id: str | None = None,
@@ -1175,7 +1201,10 @@ class ResultsDB:
     def _host_upsert(self) -> Any:
         """Made once: the ledger upserts the host of every record it applies."""
         ins = self.insert(Host.__table__)
-        return ins.on_conflict_do_update(index_elements=["host_id"], set_={"last_seen": ins.excluded.last_seen})
+        return self.compiled(ins.on_conflict_do_update(index_elements=["host_id"],
+                                                       set_={"last_seen": ins.excluded.last_seen}),
+                             ("host_id", "hostname", "host_class", "cpu_model", "cores", "memory_gib", "kernel",
+                              "machine", "compiler", "first_seen", "last_seen"))
 
 
 def _int(v: str) -> int:

@@ -56,7 +56,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
-from sqlalchemy import bindparam, delete, func, select, tuple_, update
+from sqlalchemy import bindparam, delete, func, literal_column, select, tuple_, update
 from sqlalchemy.engine import Connection
 
 from gearfarm.db.registry import Registry
@@ -112,20 +112,22 @@ class _Sql:
         self.claim_facts = facts.add_columns(row.with_only_columns(jobs.c.status).scalar_subquery().label("status"),
                                              row.with_only_columns(jobs.c.attempt).scalar_subquery()
                                              .label("recorded"))
-        self.lease_new = db.insert(leases).on_conflict_do_nothing(index_elements=["job_id", "attempt"]) \
-            .returning(leases.c.job_id)
+        self.lease_new = db.compiled(
+            db.insert(leases).on_conflict_do_nothing(index_elements=["job_id", "attempt"]).returning(leases.c.job_id),
+            ("job_id", "attempt", "run_id", "claimed_at", "beats", "done", "kid", "host", "worker", "beat_at"))
         self.lease_row = select(leases).where(lease_key)
         self.lease_beat = update(leases).where(lease_key).values(
             beats=leases.c.beats + 1, kid=bindparam("p_kid"), host=bindparam("p_host"),
             worker=bindparam("p_worker"), beat_at=bindparam("p_at"))
         self.lease_done = update(leases).where(lease_key).values(done=True)
         ins = db.insert(jobs)
-        new_rank = tuple_(ins.excluded.prio, ins.excluded.attempt, -func.coalesce(ins.excluded.finished_at, 0.0),
+        zero = literal_column("0.0")
+        new_rank = tuple_(ins.excluded.prio, ins.excluded.attempt, -func.coalesce(ins.excluded.finished_at, zero),
                           ins.excluded.digest)
-        old_rank = tuple_(jobs.c.prio, jobs.c.attempt, -func.coalesce(jobs.c.finished_at, 0.0), jobs.c.digest)
-        self.job_upsert = ins.on_conflict_do_update(
+        old_rank = tuple_(jobs.c.prio, jobs.c.attempt, -func.coalesce(jobs.c.finished_at, zero), jobs.c.digest)
+        self.job_upsert = db.compiled(ins.on_conflict_do_update(
             index_elements=["job_id"], set_={c.name: ins.excluded[c.name] for c in jobs.c if c.name != "job_id"},
-            where=new_rank > old_rank).returning(jobs.c.job_id)
+            where=new_rank > old_rank).returning(jobs.c.job_id), [c.name for c in jobs.c])
         self.job_kept = select(jobs.c.digest, jobs.c.attempt, jobs.c.status).where(jobs.c.job_id == bindparam("p_job"))
         self.cases_gone = delete(cases).where(cases.c.job_id == bindparam("p_job"))
         self.samples_gone = delete(samples).where(samples.c.job_id == bindparam("p_job"))

@@ -268,3 +268,35 @@ def test_the_ledger_refuses_the_claims_of_a_closed_runs_and_a_cancelled_jobs_att
     late = Lease(job_id=str(model), attempt=1, host="h", worker="w", beat=0)
     assert ledger.lease(seal_lease(late, host)) == ("refused", "run r3 was reported and closed")
     assert not [k for k in db.leases("r3") if k[0] == str(model)]
+
+
+def test_a_claim_and_a_record_compile_no_statement_afresh(db_url: str) -> None:
+    """The collector's Python cost per job: SQLAlchemy never caches the dialects' INSERT ... ON
+    CONFLICT, so each claim and record compiled the ledger's upserts (the lease, the job's row,
+    its host) again, a millisecond each. After the first job, every statement of a claim, a
+    heartbeat and a record is served from the compiled cache (or was made once as text)."""
+    from sqlalchemy import event
+
+    db = ResultsDB(db_url)
+    ledger = Ledger(db)
+    jids = new_run(db, "rc", [f"test-s{i}" for i in range(3)])
+    db.set_live("rc", {str(j): ("queued", 1) for j in jids})
+    host = Signer.generate()
+    ledger.registry.add("h", host.public_text, ["test"], [T])
+    seen: list[tuple[str, str]] = []
+
+    def note(conn, cursor, statement, parameters, context, executemany) -> None:  # noqa: ANN001
+        if context.compiled is not None:  # not the driver's own SQL (SQLite's BEGIN IMMEDIATE)
+            seen.append((str(context.cache_hit), statement.split("\n")[0][:80]))
+
+    for n, jid in enumerate(jids):
+        if n == 1:
+            event.listen(db.engine, "after_cursor_execute", note)
+        assert claim(ledger, host, str(jid), 1, "h", "w1") == "granted"
+        beat = Lease(job_id=str(jid), attempt=1, host="h", worker="w1", beat=1)
+        assert ledger.lease(seal_lease(beat, host)) == ("granted", "")
+        r = rec(jid, "passed").model_copy(update={"host": {"hostname": "h", "cpu": "c", "cores": "2"}})
+        assert ledger.accept(seal_record(r, host), "collect")[0] == "applied"
+    assert len(seen) >= 2 * 10
+    afresh = [s for hit, s in seen if not hit.endswith("CACHE_HIT")]
+    assert not afresh, f"compiled again at a later job: {afresh}"

@@ -33,7 +33,7 @@ def test_undeliverable_results_are_spooled_and_delivered_later(tmp_path: Path) -
         sealed = rec
         assert len(spooled) == 1 and open_record(spooled[0].read_bytes(), host) == (sealed, ctx.signer.kid)
         assert list(ctx.spool.glob(".tmp-*")) == []  # written atomically: no temp file left
-        # S3 got the durable, sealed copy before the collector submission failed.
+        # S3 got the durable, sealed copy though the collector submission failed.
         stored = [k for k in ctx.store.list("runs/r1/") if k.endswith(".json")]
         assert stored == [keys.result("r1", "linux-x86_64", "test-unit", 1, sealed.digest)]
         # A torn or foreign file in the spool must not jam it.
@@ -94,6 +94,39 @@ def test_a_posted_record_is_spooled_at_once_and_published_from_there(tmp_path: P
         ctx.spool = tmp_path / "a-file" / "spool"
         ctx.post(rec("test-recovery"))
         assert queued() == 2 and len([k for k in ctx.store.list("runs/r1/") if "/results/" in k]) == 3
+        ctx.client.close()
+
+
+def test_an_s3_outage_does_not_hold_a_record_back_from_the_collector(tmp_path: Path) -> None:
+    """The outbox sends a record to the collector before it writes the record's S3 copy: with S3
+    away the result still reaches the ledger at once, and the record stays in the spool until its
+    copy is written too (then gearmand, still holding it, takes the second send as the same job)."""
+    farm = keyed(tmp_path / "state", f"sqlite:///{tmp_path / 'r.db'}")
+    with Gearmand(tmp_path / "gm") as gm, MinioServer(tmp_path / "minio") as minio:
+        cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]), s3=minio.s3_config(),
+                     farm=FarmConfig(repo=str(tmp_path), state_dir=str(tmp_path / "state"), **farm))  # type: ignore[arg-type]
+        ctx = Context(cfg, "test")
+        ctx.store.retry_for = 2.0  # the outage outlasts it: the outbox gives up and leaves it spooled
+
+        def queued() -> int:
+            got = admin.status(*gm.address).get("collect")
+            return got.queued if got else 0
+
+        def copies() -> int:
+            return len([k for k in ctx.store.list("runs/r1/") if "/results/" in k])
+
+        minio.stop()
+        ctx.post(ResultRecord(job_id="r1:linux-x86_64:test-unit", run_id="r1", target="linux-x86_64", kind="test",
+                              step="test-unit", name="unit", rev="a" * 40, status="passed"))
+        deadline = time.monotonic() + 10
+        while queued() != 1:
+            assert time.monotonic() < deadline, "the record did not reach the collector's queue"
+            time.sleep(0.05)
+        assert ctx.drain(60)
+        assert len(list(ctx.spool.glob("*.json"))) == 1, "its S3 copy is not written: it stays spooled"
+        minio.start()
+        ctx.flush_spool()
+        assert list(ctx.spool.glob("*.json")) == [] and copies() == 1 and queued() == 1
         ctx.client.close()
 
 

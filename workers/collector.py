@@ -75,14 +75,14 @@ def serve(cfg: Config, stop: threading.Event | None = None) -> None:
     share the ledger (and its database pool): gearmand hands each connection its own job, so a
     record waits for the database while the next one is verified. A crash of the process loses
     nothing: gearmand requeues whatever each connection held."""
-    db = ResultsDB(cfg.database.url)
+    n = cfg.farm.collector_threads
+    db = ResultsDB(cfg.database.url, connections=n, pre_ping=False)
     stop = stop or threading.Event()
     if "collector" not in cfg.s3.roles:
         log.warning("no [s3.roles.collector] keys in the config: the collector reads records' cases with the "
                     "farm's own S3 keys, which allow more than it needs")
     store = ArtifactStore(cfg.s3.for_role("collector"))
     handler = make_handler(Ledger(db), store)
-    n = cfg.farm.collector_threads
     workers = [gearman_worker(cfg, "collector" if i == 0 else f"collector-{i + 1}") for i in range(n)]
     for w in workers:
         w.register(COLLECT_FUNCTION, handler)

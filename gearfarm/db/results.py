@@ -387,9 +387,12 @@ class Bisection(Base):
 
 
 class ResultsDB:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, connections: int = 5, pre_ping: bool = True) -> None:
+        """``connections``: how many the pool keeps (as many threads as write at once: the
+        collector's). ``pre_ping``: test a pooled connection before each use, as a PostgreSQL
+        restart leaves dead ones; a round trip per transaction that the collector, which retries
+        a transaction the database broke off anyway, does without."""
         self.url = url
-        # pre_ping: a PostgreSQL restart leaves dead pooled connections; test before use.
         sqlite = url.startswith("sqlite")
         # SQLite's busy timeout (pysqlite's `timeout`: lock contention becomes waiting instead of
         # errors) is set as the connection opens, so it already covers the first statement:
@@ -398,7 +401,8 @@ class ResultsDB:
         # it, which on a loaded machine takes longer than pysqlite's default 5 s.
         # PostgreSQL's connect_timeout: a results host that is down or unroutable is named within
         # seconds (DatabaseUnavailable below), not after the kernel's TCP timeout of minutes.
-        self.engine: Engine = create_engine(url, future=True, pool_pre_ping=not sqlite,
+        self.engine: Engine = create_engine(url, future=True, pool_pre_ping=pre_ping and not sqlite,
+                                            pool_size=connections,
                                             connect_args={"timeout": 30} if sqlite else {"connect_timeout": 3})
         if sqlite:
             # The collector writes while the nightly and CLI read: WAL lets them overlap.

@@ -105,10 +105,11 @@ class _Sql:
         # between the report's snapshot and the close), on PostgreSQL; SQLite's writer is alone.
         facts = select(Run.reported_at, submitted.label("submitted"), holder.label("holder")) \
             .where(Run.run_id == bindparam("p_run"))
-        self.facts_shared = facts.with_for_update(read=True, of=Run) \
-            if db.engine.dialect.name == "postgresql" else facts
-        # A claim also asks the job's row: a job the nightly recorded cancelled is not run.
+        pg = db.engine.dialect.name == "postgresql"
         row = select(jobs.c.status, jobs.c.attempt).where(jobs.c.job_id == bindparam("p_job"))
+        self.facts_shared = facts.with_for_update(read=True, of=Run) if pg else \
+            facts.add_columns(row.with_only_columns(jobs.c.attempt).scalar_subquery().label("recorded"))
+        # A claim also asks the job's row: a job the nightly recorded cancelled is not run.
         self.claim_facts = facts.add_columns(row.with_only_columns(jobs.c.status).scalar_subquery().label("status"),
                                              row.with_only_columns(jobs.c.attempt).scalar_subquery()
                                              .label("recorded"))
@@ -127,11 +128,13 @@ class _Sql:
         old_rank = tuple_(jobs.c.prio, jobs.c.attempt, -func.coalesce(jobs.c.finished_at, zero), jobs.c.digest)
         self.job_upsert = db.compiled(ins.on_conflict_do_update(
             index_elements=["job_id"], set_={c.name: ins.excluded[c.name] for c in jobs.c if c.name != "job_id"},
-            where=new_rank > old_rank).returning(jobs.c.job_id), [c.name for c in jobs.c])
+            where=new_rank > old_rank).returning(jobs.c.job_id, literal_column("xmax = 0" if pg else "NULL")
+                                                 .label("fresh")), [c.name for c in jobs.c])
         self.job_kept = select(jobs.c.digest, jobs.c.attempt, jobs.c.status).where(jobs.c.job_id == bindparam("p_job"))
         self.cases_gone = delete(cases).where(cases.c.job_id == bindparam("p_job"))
         self.samples_gone = delete(samples).where(samples.c.job_id == bindparam("p_job"))
         self.cases_new, self.samples_new = cases.insert(), samples.insert()
+        self.pg = pg
         self.logged = DeliveryRow.__table__.insert()
 
 
@@ -285,14 +288,20 @@ class Ledger:
         values = dict(job_id=rec.job_id, run_id=rec.run_id, target=rec.target, kind=rec.kind, step=rec.step,
                       status=rec.status, attempt=rec.attempt, worker=rec.worker, started_at=rec.started_at,
                       finished_at=rec.finished_at, record=data, host_id=host_id, prio=r.prio, digest=r.digest)
-        if conn.execute(sql.job_upsert, values).first() is None:
+        upserted = conn.execute(sql.job_upsert, values).first()
+        if upserted is None:
             old = conn.execute(sql.job_kept, {"p_job": rec.job_id}).one()
             outcome = "duplicate" if old.digest == r.digest else "superseded"
             reason = "" if outcome == "duplicate" else f"kept attempt {old.attempt} ({old.status})"
             self._log(conn, source, outcome, rec, reason)
             return outcome
-        conn.execute(sql.cases_gone, {"p_job": rec.job_id})
-        conn.execute(sql.samples_gone, {"p_job": rec.job_id})
+        # The cases and samples of the record this one replaced go; a job's first record
+        # replaced none (two round trips fewer): on PostgreSQL the upsert says whether it
+        # inserted (a row's xmax is 0 until it is updated); SQLite's writers take turns, so the
+        # job's row read above is still the truth.
+        if not (upserted.fresh if sql.pg else row.recorded is None):
+            conn.execute(sql.cases_gone, {"p_job": rec.job_id})
+            conn.execute(sql.samples_gone, {"p_job": rec.job_id})
         suite = rec.name or rec.step
         if rec.cases:
             # Cut to the columns' sizes: a suite printing a name longer than PostgreSQL's column

@@ -119,6 +119,7 @@ def test_the_first_run_of_an_attempt_to_finish_is_its_result(db_url: str) -> Non
         for i in order:
             ledger.apply((first, replay)[i], "collect")
         assert [c.name for c in row(db, jid).cases] == ["did-the-work"]
+        assert [c[3] for c in db.cases_in([jid.run_id])] == ["did-the-work"]  # the replaced one's cases went
 
 
 def test_only_a_registered_host_signs_and_only_what_it_does(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """The collector process (gearfarm.workers.collector) through real gearmand and a real
-PostgreSQL: while one record waits for the database, the others' claims and records are still
-taken, and nothing waiting is lost."""
+PostgreSQL: while records wait for the database, the others' claims and records are still taken,
+and nothing waiting is lost."""
 
 from __future__ import annotations
 
@@ -24,24 +24,28 @@ from tests.farmkit import ROOT, keyed, wait_for
 from tests.pg import pg_server, pg_url  # noqa: F401 - fixtures
 
 T = "linux-x86_64"
+WAITING = 8  # records held up at once
 
 
-def test_a_record_waiting_for_the_database_holds_up_no_other_claim_or_record(
+def test_records_waiting_for_the_database_hold_up_no_other_claim_or_record(
         tmp_path: Path, pg_url: str) -> None:  # noqa: F811
-    """A 5,000-job night on 64 hosts waited on one collector taking one record at a time
-    (docs/speed.md, "At scale"): each worker's claim queued behind every record. Here run
-    "slow"'s row is locked, as closing a run locks it, so its record waits inside the collector;
-    meanwhile another run's claim is answered and its record applied, and once the lock goes the
-    waiting record is applied too: every offer is in the deliveries table, once. (With
-    collector_threads = 1 the other claim times out.) The farm's default config does this."""
+    """A 5,000-job night on 64 hosts waited on the collector (docs/speed.md, "At scale"): one
+    thread, then four, each spending most of a record waiting on the database, applied 12 records
+    a second with 650 queued behind them, and each worker's claim waited its turn. Here eight
+    runs' rows are locked, as closing a run locks it, so their eight records wait inside the
+    collector; meanwhile another run's claim is answered and its record applied, and once the
+    locks go the waiting records are applied too: every offer is in the deliveries table, once.
+    (With collector_threads = 4 or fewer the other claim times out.) The farm's default config
+    does this."""
     with Gearmand(tmp_path / "gm") as gm:
         cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]),
                      database=DatabaseConfig(url=pg_url),
                      farm=FarmConfig(repo=str(ROOT), state_dir=str(tmp_path), **keyed(tmp_path, pg_url)))  # type: ignore[arg-type]
         config_mod.dump(cfg, tmp_path / "f.toml")
         db = ResultsDB(pg_url)
-        slow, fast = JobId("slow", T, "test-unit"), JobId("fast", T, "test-unit")
-        for jid in (slow, fast):
+        slow = [JobId(f"slow{i}", T, "test-unit") for i in range(WAITING)]
+        fast = JobId("fast", T, "test-unit")
+        for jid in [*slow, fast]:
             db.create_run(jid.run_id, "a" * 40, [T], [str(jid)])
             db.set_live(jid.run_id, {str(jid): ("queued", 1)})
         signer, host = cfg.host_signer(), cfg.host_name()
@@ -55,28 +59,37 @@ def test_a_record_waiting_for_the_database_holds_up_no_other_claim_or_record(
                 rev="a" * 40, status="passed", attempt=1, worker="w", started_at=1.0, finished_at=2.0,
                 host={"hostname": host}, cases=[CaseResult(name="c", status="passed")]), signer)
 
+        def applied(run_ids: list[str]) -> list[str]:
+            return [d.outcome for r in run_ids for d in db.deliveries(r)]
+
         u = make_url(pg_url)
         collector = process.spawn([sys.executable, "-m", "gearfarm.cli", "collector", "--config",
                                    str(tmp_path / "f.toml")], tmp_path / "collector.log", cwd=ROOT)
         try:
-            with Client([gm.address]) as c, psycopg.connect(host=u.host, port=u.port, user=u.username,
-                                                            dbname=u.database) as lock:
-                assert c.submit("collect", claim(slow), unique="c-slow", timeout=60) == b"granted "
-                lock.execute("SELECT 1 FROM runs WHERE run_id = 'slow' FOR UPDATE")
-                c.submit_background("collect", record(slow), unique="r-slow")
-                wait_for("the slow record to wait on the run's lock", lambda: lock.execute(
+            where = dict(host=u.host, port=u.port, user=u.username, dbname=u.database)
+            # The count from a connection of its own: a transaction sees pg_stat_activity as it
+            # was at its first look.
+            with Client([gm.address]) as c, psycopg.connect(**where) as lock, \
+                    psycopg.connect(**where, autocommit=True) as look:
+                for jid in slow:
+                    assert c.submit("collect", claim(jid), unique=f"c-{jid.run_id}", timeout=60) == b"granted "
+                lock.execute("SELECT 1 FROM runs WHERE run_id LIKE 'slow%' FOR UPDATE")
+                for jid in slow:
+                    c.submit_background("collect", record(jid), unique=f"r-{jid.run_id}")
+                wait_for("the slow records to wait on their runs' locks", lambda: look.execute(
                     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock'").fetchone()[0] > 0)  # type: ignore[index]
+                    "AND wait_event_type = 'Lock'").fetchone()[0] == WAITING, 20)  # type: ignore[index]
                 t0 = time.monotonic()
                 assert c.submit("collect", claim(fast), unique="c-fast", timeout=20) == b"granted "
                 c.submit_background("collect", record(fast), unique="r-fast")
-                wait_for("the fast record", lambda: [d.outcome for d in db.deliveries("fast")] == ["applied"], 20)
+                wait_for("the fast record", lambda: applied(["fast"]) == ["applied"], 20)
                 took = time.monotonic() - t0
-                assert db.deliveries("slow") == []  # still waiting for the lock, not dropped
+                assert applied([j.run_id for j in slow]) == []  # still waiting for the locks, not dropped
                 lock.rollback()
-                wait_for("the slow record", lambda: [d.outcome for d in db.deliveries("slow")] == ["applied"], 30)
+                wait_for("the slow records", lambda: applied([j.run_id for j in slow]) == ["applied"] * WAITING, 30)
         finally:
             process.stop(collector)
-    assert {r.job_id: r.status for r in db.jobs("slow") + db.jobs("fast")} == {str(slow): "passed",
-                                                                              str(fast): "passed"}
-    print(f"\nwith a record waiting on the database, another run's claim and record went through in {took:.2f}s")
+    assert {r.job_id: r.status for j in [*slow, fast] for r in db.jobs(j.run_id)} == \
+        {str(j): "passed" for j in [*slow, fast]}
+    print(f"\nwith {WAITING} records waiting on the database, another run's claim and record went through "
+          f"in {took:.2f}s")

@@ -792,9 +792,15 @@ def gearmand(cfg: Config, timeout: float = 2.0) -> list[dict[str, Any]]:
             out.append({"server": f"{host}:{port}", "ok": False, "error": f"{e} (is the farm running?)",
                         "functions": []})
             continue
+        # Who serves each function, in one pass over the workers: asked per function, it was
+        # functions × workers × their functions (128 slots of 100 targets: 1.3 million looks).
+        serving: dict[str, set[str]] = {}
+        for w in workers:
+            for fn in w.functions:
+                serving.setdefault(fn, set()).add(w.client_id)
         out.append({"server": f"{host}:{port}", "ok": True, "error": None, "functions": [
             {"function": fn, "queued": st.queued, "running": st.running, "workers": st.workers,
-             "worker_ids": sorted({w.client_id for w in workers if fn in w.functions})}
+             "worker_ids": sorted(serving.get(fn, ()))}
             for fn, st in sorted(fns.items())]})
     return out
 

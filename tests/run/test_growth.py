@@ -615,3 +615,57 @@ def write_counter(folder: Path):  # noqa: ANN201 - a closure
             n += size - was[1] if was and was[0] == ino else size
         return n
     return written
+
+
+def test_the_live_page_finds_each_functions_workers_in_one_pass(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/scale.py at 64 hosts: `/live` asked, for each function, each connected worker
+    whether it serves it: functions × workers × each worker's functions (1.3 million looks for
+    128 slots of 100 targets, most of a 245 ms page). Each worker's list is read once. The
+    workers are real connections to a real gearmand; only their listed functions are counted."""
+    from dataclasses import replace
+
+    from gearfarm.config import GearmanConfig
+    from gearfarm.gearman import Client, Worker
+    from gearfarm.hosts.gearmand import Gearmand
+    from gearfarm.web import dashboard
+
+    looks = 0
+
+    class Counted(list):  # type: ignore[type-arg]
+        def __contains__(self, item: object) -> bool:
+            nonlocal looks
+            for x in self:
+                if x == item:
+                    return True
+            return False
+
+        def __iter__(self) -> Iterator[str]:
+            nonlocal looks
+            for x in super().__iter__():
+                looks += 1
+                yield x
+
+    n_workers, n_functions = 12, 30
+    with Gearmand(tmp_path / "gm") as gm:
+        workers = [Worker([gm.address], client_id=f"h{i}-test-{i}") for i in range(n_workers)]
+        try:
+            for w in workers:
+                for f in range(n_functions):
+                    w.register(f"test:linux-t{f:02d}", lambda job: b"")
+                w.work_one(0.05)  # connects, and tells gearmand what it serves
+            cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]))
+            real = dashboard.admin.workers
+            monkeypatch.setattr(dashboard.admin, "workers", lambda *a, **k: [
+                replace(w, functions=Counted(w.functions)) for w in real(*a, **k)])
+            with Client([gm.address]) as c:
+                for f in range(n_functions):
+                    c.submit_background(f"test:linux-t{f:02d}", b"", unique=f"u{f}")
+            (server,) = dashboard.gearmand(cfg)
+        finally:
+            for w in workers:
+                w.close()
+    listed = {f["function"]: f["worker_ids"] for f in server["functions"]}
+    assert listed == {f"test:linux-t{f:02d}": sorted(f"h{i}-test-{i}" for i in range(n_workers))
+                      for f in range(n_functions)}
+    assert looks <= n_workers * n_functions, looks  # each worker's functions once (~5,600 before)

@@ -386,6 +386,10 @@ class Bisection(Base):
         return f"bisect-{self.group_id}"
 
 
+# Seconds between two writes of a known host's last_seen (upsert_host).
+HOST_REFRESH = 60.0
+
+
 class ResultsDB:
     def __init__(self, url: str, connections: int = 5, pre_ping: bool = True) -> None:
         """``connections``: how many the pool keeps (as many threads as write at once: the
@@ -421,6 +425,8 @@ class ResultsDB:
                 immediate = conn.get_execution_options().get("write", False)
                 conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
+        # Host id -> when this process last found its row there (upsert_host).
+        self._hosts_there: dict[str, float] = {}
         self._session = sessionmaker(self.engine, expire_on_commit=False)
         self._write_session = sessionmaker(self.engine.execution_options(write=True), expire_on_commit=False)
         try:
@@ -1190,15 +1196,22 @@ class ResultsDB:
             return [(j, a, d) for j, a, d in s.execute(q)]
 
     def upsert_host(self, conn: Connection, fp: dict[str, str]) -> str:
-        """The host's id; its row made or refreshed in the caller's transaction."""
+        """The host's id; its row made, or its last_seen refreshed, in the caller's transaction.
+        A host whose row this process found already there (committed by then: rows of hosts
+        are never deleted) is refreshed at most every HOST_REFRESH seconds: the ledger applies
+        every record of every host, and the write was one of a record's round trips."""
         fields = {k: str(fp.get(k, "")) for k in ("hostname", "cpu", "cores", "mem_gib", "kernel", "machine",
                                                   "compiler")}
         host_id = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+        if time.monotonic() - self._hosts_there.get(host_id, float("-inf")) < HOST_REFRESH:
+            return host_id
         now = time.time()
-        conn.execute(self._host_upsert, dict(
+        first_seen = conn.execute(self._host_upsert, dict(
             host_id=host_id, hostname=fields["hostname"], host_class=fp.get("class", ""), cpu_model=fields["cpu"],
             cores=_int(fields["cores"]), memory_gib=_int(fields["mem_gib"]), kernel=fields["kernel"],
-            machine=fields["machine"], compiler=fields["compiler"], first_seen=now, last_seen=now))
+            machine=fields["machine"], compiler=fields["compiler"], first_seen=now, last_seen=now)).scalar()
+        if first_seen != now:  # not made by this transaction, which may yet roll back
+            self._hosts_there[host_id] = time.monotonic()
         return host_id
 
     @functools.cached_property
@@ -1206,7 +1219,8 @@ class ResultsDB:
         """Made once: the ledger upserts the host of every record it applies."""
         ins = self.insert(Host.__table__)
         return self.compiled(ins.on_conflict_do_update(index_elements=["host_id"],
-                                                       set_={"last_seen": ins.excluded.last_seen}),
+                                                       set_={"last_seen": ins.excluded.last_seen})
+                             .returning(Host.first_seen),
                              ("host_id", "hostname", "host_class", "cpu_model", "cores", "memory_gib", "kernel",
                               "machine", "compiler", "first_seen", "last_seen"))
 

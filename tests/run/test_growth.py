@@ -669,3 +669,22 @@ def test_the_live_page_finds_each_functions_workers_in_one_pass(tmp_path: Path,
     assert listed == {f"test:linux-t{f:02d}": sorted(f"h{i}-test-{i}" for i in range(n_workers))
                       for f in range(n_functions)}
     assert looks <= n_workers * n_functions, looks  # each worker's functions once (~5,600 before)
+
+
+def test_the_ledger_writes_a_known_hosts_row_once_a_minute_not_per_record(db_url: str) -> None:
+    """Each record a host delivers refreshed its host's row (last_seen): one of a record's round
+    trips, 5,000 a night for a fact the dashboard shows to the minute. A row the ledger found
+    there is refreshed once a minute; a new host's row is still made with its first record."""
+    from gearfarm.db.results import Host
+
+    db = ResultsDB(db_url)
+    jids = night(db, "hosts", 6)
+    ledger = Ledger(db)
+    sql = statements(db)
+    for jid in jids:
+        r = record(jid).model_copy(update={"host": {"hostname": "h1", "cpu": "c", "cores": "2"}})
+        assert ledger.apply(r, "collect") == "applied"
+    writes = [s for s in sql if s.lstrip().upper().startswith("INSERT INTO HOSTS")]
+    assert len(writes) == 2, writes  # made, then found there; 7 before
+    with db.session() as s:
+        assert [h.hostname for h in s.query(Host)] == ["h1"]

@@ -37,7 +37,7 @@ from gearfarm.formats.job import (
 from gearfarm.formats.marker import Marker, sealed
 from gearfarm.formats.result import TERMINAL, ResultRecord
 from gearfarm.formats.seal import Signer
-from gearfarm.gearman import Client, GearmanError, JobStatus, StatusUnknown, admin
+from gearfarm.gearman import BackgroundJob, Client, GearmanError, JobStatus, StatusUnknown, admin
 from gearfarm.hosts.connection import ssl_context
 from gearfarm.run import snapshot
 from gearfarm.run.ledger import Ledger, farm_record
@@ -266,12 +266,14 @@ def send(db: ResultsDB, client: Client, signer: Signer, payload: Payload) -> Non
 
 def send_all(db: ResultsDB, client: Client, signer: Signer, payloads: list[Payload]) -> None:
     """Sign and submit payloads of one run, their attempts recorded first in one transaction
-    (one per job made releasing a target's suites cost a database round trip each)."""
+    (one per job made releasing a target's suites cost a database round trip each), and the
+    payloads pipelined to gearmand: one at a time, each waiting for its JOB_CREATED, a 5,000-job
+    night's nightly spent 230 of its 520 s submitting (46 ms a job on a busy machine) while
+    every target's suites waited to be released."""
     if not payloads:
         return
     db.set_live(payloads[0].run_id, {p.job_id: ("queued", p.attempt) for p in payloads})
-    for p in payloads:
-        client.submit_background(p.function, sign(p, signer), unique=p.unique)
+    client.submit_background_many([BackgroundJob(p.function, sign(p, signer), p.unique) for p in payloads])
 
 
 def reconcile(ledger: Ledger, store: ArtifactStore, run_id: str, seen: set[str]) -> int:

@@ -460,9 +460,9 @@ def published(config: Path, run_id: str) -> dict[str, float]:
 
     got: dict[str, float] = {}
     for key, _, at in ArtifactStore(load(config).s3).objects(keys.run_prefix(run_id)):
-        parts = key.split("/")
-        if len(parts) == 6 and parts[4] == "results":
-            jid = str(JobId(run_id, parts[2], parts[3]))
+        if keys.is_result(key):  # runs/<run>/<target>/<step>/results/<attempt>-<digest>.json
+            _, _, target, step, *_ = key.split("/")
+            jid = str(JobId(run_id, target, step))
             got[jid] = min(at, got.get(jid, at))
     return got
 

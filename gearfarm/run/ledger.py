@@ -105,7 +105,7 @@ class _Sql:
         # between the report's snapshot and the close), on PostgreSQL; SQLite's writer is alone.
         facts = select(Run.reported_at, submitted.label("submitted"), holder.label("holder")) \
             .where(Run.run_id == bindparam("p_run"))
-        pg = db.engine.dialect.name == "postgresql"
+        self.pg = pg = db.engine.dialect.name == "postgresql"
         row = select(jobs.c.status, jobs.c.attempt).where(jobs.c.job_id == bindparam("p_job"))
         self.facts_shared = facts.with_for_update(read=True, of=Run) if pg else \
             facts.add_columns(row.with_only_columns(jobs.c.attempt).scalar_subquery().label("recorded"))
@@ -134,7 +134,6 @@ class _Sql:
         self.cases_gone = delete(cases).where(cases.c.job_id == bindparam("p_job"))
         self.samples_gone = delete(samples).where(samples.c.job_id == bindparam("p_job"))
         self.cases_new, self.samples_new = cases.insert(), samples.insert()
-        self.pg = pg
         self.logged = DeliveryRow.__table__.insert()
 
 

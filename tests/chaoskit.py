@@ -108,9 +108,10 @@ class StartWatch:
 
 
 def genuine_records(store: ArtifactStore, keyring: Lookup, run_id: str) -> dict[str, ResultRecord]:
-    """digest -> every record the run's workers sealed. Workers write each record to S3 before
-    they send it to the collector (and spool it until they can), so a record applied from the
-    wire or from S3 that is not here was not made by a farm worker."""
+    """digest -> every record the run's workers sealed. Workers write each record to S3 as well
+    as send it to the collector (and keep it in their spool until both went; FarmView.count
+    waits for the spools), so a record applied from the wire or from S3 that is not here was
+    not made by a farm worker."""
     out = {}
     for key in store.list(keys.run_prefix(run_id)):
         if keys.is_result(key):
@@ -297,13 +298,17 @@ class FarmView:
         tally.add_run(nightly.run_id, *nightly.finish(), forged)
 
     def count(self, tally: Tally, timeout: float = 120.0) -> None:
-        """Count once gearmand's queues are empty: what the chaos left queued (a job replayed
-        after its run closed, a result on its way) has been run, dropped or delivered."""
+        """Count once gearmand's queues and the workers' spools are empty: what the chaos left
+        queued (a job replayed after its run closed, a result on its way) has been run, dropped
+        or delivered, and what a worker could not put to S3 in an outage (a record's copy, its
+        files) is there; a record may reach the ledger before its copy reaches S3."""
         host, port = self.cfg.gearman.addresses()[0]
+        spool = self.farm.state / "spool"
         deadline = time.monotonic() + timeout
         quiet = 0
         while quiet < 3 and time.monotonic() < deadline:  # three polls in a row: not a lull
-            quiet = quiet + 1 if not any(st.queued for st in admin.status(host, port).values()) else 0
+            busy = any(st.queued for st in admin.status(host, port).values()) or any(spool.glob("*/*.json"))
+            quiet = quiet + 1 if not busy else 0
             time.sleep(0.5)
         tally.count(self.db, self.store, self.workers, self.logs())
 

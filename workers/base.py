@@ -8,6 +8,7 @@ collector through Gearman while the slot takes its next job."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import json
@@ -15,6 +16,7 @@ import logging
 import os
 import queue
 import resource
+import secrets
 import shutil
 import socket
 import tempfile
@@ -50,6 +52,8 @@ log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 5.0
 # How long a stopping worker waits for the records it posted to be published.
 DRAIN_SECONDS = 10.0
+# Records a slot's outbox may have still to publish when the slot takes its next job.
+OUTBOX_MAX = 1
 # How old spooled files no spooled record names must be before they are removed (_sweep_files).
 ORPHAN_SECONDS = 600.0
 LOG_TAIL_LINES = 40
@@ -92,7 +96,12 @@ class Context:
         # Records posted and not yet published (post): the flush loop leaves their spool files.
         self._outbox: queue.SimpleQueue[tuple[ResultRecord, bytes, Path]] = queue.SimpleQueue()
         self._posted: set[Path] = set()
-        self._posted_lock = threading.Lock()
+        self._posted_lock = threading.Condition()
+        # This process's mark on the records it posts (their spool names carry it), held locked
+        # for its life: a sibling worker of this host and role leaves them to its outbox, and
+        # delivers them once the lock is gone with the process (flush_spool).
+        self.owner = f"{os.getpid()}-{secrets.token_hex(3)}"
+        self._owner_fd: int | None = None
         threading.Thread(target=self._send_posted, name="outbox", daemon=True).start()
         # A job's files put to S3 beside its log (Attempt.record): one PUT waited for, not two.
         self.uploads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="uploads")
@@ -131,14 +140,54 @@ class Context:
         try:
             if blob is not None:
                 self._spool_write(rec, blob, self._spooled_cases(rec))  # first: a spooled record finds them
-            path = self._spool_write(rec, body)
+            self._own()
+            path = self._spool_write(rec, body, self.spool / f"{rec.digest[:24]}.{self.owner}.json")
         except OSError as e:  # a full or broken disk: then it is delivered now, as it was before
             log.warning("cannot spool the result of %s (%s); delivering it now", rec.job_id, e)
             self._deliver_sealed(rec, body, blob)
             return
         with self._posted_lock:
             self._posted.add(path)
-        self._outbox.put((rec, body, path))
+            self._outbox.put((rec, body, path))
+            # Not more than OUTBOX_MAX records behind: on a host short of CPU the outbox (three
+            # PUTs and a submit a record) fell minutes behind its slot, and the nightly took
+            # jobs whose records waited there for lost.
+            self._posted_lock.wait_for(lambda: len(self._posted) <= OUTBOX_MAX)
+
+    def close(self) -> None:
+        """A stopping worker's last step: its connections go, and its owner lock with them (what
+        it spooled is then any sibling's to deliver)."""
+        self.client.close()
+        if self._owner_fd is not None:
+            os.close(self._owner_fd)
+            self._owner_fd = None
+
+    def _own(self) -> None:
+        """Take this process's owner lock in the spool (once)."""
+        if self._owner_fd is None:
+            (self.spool / "owners").mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.spool / "owners" / self.owner, os.O_CREAT | os.O_RDWR, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._owner_fd = fd
+
+    def _alive(self, owner: str) -> bool:
+        """Whether the worker process that posted under ``owner`` still runs (holds its lock);
+        a dead one's lock file goes."""
+        if owner == self.owner:
+            return True
+        at = self.spool / "owners" / owner
+        try:
+            fd = os.open(at, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        at.unlink(missing_ok=True)
+        return False
 
     def files_of(self, job_id: str, attempt: int, worker: str) -> Path:
         """Where the files a record names (its log, its suite's JUnit file) wait in the spool for
@@ -224,6 +273,7 @@ class Context:
             finally:
                 with self._posted_lock:
                     self._posted.discard(path)
+                    self._posted_lock.notify_all()
 
     def _spooled_cases(self, rec: ResultRecord) -> Path:
         """Where the cases of a spooled record wait (not *.json: flush_spool reads records only)."""
@@ -284,6 +334,9 @@ class Context:
                 with self._posted_lock:
                     if path in self._posted:
                         continue  # the outbox has it
+                owner = path.name.split(".")[1] if path.name.count(".") == 2 else ""
+                if owner and owner != self.owner and self._alive(owner):
+                    continue  # a sibling worker's outbox has it
                 try:
                     body = path.read_bytes()
                 except FileNotFoundError:
@@ -309,6 +362,8 @@ class Context:
         """Remove spooled files no spooled record names: left by a worker killed between moving
         a job's files and spooling its record (that attempt's job goes to another worker). Only
         after ORPHAN_SECONDS, as a sibling worker of this host and role may be between the two."""
+        for at in self.spool.glob("owners/*"):
+            self._alive(at.name)  # a dead worker's lock file goes
         old = []
         for at in self.spool.glob("files/*"):
             with contextlib.suppress(FileNotFoundError):
@@ -634,7 +689,7 @@ def serve(cfg: Config, functions: list[tuple[str, str, Work]], stop: threading.E
             # spool for the next start.
             if not ctx.drain(DRAIN_SECONDS):
                 log.warning("results still being published at stop; they wait in %s", ctx.spool)
-            ctx.client.close()
+            ctx.close()
         process.release_work_dir(first.work)
 
 

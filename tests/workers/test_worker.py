@@ -185,7 +185,7 @@ def test_a_jobs_log_and_junit_go_to_s3_from_the_spool_and_the_slot_does_not_wait
             time.sleep(0.05)
         assert ctx.drain(60)
         assert len(list(ctx.spool.glob("*.json"))) == 1 and len(list(ctx.spool.glob("files/*"))) == 1
-        ctx.client.close()
+        ctx.close()  # the worker is gone
 
         minio.start()
         later = Context(cfg, "test")  # the next worker of this host and role
@@ -193,6 +193,61 @@ def test_a_jobs_log_and_junit_go_to_s3_from_the_spool_and_the_slot_does_not_wait
         assert later.store.get_bytes(b.log_key).endswith(b"the model suite failed here\n")
         assert list(later.spool.glob("*.json")) == [] and list(later.spool.glob("files/*")) == []
         later.client.close()
+
+
+def test_a_sibling_worker_leaves_a_live_workers_spooled_record_to_it_and_delivers_a_dead_ones(
+        tmp_path: Path) -> None:
+    """The two slots of a host share its spool. A record one of them posted is its own outbox's
+    while it lives (the other delivering it too sent every record twice when the outboxes ran
+    behind); once it is gone, the other delivers it."""
+    farm = keyed(tmp_path / "state", f"sqlite:///{tmp_path / 'r.db'}")
+    with Gearmand(tmp_path / "gm") as gm, MinioServer(tmp_path / "minio") as minio:
+        cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]), s3=minio.s3_config(),
+                     farm=FarmConfig(repo=str(tmp_path), state_dir=str(tmp_path / "state"), **farm))  # type: ignore[arg-type]
+        one, two = Context(cfg, "test"), Context(cfg, "test")
+
+        def queued() -> int:
+            got = admin.status(*gm.address).get("collect")
+            return got.queued if got else 0
+
+        gm.stop()
+        one.post(ResultRecord(job_id="r1:linux-x86_64:test-unit", run_id="r1", target="linux-x86_64", kind="test",
+                              step="test-unit", name="unit", rev="a" * 40, status="passed"))
+        assert one.drain(30) and len(list(one.spool.glob("*.json"))) == 1, "its outbox could not send it"
+        gm.start()
+        two.flush_spool()
+        assert len(list(one.spool.glob("*.json"))) == 1 and queued() == 0, "the sibling sent a live worker's record"
+        one.close()
+        two.flush_spool()
+        assert list(one.spool.glob("*.json")) == [] and queued() == 1
+        assert list(one.spool.glob("owners/*")) == [], "the gone worker's lock file is left"
+        two.close()
+
+
+def test_a_slot_takes_no_job_while_its_outbox_is_more_than_a_record_behind(tmp_path: Path) -> None:
+    """The outbox publishes while the slot runs its next job, but it does not fall further
+    behind: posting waits while an earlier record is still being published (a host short of CPU
+    once left records minutes in its outbox, and the nightly took their jobs for lost)."""
+    farm = keyed(tmp_path / "state", f"sqlite:///{tmp_path / 'r.db'}")
+    with Gearmand(tmp_path / "gm") as gm, MinioServer(tmp_path / "minio") as minio:
+        cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]), s3=minio.s3_config(),
+                     farm=FarmConfig(repo=str(tmp_path), state_dir=str(tmp_path / "state"), **farm))  # type: ignore[arg-type]
+        ctx = Context(cfg, "test")
+        ctx.store.retry_for = 3.0  # each record's S3 copy waits out 3 s of the outage, then stays spooled
+        minio.stop()
+        took = []
+        for step in ("test-unit", "test-model", "test-recovery"):
+            t0 = time.monotonic()
+            ctx.post(ResultRecord(job_id=f"r1:linux-x86_64:{step}", run_id="r1", target="linux-x86_64", kind="test",
+                                  step=step, name=step[5:], rev="a" * 40, status="passed"))
+            took.append(time.monotonic() - t0)
+        assert took[0] < 1.0 and min(took[1:]) >= 1.0, f"posts took {took}: the outbox ran more than one behind"
+        assert ctx.drain(60)
+        minio.start()
+        ctx.flush_spool()
+        assert list(ctx.spool.glob("*.json")) == []
+        assert len([k for k in ctx.store.list("runs/r1/") if "/results/" in k]) == 3
+        ctx.close()
 
 
 def test_spooled_files_no_record_names_are_removed_once_old(tmp_path: Path) -> None:

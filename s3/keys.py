@@ -90,7 +90,12 @@ def result(run_id: str, target: str, step: str, attempt: int, digest: str) -> st
 
 def results_of(run_id: str, target: str, step: str, attempt: int) -> str:
     """The prefix of every record one attempt of a job delivered."""
-    return f"runs/{part(run_id)}/{part(target)}/{part(step)}/results/{int(attempt)}-"
+    return f"{job_results(run_id, target, step)}{int(attempt)}-"
+
+
+def job_results(run_id: str, target: str, step: str) -> str:
+    """The prefix of every record of every attempt of a job."""
+    return f"runs/{part(run_id)}/{part(target)}/{part(step)}/results/"
 
 
 def cases(run_id: str, target: str, step: str, sha256: str) -> str:

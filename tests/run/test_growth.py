@@ -200,6 +200,53 @@ def test_reconcile_reads_only_records_the_ledger_has_not_ranked(tmp_path: Path) 
     assert set(delivered) <= seen
 
 
+@dataclass
+class Forgetful(Submissions):
+    """gearmand that holds none of the jobs sent to it any more (they ended, or it lost them)."""
+
+    def get_status_unique(self, unique: str) -> JobStatus:
+        return JobStatus(unique, False, False, 0, 0)
+
+
+class Listed(ResultsInS3):
+    """S3 as above, saying which prefixes were listed and how many keys that took."""
+
+    def __init__(self, listed: list[str]) -> None:
+        super().__init__(listed)
+        self.prefixes: list[str] = []
+        self.keys = 0
+
+    def list(self, prefix: str) -> Iterator[str]:
+        self.prefixes.append(prefix)
+        got = [k for k in self.listed if k.startswith(prefix)]
+        self.keys += len(got)
+        return iter(got)
+
+
+def test_a_job_thought_lost_is_looked_for_in_s3_under_its_own_keys(tmp_path: Path) -> None:
+    """A job gearmand no longer holds, with no result past the lost grace, was looked for in S3
+    by listing the whole run: at 5,000 jobs 15,000 objects (log, JUnit, record each) for every
+    job whose record was late, which made records later still (docs/speed.md)."""
+    db, cfg, p = planned(tmp_path, "lj", targets=1, suites=40)
+    ledger = Ledger(db)
+    t = p.targets[0]
+    build = record(JobId("lj", t, "build")).model_copy(update={"artifact_key": f"artifacts/{REV}/{t}/x/a.tar.zst",
+                                                               "artifact_sha256": "7" * 64})
+    assert ledger.apply(build, "nightly") == "applied"
+    tests = [j for j in p.expected if j.kind == "test"]
+    others = [keys.job_file("lj", t, j.step, n) for j in tests for n in ("log.txt", "junit.xml")]
+    store, client = Listed(others), Forgetful()
+    dog = nightly.Watchdog(cfg, db, ledger, store, client, p, set())  # type: ignore[arg-type]
+    dog.release(tests)
+    states = db.job_states("lj")
+    keeps_up = {"collect": FunctionStatus(0, 0, 1)}
+    now = time.time()
+    dog.check(tests, states, now, keeps_up)
+    dog.check(tests, states, now + cfg.farm.lost_grace + 1, keeps_up)
+    assert sorted(store.prefixes) == sorted(keys.job_results("lj", t, j.step) for j in tests)
+    assert store.keys == 0, "another job's keys were listed"
+
+
 @pytest.mark.parametrize("targets", [1, 60])
 def test_the_report_passes_over_the_records_a_bounded_number_of_times(targets: int) -> None:
     """document.build rebuilt the set of recorded jobs once per expected job (jobs² steps), and

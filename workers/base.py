@@ -1,23 +1,19 @@
 """What every worker role shares: connecting to gearmand and S3, checking payloads before
 anything runs (the nightly's signature, unique id, deadline; then the ledger's claim), a heartbeat for
 the whole job, the job's dir and log around the kind's own work (an Attempt), and delivering the
-result record sealed with this host's own key: into the local spool with the files it names (its
-log, its suite's JUnit file), then from a thread of its own to S3 (the durable copy) and to the
-collector through Gearman while the slot takes its next job."""
+result record sealed with this host's own key: into the local spool, then from a thread of its own
+to S3 (the durable copy) and to the collector through Gearman while the slot takes its next job."""
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import functools
 import hashlib
-import json
 import logging
 import os
 import queue
 import resource
 import secrets
-import shutil
 import socket
 import tempfile
 import threading
@@ -54,8 +50,6 @@ HEARTBEAT_SECONDS = 5.0
 DRAIN_SECONDS = 10.0
 # Records a slot's outbox may have still to publish when the slot takes its next job.
 OUTBOX_MAX = 1
-# How old spooled files no spooled record names must be before they are removed (_sweep_files).
-ORPHAN_SECONDS = 600.0
 LOG_TAIL_LINES = 40
 
 
@@ -149,9 +143,10 @@ class Context:
         with self._posted_lock:
             self._posted.add(path)
             self._outbox.put((rec, body, path))
-            # Not more than OUTBOX_MAX records behind: on a host short of CPU the outbox (three
-            # PUTs and a submit a record) fell minutes behind its slot, and the nightly took
-            # jobs whose records waited there for lost.
+            # Not more than OUTBOX_MAX records behind: on a host short of CPU an unbounded outbox
+            # falls behind its slot without end (with a record's files in it too, it fell
+            # minutes behind at 64 hosts), and the nightly takes jobs whose records wait there
+            # for lost.
             self._posted_lock.wait_for(lambda: len(self._posted) <= OUTBOX_MAX)
 
     def close(self) -> None:
@@ -189,67 +184,6 @@ class Context:
         at.unlink(missing_ok=True)
         return False
 
-    def files_of(self, job_id: str, attempt: int, worker: str) -> Path:
-        """Where the files a record names (its log, its suite's JUnit file) wait in the spool for
-        the outbox: named by the attempt and its worker, which the spooled record names too."""
-        return self.spool / "files" / hashlib.sha256(f"{job_id}|{attempt}|{worker}".encode()).hexdigest()[:24]
-
-    def attach(self, p: Payload, files: dict[str, tuple[Path, str]]) -> None:
-        """Move a job's files (S3 key: path and content type) out of its job dir into the spool,
-        where the outbox puts them to S3 before it sends the record that names them: the two
-        PUTs were a third of a slot's time between two jobs (docs/speed.md). Moved, not copied
-        (the job dir is removed next), and synced, as the record will be: a record delivered
-        from the spool after a crash finds its files there. OSError when the spool cannot take
-        them (a full disk): the caller then puts them itself."""
-        to = self.files_of(p.job_id, p.attempt, self.name)
-        moved: list[tuple[Path, Path]] = []
-        try:
-            to.mkdir(parents=True, exist_ok=True)
-            for i, (path, _) in enumerate(files.values()):
-                shutil.move(path, to / str(i))
-                moved.append((to / str(i), path))
-                fd = os.open(to / str(i), os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            listed = [{"key": key, "file": str(i), "content_type": kind}
-                      for i, (key, (_, kind)) in enumerate(files.items())]
-            self._spool_write_bytes(to / "files.json", json.dumps(listed).encode())
-        except OSError:
-            for there, back in moved:  # where the caller puts them from
-                shutil.move(there, back)
-            shutil.rmtree(to, ignore_errors=True)
-            raise
-
-    def _put_files(self, rec: ResultRecord) -> bool:
-        """Put the spooled files of ``rec`` to S3, side by side; True once none is left to put.
-        Without waiting out an outage (files_store): with S3 away the record still goes to the
-        collector, and its files follow from the spool."""
-        at = self.files_of(rec.job_id, rec.attempt, rec.worker)
-        try:
-            listed = json.loads((at / "files.json").read_bytes())
-        except (FileNotFoundError, NotADirectoryError):
-            return True  # it named none, or they were put already
-        puts = [self.uploads.submit(self.files_store.put_file, f["key"], at / f["file"], f["content_type"])
-                for f in listed]
-        put = True
-        for p in puts:
-            try:
-                p.result()
-            except FileNotFoundError:
-                pass  # put and removed by a sibling worker of this host and role
-            except (StoreError, ClientError, OSError) as e:
-                log.warning("cannot put a file of %s yet (%s); it waits in the spool", rec.job_id, e)
-                put = False
-        return put
-
-    @functools.cached_property
-    def files_store(self) -> ArtifactStore:
-        """For a record's files, put by the outbox just before the record is sent: tried a few
-        times but not through an outage, which would hold the record back from the collector."""
-        return ArtifactStore(self.s3, retry_for=0.0)
-
     def drain(self, timeout: float) -> bool:
         """Wait until every posted record was published or set aside in the spool (a stopping
         worker); False when ``timeout`` passed first."""
@@ -280,11 +214,8 @@ class Context:
         return self.spool / "cases" / f"{rec.cases_sha256}.json.zst"
 
     def _spool_write(self, rec: ResultRecord, body: bytes, path: Path | None = None) -> Path:
-        return self._spool_write_bytes(path or self.spool / f"{rec.digest[:24]}.json", body)
-
-    @staticmethod
-    def _spool_write_bytes(path: Path, body: bytes) -> Path:
         """Atomically: a crash mid-write leaves a temp file, never a torn record."""
+        path = path or self.spool / f"{rec.digest[:24]}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         with os.fdopen(fd, "wb") as f:
@@ -311,9 +242,6 @@ class Context:
                 pending.unlink(missing_ok=True)
             except FileNotFoundError:
                 pass  # delivered from here before, or by a sibling worker of this host and role
-        # Its files next, so that a record read at once finds them; should they not go now, the
-        # record goes all the same and they follow from the spool.
-        files_put = self._put_files(rec)
         key = keys.result(rec.run_id, rec.target, rec.step, rec.attempt, digest)
         try:
             self.client.submit_background(COLLECT_FUNCTION, body,
@@ -322,9 +250,6 @@ class Context:
             self.store.put_bytes(key, body, "application/json")
             raise
         self.store.put_bytes(key, body, "application/json")
-        if not files_put:
-            raise StoreError(f"the files of {rec.job_id} attempt {rec.attempt} are not in S3 yet")
-        shutil.rmtree(self.files_of(rec.job_id, rec.attempt, rec.worker), ignore_errors=True)
 
     def flush_spool(self) -> None:
         with self._spool_lock:
@@ -356,32 +281,8 @@ class Context:
                     break  # still away; try again on the next round
                 path.unlink(missing_ok=True)
                 log.info("delivered spooled result %s", path.name)
-            self._sweep_files()
-
-    def _sweep_files(self) -> None:
-        """Remove spooled files no spooled record names: left by a worker killed between moving
-        a job's files and spooling its record (that attempt's job goes to another worker). Only
-        after ORPHAN_SECONDS, as a sibling worker of this host and role may be between the two."""
-        for at in self.spool.glob("owners/*"):
-            self._alive(at.name)  # a dead worker's lock file goes
-        old = []
-        for at in self.spool.glob("files/*"):
-            with contextlib.suppress(FileNotFoundError):
-                if time.time() - at.stat().st_mtime > ORPHAN_SECONDS:
-                    old.append(at)
-        if not old:
-            return
-        named = set()
-        for path in self.spool.glob("*.json"):
-            try:
-                rec = peek_record(path.read_bytes())
-            except (OSError, RecordError):
-                continue
-            named.add(self.files_of(rec.job_id, rec.attempt, rec.worker).name)
-        for at in old:
-            if at.name not in named:
-                shutil.rmtree(at, ignore_errors=True)
-                log.warning("removed %s: files of a record that was never spooled (its worker died first)", at)
+            for at in self.spool.glob("owners/*"):
+                self._alive(at.name)  # a gone worker's lock file goes
 
     def record(self, p: Payload, status: str, **fields: object) -> ResultRecord:
         return ResultRecord(job_id=p.job_id, run_id=p.run_id, target=p.target, kind=p.kind, step=p.step,
@@ -508,19 +409,18 @@ class Attempt:
 
     def record(self, status: str, message: str = "", files: dict[str, tuple[Path, str]] | None = None,
                **fields: object) -> ResultRecord:
-        """The record of work that ran. Its log and ``files`` (key: path and content type, such
-        as a suite's junit.xml) go into the spool with it (Context.attach), and to S3 before it
-        (the record names them); a record that is not `passed` carries the log's tail, which is
-        what a person reads first."""
+        """The record of work that ran. The log goes to S3 first, and ``files`` (key: path and
+        content type, such as a suite's junit.xml) beside it, at once: the record names them, and
+        a record that is not `passed` carries the log's tail, which is what a person reads first.
+        (Moving them into the spool for the outbox to put instead took 8 ms off a slot's time
+        between jobs on an idle host, but the three more fsyncs and the longer outbox made a
+        64-host night on two cores slower: docs/speed.md.)"""
+        beside = [self.ctx.uploads.submit(self.ctx.store.put_file, key, path, kind)
+                  for key, (path, kind) in (files or {}).items()]
+        self.ctx.store.put_file(self.log_key, self.log_path, "text/plain; charset=utf-8")
+        for put in beside:
+            put.result()
         tail = "" if status == "passed" else process.log_tail(self.log_path, LOG_TAIL_LINES)
-        files = {self.log_key: (self.log_path, "text/plain; charset=utf-8"), **(files or {})}
-        try:
-            self.ctx.attach(self.p, files)
-        except OSError as e:  # the spool cannot take them: put now, as before the outbox did it
-            log.warning("cannot spool the files of %s (%s); putting them now", self.p.job_id, e)
-            for put in [self.ctx.uploads.submit(self.ctx.store.put_file, key, path, kind)
-                        for key, (path, kind) in files.items()]:
-                put.result()
         return self.ctx.record(self.p, status, started_at=self.started, finished_at=time.time(),
                                timings=self.timings, log_key=self.log_key, message=message, log_tail=tail, **fields)
 

@@ -4,19 +4,17 @@ file that cannot be read is set aside and never blocks the others."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 from gearfarm.config import Config, FarmConfig, GearmanConfig
-from gearfarm.formats.job import Payload
 from gearfarm.formats.result import ResultRecord, open_record
 from gearfarm.formats.seal import keyring
 from gearfarm.gearman import admin
 from gearfarm.hosts.gearmand import Gearmand
 from gearfarm.hosts.minio_server import MinioServer
 from gearfarm.s3 import keys
-from gearfarm.workers.base import ORPHAN_SECONDS, Attempt, Context
+from gearfarm.workers.base import Context
 from tests.farmkit import keyed
 
 
@@ -132,69 +130,6 @@ def test_an_s3_outage_does_not_hold_a_record_back_from_the_collector(tmp_path: P
         ctx.client.close()
 
 
-def _attempt(ctx: Context, tmp_path: Path) -> Attempt:
-    """A test job's attempt as the worker makes it (a job dir, its log begun), on no catalog."""
-    p = Payload.model_construct(kind="test", run_id="r1", project="demo", rev="a" * 40, target="linux-x86_64",
-                                name="unit", attempt=1, submitted_at=time.time())
-    job = tmp_path / "job"
-    job.mkdir(parents=True)
-    return Attempt(ctx, p, None, None, job, time.time())  # type: ignore[arg-type]
-
-
-def test_a_jobs_log_and_junit_go_to_s3_from_the_spool_and_the_slot_does_not_wait_for_them(tmp_path: Path) -> None:
-    """A job's record names its log and JUnit file: they leave the job dir for the spool with the
-    record, and the outbox puts them to S3 and then sends the record, while the slot goes on. With
-    S3 away, ending the job takes no time (it once waited out the outage), the record still
-    reaches the collector, and the files follow from the spool once S3 is back, also when the
-    worker that ran the job is gone."""
-    farm = keyed(tmp_path / "state", f"sqlite:///{tmp_path / 'r.db'}")
-    with Gearmand(tmp_path / "gm") as gm, MinioServer(tmp_path / "minio") as minio:
-        cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]), s3=minio.s3_config(),
-                     farm=FarmConfig(repo=str(tmp_path), state_dir=str(tmp_path / "state"), **farm))  # type: ignore[arg-type]
-        ctx = Context(cfg, "test")
-        ctx.store.retry_for = 3.0
-
-        def queued() -> int:
-            got = admin.status(*gm.address).get("collect")
-            return got.queued if got else 0
-
-        a = _attempt(ctx, tmp_path / "one")
-        a.note("suite output")
-        junit = a.tmpd / "junit.xml"
-        junit.write_text("<testsuite/>")
-        junit_key = keys.job_file("r1", "linux-x86_64", "test-unit", "junit.xml")
-        rec = a.record("passed", files={junit_key: (junit, "application/xml")}, junit_key=junit_key)
-        assert not a.log_path.exists() and not junit.exists(), "moved out of the job dir, which is removed next"
-        ctx.post(rec)
-        assert ctx.drain(30)
-        assert ctx.store.get_bytes(a.log_key).endswith(b"suite output\n")
-        assert ctx.store.get_bytes(junit_key) == b"<testsuite/>" and queued() == 1
-        assert list(ctx.spool.glob("*.json")) == [] and list(ctx.spool.glob("files/*")) == []
-
-        minio.stop()
-        b = _attempt(ctx, tmp_path / "two")
-        b.p = b.p.model_copy(update={"name": "model", "attempt": 2})
-        b.log_key = keys.job_file("r1", "linux-x86_64", "test-model", "log.txt")
-        b.note("the model suite failed here")
-        t0 = time.monotonic()
-        ctx.post(b.record("failed", "1 failed: x"))
-        assert time.monotonic() - t0 < 1.0, "the slot waited for S3"
-        deadline = time.monotonic() + 10
-        while queued() != 2:
-            assert time.monotonic() < deadline, "the record did not reach the collector while S3 was away"
-            time.sleep(0.05)
-        assert ctx.drain(60)
-        assert len(list(ctx.spool.glob("*.json"))) == 1 and len(list(ctx.spool.glob("files/*"))) == 1
-        ctx.close()  # the worker is gone
-
-        minio.start()
-        later = Context(cfg, "test")  # the next worker of this host and role
-        later.flush_spool()
-        assert later.store.get_bytes(b.log_key).endswith(b"the model suite failed here\n")
-        assert list(later.spool.glob("*.json")) == [] and list(later.spool.glob("files/*")) == []
-        later.client.close()
-
-
 def test_a_sibling_worker_leaves_a_live_workers_spooled_record_to_it_and_delivers_a_dead_ones(
         tmp_path: Path) -> None:
     """The two slots of a host share its spool. A record one of them posted is its own outbox's
@@ -248,32 +183,6 @@ def test_a_slot_takes_no_job_while_its_outbox_is_more_than_a_record_behind(tmp_p
         assert list(ctx.spool.glob("*.json")) == []
         assert len([k for k in ctx.store.list("runs/r1/") if "/results/" in k]) == 3
         ctx.close()
-
-
-def test_spooled_files_no_record_names_are_removed_once_old(tmp_path: Path) -> None:
-    """A worker killed between moving a job's files into the spool and spooling the record leaves
-    files nothing will send: the flush removes them once they are old, and never the files of a
-    spooled record, nor young ones a sibling worker may be about to name."""
-    farm = keyed(tmp_path / "state", f"sqlite:///{tmp_path / 'r.db'}")
-    with Gearmand(tmp_path / "gm") as gm, MinioServer(tmp_path / "minio") as minio:
-        cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]), s3=minio.s3_config(),
-                     farm=FarmConfig(repo=str(tmp_path), state_dir=str(tmp_path / "state"), **farm))  # type: ignore[arg-type]
-        ctx = Context(cfg, "test")
-        gm.stop()  # nothing is delivered: the spooled record and its files stay
-        named = _attempt(ctx, tmp_path / "named")
-        ctx.post(named.record("passed"))
-        assert ctx.drain(30)
-        orphan, young = (ctx.files_of(f"r1:linux-x86_64:test-{n}", 1, ctx.name) for n in ("gone", "young"))
-        for d in (orphan, young):
-            d.mkdir(parents=True)
-            (d / "0").write_text("log")
-        old = time.time() - ORPHAN_SECONDS - 60
-        for d in (orphan, ctx.files_of(named.p.job_id, 1, ctx.name)):
-            os.utime(d, (old, old))
-        ctx.flush_spool()
-        left = {d.name for d in ctx.spool.glob("files/*")}
-        assert left == {young.name, ctx.files_of(named.p.job_id, 1, ctx.name).name}
-        ctx.client.close()
 
 
 def test_the_heartbeats_look_for_a_cancel_does_not_wait_out_an_s3_outage(tmp_path: Path) -> None:

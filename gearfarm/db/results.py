@@ -645,6 +645,18 @@ class ResultsDB:
             q = select(JobRow.job_id, JobRow.status).where(JobRow.run_id == run_id)
             return {jid: st for jid, st in s.execute(q)}
 
+    def job_states_since(self, run_id: str, since: float) -> tuple[dict[str, str], float | None]:
+        """{job id: status} of the run's jobs the ledger applied a record to at or after ``since``
+        (its deliveries log, written in the transaction that changed the job's row), and the
+        latest such time (None: none since): what changed, for a poll that read the rest."""
+        with self.session() as s:
+            recent = (DeliveryRow.at >= since, DeliveryRow.run_id == run_id, DeliveryRow.outcome == "applied")
+            changed = select(DeliveryRow.job_id).where(*recent)
+            got = {jid: st for jid, st in s.execute(select(JobRow.job_id, JobRow.status)
+                                                    .where(JobRow.job_id.in_(changed)))}
+            latest = s.execute(select(func.max(DeliveryRow.at)).where(*recent)).scalar()
+        return got, latest
+
     def terminal_ids(self, run_id: str) -> set[str]:
         return {jid for jid, st in self.job_states(run_id).items() if st in TERMINAL}
 

@@ -200,6 +200,36 @@ def test_reconcile_reads_only_records_the_ledger_has_not_ranked(tmp_path: Path) 
     assert set(delivered) <= seen
 
 
+def test_the_nightlys_poll_reads_the_jobs_that_changed_not_every_job(tmp_path: Path) -> None:
+    """The nightly's wait loop read every job's state five times a second: at 5,000 jobs 35 ms a
+    poll on a busy machine, 132 CPU s of a 790 s night. Between whole reads (every
+    FULL_READ_SECONDS) a poll now reads the jobs the ledger applied a record to lately."""
+    db = ResultsDB(f"sqlite:///{tmp_path / 'r.db'}")
+    jids = night(db, "rs", 500)
+    ledger = Ledger(db)
+    read: list[int] = []
+    since = db.job_states_since
+
+    def counted(run_id: str, at: float) -> tuple[dict[str, str], float | None]:
+        got, latest = since(run_id, at)
+        read.append(len(got))
+        return got, latest
+
+    db.job_states_since = counted  # type: ignore[method-assign]
+    states = nightly.RunStates(db, "rs")
+    assert states.read() == db.job_states("rs") == {} and states.whole_reads == 1
+    for jid in jids[1:4]:
+        assert ledger.apply(record(jid), "nightly") == "applied"
+    read.clear()
+    for _ in range(50):
+        assert states.read() == {str(j): "passed" for j in jids[1:4]}
+    assert states.whole_reads == 1 and max(read) <= 3, f"a poll read {max(read)} jobs' states for 3 changes"
+    assert ledger.apply(record(jids[0], "failed"), "nightly") == "applied"  # ends its 500 tests
+    assert states.read() == db.job_states("rs") and len(states.read()) == 501
+    states.whole_at -= nightly.FULL_READ_SECONDS
+    assert states.read() == db.job_states("rs") and states.whole_reads == 2
+
+
 @dataclass
 class Forgetful(Submissions):
     """gearmand that holds none of the jobs sent to it any more (they ended, or it lost them)."""
@@ -328,8 +358,11 @@ class PolledDB:
     asked: int = 0
 
     def job_states(self, run_id: str) -> dict[str, str]:
-        self.asked += 1
         return {} if self.asked <= self.polls else {j: "passed" for j in self.ids}
+
+    def job_states_since(self, run_id: str, since: float) -> tuple[dict[str, str], float]:
+        self.asked += 1  # once a poll (RunStates.read)
+        return self.job_states(run_id), 1.0
 
     def get_run(self, run_id: str) -> None:
         return None

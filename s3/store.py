@@ -39,7 +39,6 @@ _UNREACHABLE = (BotoConnectionError, HTTPClientError)
 # the switch to another endpoint.
 _MAKING = threading.RLock()
 
-# S3's limit for one PUT, and for one part of a multipart upload.
 _SESSION: boto3.session.Session | None = None
 
 
@@ -67,6 +66,7 @@ def _session() -> boto3.session.Session:
         return _SESSION
 
 
+# S3's limit for one PUT, and for one part of a multipart upload.
 MAX_SINGLE_PUT = 5 * 1024**3
 # Objects of at least two parts go up and down in parts of this size, PARALLEL at a time, like
 # `mc cp` (16 MiB parts). One PUT over plain HTTP is read twice, once for SigV4's payload hash

@@ -28,7 +28,7 @@ from gearfarm.config import Config
 from gearfarm.formats import marker
 from gearfarm.formats.catalog import Catalog, Target
 from gearfarm.formats.job import COLLECT_FUNCTION, Payload, PayloadError, unique_id, verify
-from gearfarm.formats.lease import BEAT_SECONDS, Lease, seal_lease
+from gearfarm.formats.lease import HEARTBEAT_SECONDS, Lease, beat_every, seal_lease
 from gearfarm.formats.lease import answer as lease_answer
 from gearfarm.formats.marker import Marker
 from gearfarm.formats.result import CASES_CONTENT_TYPE, RecordError, ResultRecord, fit, peek_record
@@ -45,7 +45,6 @@ from gearfarm.s3.store import ArtifactStore, StoreError
 from gearfarm.step import sandbox
 
 log = logging.getLogger(__name__)
-HEARTBEAT_SECONDS = 5.0
 # How long a stopping worker waits for the records it posted to be published.
 DRAIN_SECONDS = 10.0
 # Records a slot's outbox may have still to publish when the slot takes its next job.
@@ -99,9 +98,8 @@ class Context:
         threading.Thread(target=self._send_posted, name="outbox", daemon=True).start()
         # A job's files put to S3 beside its log (Attempt.record): one PUT waited for, not two.
         self.uploads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="uploads")
-        # Every this many heartbeats, one signed beat of a job's lease: every BEAT_SECONDS, or a
-        # third of the lease time the nightly judges by ([farm] lease_timeout) if that is shorter.
-        self.lease_beats = max(1, round(min(BEAT_SECONDS, cfg.farm.lease_timeout / 3) / HEARTBEAT_SECONDS))
+        # Every this many heartbeats, one signed beat of a job's lease.
+        self.lease_beats = beat_every(cfg.farm.lease_timeout)
         # Checked now: a worker that cannot confine its jobs refuses to start.
         self.sandbox = sandbox.for_config(cfg)
 

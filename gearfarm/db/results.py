@@ -865,10 +865,11 @@ class ResultsDB:
             ("job_id", "run_id", "state", "attempt", "since"))
 
     def leases(self, run_id: str) -> dict[tuple[str, int], tuple[str, int]]:
-        """{(job id, attempt): (holder's host, signed beats so far)} of a run's leases."""
+        """{(job id, attempt): (holder's host, signed beats so far)} of a run's held leases (an
+        attempt that delivered its record holds none): as many as jobs run, not as the run has."""
         with self.session() as s:
             q = (select(LeaseRow.job_id, LeaseRow.attempt, LeaseRow.host, LeaseRow.beats)
-                 .where(LeaseRow.run_id == run_id))
+                 .where(LeaseRow.run_id == run_id, LeaseRow.done.is_(False)))
             return {(j, a): (h, b) for j, a, h, b in s.execute(q)}
 
     def live(self, run_ids: Iterable[str]) -> dict[str, LiveJob]:

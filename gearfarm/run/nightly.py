@@ -11,6 +11,7 @@ a bisection probe's) through it."""
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from gearfarm.formats.job import (
     sign,
     step_name,
 )
+from gearfarm.formats.lease import beat_seconds
 from gearfarm.formats.marker import Marker, sealed
 from gearfarm.formats.result import TERMINAL, ResultRecord
 from gearfarm.formats.seal import Signer
@@ -47,12 +49,16 @@ from gearfarm.s3.store import ArtifactStore, StoreError
 log = logging.getLogger(__name__)
 # How long the nightly keeps waiting for an unreachable results database past the deadline.
 DB_OUTAGE_LIMIT = 600.0
-# Queued jobs the watchdog asks gearmand about per poll, in turn (Watchdog._asked): one round
-# trip each, so asking about every pending job every poll made a night's cost grow with the
-# square of its jobs (5,000 jobs: seconds per poll). Running jobs and jobs gearmand did not
-# know at their last look are asked about every poll; a queued job only has to be seen again
-# within the lost grace, which a turn of the others takes well under at this rate.
-STATUS_SWEEP = 64
+# What the watchdog asks gearmand about (Watchdog._asked), one round trip a job: every poll,
+# a job gearmand said runs (its lease to judge), did not know (a loss to confirm) or whose
+# holder's beats stopped; a job whose holder beats, never (its beats say it runs); a queued job
+# at most once every SWEEP_SECONDS, and at most STATUS_SWEEP of them a poll, the longest unasked
+# first. Asking about every pending job every poll made a night's cost grow with the square of
+# its jobs, and asking about every running and every queued one 5 times a second was most of
+# the nightly's CPU and of gearmand's at 1 host as at 64 (docs/speed.md). A queued job that
+# gearmand lost is found at its next look, and resubmitted a lost grace after.
+STATUS_SWEEP = 32
+SWEEP_SECONDS = 5.0
 # The nightly's poll reads its run's job states whole every FULL_READ_SECONDS, and between
 # only the jobs the ledger applied a record to since the last read, less CHANGE_MARGIN (of the
 # ledger's clock: a transaction that committed late, a collector whose clock is behind).
@@ -345,9 +351,15 @@ class Watchdog:
         self.created_at = run.created_at if run is not None else time.time()
         # Jobs of this plan submitted by this process (builds and a re-run's jobs by submit()).
         self.released: set[JobId] = set(p.first_jobs())
-        # Jobs gearmand said were running at their last look, and where the turn of the others is.
+        # Jobs gearmand said were running at their last look.
         self.running: set[JobId] = set()
-        self._turn = 0
+        # When each queued job was last asked about; the lease's beats when gearmand said a held
+        # job was queued again.
+        self.asked_at: dict[JobId, float] = {}
+        self.requeued: dict[JobId, int] = {}
+        # A holder silent this long (two beats; half the lease time if that is less) is asked
+        # about at every poll until gearmand or its beats say more.
+        self.stale = min(2 * beat_seconds(cfg.farm.lease_timeout) + 1.0, cfg.farm.lease_timeout / 2)
 
     def attempt(self, jid: JobId) -> int:
         return self.attempts.get(jid, 1)
@@ -366,14 +378,23 @@ class Watchdog:
     def _check(self, pending: list[JobId], states: dict[str, str], now: float,
                seen: dict[str, tuple[str, int]], judge: bool) -> None:
         self.release([j for j in pending if j not in self.released and self.plan.ready(j, states)])
-        leases: dict[tuple[str, int], tuple[str, int]] | None = None
-        ready = []
+        # While the collector keeps up, the leases say which jobs run (their holders' beats); when
+        # it is behind, the beats may be waiting in its queue, and gearmand is asked instead.
+        leases = self._leases(now) if judge else {}
+        ready, stalled = [], []
         for jid in pending:
-            if self.plan.ready(jid, states):
-                ready.append(jid)
-            else:
+            if not self.plan.ready(jid, states):
                 seen[str(jid)] = ("waiting", self.attempt(jid))
-        for jid in self._asked(ready):
+                continue
+            beating = self._beating(jid, leases, now)
+            if beating:
+                seen[str(jid)] = ("running", self.attempt(jid))
+                self.unknown_since.pop(jid, None)
+                continue
+            ready.append(jid)
+            if beating is False:
+                stalled.append(jid)
+        for jid in self._asked(ready, stalled, now):
             away = ""
             try:
                 st = self.client.get_status_unique(jid.unique(self.attempt(jid)))
@@ -393,14 +414,16 @@ class Watchdog:
                 if not st.running:
                     self.running.discard(jid)
                     self.beats.pop(jid, None)
+                    held = leases.get((str(jid), self.attempt(jid)))
+                    if held is not None:
+                        # Back in the queue, its holder gone: it runs again once another holder beats.
+                        self.requeued[jid] = held[1]
                     continue
                 self.running.add(jid)
                 if not judge:
                     # The collector is behind or away: the beats may be waiting in its queue, and
                     # are counted once it has taken them.
                     continue
-                if leases is None:
-                    leases = self._leases(now)
                 host, count = leases.get((str(jid), self.attempt(jid)), ("", -1))
                 last = self.beats.get(jid)
                 if last is None or last[0] != count:
@@ -427,19 +450,31 @@ class Watchdog:
                                    "holds the job and no result arrived" if away else
                                    "gearmand no longer holds the job and no result arrived")
 
-    def _asked(self, ready: list[JobId]) -> list[JobId]:
-        """The ready jobs to ask gearmand about now: every one that was running or unknown at
-        its last look (a lease to judge, a loss to confirm), and STATUS_SWEEP of the others in
-        turn, so a poll costs round trips by the jobs running, not by the jobs in the night."""
-        if len(ready) <= STATUS_SWEEP:
-            return ready
-        urgent = [j for j in ready if j in self.running or j in self.unknown_since]
-        rest = [j for j in ready if j not in self.running and j not in self.unknown_since]
-        if len(rest) <= STATUS_SWEEP:
-            return urgent + rest
-        start = self._turn % len(rest)
-        self._turn = start + STATUS_SWEEP
-        return urgent + rest[start:start + STATUS_SWEEP] + rest[:max(0, start + STATUS_SWEEP - len(rest))]
+    def _beating(self, jid: JobId, leases: dict[tuple[str, int], tuple[str, int]], now: float) -> bool | None:
+        """Whether the holder of the job's attempt beats (True: it runs, nothing to ask gearmand),
+        stopped beating (False: ask every poll, its lease is judged) or there is no holder (None:
+        none claimed it, or gearmand queued it again since its holder's last beat).
+        A beat is seen as the lease's count changing, by this process's clock (not the
+        collector's: another host's)."""
+        held = leases.get((str(jid), self.attempt(jid)))
+        if held is None or self.requeued.get(jid) == held[1]:
+            return None
+        self.requeued.pop(jid, None)
+        last = self.beats.get(jid)
+        if last is None or last[0] != held[1]:
+            self.beats[jid] = last = (held[1], now)
+        return now - last[1] <= self.stale
+
+    def _asked(self, ready: list[JobId], stalled: list[JobId], now: float) -> list[JobId]:
+        """The ready jobs to ask gearmand about now (see STATUS_SWEEP): the urgent ones, and the
+        queued ones due, the longest unasked first."""
+        urgent = set(stalled) | {j for j in ready if j in self.running or j in self.unknown_since}
+        due = [j for j in ready if j not in urgent and now - self.asked_at.get(j, 0.0) >= SWEEP_SECONDS]
+        if len(due) > STATUS_SWEEP:
+            due = heapq.nsmallest(STATUS_SWEEP, due, key=lambda j: self.asked_at.get(j, 0.0))
+        for j in due:
+            self.asked_at[j] = now
+        return [j for j in ready if j in urgent] + due
 
     def _leases(self, now: float) -> dict[tuple[str, int], tuple[str, int]]:
         """The run's leases, read at most once a second: beats come every few seconds and a lease
@@ -483,6 +518,7 @@ class Watchdog:
 
     def resubmit(self, jid: JobId, why: str) -> None:
         self.beats.pop(jid, None)
+        self.requeued.pop(jid, None)
         self.unknown_since.pop(jid, None)
         attempt = self.attempt(jid)
         if self.spent >= self.cfg.farm.resubmit_budget:

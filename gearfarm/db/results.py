@@ -639,6 +639,15 @@ class ResultsDB:
             row = s.get(JobRow, job_id)
             return ResultRecord.model_validate(row.record) if row is not None else None
 
+    def job_files(self, job_ids: Iterable[str]) -> dict[str, tuple[tuple[int, float | None], str | None, str | None]]:
+        """{job id: ((attempt, finished), log key, JUnit key)} of the records the jobs' rows hold
+        now, without reading the records whole (gearfarm.report.joblog.Copier)."""
+        ids = list(job_ids)
+        q = select(JobRow.job_id, JobRow.attempt, JobRow.finished_at, JobRow.record["log_key"].as_string(),
+                   JobRow.record["junit_key"].as_string()).where(JobRow.job_id.in_(ids))
+        with self.engine.connect() as conn:
+            return {j: ((a, f), log, junit) for j, a, f, log, junit in conn.execute(q)}
+
     def job_states(self, run_id: str) -> dict[str, str]:
         """{job id: status} of a run's jobs, without reading their records (polled often)."""
         with self.session() as s:

@@ -31,6 +31,7 @@ from gearfarm.formats.words import counted
 from gearfarm.gearman import GearmanError
 from gearfarm.hosts import reach
 from gearfarm.hosts.connection import gearman_client
+from gearfarm.report import joblog
 from gearfarm.run import nightly, rerun
 from gearfarm.run.execution import Executor, Watcher
 from gearfarm.run.ledger import Ledger
@@ -82,22 +83,26 @@ def run_night(cfg: Config, projects: Sequence[Project], seed: int, observer: Obs
     db = ResultsDB(cfg.database.url)
     store = ArtifactStore(cfg.s3, retry_for=60)
     plans = _plan(cfg, store, projects, seed, observer)
+    # The job files' copies on disk are made as the jobs end, not all after the report.
+    copier = joblog.Copier(store, db, cfg.runs_dir())
     with gearman_client(cfg) as client:
         ex = Executor(cfg, db, Ledger(db), store, client)
         unclosed: dict[str, str] = {}
         try:
             by_run = ex.execute(
-                plans, _Starting(observer, later, len(plans)),
+                plans, _Starting(observer, later, len(plans), copier),
                 # New failures are re-run once before the report, so it can tell flaky from broken.
                 settle=lambda p, records: rerun.rerun_new_failures(ex, p, records, say=observer.say),
                 unclosed=lambda p, e: unclosed.setdefault(p.run_id, str(e).splitlines()[0]))
         except GearmanError as e:
+            copier.close()
             raise NightError(f"cannot submit to gearmand: {e}") from e
         except nightly.RunError as e:
+            copier.close()
             raise NightError(str(e)) from e
     problems: list[str] = []
     runs = [_closed(cfg, db, p, by_run, unclosed, problems) for p in plans]
-    return _publish(cfg, db, store, plans, runs, by_run, problems, seed, observer, report_dir)
+    return _publish(cfg, db, store, plans, runs, by_run, problems, seed, observer, report_dir, copier.close())
 
 
 def _plan(cfg: Config, store: ArtifactStore, projects: Sequence[Project], seed: int,
@@ -129,8 +134,8 @@ class _Starting:
     """The caller's watcher, which also starts importing the report's modules once every run is
     submitted."""
 
-    def __init__(self, observer: Observer, later: threading.Thread, plans: int):
-        self.observer, self.later, self.left = observer, later, plans
+    def __init__(self, observer: Observer, later: threading.Thread, plans: int, copier: joblog.Copier):
+        self.observer, self.later, self.left, self.copier = observer, later, plans, copier
 
     def submitted(self, plan: nightly.Plan, created: bool) -> None:
         self.observer.submitted(plan, created)
@@ -139,6 +144,7 @@ class _Starting:
             self.later.start()
 
     def progress(self, plan: nightly.Plan, states: dict[str, str], functions: dict) -> None:
+        self.copier.offer(states)
         self.observer.progress(plan, states, functions)
 
     def waited(self, plan: nightly.Plan, records: list[ResultRecord]) -> None:
@@ -167,11 +173,11 @@ def _closed(cfg: Config, db: ResultsDB, p: nightly.Plan, by_run: dict[str, list[
 
 def _publish(cfg: Config, db: ResultsDB, store: ArtifactStore, plans: list[nightly.Plan], runs: list[Run],
              by_run: dict[str, list[ResultRecord]], problems: list[str], seed: int, observer: Observer,
-             report_dir: Path | None) -> int:
+             report_dir: Path | None, copied: dict[str, joblog.Made]) -> int:
     """Write and send the reports, bisect what they found, say the farm's problems; the exit status."""
     from gearfarm.report import document, publisher
 
-    pub = publisher.publish(cfg, db, store, runs, by_run)
+    pub = publisher.publish(cfg, db, store, runs, by_run, copied=copied)
     problems = problems + pub.problems
     for run in runs:
         observer.result(document.render_text(pub.reports[run.run_id]))

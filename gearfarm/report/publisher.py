@@ -8,6 +8,7 @@ out, and ``problems`` says what was missing, for the exit status."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,14 +51,16 @@ def run_dir(cfg: Config, run_id: str) -> Path:
 
 
 def publish(cfg: Config, db: ResultsDB, store: ArtifactStore | None, runs: list[Run],
-            records: dict[str, list[ResultRecord]], send_mail: bool = True, write_mail: bool = True) -> Publication:
+            records: dict[str, list[ResultRecord]], send_mail: bool = True, write_mail: bool = True,
+            copied: Mapping[str, joblog.Made] | None = None) -> Publication:
     """The reports of ``runs`` (records[run_id] each), written and uploaded per run exactly as
     for a run on its own, and one message for all of them: for one run its report, for several
     one section per run in the order given (gearfarm.report.document.render_mail_*). The message is
     written as report.eml in the FIRST run's directory (state/runs/<first run>/report.eml); the
     other runs' directories get no .eml, and every run's notes record the delivery.
     ``write_mail`` False re-renders the reports without touching the message that was sent
-    (``gearfarm report RUN``)."""
+    (``gearfarm report RUN``). ``copied``: the records whose job files are on disk already
+    (joblog.Copier)."""
     if not runs:
         raise ValueError("publish needs at least one run")
     problems: list[str] = []
@@ -65,7 +68,7 @@ def publish(cfg: Config, db: ResultsDB, store: ArtifactStore | None, runs: list[
     paths_by_run: dict[str, dict[str, Path]] = {}
     copy_later: list[tuple[Run, list[ResultRecord]]] = []
     for run in runs:
-        rep, paths, own, later = _publish_run(cfg, db, store, run, records.get(run.run_id, []))
+        rep, paths, own, later = _publish_run(cfg, db, store, run, records.get(run.run_id, []), copied or {})
         reports[run.run_id], paths_by_run[run.run_id] = rep, paths
         # With several runs, the console and the exit status need to know whose problem it is.
         problems += own if len(runs) == 1 else [f"{run.project} ({run.run_id}): {p}" for p in own]
@@ -86,7 +89,7 @@ def publish(cfg: Config, db: ResultsDB, store: ArtifactStore | None, runs: list[
                 problems.append(_db_down("the mail's fate is not in the runs' notes", e))
     for run, later in copy_later:
         assert store is not None
-        own = joblog.copy_all(store, later, run_dir(cfg, run.run_id).parent)
+        own = joblog.copy_all(store, later, run_dir(cfg, run.run_id).parent, copied)
         problems += own if len(runs) == 1 else [f"{run.project} ({run.run_id}): {p}" for p in own]
     for p in problems:
         log.warning("%s", p)
@@ -130,8 +133,9 @@ def classify(db: ResultsDB, run: Run, records: list[ResultRecord], cases: RunCas
     return verdicts
 
 
-def _publish_run(cfg: Config, db: ResultsDB, store: ArtifactStore | None, run: Run, records: list[ResultRecord]
-                 ) -> tuple[report.Report, dict[str, Path], list[str], list[ResultRecord]]:
+def _publish_run(cfg: Config, db: ResultsDB, store: ArtifactStore | None, run: Run, records: list[ResultRecord],
+                 copied: Mapping[str, joblog.Made]) -> tuple[report.Report, dict[str, Path], list[str],
+                                                          list[ResultRecord]]:
     """One run's report, on disk and in S3: (report, its files, what was missing, the records
     whose job files are still to be copied to disk)."""
     problems: list[str] = []
@@ -155,7 +159,7 @@ def _publish_run(cfg: Config, db: ResultsDB, store: ArtifactStore | None, run: R
             later = records + reruns
         else:
             # Before the report is written: its links point at these copies.
-            problems += joblog.copy_all(store, records + reruns, out.parent)
+            problems += joblog.copy_all(store, records + reruns, out.parent, copied)
     rep = report.build(run, records, links.for_run(cfg.web.url, out), verdicts, reruns, cases)
     try:
         rep = rep.with_performance(perf.analyze(db, run), perf.figures(db, run, records))

@@ -28,7 +28,7 @@ from gearfarm.run import nightly
 from gearfarm.run.ledger import Ledger, farm_record
 from gearfarm.run.priority import JOURNAL_BYTES, Durations
 from gearfarm.s3 import keys
-from tests.farmkit import claim, keyed
+from tests.farmkit import claim, keyed, wait_for
 
 REV = "a" * 40
 T = "linux-x86_64"
@@ -594,6 +594,55 @@ def test_the_report_copies_a_nights_job_files_to_disk_several_at_a_time(tmp_path
         step = tmp_path / "copies" / joblog.relative(T, f"test-s{i}", "log.txt")
         assert step.read_text() == f"log {i}\n"
         assert (step.parent / "junit.xml").exists() == bool(i)
+
+
+def test_a_nights_job_files_are_copied_as_its_jobs_end_and_the_report_copies_only_the_rest(
+        tmp_path: Path, minio) -> None:  # type: ignore[no-untyped-def]
+    """bench/scale.py: after a 5,000-job night's report the nightly copied its 10,000 job files to
+    disk, 45 s between the last job and its end. The copier makes them while the night runs, as
+    jobs end; the report copies what it did not: a job that ended after it stopped, and a job
+    whose record a later one replaced (its files are that record's)."""
+    from gearfarm.report import joblog
+    from gearfarm.s3.store import ArtifactStore
+
+    db = ResultsDB(f"sqlite:///{tmp_path / 'r.db'}")
+    store = ArtifactStore(minio.s3_config(), retry_for=0.0, attempts=1)
+    store.ensure_bucket()
+    jids = night(db, "cp", 8)
+    ledger, runs = Ledger(db), tmp_path / "runs"
+
+    def ended(jid: JobId, attempt: int = 1) -> None:
+        log_key = keys.job_file("cp", T, jid.step, "log.txt")
+        store.put_bytes(log_key, f"{jid.step} attempt {attempt}\n".encode())
+        rec = record(jid).model_copy(update={"log_key": log_key, "attempt": attempt, "finished_at": 1000.0 + attempt})
+        assert ledger.apply(rec, "nightly") == "applied"
+
+    copier = joblog.Copier(store, db, runs)
+    for jid in jids[:6]:
+        ended(jid)
+        copier.offer(db.job_states("cp"))
+    copy = runs / "cp" / joblog.relative(T, jids[5].step, "log.txt")
+    wait_for("the copier to copy the sixth job's log", copy.exists, 30)
+    made = copier.close()
+    assert set(made) == {str(j) for j in jids[:6]}
+    for jid in jids[6:]:  # ended after the copier stopped
+        ended(jid)
+    ended(jids[2], attempt=2)  # a later attempt's record replaced the one copied
+    copier.offer(db.job_states("cp"))  # stopped: nothing more is copied
+    asked: list[str] = []
+    get_file = store.get_file
+
+    def counted(key: str, dest: Path) -> int:
+        asked.append(key)
+        return get_file(key, dest)
+
+    store.get_file = counted  # type: ignore[method-assign]
+    assert joblog.copy_all(store, db.jobs("cp", cases=False), runs, made) == []
+    assert sorted(asked) == sorted(keys.job_file("cp", T, j.step, "log.txt") for j in [jids[2], *jids[6:]])
+    for jid in jids:
+        attempt = 2 if jid == jids[2] else 1
+        got = (runs / "cp" / joblog.relative(T, jid.step, "log.txt")).read_text()
+        assert got == f"{jid.step} attempt {attempt}\n"
 
 
 @pytest.mark.parametrize("dashboard", ["https://farm.lab/", ""])

@@ -642,11 +642,16 @@ class ResultsDB:
     def job_files(self, job_ids: Iterable[str]) -> dict[str, tuple[tuple[int, float | None], str | None, str | None]]:
         """{job id: ((attempt, finished), log key, JUnit key)} of the records the jobs' rows hold
         now, without reading the records whole (gearfarm.report.joblog.Copier)."""
-        ids = list(job_ids)
-        q = select(JobRow.job_id, JobRow.attempt, JobRow.finished_at, JobRow.record["log_key"].as_string(),
-                   JobRow.record["junit_key"].as_string()).where(JobRow.job_id.in_(ids))
+        ids, got = list(job_ids), {}
+        cols = (JobRow.job_id, JobRow.attempt, JobRow.finished_at, JobRow.record["log_key"].as_string(),
+                JobRow.record["junit_key"].as_string())
         with self.engine.connect() as conn:
-            return {j: ((a, f), log, junit) for j, a, f, log, junit in conn.execute(q)}
+            # In slices: a cancelled run ends thousands of jobs in one poll, more than an IN list
+            # of an older SQLite takes.
+            for at in range(0, len(ids), 500):
+                for j, a, f, log, junit in conn.execute(select(*cols).where(JobRow.job_id.in_(ids[at:at + 500]))):
+                    got[j] = ((a, f), log, junit)
+        return got
 
     def job_states(self, run_id: str) -> dict[str, str]:
         """{job id: status} of a run's jobs, without reading their records (polled often)."""

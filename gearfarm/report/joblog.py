@@ -75,13 +75,13 @@ def copy_all(store: ArtifactStore, records: list[ResultRecord], runs_dir: Path,
 
 def _copy(store: ArtifactStore, key: str, dest: Path, what: str) -> str:
     """One file to disk: "" when it is there or the store has none, else the problem."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
     try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
         store.get_file(key, dest)
     except ClientError as e:
         if _code(e) not in ("NoSuchKey", "404"):
             return f"{what} not copied to disk: {e}"
-    except StoreError as e:
+    except (StoreError, OSError) as e:  # the store away; the disk full or not writable
         return f"{what} not copied to disk: {e}"
     return ""
 

@@ -643,6 +643,11 @@ def test_a_nights_job_files_are_copied_as_its_jobs_end_and_the_report_copies_onl
         attempt = 2 if jid == jids[2] else 1
         got = (runs / "cp" / joblog.relative(T, jid.step, "log.txt")).read_text()
         assert got == f"{jid.step} attempt {attempt}\n"
+    # A disk that cannot take the copies is a problem the report names, not a crash of it.
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    problems = joblog.copy_all(store, db.jobs("cp", cases=False)[:2], blocked)
+    assert len(problems) == 2 and all("not copied to disk" in p for p in problems), problems
 
 
 @pytest.mark.parametrize("dashboard", ["https://farm.lab/", ""])

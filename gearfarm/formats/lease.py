@@ -26,6 +26,7 @@ from gearfarm.formats.seal import Lookup, SealError, Signer, seal, unseal
 BEAT_SECONDS = 10.0
 # Seconds without a beat after which another worker may take an attempt over (three beats).
 TAKEOVER = 3 * BEAT_SECONDS
+MAX_LEASE = 4096
 # Seconds between a worker's looks at its running job (its WORK_STATUS, the cancel markers);
 # a signed beat goes with every few of them.
 HEARTBEAT_SECONDS = 5.0
@@ -40,7 +41,6 @@ def beat_every(lease_timeout: float) -> int:
 def beat_seconds(lease_timeout: float) -> float:
     """Seconds between a live holder's signed beats."""
     return beat_every(lease_timeout) * HEARTBEAT_SECONDS
-MAX_LEASE = 4096
 
 
 class LeaseError(ValueError):

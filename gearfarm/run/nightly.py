@@ -425,15 +425,13 @@ class Watchdog:
                     # are counted once it has taken them.
                     continue
                 host, count = leases.get((str(jid), self.attempt(jid)), ("", -1))
-                last = self.beats.get(jid)
-                if last is None or last[0] != count:
-                    self.beats[jid] = (count, now)
-                elif now - last[1] > self.cfg.farm.lease_timeout:
+                silent = self._silent_for(jid, count, now)
+                if silent > self.cfg.farm.lease_timeout:
                     # Liveness is the holder's signed beats, not WORK_STATUS: anything holding the
                     # Gearman job can send that, and a worker that is not a registered host's
                     # never gets a lease at all.
-                    self.resubmit(jid, f"lease lost: no signed heartbeat from {host} for {now - last[1]:.0f}s"
-                                  if host else f"held for {now - last[1]:.0f}s by a worker that never claimed it "
+                    self.resubmit(jid, f"lease lost: no signed heartbeat from {host} for {silent:.0f}s"
+                                  if host else f"held for {silent:.0f}s by a worker that never claimed it "
                                   "(no registered host holds its lease)")
                 continue
             self.running.discard(jid)
@@ -460,10 +458,14 @@ class Watchdog:
         if held is None or self.requeued.get(jid) == held[1]:
             return None
         self.requeued.pop(jid, None)
+        return self._silent_for(jid, held[1], now) <= self.stale
+
+    def _silent_for(self, jid: JobId, count: int, now: float) -> float:
+        """Seconds since the job's lease was last seen with a new beat count (``count`` now)."""
         last = self.beats.get(jid)
-        if last is None or last[0] != held[1]:
-            self.beats[jid] = last = (held[1], now)
-        return now - last[1] <= self.stale
+        if last is None or last[0] != count:
+            self.beats[jid] = last = (count, now)
+        return now - last[1]
 
     def _asked(self, ready: list[JobId], stalled: list[JobId], now: float) -> list[JobId]:
         """The ready jobs to ask gearmand about now (see STATUS_SWEEP): the urgent ones, and the

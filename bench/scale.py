@@ -242,6 +242,7 @@ class Night:
     wall: float
     exit: int
     earlier: list[float] = field(default_factory=list)  # the walls of the nights before it
+    began: float = 0.0  # when the nightly started (the epoch)
     usage: dict[str, Usage] = field(default_factory=dict)
     report_seconds: float = 0.0
     copy_seconds: float = 0.0  # of report_seconds: the job files copied to disk (gearfarm.report.joblog)
@@ -306,12 +307,13 @@ def postgres() -> Iterator[tuple[str, int]]:
             shutil.rmtree(where, ignore_errors=True)
 
 
-def run_nightly(config: Path, profile: Path | None, run_id: str) -> tuple[float, int, Usage]:
-    """The nightly, start to exit: wall seconds, exit status, its CPU and peak RSS (wait4)."""
+def run_nightly(config: Path, profile: Path | None, run_id: str) -> tuple[float, int, Usage, float]:
+    """The nightly, start to exit: wall seconds, exit status, its CPU and peak RSS (wait4), and
+    when it started (the epoch, as the records' times)."""
     argv = gearfarm_cli(profile) + ["nightly", "--config", str(config), "--run-id", run_id]
     env = dict(os.environ, SCALE_PROFILE=str(profile / "nightly.prof")) if profile else None
     log = config.parent / "nightly.log"
-    t0 = time.perf_counter()
+    began, t0 = time.time(), time.perf_counter()
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
                                 env=env)
@@ -325,7 +327,7 @@ def run_nightly(config: Path, profile: Path | None, run_id: str) -> tuple[float,
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode not in (0, 1) or b"Traceback" in log.read_bytes():
         raise RuntimeError(f"the nightly failed ({proc.returncode}):\n{log.read_text()[-3000:]}")
-    return wall, proc.returncode, Usage(ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024)
+    return wall, proc.returncode, Usage(ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024), began
 
 
 def build_report(config: Path, profile: Path | None = None, run_id: str = RUN_ID) -> tuple[float, float]:
@@ -436,8 +438,8 @@ def measure(hosts: int, jobs: int, slots: int, scale: float, per_target: int, tm
         before = daemons()
         queue: list[int] = []
         with queue_sampler([gm.address for gm in lb.gearmands], queue):
-            wall, code, nightly_usage = run_nightly(lb.config, profile, RUN_ID)
-        night = Night(hosts, slots, jobs, wall, code, earlier, collect_queue=queue,
+            wall, code, nightly_usage, began = run_nightly(lb.config, profile, RUN_ID)
+        night = Night(hosts, slots, jobs, wall, code, earlier, began=began, collect_queue=queue,
                       published=published(lb.config, RUN_ID), drawn=drawn)
         night.usage["nightly"] = nightly_usage
         for name, u in daemons().items():  # tonight's CPU; the peak RSS is the process's
@@ -494,6 +496,23 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
         for r in rs:
             dispatch.append(max(0.0, r.started_at - max(r.submitted_at or r.started_at, prev_end)))
             prev_end = r.finished_at
+    # What the slots spent the night's wall on, on average (all the lab's slots, those that ran
+    # nothing too): where a wall above its bound went.
+    spent = dict.fromkeys(("commands", "the farm's part of its jobs (started → finished, beyond the command)",
+                           "dispatch (a job queued for it, not yet started)", "idle before its first job",
+                           "idle between jobs (none queued for it)", "idle after its last job"), 0.0)
+    names = list(spent)
+    for rs in by_slot.values():
+        prev_end = night.began
+        for r in rs:
+            free = max(r.submitted_at or r.started_at, prev_end)
+            spent[names[4 if prev_end > night.began else 3]] += max(0.0, min(r.started_at, free) - prev_end)
+            spent[names[2]] += max(0.0, r.started_at - free)
+            spent[names[0]] += command[r.job_id]
+            spent[names[1]] += max(0.0, r.finished_at - r.started_at - command[r.job_id])
+            prev_end = r.finished_at
+        spent[names[5]] += max(0.0, night.began + night.wall - prev_end)
+    spent[names[3]] += night.wall * (slots - len(by_slot))
     # Of the dispatch, the worker's admission (its checks and claim: the record's `admit`).
     admit = [r.timings.get("admit", 0.0) for r in ran]
     s3 = [sum(r.timings.get(k, 0.0) for k in s3_stages) for r in ran]
@@ -540,6 +559,7 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
             ("`collect` jobs waiting in gearmand, sampled each second: mean / max",
              f"{statistics.fmean(night.collect_queue):.1f} / {max(night.collect_queue)}"
              if night.collect_queue else "-")]
+    rows += [(f"a slot's night, mean s: {k}", f"{v / slots:.1f}") for k, v in spent.items()]
     rows += [(f"farm cost: {k}, ms per job", f"{v:.1f}") for k, v in parts.items()]
     rows += [(f"{k}: CPU s / peak RSS MiB", f"{u.cpu:.1f} / {u.rss:.0f}") for k, u in night.usage.items()]
     busy = sum(u.cpu for u in night.usage.values())

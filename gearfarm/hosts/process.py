@@ -265,11 +265,18 @@ class _Pump(threading.Thread):
                     self.error = e
 
 
+def reaper_input(argv: Sequence[str], env: Mapping[str, str], stage: tuple[str, Sequence[str]] | None = None) -> bytes:
+    """What the reaper reads on its stdin: the command, its whole environment, its stage."""
+    return marshal.dumps((list(argv), dict(env), None if stage is None else (stage[0], list(stage[1]))))
+
+
 def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | None = None,
                env: Mapping[str, str] | None = None, shown: Sequence[str] | None = None,
-               limit: int | None = None) -> tuple[int | None, bool]:
+               limit: int | None = None, stage: tuple[str, Sequence[str]] | None = None) -> tuple[int | None, bool]:
     """Run a catalog command with its output appended to ``log_path``, at most ``limit`` bytes
     of the log (default LOG_LIMIT, the worker's [farm] log_limit) kept: see CappedLog.
+    ``stage``: (where, directories) the command's supervisor binds in a mount namespace of the
+    command's own before it starts it (reaper.stage; the sandbox's, for a root worker's job uid).
 
     Returns (exit code, timed_out); the exit code is Popen's returncode (negative: killed by
     that signal). Whatever happens -- the command exits, the timeout passes, or the worker
@@ -300,7 +307,7 @@ def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | 
         # argv and env go through a pipe, not the reaper's own argv and environment: Python
         # would add LC_CTYPE=C.UTF-8 to a C-locale environment at startup (PEP 538), and the
         # command must get exactly the environment it was given.
-        job = marshal.dumps((list(argv), dict(env) if env is not None else dict(os.environ)))
+        job = reaper_input(argv, dict(env) if env is not None else dict(os.environ), stage)
         capped = CappedLog(log, limit or LOG_LIMIT)
         status_r, status_w = os.pipe()
         out_r, out_w = os.pipe2(os.O_CLOEXEC)

@@ -1,10 +1,11 @@
 """The job supervisor: process.run_logged starts one per catalog command, as
 ``python -I -S reaper.py WORKER_PID STATUS_FD TIMEOUT`` (or importing it, see
-process.REAPER_COMMAND) with the command's argv and environment marshalled on stdin. It runs
-the command and, when the command exits, when the timeout passes, when it is told to stop
-(SIGTERM/SIGINT/SIGHUP) or when the worker dies (even by kill -9), kills every process the
-command started -- grandchildren that left the process group or were daemonised included --
-reaps them, reports "<reason> <wait status>" on STATUS_FD and exits.
+process.REAPER_COMMAND) with the command's argv, environment and stage marshalled on stdin
+(the stage: None, or where to bind which of the job's directories in a mount namespace of the
+command's own, see stage()). It runs the command and, when the command exits, when the
+timeout passes, when it is told to stop (SIGTERM/SIGINT/SIGHUP) or when the worker dies
+(even by kill -9), kills every process the command started -- grandchildren that left the
+process group or were daemonised included -- reaps them, reports "<reason> <wait status>" on STATUS_FD and exits.
 
 Hand-written because no existing tool or library does all of it: tini and dumb-init (made to
 be a container's PID 1) forward signals to one child or its process group and exit when that
@@ -26,6 +27,11 @@ import time
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+# <sched.h>, <sys/mount.h>
+CLONE_NEWNS = 0x00020000
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
 # The worker's death is signalled with SIGUSR1, not SIGTERM, because the kernel also sends it
 # when merely the worker *thread* that started us exits (PDEATHSIG follows the parent thread;
 # we are then reparented to a sibling thread and the signal stays armed). So the signal only
@@ -48,11 +54,16 @@ TERM_GRACE = 1.0
 KILL_PATIENCE = 10.0
 
 
-def prctl(libc: ctypes.CDLL, option: int, arg: int) -> None:
-    if libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), ctypes.c_ulong(0), ctypes.c_ulong(0),
-                  ctypes.c_ulong(0)) != 0:
+def checked(result: int, what: str) -> None:
+    """A libc call's result as Python's own calls report one: OSError with errno set."""
+    if result != 0:
         err = ctypes.get_errno()
-        raise OSError(err, f"prctl({option}): {os.strerror(err)}")
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def prctl(libc: ctypes.CDLL, option: int, arg: int) -> None:
+    checked(libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                       ctypes.c_ulong(0)), f"prctl({option})")
 
 
 def read_all(fd: int) -> bytes:
@@ -62,22 +73,54 @@ def read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def spawn(argv: list[str], env: dict[str, str], mask: set[int]) -> int:
+def stage(libc: ctypes.CDLL, top: str, sources: list[str]) -> None:
+    """In a mount namespace of this process's own (so of the command's alone), a small tmpfs at
+    ``top`` and each of ``sources`` bound at top/0, top/1, ...: a root worker's job directories
+    lie under its own private ones (its state directory is 0700), and there the job's uid finds
+    them to bind into its sandbox (gearfarm/step/sandbox.py); nothing else of the host becomes
+    reachable that way. What util-linux's ``unshare --mount --propagation private`` and
+    ``mount`` do, with system calls instead of a shell and a dozen programs per command.
+    Propagation is made private first: with the host's mounts shared (systemd's default) the
+    stage's mounts would otherwise appear in the host's own namespace."""
+    def mount(source: str, target: str, fstype: bytes | None, flags: int, data: bytes | None, what: str) -> None:
+        checked(libc.mount(os.fsencode(source), os.fsencode(target), fstype, ctypes.c_ulong(flags), data), what)
+
+    checked(libc.unshare(ctypes.c_int(CLONE_NEWNS)), "unshare(CLONE_NEWNS)")
+    mount("none", "/", None, MS_REC | MS_PRIVATE, None, "making / private")
+    mount("gearfarm-stage", top, b"tmpfs", 0, b"mode=0711,size=64k", f"mounting a tmpfs at {top}")
+    for n, source in enumerate(sources):
+        point = f"{top}/{n}"
+        try:
+            os.mkdir(point, 0o711)
+        except OSError as e:
+            raise OSError(e.errno, f"making {point}: {e.strerror}") from None
+        mount(source, point, None, MS_BIND, None, f"binding {source} at {point}")
+
+
+def spawn(argv: list[str], env: dict[str, str], mask: set[int], staged: tuple[str, list[str]] | None,
+          libc: ctypes.CDLL) -> int:
     """fork+exec the command in its own process group (inside our session), so that killpg()
-    spares us, with the signal mask and dispositions it would have had under Popen. Exec
-    failures are raised here, as Popen raises them."""
+    spares us, with the signal mask and dispositions it would have had under Popen, staged
+    first if ``staged`` says where (stage()). Exec and staging failures are raised here, as
+    Popen raises its exec failures."""
     err_r, err_w = os.pipe()  # close-on-exec: EOF means the exec succeeded
     pid = os.fork()
     if pid == 0:
+        staging = False
         try:
             os.close(err_r)
             os.setpgid(0, 0)
             for s in RESET:
                 signal.signal(s, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            if staged is not None:
+                staging = True
+                stage(libc, *staged)
+                staging = False
             execvpe(argv, env)
         except BaseException as e:
-            os.write(err_w, str(getattr(e, "errno", None) or 0).encode())
+            what = (getattr(e, "strerror", None) or str(e)) if staging else ""
+            os.write(err_w, f"{getattr(e, 'errno', None) or 0} {what}".encode(errors="replace"))
         finally:
             os._exit(127)
     os.close(err_w)
@@ -89,7 +132,10 @@ def spawn(argv: list[str], env: dict[str, str], mask: set[int]) -> int:
     os.close(err_r)
     if err:
         os.waitpid(pid, 0)
-        code = int(err)
+        number, _, what = err.decode(errors="replace").partition(" ")
+        code = int(number)
+        if what:  # the staging's own account of what failed
+            raise OSError(code, f"cannot stage the job's directories: {what}")
         raise OSError(code, os.strerror(code) if code else "exec failed", argv[0])
     return pid
 
@@ -218,7 +264,7 @@ def report(fd: int, text: str) -> None:
 
 def main(args: list[str]) -> int:
     if len(args) != 3:
-        print("usage: reaper.py WORKER_PID STATUS_FD TIMEOUT  (argv and env marshalled on stdin)", file=sys.stderr)
+        print("usage: reaper.py WORKER_PID STATUS_FD TIMEOUT  (argv, env, stage marshalled on stdin)", file=sys.stderr)
         return 2
     worker, status_fd, timeout = int(args[0]), int(args[1]), float(args[2])
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, WAKE)
@@ -229,7 +275,7 @@ def main(args: list[str]) -> int:
     if os.getppid() != worker:
         return 0  # the worker died before the signal was armed: run nothing
     try:
-        argv, env = marshal.loads(read_all(0))
+        argv, env, staged = marshal.loads(read_all(0))
     except (EOFError, ValueError, TypeError):
         return 0  # the worker died while handing the job over: run nothing
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -237,7 +283,7 @@ def main(args: list[str]) -> int:
     os.close(devnull)
     os.set_inheritable(status_fd, False)
     try:
-        cmd = spawn(argv, env, mask)
+        cmd = spawn(argv, env, mask, staged, libc)
     except OSError as e:
         report(status_fd, f"error {e}")
         return 0

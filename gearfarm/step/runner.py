@@ -134,8 +134,7 @@ def _run(sandbox: Sandbox, argv: list[str], log_path: Path, timeout: float, cwd:
     (already the job uid's). The log is the worker's: it lives beside those directories, never
     in one the job writes. ``inner``: environment of the command alone (Sandbox.command)."""
     sandbox.give(writable)
-    full, env = sandbox.command(argv, env, cwd, writable + (shared or []), wine_prefix, inner)
-    return process.run_logged(full, log_path, timeout, cwd=cwd, env=env, shown=argv, limit=sandbox.log_limit)
+    return sandbox.run(argv, log_path, timeout, cwd, env, writable + (shared or []), wine_prefix, inner)
 
 
 def run_build(cat: Catalog, target: Target, root: Path, scratch: Path, log_path: Path, sandbox: Sandbox,

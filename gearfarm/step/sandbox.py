@@ -38,14 +38,16 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import subprocess
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from gearfarm.config import Config
 from gearfarm.formats.catalog import RESERVED_ENV  # the rule is the catalog's
+from gearfarm.hosts import process
 
 log = logging.getLogger(__name__)
 
@@ -62,16 +64,17 @@ UNPRIVILEGED = "65534"  # nobody / nogroup
 
 
 # Where a root worker binds a job's directories for bubblewrap to find as the job's uid (in a
-# mount namespace of the command's own, over a tmpfs: the host's /mnt is not touched).
+# mount namespace of the command's own, over a tmpfs: the host's /mnt is not touched). The
+# command's supervisor makes it (gearfarm/step/reaper.py stage()).
 STAGE = "/mnt"
-_STAGE_SCRIPT = """set -e
-m=$1; shift
-mount -t tmpfs -o mode=0711,size=64k gearfarm-stage "$m"
-n=0
-while [ "$1" != -- ]; do mkdir -m 0711 "$m/$n"; mount --bind "$1" "$m/$n"; n=$((n+1)); shift; done
-shift
-exec "$@"
-"""
+
+
+class Launch(NamedTuple):
+    """A confined command as it must be started: process.run_logged(argv, env=env, stage=stage)."""
+    argv: list[str]
+    env: dict[str, str]
+    # (STAGE, the directories bound at STAGE/0, /1, ...) or None: see Sandbox.command.
+    stage: tuple[str, list[str]] | None = None
 
 
 class SandboxError(RuntimeError):
@@ -113,7 +116,7 @@ class Sandbox:
 
     def command(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path,
                 writable: Iterable[Path], wine_prefix: Path | None = None,
-                inner: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+                inner: Mapping[str, str] | None = None) -> Launch:
         """``argv`` and ``env`` as they must be started to run confined, with ``writable`` (the
         job's directories, made by the worker) as the only places it can write. HOME is the first
         of them, TMPDIR the sandbox's /tmp, WINEPREFIX ``wine_prefix`` (one of the job's own,
@@ -130,22 +133,30 @@ class Sandbox:
         if wine_prefix is not None:
             out_env["WINEPREFIX"] = str(Path(wine_prefix).resolve())
         if self.mode == "none":
-            return list(argv), {**out_env, **(inner or {})}
+            return Launch(list(argv), {**out_env, **(inner or {})})
         out_env["TMPDIR"] = "/tmp"
         setenv = [a for k, v in (inner or {}).items() for a in ("--setenv", k, v)]
         if self.uid is None:
-            return [*self._bwrap(dirs, Path(cwd).resolve(), {}), *setenv, "--", *argv], out_env
+            return Launch([*self._bwrap(dirs, Path(cwd).resolve(), {}), *setenv, "--", *argv], out_env)
         # The job's uid cannot reach the directories it binds: they lie under the worker's own,
         # private ones (its state directory is 0700). So, still as root, in a mount namespace
-        # of the command's own, each is bound at STAGE/<n>, where bubblewrap, as the job's uid,
-        # finds it; nothing else of the host becomes reachable that way.
+        # of the command's own, the supervisor binds each at STAGE/<n>, where bubblewrap, as the
+        # job's uid, finds it; nothing else of the host becomes reachable that way.
         sources = [*dirs, *(d for d in self.readonly if d.is_dir())]
         staged = {d: f"{STAGE}/{n}" for n, d in enumerate(sources)}
-        stage = [find_tool("unshare", "util-linux"), "--mount", "--propagation", "private", "--",
-                 "sh", "-c", _STAGE_SCRIPT, "gearfarm-stage", STAGE, *map(str, sources), "--"]
         user = [find_tool("setpriv", "util-linux"), f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
                 "--inh-caps=-all", "--"]
-        return [*stage, *user, *self._bwrap(dirs, Path(cwd).resolve(), staged), *setenv, "--", *argv], out_env
+        return Launch([*user, *self._bwrap(dirs, Path(cwd).resolve(), staged), *setenv, "--", *argv], out_env,
+                      (STAGE, [str(d) for d in sources]))
+
+    def run(self, argv: Sequence[str], log_path: Path, timeout: float, cwd: Path, env: Mapping[str, str],
+            writable: Iterable[Path], wine_prefix: Path | None = None,
+            inner: Mapping[str, str] | None = None) -> tuple[int | None, bool]:
+        """Run ``argv`` confined (command()) under its supervisor, its output appended to
+        ``log_path``: process.run_logged's (exit code, timed out)."""
+        launch = self.command(argv, env, cwd, writable, wine_prefix, inner)
+        return process.run_logged(launch.argv, log_path, timeout, cwd=cwd, env=launch.env, shown=argv,
+                                  limit=self.log_limit, stage=launch.stage)
 
     def compiler_cache(self, project: str) -> Path | None:
         """The project's part of the compiler cache (made, and the job uid's), or None without one.
@@ -212,14 +223,19 @@ class Sandbox:
         if self.uid is not None:
             with suppress(OSError):  # the FHS's /mnt, absent from some minimal images
                 Path(STAGE).mkdir(exist_ok=True)
-        argv, env = self.command(["true"], self.environment(), Path("/"), [])
-        try:
-            p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            p = subprocess.CompletedProcess(argv, -1, "", str(e))
-        if p.returncode != 0:
+        with tempfile.TemporaryDirectory(prefix="gearfarm-sandbox-check-") as tmp:
+            log = Path(tmp) / "log"
+            try:
+                rc, timed_out = self.run(["true"], log, 30, Path("/"), self.environment(), [])
+                said = log.read_text(errors="replace").splitlines()[1:]
+            except OSError as e:
+                rc, timed_out, said = None, False, [str(e)]
+        if rc != 0:
+            # The log's first line is the command; its last, when it ran, how it ended.
+            said = [line.strip() for line in said if line.strip() and not line.startswith("--- ")]
+            reason = "; ".join(said) or ("timed out" if timed_out else f"exit {rc}")
             raise SandboxError(
-                f"bubblewrap cannot confine jobs on this host ({p.stderr.strip() or f'exit {p.returncode}'}). "
+                f"bubblewrap cannot confine jobs on this host ({reason}). "
                 "Jobs would be able to read this worker's keys. Fix: allow unprivileged user namespaces "
                 "(sysctl kernel.unprivileged_userns_clone=1); in a container, let it mount a /proc of its own "
                 "(--security-opt systempaths=unconfined, for podman and docker alike)"

@@ -162,14 +162,14 @@ def test_command_gets_its_output_log_env_cwd_and_no_stdin(tmp_path: Path) -> Non
 
 
 THREAD_STARTS_JOB = """
-import marshal, os, subprocess, threading, time
-from gearfarm.hosts.process import REAPER_COMMAND
+import os, subprocess, threading, time
+from gearfarm.hosts.process import REAPER_COMMAND, reaper_input
 status_r, status_w = os.pipe()
 def start():
     # The thread that forks the reaper is its PDEATHSIG parent; it exits while the job runs.
     reaper = subprocess.Popen([*REAPER_COMMAND, str(os.getpid()), str(status_w), "60"],
                               stdin=subprocess.PIPE, pass_fds=(status_w,), start_new_session=True)
-    reaper.stdin.write(marshal.dumps((["sleep", os.environ["MARKER"]], dict(os.environ))))
+    reaper.stdin.write(reaper_input(["sleep", os.environ["MARKER"]], os.environ))
     reaper.stdin.close()
     time.sleep(1)  # long enough for the reaper to have armed PDEATHSIG
 threading.Thread(target=start).start()

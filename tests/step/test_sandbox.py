@@ -7,7 +7,10 @@ does: with the test role's keys no artifact can be written."""
 
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,14 +19,13 @@ import pytest
 from gearfarm import config as config_mod
 from gearfarm.config import ProjectConfig, S3Keys
 from gearfarm.formats import catalog as catalog_mod
-from gearfarm.hosts import process
 from gearfarm.hosts.minio_server import MinioServer
 from gearfarm.run.farm import EmbeddedFarm
 from gearfarm.s3 import keys
 from gearfarm.s3.minio import make_role_users
 from gearfarm.s3.store import ArtifactStore, StoreError
 from gearfarm.step.sandbox import Sandbox, SandboxError
-from tests.farmkit import gearfarm, key_secrets
+from tests.farmkit import ROOT, gearfarm, key_secrets
 from tests.projects import _init
 
 PLANTED = "planted-env-secret-5d1e"
@@ -154,8 +156,7 @@ def test_files_the_config_names_are_masked_inside_visible_trees(tmp_path: Path) 
     log = tmp_path / "out.log"
     cmd = ["sh", "-c", f"cat {tools}/cc-wrapper; cat {key}; ls {secret_dir}; echo made > {work}/out; "
                        f"echo no > {tools}/planted; id -u"]
-    argv, env = box.command(cmd, box.environment(), work, [work])
-    rc, _ = process.run_logged(argv, log, 30, cwd=work, env=env, shown=cmd)
+    rc, _ = box.run(cmd, log, 30, work, box.environment(), [work])
     assert rc == 0, log.read_text()
     text = log.read_text()
     assert "a toolchain file" in text and "secret" not in text.split("\n", 1)[1], text
@@ -179,6 +180,37 @@ def test_a_worker_that_cannot_stage_its_jobs_for_the_job_uid_names_the_capabilit
     monkeypatch.setattr("gearfarm.step.sandbox.STAGE", "/nonexistent-gearfarm-stage/mnt")
     with pytest.raises(SandboxError, match=r"--cap-add SYS_ADMIN"):
         Sandbox("bwrap", uid=2_000_000_000).check()
+
+
+STAGED = """
+import sys
+from pathlib import Path
+from gearfarm.step.sandbox import Sandbox
+box = Sandbox("bwrap", uid=2_000_000_000)
+work = Path(sys.argv[1])
+box.give([work])
+before = Path("/proc/self/mountinfo").read_text()
+rc, _ = box.run(["sh", "-c", "id -u > out"], Path(sys.argv[2]), 30, work, box.environment(), [work])
+after = Path("/proc/self/mountinfo").read_text()
+print(rc, "gearfarm-stage" in after, len(after.splitlines()) - len(before.splitlines()))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a worker switches jobs to the job uid only as root")
+def test_a_root_workers_staging_stays_in_the_commands_own_mount_namespace(tmp_path: Path) -> None:
+    """A root worker's supervisor binds the job's directories where the job uid finds them,
+    in a mount namespace of the command's own: on a host whose mounts are shared (systemd's
+    default; made so here in a namespace of the test's own) none of it may appear in the
+    worker's, where it would outlive the job and pile up, one tmpfs and its binds a command."""
+    work = tmp_path / "private" / "job"
+    work.mkdir(parents=True)
+    (tmp_path / "private").chmod(0o700)  # as a worker's state directory: the job uid cannot reach it
+    log = tmp_path / "log.txt"
+    p = subprocess.run(["unshare", "--mount", "--propagation", "shared", "--", sys.executable, "-c", STAGED,
+                        str(work), str(log)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["0", "False", "0"], (p.stdout, log.read_text())
+    assert (work / "out").read_text() == "65534\n", log.read_text()  # it ran, in its sandbox
 
 
 def test_each_role_s3_user_can_do_only_what_its_role_does(tmp_path: Path) -> None:

@@ -500,8 +500,11 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
     # nothing too): where a wall above its bound went.
     spent = dict.fromkeys(("commands", "the farm's part of its jobs (started → finished, beyond the command)",
                            "dispatch (a job queued for it, not yet started)", "idle before its first job",
-                           "idle between jobs (none queued for it)", "idle after its last job"), 0.0)
+                           "idle between jobs (none queued for it)",
+                           "idle after its last job, while others ran theirs",
+                           "idle after the night's last job (its last records, the report)"), 0.0)
     names = list(spent)
+    last = max((r.finished_at for r in ran), default=night.began)
     for rs in by_slot.values():
         prev_end = night.began
         for r in rs:
@@ -511,8 +514,9 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
             spent[names[0]] += command[r.job_id]
             spent[names[1]] += max(0.0, r.finished_at - r.started_at - command[r.job_id])
             prev_end = r.finished_at
-        spent[names[5]] += max(0.0, night.began + night.wall - prev_end)
-    spent[names[3]] += night.wall * (slots - len(by_slot))
+        spent[names[5]] += max(0.0, last - prev_end)
+    spent[names[3]] += (last - night.began) * (slots - len(by_slot))
+    spent[names[6]] = max(0.0, night.began + night.wall - last) * slots
     # Of the dispatch, the worker's admission (its checks and claim: the record's `admit`).
     admit = [r.timings.get("admit", 0.0) for r in ran]
     s3 = [sum(r.timings.get(k, 0.0) for k in s3_stages) for r in ran]

@@ -498,25 +498,25 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
             prev_end = r.finished_at
     # What the slots spent the night's wall on, on average (all the lab's slots, those that ran
     # nothing too): where a wall above its bound went.
-    spent = dict.fromkeys(("commands", "the farm's part of its jobs (started → finished, beyond the command)",
-                           "dispatch (a job queued for it, not yet started)", "idle before its first job",
-                           "idle between jobs (none queued for it)",
-                           "idle after its last job, while others ran theirs",
-                           "idle after the night's last job (its last records, the report)"), 0.0)
-    names = list(spent)
+    cmd, part, waits = "commands", "the farm's part of its jobs (started → finished, beyond the command)", \
+        "dispatch (a job queued for it, not yet started)"
+    first, between = "idle before its first job", "idle between jobs (none queued for it)"
+    tail, end = "idle after its last job, while others ran theirs", \
+        "idle after the night's last job (its last records, the report)"
+    spent = dict.fromkeys((cmd, part, waits, first, between, tail, end), 0.0)
     last = max((r.finished_at for r in ran), default=night.began)
     for rs in by_slot.values():
         prev_end = night.began
         for r in rs:
             free = max(r.submitted_at or r.started_at, prev_end)
-            spent[names[4 if prev_end > night.began else 3]] += max(0.0, min(r.started_at, free) - prev_end)
-            spent[names[2]] += max(0.0, r.started_at - free)
-            spent[names[0]] += command[r.job_id]
-            spent[names[1]] += max(0.0, r.finished_at - r.started_at - command[r.job_id])
+            spent[between if prev_end > night.began else first] += max(0.0, min(r.started_at, free) - prev_end)
+            spent[waits] += max(0.0, r.started_at - free)
+            spent[cmd] += command[r.job_id]
+            spent[part] += max(0.0, r.finished_at - r.started_at - command[r.job_id])
             prev_end = r.finished_at
-        spent[names[5]] += max(0.0, last - prev_end)
-    spent[names[3]] += (last - night.began) * (slots - len(by_slot))
-    spent[names[6]] = max(0.0, night.began + night.wall - last) * slots
+        spent[tail] += max(0.0, last - prev_end)
+    spent[first] += (last - night.began) * (slots - len(by_slot))  # slots that ran nothing
+    spent[end] = max(0.0, night.began + night.wall - last) * slots
     # Of the dispatch, the worker's admission (its checks and claim: the record's `admit`).
     admit = [r.timings.get("admit", 0.0) for r in ran]
     s3 = [sum(r.timings.get(k, 0.0) for k in s3_stages) for r in ran]

@@ -5,7 +5,8 @@ process.REAPER_COMMAND) with the command's argv, environment and stage marshalle
 command's own, see stage()). It runs the command and, when the command exits, when the
 timeout passes, when it is told to stop (SIGTERM/SIGINT/SIGHUP) or when the worker dies
 (even by kill -9), kills every process the command started -- grandchildren that left the
-process group or were daemonised included -- reaps them, reports "<reason> <wait status>" on STATUS_FD and exits.
+process group or were daemonised included -- reaps them, reports "<reason> <wait status>"
+on STATUS_FD and exits.
 
 Hand-written because no existing tool or library does all of it: tini and dumb-init (made to
 be a container's PID 1) forward signals to one child or its process group and exit when that

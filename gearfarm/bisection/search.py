@@ -197,8 +197,10 @@ def evidence_line(ev: dict[str, object]) -> str:
     if "statuses" in ev:
         return ", ".join(str(s) for s in ev["statuses"]) or str(ev.get("why", ""))  # type: ignore[attr-defined]
     if "change" in ev:
+        interval = ev.get("interval")
+        within = f"95 % interval {float(interval[0]):+.2%} to {float(interval[1]):+.2%}, " if interval else ""  # type: ignore[index]
         return (f"{float(ev['change']):+.2%} over {counted(ev['pairs'], 'pair')} against the known-good build "  # type: ignore[arg-type]
-                f"(p={float(ev['p']):.3g}, {ev['result']})")  # type: ignore[arg-type]
+                f"({within}p={float(ev['p']):.3g}, {ev['result']})")  # type: ignore[arg-type]
     return "the known-good build" if ev.get("known_good") else str(ev.get("why", ""))
 
 

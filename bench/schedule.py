@@ -22,6 +22,12 @@ The policies:
   every poll (0.2 s): whichever a slot takes is among the longest. Kept small on purpose: a
   window that never empties starves the functions a slot reaches last.
 * ``per-function window``: as ``window``, with a window per function.
+* ``rotated per slot``: each slot's own static order, its test functions starting from a place
+  of its own, so the targets drain side by side.
+* ``status before each job``: a slot asks gearmand how many jobs each function has waiting and
+  takes from the one whose next suite is guessed longest (a function's queue is its target's
+  suites longest first, so with c waiting the next is the c-th shortest):
+  gearfarm.run.priority.Preference, what the farm does since the ninth round of docs/speed.md.
 
 The durations are bench/scale.py's (REAL_SECONDS, ±20 %, × --time-scale); each job also
 costs the farm ``--overhead`` seconds of a slot (64 × 5,000 at time scale 5 measured about
@@ -81,9 +87,18 @@ class Farm:
         self.held: list[tuple[float, float, int]] = []  # released, not queued: (-guess, seconds, target)
         self.starts: dict[int, collections.deque[float]] = collections.defaultdict(collections.deque)
         self.now = 0.0
+        self.guesses = [sorted(g) for g in night.guess]
 
-    def first_queue(self) -> Key | None:
+    def first_queue(self, slot: int) -> Key | None:
         return next((k for k in self.order if self.queues[k]), None)
+
+    def rotated(self, slot: int) -> Key | None:
+        """The slot's own order: builds first, then the test functions from the slot's own
+        place on (slot × targets ÷ slots), so every target's suites are drained side by side."""
+        n = len(self.night.builds)
+        start = slot * n // self.slots
+        keys = [("b", t) for t in range(n)] + [("t", (start + i) % n) for i in range(n)]
+        return next((k for k in keys if self.queues[k]), None)
 
     def recent(self, target: int | None = None) -> int:
         """Suites started in the last second (of one target, or all)."""
@@ -94,7 +109,7 @@ class Farm:
         return sum(len(q) for q in qs)
 
     def run(self, release: Callable[[Farm, int], None], feed: Callable[[Farm], None] | None,
-            take: Callable[[Farm], Key | None]) -> float:
+            take: Callable[[Farm, int], Key | None]) -> float:
         """The night's wall (seconds from the first build's start to the last job's end)."""
         events: list[tuple[float, int, str, int]] = []
         free, last, next_poll = list(range(self.slots)), 0.0, POLL
@@ -103,7 +118,7 @@ class Farm:
             nonlocal free
             idle = []
             for slot in free:
-                key = take(self)
+                key = take(self, slot)
                 if key is None:
                     idle.append(slot)
                     continue
@@ -170,13 +185,30 @@ def function_window(k: float, least: int) -> Callable[[Farm], None]:
     return feed
 
 
-def longest_anywhere(farm: Farm) -> Key | None:
+def longest_anywhere(farm: Farm, slot: int) -> Key | None:
     """The ideal: a build if any is queued, else the longest suite queued in any function."""
     builds = [k for k in farm.order if k[0] == "b" and farm.queues[k]]
     if builds:
         return builds[0]
     tests = [k for k in farm.order if k[0] == "t" and farm.queues[k]]
     return max(tests, key=lambda k: farm.queues[k][0], default=None)
+
+
+def head_from_count(farm: Farm, slot: int) -> Key | None:
+    """A slot that asks gearmand's ``status`` before each job: builds first, then the function
+    whose next suite is guessed longest. A function's queue is its target's suites longest
+    first, so with c of them queued the next is the c-th shortest of the target's guesses."""
+    builds = [k for k in farm.order if k[0] == "b" and farm.queues[k]]
+    if builds:
+        return builds[0]
+    tests = [k for k in farm.order if k[0] == "t" and farm.queues[k]]
+    guesses = farm.guesses
+
+    def head(k: Key) -> float:
+        g = guesses[k[1]]
+        return g[min(len(farm.queues[k]), len(g)) - 1]
+
+    return max(tests, key=head, default=None)
 
 
 def main() -> None:
@@ -195,9 +227,12 @@ def main() -> None:
         farm.queues["t", t].extend(sorted(farm.night.suites[t], reverse=True))
 
     policies: dict[str, tuple[Callable[[Farm, int], None], Callable[[Farm], None] | None,
-                              Callable[[Farm], Key | None]]] = {
+                              Callable[[Farm, int], Key | None]]] = {
         "static (today)": (queue_in_order(not a.first_night), None, Farm.first_queue),
         "ideal (longest queued anywhere)": (ideal_release, None, longest_anywhere),
+        "rotated per slot": (queue_in_order(not a.first_night), None, Farm.rotated),
+        "status before each job (next suite guessed from the count)": (queue_in_order(not a.first_night), None,
+                                                                       head_from_count),
         "window k=2, min 4": (hold, window(2, 4), Farm.first_queue),
         "window k=3, min 4": (hold, window(3, 4), Farm.first_queue),
         "window of 256": (hold, window(0, 256), Farm.first_queue),

@@ -18,7 +18,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -558,10 +558,11 @@ def _cpu() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def serve(cfg: Config, functions: list[tuple[str, str, Work]], stop: threading.Event | None = None) -> None:
+def serve(cfg: Config, functions: list[tuple[str, str, Work]], stop: threading.Event | None = None,
+          prefer: Callable[[Mapping[str, int]], str | None] | None = None) -> None:
     """Run a worker slot until SIGTERM/SIGINT (or ``stop``): one job at a time, of the
-    (role, function, the kind's work) it serves, preferring them in the order given
-    (gearfarm.run.priority)."""
+    (role, function, the kind's work) it serves, preferring them in the order given, or, with
+    ``prefer``, as it says before each job (gearfarm.run.priority)."""
     # One context per role, not per function: made for every (role, target) pair, a worker of
     # 100 targets made 200 (S3 and gearmand clients, keys, the host's fingerprint) and took
     # minutes to start on a loaded host.
@@ -570,7 +571,7 @@ def serve(cfg: Config, functions: list[tuple[str, str, Work]], stop: threading.E
     for gone in process.sweep_work_dirs(first.work):
         log.info("removed %s, left by a worker that died mid-job", gone)
     stop = stop or threading.Event()
-    worker = gearman_worker(cfg, f"{socket.gethostname()}-{'+'.join(ctxs)}-{os.getpid()}")
+    worker = gearman_worker(cfg, f"{socket.gethostname()}-{'+'.join(ctxs)}-{os.getpid()}", prefer)
     worker.stop_on_signals(stop)
     for role, fn, h in functions:
         worker.register(fn, functools.partial(handle_job, ctxs[role], h))

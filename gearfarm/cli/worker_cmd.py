@@ -68,11 +68,12 @@ def worker_cmd(role: str, targets: str | None, config_path: str | None) -> None:
             console.print(f"[yellow]not serving {r} for {t}: {escape(w)}[/]", highlight=False)
     served = assignment.served
     defs = {name: t for c in reversed(cats) for name, t in c.targets.items()}
-    pairs = priority.order([(r, t) for r in roles for t in served[r]], defs,
-                           priority.Durations.of_host(cfg.path(cfg.farm.state_dir)).load())
+    durations = priority.Durations.of_host(cfg.path(cfg.farm.state_dir))
+    pairs = priority.order([(r, t) for r in roles for t in served[r]], defs, durations.load())
     handlers = {"build": build.handle, "test": test.handle, "perf": perf.handle}
     try:
-        base.serve(cfg, [(r, function_name(r, t), handlers[r]) for r, t in pairs])  # type: ignore[misc]
+        base.serve(cfg, [(r, function_name(r, t), handlers[r]) for r, t in pairs],  # type: ignore[misc]
+                   prefer=priority.Preference(pairs, defs, durations) if len(pairs) > 1 else None)
     except (ConfigError, SandboxError) as e:  # no key, or no way to confine jobs: refuse, saying how
         fail(str(e))
     exit_now()

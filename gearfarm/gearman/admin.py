@@ -2,7 +2,9 @@
 
 gearmand speaks a line protocol on the same port as the binary one (it looks at the
 first byte).  Each helper opens a short-lived connection, because admin queries are
-rare and a fresh socket can never be confused by leftovers of an earlier query.
+rare and a fresh socket can never be confused by leftovers of an earlier query; a Session
+keeps one for a worker slot's frequent ``status`` (a reply holding more than the one answer
+asked for closes it, so leftovers cannot answer a later query).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import socket
 import ssl
 import time
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 from .errors import ProtocolError, ServerError, ServerUnavailable
@@ -38,26 +41,26 @@ class WorkerInfo:
     functions: list[str] = field(default_factory=list)
 
 
-def _command(
-    host: str,
-    port: int,
-    command: str,
-    *,
-    multiline: bool,
-    ssl_context: ssl.SSLContext | None,
-    timeout: float,
-) -> list[str]:
-    """Send one admin command; return the reply lines (without the final ``.``)."""
-    address = format_address(host, port)
-    deadline = time.monotonic() + timeout
+def _connect(host: str, port: int, ssl_context: ssl.SSLContext | None, timeout: float,
+             server_hostname: str | None = None) -> socket.socket:
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
     except OSError as exc:
-        raise ServerUnavailable([(address, exc)]) from exc
+        raise ServerUnavailable([(format_address(host, port), exc)]) from exc
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if ssl_context is not None:
-            sock = ssl_context.wrap_socket(sock, server_hostname=host)
+            sock = ssl_context.wrap_socket(sock, server_hostname=server_hostname or host)
+    except OSError as exc:
+        sock.close()
+        raise ServerUnavailable([(format_address(host, port), exc)]) from exc
+    return sock
+
+
+def _exchange(sock: socket.socket, address: str, command: str, *, multiline: bool, timeout: float) -> list[str]:
+    """Send one admin command on ``sock``; return the reply lines (without the final ``.``)."""
+    deadline = time.monotonic() + timeout
+    try:
         sock.sendall(command.encode("ascii") + b"\n")
         buf = b""
         while True:
@@ -68,8 +71,12 @@ def _command(
                 code, _, text = rest.partition(" ")
                 raise ServerError(address, code, text.replace("+", " "))
             if multiline and "." in complete:
+                if len(lines) - 1 > complete.index(".") + 1 or lines[-1]:
+                    raise ProtocolError(f"gearmand admin {address}: more than one reply to {command!r}")
                 return complete[: complete.index(".")]
             if not multiline and complete:
+                if len(complete) > 1 or lines[-1]:
+                    raise ProtocolError(f"gearmand admin {address}: more than one reply to {command!r}")
                 return complete[:1]
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -89,17 +96,73 @@ def _command(
         if isinstance(exc, TimeoutError):
             raise
         raise ServerUnavailable([(address, exc)]) from exc
+
+
+def _command(
+    host: str,
+    port: int,
+    command: str,
+    *,
+    multiline: bool,
+    ssl_context: ssl.SSLContext | None,
+    timeout: float,
+) -> list[str]:
+    """One admin command on a connection of its own."""
+    sock = _connect(host, port, ssl_context, timeout)
+    try:
+        return _exchange(sock, format_address(host, port), command, multiline=multiline, timeout=timeout)
     finally:
         sock.close()
+
+
+class Session:
+    """One admin connection kept open for many ``status`` queries: a worker slot that asks
+    before every job (gearfarm.run.priority.Preference) would otherwise pay a connection, and
+    behind TLS a handshake, each time. Any failure closes it; the next query reconnects."""
+
+    def __init__(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None, timeout: float = 5.0,
+                 server_hostname: str | None = None) -> None:
+        self.host, self.port, self.timeout = host, port, timeout
+        self.ssl_context, self.server_hostname = ssl_context, server_hostname
+        self._sock: socket.socket | None = None
+
+    def waiting(self, functions: Container[str]) -> dict[str, int]:
+        """Jobs queued and not running, of each of ``functions`` gearmand knows. Only their
+        lines are parsed: a slot asks before every job, and the farm's other functions are
+        hundreds of lines."""
+        address = format_address(self.host, self.port)
+        if self._sock is None:
+            self._sock = _connect(self.host, self.port, self.ssl_context, self.timeout, self.server_hostname)
+        try:
+            lines = _exchange(self._sock, address, "status", multiline=True, timeout=self.timeout)
+            got = {}
+            for line in lines:
+                name = line.partition("\t")[0]
+                if name in functions:
+                    st = _parse_status(address, [line])[name]
+                    got[name] = max(0, st.queued - st.running)
+            return got
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
 
 
 def status(
     host: str, port: int, ssl_context: ssl.SSLContext | None = None, timeout: float = 5.0
 ) -> dict[str, FunctionStatus]:
     """Per-function queue counters from the ``status`` command."""
+    lines = _command(host, port, "status", multiline=True, ssl_context=ssl_context, timeout=timeout)
+    return _parse_status(format_address(host, port), lines)
+
+
+def _parse_status(address: str, lines: list[str]) -> dict[str, FunctionStatus]:
     result: dict[str, FunctionStatus] = {}
-    address = format_address(host, port)
-    for line in _command(host, port, "status", multiline=True, ssl_context=ssl_context, timeout=timeout):
+    for line in lines:
         parts = line.split("\t")
         if len(parts) != 4:
             raise ProtocolError(f"gearmand admin {address}: unexpected status line {line!r}")

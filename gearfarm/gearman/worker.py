@@ -6,7 +6,9 @@ at least every ``poll_interval`` seconds to re-grab (which also covers a NOOP lo
 reconnect); ``wake()`` (e.g. from a SIGTERM handler) ends that sleep at once, so a stopping
 worker exits in milliseconds instead of at its next poll.  Dead servers are reconnected with
 exponential backoff and get SET_CLIENT_ID + CAN_DO again, because gearmand forgets a
-worker's abilities with its connection.  No CAN_DO_TIMEOUT: gearmand 1.1.20 silently
+worker's abilities with its connection.  With ``prefer``, the worker asks each server's
+``status`` before a grab and moves the function ``prefer`` names to the front of its abilities
+(gearmand hands out the first function's jobs first).  No CAN_DO_TIMEOUT: gearmand 1.1.20 silently
 requeues timed-out jobs, which hides hung workers instead of failing the job.
 """
 
@@ -20,10 +22,11 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .errors import ProtocolError
+from . import admin
+from .errors import ProtocolError, ServerError
 from .protocol import MAX_FUNCTION_SIZE, SPIN, Command, Connection, check_name, encode, format_address
 
 log = logging.getLogger(__name__)
@@ -121,6 +124,10 @@ class _Server:
     registered: set[str] = field(default_factory=set)
     # The worker's handler version this connection has sent CAN_DO for (-1: none yet).
     version: int = -1
+    # The function gearmand offers this connection first (its last CAN_DO).
+    front: str | None = None
+    # For ``prefer``: the server's status, asked on a connection kept open.
+    session: admin.Session | None = None
 
     @property
     def address(self) -> str:
@@ -140,7 +147,10 @@ class Worker:
         poll_interval: float = 1.0,
         max_backoff: float = 5.0,
         server_hostname: str | None = None,
+        prefer: Callable[[Mapping[str, int]], str | None] | None = None,
     ) -> None:
+        """``prefer``: given the jobs waiting (queued, not running) per registered function on
+        a server, the function to take from first there, or None for the registered order."""
         if not servers:
             raise ValueError("Worker needs at least one (host, port) server")
         if not client_id or any(c.isspace() for c in client_id) or "\0" in client_id:
@@ -150,6 +160,7 @@ class Worker:
         self.poll_interval = poll_interval
         self.max_backoff = max_backoff
         self._io_timeout = io_timeout
+        self._prefer = prefer
         self._handlers: dict[str, Handler] = {}
         self._version = 0  # bumped by register(): connections compare theirs to send CAN_DO
         self._lock = threading.Lock()
@@ -165,6 +176,8 @@ class Worker:
                     connect_timeout=connect_timeout,
                     io_timeout=io_timeout,
                 ),
+                session=admin.Session(h, int(p), ssl_context, min(io_timeout, 5.0), server_hostname)
+                if prefer is not None else None,
             )
             for h, p in servers
         ]
@@ -223,6 +236,8 @@ class Worker:
         for server in self._servers:
             server.connection.close()
             self._forget(server)
+            if server.session is not None:
+                server.session.close()
 
     # -- connection handling ---------------------------------------------------------
 
@@ -230,6 +245,7 @@ class Worker:
     def _forget(server: _Server) -> None:
         """A closed connection: gearmand forgot its abilities, sleep and pending grab."""
         server.registered.clear()
+        server.front = None
         server.version = -1
         server.sleeping = False
         server.grab_sent = False
@@ -261,6 +277,7 @@ class Worker:
             for command, arg in packets:
                 server.connection.send(command, arg)
             server.registered.update(missing)
+            server.front = missing[0]
         server.version = version
 
     def _live(self) -> list[_Server]:
@@ -294,10 +311,30 @@ class Worker:
 
     # -- grabbing and running --------------------------------------------------------
 
+    def _reorder(self, server: _Server) -> bytes:
+        """CANT_DO + CAN_DO of the function ``prefer`` names, when it is not in front already:
+        gearmand puts a function's new CAN_DO first. Without an answer from ``status`` the
+        order stays as it is (the grab still goes out)."""
+        # Still marked sleeping: the idle wait timed out without a NOOP, so nothing was queued
+        # for it since its last NO_JOB, and the status would say what it said then.
+        if self._prefer is None or server.session is None or len(server.registered) < 2 or server.sleeping:
+            return b""
+        try:
+            waiting = server.session.waiting(server.registered)
+        except (OSError, ProtocolError, ServerError) as exc:
+            log.warning("worker %s: no status from gearmand %s (%s); jobs taken in the registered order",
+                        self.client_id, server.address, exc)
+            return b""
+        fn = self._prefer(waiting)
+        if fn is None or fn == server.front or fn not in server.registered:
+            return b""
+        server.front = fn
+        return encode(Command.CANT_DO, fn) + encode(Command.CAN_DO, fn)
+
     def _grab(self, server: _Server) -> Job | None:
         conn = server.connection
         if not server.grab_sent:
-            conn.send_raw(_GRAB)
+            conn.send_raw(self._reorder(server) + _GRAB)
         server.grab_sent = False
         server.sleeping = False
         while True:
@@ -355,7 +392,11 @@ class Worker:
             job._finish(Command.WORK_COMPLETE, payload)
             return
         # The result and the next grab in one write: one system call and one wake-up of
-        # gearmand fewer per job, on the path every job's latency takes.
+        # gearmand fewer per job, on the path every job's latency takes. Not with ``prefer``:
+        # the next grab waits for the status that orders it, and the result need not.
+        if self._prefer is not None:
+            job._finish(Command.WORK_COMPLETE, payload)
+            return
         sent = job._finish(Command.WORK_COMPLETE, payload, then=_GRAB)
         server.grab_sent = sent and server.connection.connected
 

@@ -4,6 +4,7 @@ a CA), shared by the nightly, the CLI, the collector and the worker roles."""
 from __future__ import annotations
 
 import ssl
+from collections.abc import Callable, Mapping
 
 from gearfarm.config import Config
 from gearfarm.gearman import Client, Worker
@@ -24,6 +25,7 @@ def gearman_client(cfg: Config) -> Client:
     return Client(cfg.gearman.addresses(), ssl_context=ssl_context(cfg), server_hostname=cfg.gearman.tls_server_name)
 
 
-def gearman_worker(cfg: Config, client_id: str) -> Worker:
+def gearman_worker(cfg: Config, client_id: str,
+                   prefer: Callable[[Mapping[str, int]], str | None] | None = None) -> Worker:
     return Worker(cfg.gearman.addresses(), client_id=client_id, ssl_context=ssl_context(cfg),
-                  server_hostname=cfg.gearman.tls_server_name)
+                  server_hostname=cfg.gearman.tls_server_name, prefer=prefer)

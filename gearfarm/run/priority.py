@@ -8,7 +8,11 @@ functions in this order. Each host learns how long its jobs take: every finished
 per-host file of durations in the state directory (per function and per job of it: a target's
 model suite took ten times its unit suite), read at the next start; a build worker queues its
 target's suites longest first, since gearmand hands out one function's jobs in the order they
-came. Until a function has been seen, an emulated target's suites count three times a native
+came. That order is fixed at the slot's start, and every slot of the farm has the same one,
+so the targets' queues would drain one after another and the last target's long suites start
+at the end of the night (docs/speed.md, eighth round); so before each job a slot asks gearmand
+how many jobs each of its functions has waiting and takes from the one whose next job is
+longest (Preference). Until a function has been seen, an emulated target's suites count three times a native
 one's (measured on the default nightly: the aarch64 suites under qemu and the Windows suites
 under wine took 2.5-4 times the native ones)."""
 
@@ -19,6 +23,7 @@ import json
 import os
 import socket
 import tempfile
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -163,3 +168,61 @@ def order(functions: Iterable[tuple[str, str]], targets: Mapping[str, Target],
 
     pairs = list(functions)
     return sorted(pairs, key=lambda rt: (-path(*rt), rt))
+
+
+class Preference:
+    """Which of a slot's functions to take a job from next: a build before the suites it holds
+    up (its path, as in ``order``), otherwise the function whose next job is expected to take
+    longest (longest processing time first, the list schedule that ends a night nearest its
+    bound: bench/schedule.py). gearmand cannot say which job a queue holds next, but a
+    function's queue is its target's suites longest first (``longest_first``), so with c of them
+    waiting the next is the c-th shortest (the longest when more wait than the target has
+    suites: several projects or re-runs). Called before every job, so the estimates are worked
+    out ahead: at the start and, from the host's Durations, again every REFRESH seconds (a slot
+    runs for weeks; the static order is its start's)."""
+
+    REFRESH = 30.0
+
+    def __init__(self, functions: Iterable[tuple[str, str]], targets: Mapping[str, Target],
+                 durations: Durations | Mapping[str, float]) -> None:
+        self.functions, self.targets, self.source = list(functions), targets, durations
+        self.rank: dict[str, int] = {}
+        self.paths: dict[str, float] = {}
+        # Per test function: its suites' expected seconds, shortest first.
+        self.suites: dict[str, list[float]] = {}
+        self.loaded = 0.0
+        self._estimate()
+
+    def _estimate(self) -> None:
+        durations = self.source.load() if isinstance(self.source, Durations) else self.source
+        self.loaded = time.monotonic()
+        targets = self.targets
+        ordered = order(self.functions, targets, durations)
+        self.rank = {function_name(role, target): i for i, (role, target) in enumerate(ordered)}  # type: ignore[arg-type]
+        for role, target in ordered:
+            fn = function_name(role, target)  # type: ignore[arg-type]
+            t = targets.get(target)
+            names = t.suites if t is not None and t.suites else [""]
+            suites = sorted(estimate(durations, targets, "test", target, step_name("test", n) if n else None)
+                            for n in names)
+            if role == "build":
+                self.paths[fn] = estimate(durations, targets, "build", target) + suites[-1]
+            elif role == "test":
+                self.suites[fn] = suites
+            else:
+                self.paths[fn] = estimate(durations, targets, role, target)
+
+    def __call__(self, waiting: Mapping[str, int]) -> str | None:
+        if isinstance(self.source, Durations) and time.monotonic() - self.loaded >= self.REFRESH:
+            self._estimate()
+        best: tuple[float, int] | None = None
+        choice = None
+        for fn, count in waiting.items():
+            if count <= 0 or fn not in self.rank:
+                continue
+            suites = self.suites.get(fn)
+            seconds = suites[min(count, len(suites)) - 1] if suites else self.paths[fn]
+            key = (-seconds, self.rank[fn])
+            if best is None or key < best:
+                best, choice = key, fn
+        return choice

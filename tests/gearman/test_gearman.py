@@ -14,7 +14,7 @@ import ssl
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -921,6 +921,38 @@ def test_worker_prefers_the_functions_it_registered_first(gearmand: Gearmand) ->
         stop.set()
         t.join()
     assert got == ["slow", "slow", "middle", "middle", "quick", "quick"]
+
+
+def test_a_worker_takes_from_the_function_its_preference_names_before_each_job(gearmand: Gearmand) -> None:
+    """With ``prefer``, the worker asks gearmand's status before each grab and moves the named
+    function to the front of its abilities (CANT_DO + CAN_DO): the jobs come in the order the
+    preference says as the queues change, not in the order the functions were registered."""
+    with Client([gearmand.address]) as client:
+        for fn, n in (("quick", 1), ("slow", 3), ("middle", 2)):
+            for i in range(n):
+                client.submit_background(fn, b"x", unique=f"{fn}-{i}")
+    seen: list[dict[str, int]] = []
+
+    def most_waiting(waiting: Mapping[str, int]) -> str | None:
+        seen.append(dict(waiting))
+        return max((n, fn) for fn, n in waiting.items())[1] if any(waiting.values()) else None
+
+    got: list[str] = []
+    worker = Worker([gearmand.address], "prefer-probe", prefer=most_waiting, **FAST)
+    for fn in ("quick", "slow", "middle"):
+        worker.register(fn, lambda job: got.append(job.function) or b"")
+    stop = threading.Event()
+    t = threading.Thread(target=worker.work, args=(stop,))
+    t.start()
+    try:
+        wait_for(lambda: len(got) == 6, what="six jobs")
+    finally:
+        stop.set()
+        t.join()
+    # Registered order alone would give quick, slow, slow, slow, middle, middle.
+    assert got == ["slow", "slow", "middle", "slow", "quick", "middle"], got
+    assert seen[0] == {"quick": 1, "slow": 3, "middle": 2}
+    assert seen[1] == {"quick": 1, "slow": 2, "middle": 2}
 
 
 def test_a_worker_stopped_during_a_job_leaves_the_next_one_queued(tmp_path: Path) -> None:

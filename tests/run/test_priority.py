@@ -14,7 +14,7 @@ from gearfarm.db.results import ResultsDB
 from gearfarm.formats import catalog as catalog_mod
 from gearfarm.formats.catalog import Target
 from gearfarm.run.farm import EmbeddedFarm
-from gearfarm.run.priority import Durations, longest_first, order
+from gearfarm.run.priority import Durations, Preference, longest_first, order
 from tests.farmkit import GIT, commit, gearfarm
 
 TARGETS = {
@@ -91,6 +91,49 @@ def test_a_measured_long_suite_puts_its_target_first() -> None:
     seen["test:windows-x86_64/test-model"] = 12.3
     got = order(PAIRS, targets, seen)
     assert got[:3] == [("build", "windows-x86_64"), ("test", "windows-x86_64"), ("build", "linux-aarch64")]
+
+
+def test_a_slot_takes_next_from_the_queue_whose_next_suite_is_longest() -> None:
+    """Every slot has the same static order (Windows first here); before each job it takes from
+    the function whose next job is longest, as the counts waiting say."""
+    targets = {"linux-x86_64": Target(name="linux-x86_64", suites=["unit", "model", "recovery"]),
+               "windows-x86_64": Target(name="windows-x86_64", runner=["wine"], suites=["unit", "model"])}
+    seen = {"build:linux-x86_64": 2.0, "build:windows-x86_64": 3.0,
+            "test:linux-x86_64/test-unit": 1.0, "test:linux-x86_64/test-model": 9.0,
+            "test:linux-x86_64/test-recovery": 4.0,
+            "test:windows-x86_64/test-unit": 2.0, "test:windows-x86_64/test-model": 12.0}
+    pairs = [(r, t) for r in ("build", "test") for t in targets]
+    prefer = Preference(pairs, targets, seen)
+    assert order(pairs, targets, seen)[:2] == [("build", "windows-x86_64"), ("test", "windows-x86_64")]
+    lin, win = "test:linux-x86_64", "test:windows-x86_64"
+    # All of both queued: Windows' model (12 s) goes first.
+    assert prefer({lin: 3, win: 2}) == win
+    # One Windows suite left (its unit, 2 s): Linux's model (9 s) is longer.
+    assert prefer({lin: 3, win: 1}) == lin
+    # Linux down to its unit (1 s): Windows' unit.
+    assert prefer({lin: 1, win: 1}) == win
+    # A build holds up its suites: it goes before a 9 s suite (3 + 12 s path).
+    assert prefer({lin: 3, "build:windows-x86_64": 1}) == "build:windows-x86_64"
+    # More waiting than the target has suites (two projects): its longest is next.
+    assert prefer({lin: 7, win: 1}) == lin
+    # Nothing waiting, or only functions the slot does not serve: the registered order stands.
+    assert prefer({lin: 0, win: 0}) is None and prefer({"test:other": 4}) is None
+
+
+def test_a_running_slot_learns_the_durations_its_host_records(tmp_path: Path) -> None:
+    """A slot runs for weeks: what its host measures tonight orders its choices, not only what
+    it knew at its start (re-read every REFRESH seconds)."""
+    targets = {t: Target(name=t, suites=["unit", "model"]) for t in ("linux-x86_64", "linux-riscv64")}
+    durations = Durations(tmp_path / "host.json")
+    prefer = Preference([("test", t) for t in targets], targets, durations)
+    waiting = {"test:linux-x86_64": 1, "test:linux-riscv64": 1}
+    first = prefer(waiting)
+    other = next(fn for fn in waiting if fn != first)
+    durations.record(other, 30.0, "test-unit")
+    durations.record(other, 40.0, "test-model")
+    assert prefer(waiting) == first  # not re-read yet
+    prefer.loaded -= Preference.REFRESH
+    assert prefer(waiting) == other
 
 
 QUICK_SLOW = r"""#include <stdio.h>

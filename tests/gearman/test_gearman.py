@@ -908,9 +908,14 @@ def test_worker_prefers_the_functions_it_registered_first(gearmand: Gearmand) ->
         for fn in ("quick", "slow", "middle"):
             for i in range(2):
                 client.submit_background(fn, b"x", unique=f"{fn}-{i}")
+    got = _six_jobs(Worker([gearmand.address], "order-probe", **FAST), ("slow", "middle", "quick"))
+    assert got == ["slow", "slow", "middle", "middle", "quick", "quick"]
+
+
+def _six_jobs(worker: Worker, functions: tuple[str, ...]) -> list[str]:
+    """The functions of the first six jobs ``worker`` runs, registered for ``functions``."""
     got: list[str] = []
-    worker = Worker([gearmand.address], "order-probe", **FAST)
-    for fn in ("slow", "middle", "quick"):
+    for fn in functions:
         worker.register(fn, lambda job: got.append(job.function) or b"")
     stop = threading.Event()
     t = threading.Thread(target=worker.work, args=(stop,))
@@ -920,7 +925,7 @@ def test_worker_prefers_the_functions_it_registered_first(gearmand: Gearmand) ->
     finally:
         stop.set()
         t.join()
-    assert got == ["slow", "slow", "middle", "middle", "quick", "quick"]
+    return got
 
 
 def test_a_worker_takes_from_the_function_its_preference_names_before_each_job(gearmand: Gearmand) -> None:
@@ -937,18 +942,8 @@ def test_a_worker_takes_from_the_function_its_preference_names_before_each_job(g
         seen.append(dict(waiting))
         return max((n, fn) for fn, n in waiting.items())[1] if any(waiting.values()) else None
 
-    got: list[str] = []
-    worker = Worker([gearmand.address], "prefer-probe", prefer=most_waiting, **FAST)
-    for fn in ("quick", "slow", "middle"):
-        worker.register(fn, lambda job: got.append(job.function) or b"")
-    stop = threading.Event()
-    t = threading.Thread(target=worker.work, args=(stop,))
-    t.start()
-    try:
-        wait_for(lambda: len(got) == 6, what="six jobs")
-    finally:
-        stop.set()
-        t.join()
+    got = _six_jobs(Worker([gearmand.address], "prefer-probe", prefer=most_waiting, **FAST),
+                    ("quick", "slow", "middle"))
     # Registered order alone would give quick, slow, slow, slow, middle, middle.
     assert got == ["slow", "slow", "middle", "slow", "quick", "middle"], got
     assert seen[0] == {"quick": 1, "slow": 3, "middle": 2}

@@ -1,9 +1,12 @@
 """changepoint.detect against its recorded output: every change point it finds in seeded
 bench series (bench/series.py, the series bench/otava_compare.py scores), with and without the
-farm's side information and at several nights of each series, compared bit for bit with
+farm's side information and at several nights of each series, compared with
 tests/fixtures/changepoint_bench.json. The fixture was written by the detector as it was
-before it was split into named parts (issue #34), so a refactoring that moves any figure, even
-in its last bit, fails here. Regenerate it only for a deliberate change of the detector:
+before it was split into named parts (issue #34), so a refactoring that finds another change
+point, or moves a figure by more than a billionth of itself, fails here. Not bit for bit: numpy
+picks its sums' SIMD kernels by the CPU, and on an AVX-512 machine 38 of the 1,200 calls came
+out different in their last bits (at most 2.3e-13 of the figure; an AMD EPYC, November 28).
+Regenerate it only for a deliberate change of the detector:
 `.venv/bin/python tests/perf/test_changepoint_fixture.py --write`, and say why in the commit."""
 
 from __future__ import annotations
@@ -49,11 +52,37 @@ def outputs() -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+# How far a figure may be from its recorded value, relative to it (see the header).
+RELATIVE = 1e-9
+
+
+def _same(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> bool:
+    """The same change points, every figure within RELATIVE of the recorded one (figures are
+    recorded as float.hex strings), everything else equal."""
+
+    def figure(v: Any) -> float | None:
+        return float.fromhex(v) if isinstance(v, str) and v.lstrip("-").startswith("0x") else None
+
+    if len(got) != len(want):
+        return False
+    for g, w in zip(got, want, strict=True):
+        if g.keys() != w.keys():
+            return False
+        for k, wv in w.items():
+            a, b = figure(g[k]), figure(wv)
+            if b is None or a is None:
+                if g[k] != wv:
+                    return False
+            elif abs(a - b) > RELATIVE * abs(b):
+                return False
+    return True
+
+
 def test_detect_finds_exactly_the_recorded_change_points_on_the_bench_series() -> None:
     want = json.loads(FIXTURE.read_text())
     got = outputs()
     assert got.keys() == want.keys()
-    differ = [k for k in want if got[k] != want[k]]
+    differ = [k for k in want if not _same(got[k], want[k])]
     assert not differ, f"{len(differ)} of {len(want)} calls differ, first {differ[0]}: " \
                        f"{got[differ[0]]} != {want[differ[0]]}"
     # The fixture is not empty: it holds change points of every direction and of both kinds

@@ -171,8 +171,8 @@ def _confidence(out: bisect.SearchResult) -> float:
 
 
 def pairs(records: list[ResultRecord], subject: PerfSubject) -> dict[str, Any]:
-    """The probe's A/B figures of the metric ("new", "baseline", and each pair's "ratio"), whether its build was made,
-    and why nothing can be judged ("" when there are pairs)."""
+    """The probe's A/B figures of the metric ("new", "baseline", and each pair's "ratio"),
+    whether its build was made, and why nothing can be judged ("" when there are pairs)."""
     _, built, why = built_of(records)
     perf = next((r for r in records if r.kind == "perf"), None)
     if not why and (perf is None or perf.status != "passed"):

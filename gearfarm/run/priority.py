@@ -148,22 +148,25 @@ def longest_first(steps: Iterable[str], function: str, durations: Mapping[str, f
     return [listed[i] for i in sorted(range(len(listed)), key=key)]
 
 
+def suites(durations: Mapping[str, float], targets: Mapping[str, Target], target: str) -> list[float]:
+    """Seconds each of a target's suites is expected to take on this host (one figure, its test
+    function's, when the target lists none), shortest first."""
+    t = targets.get(target)
+    names = t.suites if t is not None and t.suites else [""]
+    return sorted(estimate(durations, targets, "test", target, step_name("test", n) if n else None) for n in names)
+
+
 def order(functions: Iterable[tuple[str, str]], targets: Mapping[str, Target],
           durations: Mapping[str, float]) -> list[tuple[str, str]]:
     """(role, target) pairs, longest remaining path first. A build's path is its own duration and
     then its target's longest suite (they wait for it and run side by side); a test function's
     is its longest suite, which the build queued first (``longest_first``)."""
 
-    def suites(target: str) -> list[float]:
-        t = targets.get(target)
-        names = t.suites if t is not None and t.suites else [""]
-        return [estimate(durations, targets, "test", target, step_name("test", n) if n else None) for n in names]
-
     def path(role: str, target: str) -> float:
         if role == "build":
-            return estimate(durations, targets, "build", target) + max(suites(target))
+            return estimate(durations, targets, "build", target) + max(suites(durations, targets, target))
         if role == "test":
-            return max(suites(target))
+            return max(suites(durations, targets, target))
         return estimate(durations, targets, role, target)
 
     pairs = list(functions)
@@ -201,14 +204,10 @@ class Preference:
         self.rank = {function_name(role, target): i for i, (role, target) in enumerate(ordered)}  # type: ignore[arg-type]
         for role, target in ordered:
             fn = function_name(role, target)  # type: ignore[arg-type]
-            t = targets.get(target)
-            names = t.suites if t is not None and t.suites else [""]
-            suites = sorted(estimate(durations, targets, "test", target, step_name("test", n) if n else None)
-                            for n in names)
             if role == "build":
-                self.paths[fn] = estimate(durations, targets, "build", target) + suites[-1]
+                self.paths[fn] = estimate(durations, targets, "build", target) + suites(durations, targets, target)[-1]
             elif role == "test":
-                self.suites[fn] = suites
+                self.suites[fn] = suites(durations, targets, target)
             else:
                 self.paths[fn] = estimate(durations, targets, role, target)
 

@@ -27,7 +27,11 @@ The policies:
 * ``status before each job``: a slot asks gearmand how many jobs each function has waiting and
   takes from the one whose next suite is guessed longest (a function's queue is its target's
   suites longest first, so with c waiting the next is the c-th shortest):
-  gearfarm.run.priority.Preference, what the farm does since the ninth round of docs/speed.md.
+  gearfarm.run.priority.Preference, as the ninth round of docs/speed.md did it.
+* ``status at the job's start, read at its end``: the same choice on the counts asked when the
+  slot's previous job began (what the farm does since the tenth round: the answer is there when
+  the job ends, and the grab goes out with the result); a queue emptied meanwhile passes the
+  grab to the next function of the slot's own order.
 
 The durations are bench/scale.py's (REAL_SECONDS, ±20 %, × --time-scale); each job also
 costs the farm ``--overhead`` seconds of a slot (64 × 5,000 at time scale 5 measured about
@@ -88,6 +92,10 @@ class Farm:
         self.starts: dict[int, collections.deque[float]] = collections.defaultdict(collections.deque)
         self.now = 0.0
         self.guesses = [sorted(g) for g in night.guess]
+        # Per slot, for ``status at the job's start``: the counts it asked for when its last job
+        # began, and its own order of functions in gearmand (each choice moved to the front).
+        self.seen: dict[int, dict[Key, int]] = {}
+        self.mine: dict[int, list[Key]] = {}
 
     def first_queue(self, slot: int) -> Key | None:
         return next((k for k in self.order if self.queues[k]), None)
@@ -211,6 +219,33 @@ def head_from_count(farm: Farm, slot: int) -> Key | None:
     return max(tests, key=head, default=None)
 
 
+def head_from_start_count(farm: Farm, slot: int) -> Key | None:
+    """As ``head_from_count``, with the counts the slot asked for when its previous job began
+    (the answer read at the job's end, so the grab rides with the result): a choice on counts a
+    job old. What it chose goes to the front of the slot's own order in gearmand, which hands
+    out the first function of that order with a job queued, so a queue emptied meanwhile costs
+    nothing but the choice."""
+    seen = farm.seen.get(slot)
+    order = farm.mine.setdefault(slot, list(farm.order))
+    if seen is not None:
+        builds = [k for k in farm.order if k[0] == "b" and seen.get(k)]
+        tests = [k for k in farm.order if k[0] == "t" and seen.get(k)]
+        guesses = farm.guesses
+
+        def head(k: Key) -> float:
+            g = guesses[k[1]]
+            return g[min(seen[k], len(g)) - 1]
+
+        pick = builds[0] if builds else max(tests, key=head, default=None)
+        if pick is not None:
+            order.remove(pick)
+            order.insert(0, pick)
+    key = next((k for k in order if farm.queues[k]), None)
+    if key is not None:
+        farm.seen[slot] = {k: len(q) - (k == key) for k, q in farm.queues.items() if len(q) - (k == key)}
+    return key
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--slots", type=int, default=128)
@@ -233,6 +268,8 @@ def main() -> None:
         "rotated per slot": (queue_in_order(not a.first_night), None, Farm.rotated),
         "status before each job (next suite guessed from the count)": (queue_in_order(not a.first_night), None,
                                                                        head_from_count),
+        "status at the job's start, read at its end": (queue_in_order(not a.first_night), None,
+                                                        head_from_start_count),
         "window k=2, min 4": (hold, window(2, 4), Farm.first_queue),
         "window k=3, min 4": (hold, window(3, 4), Farm.first_queue),
         "window of 256": (hold, window(0, 256), Farm.first_queue),

@@ -57,11 +57,23 @@ def _connect(host: str, port: int, ssl_context: ssl.SSLContext | None, timeout: 
     return sock
 
 
-def _exchange(sock: socket.socket, address: str, command: str, *, multiline: bool, timeout: float) -> list[str]:
-    """Send one admin command on ``sock``; return the reply lines (without the final ``.``)."""
-    deadline = time.monotonic() + timeout
+def _send(sock: socket.socket, address: str, command: str) -> None:
     try:
         sock.sendall(command.encode("ascii") + b"\n")
+    except OSError as exc:
+        raise ServerUnavailable([(address, exc)]) from exc
+
+
+def _exchange(sock: socket.socket, address: str, command: str, *, multiline: bool, timeout: float) -> list[str]:
+    """Send one admin command on ``sock``; return the reply lines (without the final ``.``)."""
+    _send(sock, address, command)
+    return _reply(sock, address, command, multiline=multiline, timeout=timeout)
+
+
+def _reply(sock: socket.socket, address: str, command: str, *, multiline: bool, timeout: float) -> list[str]:
+    """Read the reply to ``command``, sent on ``sock`` already."""
+    deadline = time.monotonic() + timeout
+    try:
         buf = b""
         while True:
             lines = buf.split(b"\n")
@@ -118,28 +130,56 @@ def _command(
 class Session:
     """One admin connection kept open for many ``status`` queries: a worker slot that asks
     before every job (gearfarm.run.priority.Preference) would otherwise pay a connection, and
-    behind TLS a handshake, each time. Any failure closes it; the next query reconnects."""
+    behind TLS a handshake, each time. ``ask`` sends the query and ``waiting`` reads its answer,
+    so a slot can ask when a job starts and read the answer, long since arrived, when it ends:
+    no round trip between two jobs. Any failure closes it; the next query reconnects."""
 
     def __init__(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None, timeout: float = 5.0,
                  server_hostname: str | None = None) -> None:
         self.host, self.port, self.timeout = host, port, timeout
         self.ssl_context, self.server_hostname = ssl_context, server_hostname
         self._sock: socket.socket | None = None
+        self._asked = False  # a ``status`` sent whose answer is unread
 
-    def waiting(self, functions: Container[str]) -> dict[str, int]:
-        """Jobs queued and not running, of each of ``functions`` gearmand knows. Only their
-        lines are parsed: a slot asks before every job, and the farm's other functions are
-        hundreds of lines."""
-        address = format_address(self.host, self.port)
+    @property
+    def address(self) -> str:
+        return format_address(self.host, self.port)
+
+    @property
+    def asked(self) -> bool:
+        """A ``status`` is out whose answer ``waiting`` has not read yet."""
+        return self._asked
+
+    def ask(self) -> None:
+        """Send ``status`` now, its answer read by the next ``waiting`` (a second ask before
+        then sends nothing: one answer is outstanding at most)."""
+        if self._asked:
+            return
+        try:
+            _send(self._open(), self.address, "status")
+            self._asked = True
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self) -> socket.socket:
         if self._sock is None:
             self._sock = _connect(self.host, self.port, self.ssl_context, self.timeout, self.server_hostname)
+        return self._sock
+
+    def waiting(self, functions: Container[str]) -> dict[str, int]:
+        """Jobs queued and not running, of each of ``functions`` gearmand knows: the answer to
+        the last ``ask``, or to one sent now. Only their lines are parsed: a slot asks before
+        every job, and the farm's other functions are hundreds of lines."""
+        self.ask()
         try:
-            lines = _exchange(self._sock, address, "status", multiline=True, timeout=self.timeout)
+            self._asked = False
+            lines = _reply(self._open(), self.address, "status", multiline=True, timeout=self.timeout)
             got = {}
             for line in lines:
                 name = line.partition("\t")[0]
                 if name in functions:
-                    st = _parse_status(address, [line])[name]
+                    st = _parse_status(self.address, [line])[name]
                     got[name] = max(0, st.queued - st.running)
             return got
         except BaseException:
@@ -147,6 +187,7 @@ class Session:
             raise
 
     def close(self) -> None:
+        self._asked = False
         if self._sock is not None:
             self._sock.close()
             self._sock = None

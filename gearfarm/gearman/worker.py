@@ -7,8 +7,9 @@ reconnect); ``wake()`` (e.g. from a SIGTERM handler) ends that sleep at once, so
 worker exits in milliseconds instead of at its next poll.  Dead servers are reconnected with
 exponential backoff and get SET_CLIENT_ID + CAN_DO again, because gearmand forgets a
 worker's abilities with its connection.  With ``prefer``, the worker asks each server's
-``status`` before a grab and moves the function ``prefer`` names to the front of its abilities
-(gearmand hands out the first function's jobs first).  No CAN_DO_TIMEOUT: gearmand 1.1.20 silently
+``status`` when a job starts, reads the answer when it ends and moves the function ``prefer``
+names to the front of its abilities (gearmand hands out the first function's jobs first), in
+the same write as the job's result and the next grab.  No CAN_DO_TIMEOUT: gearmand 1.1.20 silently
 requeues timed-out jobs, which hides hung workers instead of failing the job.
 """
 
@@ -311,13 +312,29 @@ class Worker:
 
     # -- grabbing and running --------------------------------------------------------
 
+    def _choosing(self, server: _Server) -> bool:
+        return self._prefer is not None and server.session is not None and len(server.registered) > 1
+
+    def _ask(self, server: _Server) -> None:
+        """A job has started: ask for the status now, its answer read when the job ends. Counts
+        a job old choose as well as fresh ones (bench/schedule.py: 1.035 of the bound either way
+        at 128 slots), and a fresh ask would put a round trip between the result and the grab."""
+        if server.session is None or not self._choosing(server):
+            return
+        try:
+            server.session.ask()
+        except (OSError, ProtocolError, ServerError) as exc:
+            log.warning("worker %s: cannot ask gearmand %s for its status (%s)", self.client_id, server.address, exc)
+
     def _reorder(self, server: _Server) -> bytes:
         """CANT_DO + CAN_DO of the function ``prefer`` names, when it is not in front already:
         gearmand puts a function's new CAN_DO first. Without an answer from ``status`` the
         order stays as it is (the grab still goes out)."""
-        # Still marked sleeping: the idle wait timed out without a NOOP, so nothing was queued
-        # for it since its last NO_JOB, and the status would say what it said then.
-        if self._prefer is None or server.session is None or len(server.registered) < 2 or server.sleeping:
+        if server.session is None or not self._choosing(server):
+            return b""
+        # Still marked sleeping with no answer on its way: the idle wait timed out without a
+        # NOOP, so nothing was queued since its last NO_JOB, and a status would say what it did.
+        if server.sleeping and not server.session.asked:
             return b""
         try:
             waiting = server.session.waiting(server.registered)
@@ -325,7 +342,7 @@ class Worker:
             log.warning("worker %s: no status from gearmand %s (%s); jobs taken in the registered order",
                         self.client_id, server.address, exc)
             return b""
-        fn = self._prefer(waiting)
+        fn = self._prefer(waiting) if self._prefer is not None else None
         if fn is None or fn == server.front or fn not in server.registered:
             return b""
         server.front = fn
@@ -344,8 +361,10 @@ class Worker:
                 # accepts and then drops us keeps backing off instead of spinning.
                 server.backoff = 0.0
             if packet.command is Command.JOB_ASSIGN_UNIQ:
+                self._ask(server)
                 return Job(conn, packet.text(0), packet.text(1), packet.text(2), packet.arg(3))
             if packet.command is Command.JOB_ASSIGN:
+                self._ask(server)
                 return Job(conn, packet.text(0), packet.text(1), "", packet.arg(2))
             if packet.command is Command.NO_JOB:
                 return None
@@ -391,13 +410,10 @@ class Worker:
         if server is None or (stop is not None and stop.is_set()):
             job._finish(Command.WORK_COMPLETE, payload)
             return
-        # The result and the next grab in one write: one system call and one wake-up of
-        # gearmand fewer per job, on the path every job's latency takes. Not with ``prefer``:
-        # the next grab waits for the status that orders it, and the result need not.
-        if self._prefer is not None:
-            job._finish(Command.WORK_COMPLETE, payload)
-            return
-        sent = job._finish(Command.WORK_COMPLETE, payload, then=_GRAB)
+        # The result, the next job's order (``prefer``) and the next grab in one write: one
+        # system call and one wake-up of gearmand fewer per job, on the path every job's
+        # latency takes.
+        sent = job._finish(Command.WORK_COMPLETE, payload, then=self._reorder(server) + _GRAB)
         server.grab_sent = sent and server.connection.connected
 
     def _grab_and_run(self, stop: threading.Event | None = None) -> bool:

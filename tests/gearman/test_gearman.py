@@ -950,6 +950,86 @@ def test_a_worker_takes_from_the_function_its_preference_names_before_each_job(g
     assert seen[1] == {"quick": 1, "slow": 2, "middle": 2}
 
 
+@contextmanager
+def _tap(server: tuple[str, int]) -> Iterator[tuple[tuple[str, int], list[list[Command]], list[bytes]]]:
+    """A relay in front of ``server`` that records what its clients send: for each read from a
+    binary connection, the commands it held (one read is one write of the sender's here: small
+    writes on loopback, each answered before the next), and every admin (text) line."""
+    reads: list[list[Command]] = []
+    lines: list[bytes] = []
+    listener = socket.create_server(("127.0.0.1", 0))
+    socks = [listener]
+
+    def pump(src: socket.socket, dst: socket.socket, record: bool) -> None:
+        text: bool | None = None
+        try:
+            while chunk := src.recv(65536):
+                if record:
+                    text = chunk[0] != 0 if text is None else text
+                    if text:
+                        lines.extend(chunk.splitlines())
+                    else:
+                        got, at = [], 0
+                        while at + 12 <= len(chunk):
+                            got.append(Command(int.from_bytes(chunk[at + 4:at + 8], "big")))
+                            at += 12 + int.from_bytes(chunk[at + 8:at + 12], "big")
+                        reads.append(got)
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def accept() -> None:
+        try:
+            while True:
+                conn, _ = listener.accept()
+                up = socket.create_connection(server)
+                socks.extend((conn, up))
+                threading.Thread(target=pump, args=(conn, up, True), daemon=True).start()
+                threading.Thread(target=pump, args=(up, conn, False), daemon=True).start()
+        except OSError:
+            pass
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield listener.getsockname()[:2], reads, lines
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_a_choosing_worker_sends_its_result_its_next_choice_and_its_grab_in_one_write(gearmand: Gearmand) -> None:
+    """The status that orders the next job is asked when a job starts and read when it ends, so
+    the result, the CANT_DO + CAN_DO of the next choice and the next grab go to gearmand in one
+    write: no round trip between two jobs more than a worker without a preference makes. One
+    status query a job (and one for the first grab)."""
+    with Client([gearmand.address]) as client:
+        for fn, n in (("quick", 1), ("slow", 3), ("middle", 2)):
+            for i in range(n):
+                client.submit_background(fn, b"x", unique=f"{fn}-{i}")
+
+    def most_waiting(waiting: Mapping[str, int]) -> str | None:
+        return max((n, fn) for fn, n in waiting.items())[1] if any(waiting.values()) else None
+
+    with _tap(gearmand.address) as (address, reads, lines):
+        got = _six_jobs(Worker([address], "prefer-tap", prefer=most_waiting, **FAST), ("quick", "slow", "middle"))
+    assert got == ["slow", "slow", "middle", "slow", "quick", "middle"], got
+    results = [r for r in reads if Command.WORK_COMPLETE in r]
+    assert len(results) == 6, reads
+    # The sixth result may go out alone: the worker stops once six jobs ran.
+    for r in results[:5]:
+        assert r[-1] is Command.GRAB_JOB_UNIQ, (r, reads)
+    # The choice changes after the second, third, fourth and fifth job (slow → middle → slow →
+    # quick → middle), each a CANT_DO + CAN_DO in that write.
+    assert [r.count(Command.CAN_DO) for r in results[:5]] == [0, 1, 1, 1, 1], reads
+    assert lines.count(b"status") == 7, lines
+
+
 def test_a_worker_stopped_during_a_job_leaves_the_next_one_queued(tmp_path: Path) -> None:
     """The next grab rides with a job's result, but not once the worker is stopping: a job
     gearmand hands to a worker that then leaves counts as a death against --job-retries (here 1:

@@ -470,21 +470,31 @@ def published(config: Path, run_id: str) -> dict[str, float]:
     return got
 
 
+def bound_of(recs: list, slots: int) -> tuple[float, float, float]:
+    """A night's bound: each job's own command seconds (its record's), one core per slot."""
+    own: list[Job] = []
+    for r in recs:
+        if r.started_at is not None and r.finished_at is not None:
+            c = r.timings.get("build", r.timings.get("test", 0.0))
+            own.append((r.kind, r.target, c, c, 0.0, 0.0))
+    return lower_bound(own, slots)
+
+
 def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -> None:
     from gearfarm.db.results import ResultsDB
 
     db = ResultsDB(db_url)
     recs = db.jobs(RUN_ID)
     applied = {d.job_id: d.at for d in db.deliveries(RUN_ID) if d.outcome == "applied"}
+    slots = night.hosts * night.slots
+    # The nights before: their bounds too (a first night has no durations to order by).
+    earlier = [bound_of(db.jobs(f"{RUN_ID}-{i + 1}"), slots)[0] for i in range(len(night.earlier))]
     db.engine.dispose()
     n = len(recs)
     ran = [r for r in recs if r.started_at is not None and r.finished_at is not None]
     command = {r.job_id: r.timings.get("build", r.timings.get("test", 0.0)) for r in ran}
     s3_stages = ("lookup", "download", "verify", "upload", "export")
-    # The bound: each job's own command seconds, one core per slot.
-    own: list[Job] = [(r.kind, r.target, command[r.job_id], command[r.job_id], 0.0, 0.0) for r in ran]
-    slots = night.hosts * night.slots
-    bound, path, work = lower_bound(own, slots)
+    bound, path, work = bound_of(ran, slots)
     # Dispatch: from the moment both the job and its slot were free to its start.
     by_slot: dict[tuple[str, str], list] = defaultdict(list)
     for r in ran:
@@ -544,7 +554,9 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
     print(f"\n## {night.hosts} hosts × {night.slots} slots, {n} jobs ({targets} targets × (build + {suites} suites), "
           f"{CASES} cases a suite, time scale {scale})\n")
     print("| figure | value |\n|---|---|")
-    rows = [("nights before this one (their walls s)", ", ".join(f"{w:.1f}" for w in night.earlier) or "none"),
+    rows = [("nights before this one (their walls s ÷ bounds s)",
+             ", ".join(f"{w:.1f} ÷ {b:.1f} = {w / b:.2f}" for w, b in zip(night.earlier, earlier, strict=True))
+             or "none"),
             ("nightly exit status", f"{night.exit}"), ("jobs recorded / applied", f"{n} / {len(applied)}"),
             ("bound: longest chain s", f"{path:.1f}"), ("bound: work ÷ slots s", f"{work:.1f}"),
             ("night's wall s", f"{night.wall:.1f}"), ("**wall ÷ bound**", f"**{night.wall / bound:.2f}**"),

@@ -156,21 +156,33 @@ def suites(durations: Mapping[str, float], targets: Mapping[str, Target], target
     return sorted(estimate(durations, targets, "test", target, step_name("test", n) if n else None) for n in names)
 
 
+def paths(functions: Iterable[tuple[str, str]], targets: Mapping[str, Target],
+          durations: Mapping[str, float]) -> dict[tuple[str, str], tuple[float, list[float]]]:
+    """Per (role, target): its longest remaining path, and for a test function its target's
+    suites (``suites``). A build's path is its own duration and then its target's longest suite
+    (they wait for it and run side by side); a test function's is its longest suite, which the
+    build queued first (``longest_first``). Each target's suites are worked out once: a slot
+    does this for every function it serves (two a target) whenever it re-reads its host's
+    durations."""
+    per_target: dict[str, list[float]] = {}
+    got = {}
+    for role, target in functions:
+        if role in ("build", "test"):
+            s = per_target.get(target)
+            if s is None:
+                s = per_target[target] = suites(durations, targets, target)
+            own = estimate(durations, targets, "build", target) if role == "build" else 0.0
+            got[role, target] = (own + s[-1], s if role == "test" else [])
+        else:
+            got[role, target] = (estimate(durations, targets, role, target), [])
+    return got
+
+
 def order(functions: Iterable[tuple[str, str]], targets: Mapping[str, Target],
           durations: Mapping[str, float]) -> list[tuple[str, str]]:
-    """(role, target) pairs, longest remaining path first. A build's path is its own duration and
-    then its target's longest suite (they wait for it and run side by side); a test function's
-    is its longest suite, which the build queued first (``longest_first``)."""
-
-    def path(role: str, target: str) -> float:
-        if role == "build":
-            return estimate(durations, targets, "build", target) + max(suites(durations, targets, target))
-        if role == "test":
-            return max(suites(durations, targets, target))
-        return estimate(durations, targets, role, target)
-
-    pairs = list(functions)
-    return sorted(pairs, key=lambda rt: (-path(*rt), rt))
+    """(role, target) pairs, longest remaining path first (``paths``)."""
+    got = paths(functions, targets, durations)
+    return sorted(got, key=lambda rt: (-got[rt][0], rt))
 
 
 class Preference:
@@ -182,9 +194,11 @@ class Preference:
     waiting the next is the c-th shortest (the longest when more wait than the target has
     suites: several projects or re-runs). Called before every job, so the estimates are worked
     out ahead: at the start and, from the host's Durations, again every REFRESH seconds (a slot
-    runs for weeks; the static order is its start's)."""
+    runs for weeks; the static order is its start's). Not more often: tonight's durations order
+    tomorrow's night (a suite runs once a night), and working the estimates out is a few ms per
+    hundred targets, in every slot of the lab."""
 
-    REFRESH = 30.0
+    REFRESH = 300.0
 
     def __init__(self, functions: Iterable[tuple[str, str]], targets: Mapping[str, Target],
                  durations: Durations | Mapping[str, float]) -> None:
@@ -199,17 +213,15 @@ class Preference:
     def _estimate(self) -> None:
         durations = self.source.load() if isinstance(self.source, Durations) else self.source
         self.loaded = time.monotonic()
-        targets = self.targets
-        ordered = order(self.functions, targets, durations)
+        got = paths(self.functions, self.targets, durations)
+        ordered = sorted(got, key=lambda rt: (-got[rt][0], rt))
         self.rank = {function_name(role, target): i for i, (role, target) in enumerate(ordered)}  # type: ignore[arg-type]
-        for role, target in ordered:
+        for (role, target), (path, suites_of) in got.items():
             fn = function_name(role, target)  # type: ignore[arg-type]
-            if role == "build":
-                self.paths[fn] = estimate(durations, targets, "build", target) + suites(durations, targets, target)[-1]
-            elif role == "test":
-                self.suites[fn] = suites(durations, targets, target)
+            if role == "test":
+                self.suites[fn] = suites_of
             else:
-                self.paths[fn] = estimate(durations, targets, role, target)
+                self.paths[fn] = path
 
     def __call__(self, waiting: Mapping[str, int]) -> str | None:
         if isinstance(self.source, Durations) and time.monotonic() - self.loaded >= self.REFRESH:

@@ -342,7 +342,12 @@ class Worker:
             log.warning("worker %s: no status from gearmand %s (%s); jobs taken in the registered order",
                         self.client_id, server.address, exc)
             return b""
-        fn = self._prefer(waiting) if self._prefer is not None else None
+        try:
+            fn = self._prefer(waiting) if self._prefer is not None else None
+        except Exception:
+            # The choice goes out with a job's result: it must never hold the result back.
+            log.exception("worker %s: the preference failed; jobs taken in the registered order", self.client_id)
+            return b""
         if fn is None or fn == server.front or fn not in server.registered:
             return b""
         server.front = fn

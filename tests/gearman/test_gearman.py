@@ -1030,6 +1030,27 @@ def test_a_choosing_worker_sends_its_result_its_next_choice_and_its_grab_in_one_
     assert lines.count(b"status") == 7, lines
 
 
+def test_a_failing_preference_holds_back_no_result(gearmand: Gearmand) -> None:
+    """The choice of the next job is made when a job ends, before its result goes out: a
+    preference that raises leaves the registered order and every result delivered once."""
+    with Client([gearmand.address]) as client:
+        for fn in ("first", "second", "first"):
+            client.submit_background(fn, b"x", unique=f"{fn}-{time.monotonic_ns()}")
+
+    def broken(waiting: Mapping[str, int]) -> str | None:
+        raise RuntimeError("the host's durations are unreadable")
+
+    worker = Worker([gearmand.address], "prefer-broken", prefer=broken, **FAST)
+    ran: list[str] = []
+    for fn in ("first", "second"):
+        worker.register(fn, lambda job: ran.append(job.function) or b"")
+    with running(worker):
+        wait_for(lambda: len(ran) >= 3, what="three jobs")
+        wait_for(lambda: all(st.queued == 0 for fn, st in admin.status(*gearmand.address).items()
+                             if fn in ("first", "second")), what="the queues empty")
+    assert sorted(ran) == ["first", "first", "second"], ran
+
+
 def test_a_worker_stopped_during_a_job_leaves_the_next_one_queued(tmp_path: Path) -> None:
     """The next grab rides with a job's result, but not once the worker is stopping: a job
     gearmand hands to a worker that then leaves counts as a death against --job-retries (here 1:

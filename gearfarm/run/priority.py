@@ -178,11 +178,15 @@ def paths(functions: Iterable[tuple[str, str]], targets: Mapping[str, Target],
     return got
 
 
+def ranked(got: Mapping[tuple[str, str], tuple[float, list[float]]]) -> list[tuple[str, str]]:
+    """The (role, target) pairs of ``paths``, longest path first (ties by name)."""
+    return sorted(got, key=lambda rt: (-got[rt][0], rt))
+
+
 def order(functions: Iterable[tuple[str, str]], targets: Mapping[str, Target],
           durations: Mapping[str, float]) -> list[tuple[str, str]]:
     """(role, target) pairs, longest remaining path first (``paths``)."""
-    got = paths(functions, targets, durations)
-    return sorted(got, key=lambda rt: (-got[rt][0], rt))
+    return ranked(paths(functions, targets, durations))
 
 
 class Preference:
@@ -214,8 +218,8 @@ class Preference:
         durations = self.source.load() if isinstance(self.source, Durations) else self.source
         self.loaded = time.monotonic()
         got = paths(self.functions, self.targets, durations)
-        ordered = sorted(got, key=lambda rt: (-got[rt][0], rt))
-        self.rank = {function_name(role, target): i for i, (role, target) in enumerate(ordered)}  # type: ignore[arg-type]
+        self.rank = {function_name(role, target): i  # type: ignore[arg-type]
+                     for i, (role, target) in enumerate(ranked(got))}
         for (role, target), (path, suites_of) in got.items():
             fn = function_name(role, target)  # type: ignore[arg-type]
             if role == "test":

@@ -21,11 +21,12 @@ the farm's cost per job is, from what the farm records (result records' timings,
 deliveries table), the mean per job of
 
 * dispatch: from the moment both the job and a slot were free (submitted, and the slot's previous
-  job finished) to the job's start; it holds the previous record's signing and delivery (S3 put,
-  submit to the collector) and gearmand handing out the job;
+  job finished) to the job's start (its payload checked: its claim is asked from then on, while
+  the job is prepared); it holds the previous record's sealing and spooling and gearmand handing
+  out the job;
 * S3: the record's lookup, download, verify, upload and export timings;
 * other in-job: the job's started→finished span less its command and S3 (catalog, job dir,
-  log upload);
+  the rest of the claim's wait, log upload);
 * collector + ledger: the record's finish to the ledger's `applied` row;
 * report: the report's build time (publisher.publish, timed here after the night) over J.
 
@@ -527,7 +528,8 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
         spent[tail] += max(0.0, last - prev_end)
     spent[first] += (last - night.began) * (slots - len(by_slot))  # slots that ran nothing
     spent[end] = max(0.0, night.began + night.wall - last) * slots
-    # Of the dispatch, the worker's admission (its checks and claim: the record's `admit`).
+    # The worker's admission (its checks and claim: the record's `admit`), from the job handed
+    # over; the claim is asked while the job is prepared, so it spans dispatch and in-job.
     admit = [r.timings.get("admit", 0.0) for r in ran]
     s3 = [sum(r.timings.get(k, 0.0) for k in s3_stages) for r in ran]
     other = [max(0.0, r.finished_at - r.started_at - command[r.job_id] - s) for r, s in zip(ran, s3, strict=True)]
@@ -546,8 +548,9 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
     def ms(xs: list[float]) -> float:
         return 1000 * statistics.fmean(xs) if xs else 0.0
 
-    parts = {"dispatch (incl. the previous record's signing and delivery)": ms(dispatch), "S3 (lookup, download, "
-             "verify, upload, export)": ms(s3), "other in-job (catalog, job dir, log upload)": ms(other),
+    parts = {"dispatch (incl. the previous record's sealing and spooling)": ms(dispatch),
+             "S3 (lookup, download, verify, upload, export)": ms(s3),
+             "other in-job (catalog, job dir, the claim's wait, log upload)": ms(other),
              "collector + ledger (finished → applied)": ms(lag),
              "report (build time ÷ jobs)": 1000 * (night.report_seconds - night.copy_seconds) / max(n, 1)}
     cost = sum(parts.values())
@@ -561,7 +564,7 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
             ("bound: longest chain s", f"{path:.1f}"), ("bound: work ÷ slots s", f"{work:.1f}"),
             ("night's wall s", f"{night.wall:.1f}"), ("**wall ÷ bound**", f"**{night.wall / bound:.2f}**"),
             ("dispatch latency p50 / p99 ms", f"{1000 * pct(dispatch, 0.5):.0f} / {1000 * pct(dispatch, 0.99):.0f}"),
-            ("of which admission (checks, claim) p50 / p99 ms, mean",
+            ("admission (checks, claim; asked while the job is prepared) p50 / p99 ms, mean",
              f"{1000 * pct(admit, 0.5):.0f} / {1000 * pct(admit, 0.99):.0f}, {ms(admit):.1f}"),
             ("a command's seconds beyond its sleep (supervisor, sandbox, the script) p50 / mean ms",
              f"{1000 * pct(beyond, 0.5):.0f} / {ms(beyond):.1f}" if beyond else "-"),

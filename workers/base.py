@@ -98,6 +98,8 @@ class Context:
         threading.Thread(target=self._send_posted, name="outbox", daemon=True).start()
         # A job's files put to S3 beside its log (Attempt.record): one PUT waited for, not two.
         self.uploads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="uploads")
+        # An attempt's claim, asked while the slot prepares the job (Admission).
+        self.claims = ThreadPoolExecutor(max_workers=1, thread_name_prefix="claim")
         # Every this many heartbeats, one signed beat of a job's lease.
         self.lease_beats = beat_every(cfg.farm.lease_timeout)
         # Checked now: a worker that cannot confine its jobs refuses to start.
@@ -150,6 +152,7 @@ class Context:
     def close(self) -> None:
         """A stopping worker's last step: its connections go, and its owner lock with them (what
         it spooled is then any sibling's to deliver)."""
+        self.claims.shutdown(wait=False, cancel_futures=True)
         self.client.close()
         if self._owner_fd is not None:
             os.close(self._owner_fd)
@@ -287,9 +290,6 @@ class Context:
                             name=p.name, rev=p.rev, status=status, attempt=p.attempt, worker=self.name,
                             host=self.host, submitted_at=p.submitted_at, **fields)  # type: ignore[arg-type]
 
-    def started(self, p: Payload) -> None:
-        """One line per start of a job's command: what the chaos suite counts."""
-        log.info("COMMAND START job=%s attempt=%d worker=%s", p.job_id, p.attempt, self.name)
 
     def admit(self, p: Payload, job: Job, stop: threading.Event) -> str:
         """Why this genuine payload must not run ("" once it may and its attempt is this
@@ -384,16 +384,70 @@ class Context:
 Work = Callable[["Attempt"], ResultRecord]
 
 
+class Refused(Exception):
+    """The attempt is not this worker's to run (its claim's answer): the job is dropped, with no
+    record."""
+
+
+class Admission:
+    """An attempt's claim (Context.admit), asked in a thread of its own while the slot prepares
+    the job: its catalog, its job dir, its artifact fetched, verified and unpacked, none of which
+    runs anything of the project's or writes anything the farm reads. Nothing of the job starts,
+    goes to S3 or is recorded before the ledger granted it: ``settle`` waits for the answer
+    (Attempt.start before the first command, Attempt.record and refuse before the log's PUT and
+    the record, handle_job before delivering), and raises Refused when it was not granted. The
+    claim's round trip (gearmand, the collector's transaction, back) and the preparation came one
+    after the other, a third of a slot's time between two jobs (docs/speed.md). A claim that
+    waits (another worker holds the attempt, or the collector is away) holds the host's shared
+    lock meanwhile, as the job it waits to run would."""
+
+    def __init__(self, ctx: Context, p: Payload, job: Job, beat: Heartbeat, t0: float) -> None:
+        self.ctx, self.p, self.job, self.beat, self.t0 = ctx, p, job, beat, t0
+        # From the job handed over to its claim answered (the farm's own), while the job is prepared.
+        self.seconds = 0.0
+        self._answer = ctx.claims.submit(self._ask)
+
+    def _ask(self) -> str:
+        why = self.ctx.admit(self.p, self.job, self.beat.stop)
+        self.seconds = time.monotonic() - self.t0
+        if not why:
+            self.beat.leased.set()
+            log.info("job %s: %s %s at %s, attempt %d", self.job.handle, self.p.function, self.p.step,
+                     self.p.rev[:12], self.p.attempt)
+        return why
+
+    def settle(self) -> None:
+        """Wait for the claim's answer; Refused unless it was granted (an error in asking it is
+        raised here, as it was where the claim was asked)."""
+        why = self._answer.result()
+        if why:
+            raise Refused(why)
+
+
 class Attempt:
     """What a kind's work is given: the payload, its catalog and target, a fresh job dir whose log
-    is begun, the timings so far; and the two ways a step ends (``record``, ``refuse``)."""
+    is begun, the timings so far; the moment its commands may start (``start``, once its claim was
+    granted), and the two ways a step ends (``record``, ``refuse``)."""
 
-    def __init__(self, ctx: Context, p: Payload, cat: Catalog, target: Target, tmpd: Path, started: float) -> None:
+    def __init__(self, ctx: Context, p: Payload, cat: Catalog, target: Target, tmpd: Path, started: float,
+                 admission: Admission) -> None:
         self.ctx, self.p, self.cat, self.target, self.tmpd, self.started = ctx, p, cat, target, tmpd, started
+        self.admission = admission
         self.timings: dict[str, float] = {"queue_wait": max(0.0, started - p.submitted_at)}
         self.log_key = keys.job_file(p.run_id, p.target, p.step, "log.txt")
         self.log_path = tmpd / f"{ctx.role}.log"
         self.log_path.write_text(f"gearfarm {p.step} of {p.project} for {p.target} at {p.rev} on {ctx.name}\n")
+
+    def settle(self) -> None:
+        """Wait for the claim's answer (Admission.settle): for work that must not start before it
+        but is not a command, such as a benchmark taking the host to itself."""
+        self.admission.settle()
+
+    def start(self) -> None:
+        """Before the job's first command: its claim granted (else Refused), then one line per start,
+        which is what the chaos suite counts."""
+        self.admission.settle()
+        log.info("COMMAND START job=%s attempt=%d worker=%s", self.p.job_id, self.p.attempt, self.ctx.name)
 
     def note(self, text: str) -> None:
         with self.log_path.open("a") as f:
@@ -412,7 +466,9 @@ class Attempt:
         a record that is not `passed` carries the log's tail, which is what a person reads first.
         (Moving them into the spool for the outbox to put instead took 8 ms off a slot's time
         between jobs on an idle host, but the three more fsyncs and the longer outbox made a
-        64-host night on two cores slower: docs/speed.md.)"""
+        64-host night on two cores slower: docs/speed.md.) Not before the claim was granted: the
+        log's key is the job's, whichever attempt writes it."""
+        self.admission.settle()
         beside = [self.ctx.uploads.submit(self.ctx.store.put_file, key, path, kind)
                   for key, (path, kind) in (files or {}).items()]
         self.ctx.store.put_file(self.log_key, self.log_path, "text/plain; charset=utf-8")
@@ -425,6 +481,7 @@ class Attempt:
     def refuse(self, message: str, **fields: object) -> ResultRecord:
         """An `infra` record naming no log, for work that must not run or go on (a host without
         the tools, an artifact that does not verify): the farm's failure, not the project's."""
+        self.admission.settle()
         return self.ctx.record(self.p, "infra", message=message, started_at=self.started, finished_at=time.time(),
                                **fields)
 
@@ -435,18 +492,16 @@ def handle_job(ctx: Context, work: Work, job: Job) -> bytes:
     t0 = time.monotonic()
     p = accept(ctx, job)
     with Heartbeat(ctx, job, p) as beat:
-        why = ctx.admit(p, job, beat.stop)
-        if why:
+        admission = Admission(ctx, p, job, beat, t0)
+        try:
+            rec = perform_job(ctx, p, job, work, beat.cancel, admission)
+            admission.settle()  # also for a record made before any command (a refusal, the worker's error)
+        except Refused as e:
             # Completed, so it leaves the queue; no record: the run has its answer already,
             # or it is not this worker's to give.
-            log.warning("DROPPED job %s (%s): %s", job.handle, p.job_id, why)
-            return f"dropped: {why}".encode()
-        beat.leased.set()
-        log.info("job %s: %s %s at %s, attempt %d", job.handle, p.function, p.step, p.rev[:12], p.attempt)
-        admitted = time.monotonic() - t0
-        rec = perform_job(ctx, p, job, work, beat.cancel)
-        # From the job handed over to its claim granted: part of queue_wait, the farm's own.
-        rec.timings["admit"] = round(admitted, 4)
+            log.warning("DROPPED job %s (%s): %s", job.handle, p.job_id, e)
+            return f"dropped: {e}".encode()
+        rec.timings["admit"] = round(admission.seconds, 4)
         return handle_result(ctx, p, rec)
 
 
@@ -497,14 +552,17 @@ class Heartbeat:
                 log.warning("cannot check whether job %s was cancelled: %s", p.job_id, e)
 
 
-def perform_job(ctx: Context, p: Payload, job: Job, work: Work, cancel: threading.Event) -> ResultRecord:
+def perform_job(ctx: Context, p: Payload, job: Job, work: Work, cancel: threading.Event,
+                admission: Admission) -> ResultRecord:
     """The job's work, its commands stopped once ``cancel`` is set. Whatever escapes it becomes
     the record: `cancelled`, or `infra` (the farm failed, not the product: say so, never lose the
-    job)."""
+    job); but an attempt whose claim was refused ends here, with none."""
     cpu0, began = _cpu(), time.time()
     token = process.CANCEL.set(cancel)
     try:
-        rec = _under_host_lock(ctx, p, work)
+        rec = _under_host_lock(ctx, p, work, admission)
+    except Refused:
+        raise
     except process.Cancelled as e:
         rec = ctx.record(p, "cancelled", message=f"cancelled while running ({e})", started_at=began,
                          finished_at=time.time())
@@ -520,18 +578,18 @@ def perform_job(ctx: Context, p: Payload, job: Job, work: Work, cancel: threadin
     return rec
 
 
-def _under_host_lock(ctx: Context, p: Payload, work: Work) -> ResultRecord:
+def _under_host_lock(ctx: Context, p: Payload, work: Work, admission: Admission) -> ResultRecord:
     """Builds and tests run under the host lock held shared (they wait while a benchmark
     measures); a perf job takes it exclusive itself, only around its measurement."""
     if ctx.role == "perf":
-        return run_step(ctx, p, work)
+        return run_step(ctx, p, work, admission)
     with ctx.hostlock.shared(f"{ctx.name} {p.job_id}") as waited:
-        rec = run_step(ctx, p, work)
+        rec = run_step(ctx, p, work, admission)
     rec.timings["host_wait"] = round(waited, 3)
     return rec
 
 
-def run_step(ctx: Context, p: Payload, work: Work) -> ResultRecord:
+def run_step(ctx: Context, p: Payload, work: Work, admission: Admission) -> ResultRecord:
     """The kind's work, given the job's catalog and target (checked by the payload's sha256) and
     a job dir that is removed after it."""
     started = time.time()
@@ -539,7 +597,7 @@ def run_step(ctx: Context, p: Payload, work: Work) -> ResultRecord:
     target = cat.target(p.target)
     # Under the worker's own work dir, so a worker killed mid-job has it swept on restart.
     with process.job_dir(ctx.work, ctx.role) as tmpd:
-        return work(Attempt(ctx, p, cat, target, tmpd, started))
+        return work(Attempt(ctx, p, cat, target, tmpd, started, admission))
 
 
 def handle_result(ctx: Context, p: Payload, rec: ResultRecord) -> bytes:

@@ -93,7 +93,7 @@ def build(attempt: Attempt) -> ResultRecord:
         timings["source"] = time.monotonic() - t0
         attempt.note(f"source snapshot {keys.source(p.rev)}: {size} bytes, sha256 verified")
         t0 = time.monotonic()
-        run = runner.run_build(cat, target, root, scratch, attempt.log_path, ctx.sandbox, lambda: ctx.started(p),
+        run = runner.run_build(cat, target, root, scratch, attempt.log_path, ctx.sandbox, attempt.start,
                                p.project)
         timings["build"] = time.monotonic() - t0
         status, message = run.status, run.message(cat.build_for(target).timeout)

@@ -81,11 +81,13 @@ def handle(attempt: Attempt) -> ResultRecord:
     t0 = time.monotonic()
     quietness: dict[str, float] = {}
     activity = host.Activity(ctx.hostlock.others)
+    # The claim answered before the host is taken: a claim that waits must not hold the others up.
+    attempt.settle()
     try:
         with ctx.hostlock.exclusive(f"{ctx.name} {p.job_id}", ctx.cfg.farm.perf_patience) as waited:
             quietness["lock_wait"] = round(waited, 3)
             t0 = time.monotonic()
-            ctx.started(p)
+            attempt.start()
             with activity:
                 _measure(attempt.cat, attempt.target, bench, p, new_tree, base_tree, tmpd, log_path, samples,
                          ctx.sandbox, curves, ref_tree)

@@ -66,7 +66,7 @@ def handle(attempt: Attempt) -> ResultRecord:
         # Nothing from an unverified artifact runs; this is the farm's failure, not the project's.
         return attempt.refuse(str(e), timings=attempt.timings)
     scratch = attempt.scratch()
-    ctx.started(p)
+    attempt.start()
     prefix = wine.job_prefix(ctx.sandbox, ctx.state / "wine", target.runner, attempt.tmpd)
     run = runner.run_suite(attempt.cat, target, suite, tree, scratch, attempt.log_path, p.seed, ctx.sandbox, prefix,
                            p.cases)

@@ -91,9 +91,9 @@ class ResultRecord(BaseModel):
     submitted_at: float | None = None
     started_at: float | None = None
     finished_at: float | None = None
-    # Per-stage seconds: queue_wait (submitted to started), admit (of it, the worker's checks and
-    # claim), host_wait (for a benchmark to end: gearfarm.hosts.hostlock), export, build, upload,
-    # download, verify, test, cpu.
+    # Per-stage seconds: queue_wait (submitted to started), admit (from the job handed over to
+    # the worker to its claim answered, while the job is prepared), host_wait (for a benchmark
+    # to end: gearfarm.hosts.hostlock), export, build, upload, download, verify, test, cpu.
     timings: dict[str, float] = Field(default_factory=dict)
     artifact_key: str | None = None
     artifact_sha256: str | None = None

@@ -539,9 +539,10 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
                if r.job_id in applied and r.job_id in night.published]
     # A command's seconds beyond its drawn sleep: the supervisor's and the sandbox's start and
     # end (gearfarm/step/reaper.py, sandbox.py) and the script's own few programs. The farm's,
-    # though its records count it as the job's (and so does the bound).
+    # though its records count it as the job's (and so does the bound). Not of a build that
+    # reused last night's artifact: it ran no command.
     beyond = [command[r.job_id] - night.drawn[r.target, r.step.removeprefix("test-")]
-              for r in ran if (r.target, r.step.removeprefix("test-")) in night.drawn]
+              for r in ran if (r.target, r.step.removeprefix("test-")) in night.drawn and not r.reused_artifact]
     times = sorted(applied.values())
     rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0
 

@@ -290,7 +290,6 @@ class Context:
                             name=p.name, rev=p.rev, status=status, attempt=p.attempt, worker=self.name,
                             host=self.host, submitted_at=p.submitted_at, **fields)  # type: ignore[arg-type]
 
-
     def admit(self, p: Payload, job: Job, stop: threading.Event) -> str:
         """Why this genuine payload must not run ("" once it may and its attempt is this
         worker's). What may run is the ledger's answer to the claim: it refuses a job of a run

@@ -27,7 +27,8 @@ PKG_TARGET_windows-x86_64 := mingw-w64 libz-mingw-w64-dev wine wine64
 # A worker confines each job with bubblewrap, builds CMake projects with ccache, counts
 # instructions with valgrind (perf role).
 PKG_WORKER := build-essential make bubblewrap cmake ccache valgrind
-PKG_FARM := gearman-job-server stunnel4
+# sqlite3: gearmand's queue is put in WAL mode before gearmand opens it (gearfarm/hosts/gearmand.py).
+PKG_FARM := gearman-job-server stunnel4 sqlite3
 # Only the developer machine (the test suite and the lab's images): interop peers, PostgreSQL,
 # the browser, systemd-analyze, network namespaces, the container tools.
 PKG_DEV := gearman-tools libgearman-dev postgresql postgresql-client chromium systemd iproute2 libxml2-utils \

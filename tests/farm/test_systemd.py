@@ -12,12 +12,14 @@ worker slots, confined as the units say, serve a nightly of a small project on t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import secrets
 import shlex
 import shutil
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -129,11 +131,14 @@ def test_the_gearmand_units_command_line_runs_a_job_server(tmp_path: Path) -> No
     from gearfarm.hosts.net import free_port
 
     text = (UNITS / "gearfarm-gearmand.service").read_text().replace("\\\n", " ")
+    (pre_line,) = [ln for ln in text.splitlines() if ln.startswith("ExecStartPre=")]
     (exec_line,) = [ln for ln in text.splitlines() if ln.startswith("ExecStart=")]
     port = free_port()
-    argv = [a.replace("--port=4730", f"--port={port}").replace("/var/lib/gearfarm/gearmand", str(tmp_path))
-            for a in shlex.split(exec_line.removeprefix("ExecStart="))]
+    pre, argv = ([a.replace("--port=4730", f"--port={port}").replace("/var/lib/gearfarm/gearmand", str(tmp_path))
+                  for a in shlex.split(line.split("=", 1)[1])] for line in (pre_line, exec_line))
     assert argv[0] == "/usr/sbin/gearmand" and f"--libsqlite3-db={tmp_path}/queue.db" in argv
+    # First the queue in WAL mode (gearfarm.hosts.gearmand.write_ahead: the same, for the unit).
+    assert subprocess.run(pre, capture_output=True, text=True, check=True).stdout.strip() == "wal"
     proc = process.spawn(argv, tmp_path / "gearmand.log")
     try:
         deadline = time.monotonic() + 20
@@ -145,6 +150,8 @@ def test_the_gearmand_units_command_line_runs_a_job_server(tmp_path: Path) -> No
                 assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "gearmand.log").read_text()
                 time.sleep(0.1)
         assert (tmp_path / "queue.db").exists()  # the persistent queue the unit asks for
+        with contextlib.closing(sqlite3.connect(tmp_path / "queue.db")) as db:
+            assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)  # kept in the file
     finally:
         process.stop(proc, timeout=5)
 

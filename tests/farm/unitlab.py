@@ -36,7 +36,7 @@ MINIO_KEYS = ("gearfarm-root", "systemd-test-secret")
 DOCKERFILE = f"""FROM {BASE_IMAGE}
 USER root
 RUN apt-get update && \\
-    apt-get install -y --no-install-recommends systemd systemd-sysv gearman-job-server stunnel4 git && \\
+    apt-get install -y --no-install-recommends systemd systemd-sysv gearman-job-server stunnel4 sqlite3 git && \\
     rm -rf /var/lib/apt/lists/* && \\
     systemctl mask gearman-job-server.service stunnel4.service && \\
     userdel gearfarm && rm -rf /var/lib/gearfarm

@@ -301,3 +301,32 @@ def test_a_claim_and_a_record_compile_no_statement_afresh(db_url: str) -> None:
     assert len(seen) >= 2 * 10
     afresh = [s for hit, s in seen if not hit.endswith("CACHE_HIT")]
     assert not afresh, f"compiled again at a later job: {afresh}"
+
+
+def test_a_records_cases_are_stored_in_their_order_and_cut_to_their_columns(db_url: str) -> None:
+    """A suite's cases as the record has them, in its order (a report lists them so), names and
+    messages cut to their columns (a longer one would fail the insert, which the collector takes
+    for an outage); on PostgreSQL they go in as one statement, on SQLite a row each."""
+    from sqlalchemy import select
+
+    from gearfarm.db.results import Case
+
+    db = ResultsDB(db_url)
+    ledger = Ledger(db)
+    (jid,) = new_run(db, "rk", ["test-big"])
+    cases = [CaseResult(classname=f"suite.ü{i % 3}", name=f"case_{i:03d}", status="failed" if i % 7 == 0 else "passed",
+                        time=i / 100, message=f"line {i}\n" * (i % 2)) for i in range(120)]
+    cases[5] = cases[5].model_copy(update={"name": "n" * 400, "classname": "c" * 250, "message": "m" * 5000})
+    r = rec(jid, "failed").model_copy(update={"cases": cases})
+    assert ledger.apply(r, "rule") == "applied"
+    with db.session() as s:
+        got = [(c.classname, c.name, c.status, c.time, c.message, c.suite, c.target, c.run_id)
+               for c in s.scalars(select(Case).where(Case.job_id == str(jid)).order_by(Case.id))]
+    assert got == [(c.classname[:200], c.name[:300], c.status, c.time, c.message[:4000], "big", T, "rk")
+                   for c in cases]
+    # A record that replaces it replaces its cases.
+    again = rec(jid, "passed", attempt=2).model_copy(update={"cases": cases[:2]})
+    assert ledger.apply(again, "rule") == "applied"
+    with db.session() as s:
+        assert [c.name for c in s.scalars(select(Case).where(Case.job_id == str(jid)).order_by(Case.id))] == \
+            ["case_000", "case_001"]

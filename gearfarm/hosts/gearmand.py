@@ -50,8 +50,12 @@ def write_ahead(queue_db: Path) -> None:
     3,700-4,000 in WAL, bench/gearman_throughput.py --persistent). As durable: a committed
     job is in the log, which gearmand's connection syncs on every commit as it synced the
     journal (sqlite's default synchronous=FULL), and a kill -9 or a power cut keeps it."""
-    with contextlib.closing(sqlite3.connect(queue_db)) as db:
-        mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+    try:
+        with contextlib.closing(sqlite3.connect(queue_db)) as db:
+            mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+    except sqlite3.Error as e:  # locked by a gearmand still running on it, unreadable, not a database
+        raise GearmandError(f"cannot open gearmand's queue {queue_db} to put it in WAL mode ({e}): stop any "
+                            "gearmand using it, or move the file away if it is not a gearmand queue") from None
     if mode != "wal":
         raise GearmandError(f"cannot put gearmand's queue {queue_db} in WAL mode (sqlite says {mode!r}): is it "
                             "on a file system without shared memory (a network mount)? Give it a local path")

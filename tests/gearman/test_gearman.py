@@ -1083,3 +1083,13 @@ def test_a_worker_stopped_during_a_job_leaves_the_next_one_queued(tmp_path: Path
         st = admin.status(*server.address)["stop-probe"]
         assert len(ran) + st.queued == 2, (ran, st)
         assert st.running == 0
+
+
+def test_a_queue_that_is_not_a_database_is_named_with_the_fix(tmp_path: Path) -> None:
+    """gearmand's queue is put in WAL mode before gearmand starts: a file there that sqlite
+    cannot open is an error naming it and what to do, not a traceback."""
+    queue = tmp_path / "gm" / "queue.db"
+    queue.parent.mkdir()
+    queue.write_bytes(b"not a database, " * 100)
+    with pytest.raises(GearmandError, match=r"cannot open gearmand's queue .*queue\.db.*move the file away"):
+        Gearmand(tmp_path / "gm", queue_db=queue).start()

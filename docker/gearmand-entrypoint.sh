@@ -4,10 +4,10 @@
 # stopping the other, so that the container's restart policy brings back both: a gearmand
 # behind a dead stunnel, or an stunnel in front of nothing, would look alive and serve no one.
 set -eu
-# Not daemonized (-d): a daemonized gearmand 1.1.20 sends its log to /dev/null (measured),
-# while in the foreground --log-file stderr reaches `docker logs`.
 # The queue in WAL mode first: gearmand's sqlite writes block its one thread (gearfarm/hosts/gearmand.py).
 sqlite3 /var/lib/gearmand/queue.db 'PRAGMA journal_mode=WAL;' >/dev/null
+# Not daemonized (-d): a daemonized gearmand 1.1.20 sends its log to /dev/null (measured),
+# while in the foreground --log-file stderr reaches `docker logs`.
 gearmand -L 127.0.0.1 -p 4730 -q libsqlite3 --libsqlite3-db=/var/lib/gearmand/queue.db \
   --job-retries 3 --worker-wakeup 1 --log-file stderr --verbose WARNING &
 gearmand_pid=$!

@@ -47,7 +47,7 @@ def write_ahead(queue_db: Path) -> None:
     background job to its queue on submit and deletes it on completion, in its one thread
     that serves everyone: in sqlite's default rollback journal each of those transactions
     held every client and worker for ~0.8 ms (1,300 background submits a second, one by one;
-    3,700-4,000 in WAL, bench/gearman_throughput.py --persistent). As durable: a committed
+    3,600-4,000 in WAL, bench/gearman_throughput.py --persistent). As durable: a committed
     job is in the log, which gearmand's connection syncs on every commit as it synced the
     journal (sqlite's default synchronous=FULL), and a kill -9 or a power cut keeps it."""
     try:

@@ -68,6 +68,8 @@ from gearfarm.formats.result import PRODUCT, CaseStore, RecordError, ResultRecor
 log = logging.getLogger(__name__)
 _NAME_MAX = Case.__table__.c.name.type.length
 _CLASSNAME_MAX = Case.__table__.c.classname.type.length
+# A case's own columns, as the ledger writes them (the job's are the same for all of a record's).
+_CASE_COLUMNS = ("classname", "name", "status", "time", "message")
 Disposition = Literal["applied", "duplicate", "superseded", "late", "rejected"]
 Channel = Literal["collect", "reconcile", "nightly", "rule"]
 # Runs whose expected jobs a ledger keeps in memory (the newest used).
@@ -314,19 +316,14 @@ class Ledger:
         if rec.cases:
             # Cut to the columns' sizes: a suite printing a name longer than PostgreSQL's column
             # would fail the insert, which the collector takes for an outage and retries forever.
-            classname = [c.classname[:_CLASSNAME_MAX] for c in rec.cases]
-            name = [c.name[:_NAME_MAX] for c in rec.cases]
-            status, took, message = [c.status for c in rec.cases], [c.time for c in rec.cases], \
-                [c.message[:4000] for c in rec.cases]
-            if sql.cases_unnest is not None:
-                conn.execute(sql.cases_unnest, dict(job_id=rec.job_id, run_id=rec.run_id, target=rec.target,
-                                                    suite=suite, classname=classname, name=name, status=status,
-                                                    time=took, message=message))
+            rows = [(c.classname[:_CLASSNAME_MAX], c.name[:_NAME_MAX], c.status, c.time, c.message[:4000])
+                    for c in rec.cases]
+            job = dict(job_id=rec.job_id, run_id=rec.run_id, target=rec.target, suite=suite)
+            if sql.cases_unnest is not None:  # a column each
+                columns = map(list, zip(*rows, strict=True))
+                conn.execute(sql.cases_unnest, job | dict(zip(_CASE_COLUMNS, columns, strict=True)))
             else:
-                conn.execute(sql.cases_new, [
-                    dict(job_id=rec.job_id, run_id=rec.run_id, target=rec.target, suite=suite, classname=row[0],
-                         name=row[1], status=row[2], time=row[3], message=row[4])
-                    for row in zip(classname, name, status, took, message, strict=True)])
+                conn.execute(sql.cases_new, [job | dict(zip(_CASE_COLUMNS, row, strict=True)) for row in rows])
         if rec.samples:
             host_class = rec.host.get("class", "")
             conn.execute(sql.samples_new, [

@@ -11,6 +11,7 @@ import contextlib
 import os
 import shutil
 import socket
+import sqlite3
 import ssl
 import subprocess
 import threading
@@ -518,8 +519,6 @@ def test_worker_reconnects_and_persistent_queue_survives_kill9(tmp_path: Path) -
     """Also in WAL mode, which the farm puts gearmand's queue in (a background job's write held
     gearmand's one thread three times as long in the default journal): what was submitted
     before a kill -9 is in the log, and gearmand replays it."""
-    import sqlite3
-
     queue = tmp_path / "persist" / "queue.db"
     server = Gearmand(tmp_path / "persist", queue_db=queue)
     server.start()

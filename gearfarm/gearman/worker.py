@@ -1,10 +1,11 @@
 """Synchronous Gearman worker: grab jobs from one or more servers and run handlers.
 
-Loop per iteration: GRAB_JOB_UNIQ on each live server (round-robin start); if every
-server says NO_JOB, send PRE_SLEEP everywhere and poll all sockets for a NOOP, waking
-at least every ``poll_interval`` seconds to re-grab (which also covers a NOOP lost across a
-reconnect); ``wake()`` (e.g. from a SIGTERM handler) ends that sleep at once, so a stopping
-worker exits in milliseconds instead of at its next poll.  Dead servers are reconnected with
+Loop per iteration: GRAB_JOB_UNIQ on each live server (the last job's server first, the
+others first every LOOK_AROUND seconds); if every server says NO_JOB, send PRE_SLEEP
+everywhere and poll all sockets for a NOOP, waking at least every ``poll_interval`` seconds
+to re-grab (which also covers a NOOP lost across a reconnect); ``wake()`` (e.g. from a
+SIGTERM handler) ends that sleep at once, so a stopping worker exits in milliseconds instead
+of at its next poll.  Dead servers are reconnected with
 exponential backoff and get SET_CLIENT_ID + CAN_DO again, because gearmand forgets a
 worker's abilities with its connection.  With ``prefer``, the worker asks each server's
 ``status`` when a job starts, reads the answer when it ends and moves the function ``prefer``
@@ -37,6 +38,14 @@ log = logging.getLogger(__name__)
 # came out at 0.99-1.05× libgearman's p50, without it at 1.14-1.31×). At most this much CPU per
 # job; a worker idle for longer sleeps in poll() as before.
 IDLE_SPIN = 0.0005
+# With several servers, a worker asks the one its last job came from first (its grab goes out
+# with that job's result), and the others first once this many seconds passed since it last
+# did. Asking them all in turn after every job cost a round trip per job to a server with
+# nothing queued: in a lab the client submits to the first server that answers, so the others
+# are standbys, empty unless it failed over to them. A job queued on one of them then waits at
+# most this long or the job running, where it waited for the job running; an idle worker, asleep
+# on every server, is woken at once as before.
+LOOK_AROUND = 1.0
 
 # Anything that means "this connection is broken, reconnect".
 _CONNECTION_ERRORS = (OSError, ProtocolError)
@@ -183,6 +192,9 @@ class Worker:
             for h, p in servers
         ]
         self._next = 0  # round-robin start index
+        # The server the last job came from, and when the others were last asked first.
+        self._last: _Server | None = None
+        self._looked = 0.0
         # Self-pipe: wake() may run in a signal handler, where only a non-blocking write is safe.
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -422,22 +434,47 @@ class Worker:
         server.grab_sent = sent and server.connection.connected
 
     def _grab_and_run(self, stop: threading.Event | None = None) -> bool:
-        """Try every live server once (round-robin); run at most one job. With ``stop`` (the
+        """Try every live server once (in ``_order``); run at most one job. With ``stop`` (the
         work loop's), the next grab may go out with the job's result while stop is not set."""
         live = self._live()
         if not live:
             return False
-        start = self._next % len(live)
-        for offset in range(len(live)):
-            server = live[(start + offset) % len(live)]
+        for server in self._order(live):
             job = self._try_grab(server)
             if job is not None:
-                self._next = start + offset + 1
-                # With one server the next grab goes out with the result (it is asked first
-                # next time round); with several, round-robin asks the next server first.
-                self._run(job, server if stop is not None and len(live) == 1 else None, stop)
+                self._last = server
+                # The next grab goes out with the result when that server is to be asked first
+                # next time round (_stays), as a grab whose answer is pending is read first.
+                self._run(job, server if stop is not None and self._stays(server) else None, stop)
                 return True
         return False
+
+    def _order(self, live: list[_Server]) -> list[_Server]:
+        """The servers to ask for a job, in turn: one whose grab went out already first (its
+        answer must be read before another job is taken); else the last job's server first,
+        unless LOOK_AROUND passed since the others were asked first, when they come first, in
+        turn from the one after it."""
+        pending = [s for s in live if s.grab_sent]
+        if pending:
+            return pending + [s for s in live if not s.grab_sent]
+        last = self._last if self._last in live else None
+        if last is None:
+            start = self._next % len(live)
+            self._next += 1
+            self._looked = time.monotonic()
+            return live[start:] + live[:start]
+        at = live.index(last)
+        others = live[at + 1:] + live[:at]
+        if others and not self._stays(last):
+            self._looked = time.monotonic()
+            return others + [last]
+        return [last, *others]
+
+    def _stays(self, server: _Server) -> bool:
+        """Whether ``server``, which gave the last job, is to be asked first next time: it is the
+        only one connected, or the others were asked first within LOOK_AROUND seconds."""
+        alone = all(s is server or not s.connection.connected for s in self._servers)
+        return alone or time.monotonic() - self._looked < LOOK_AROUND
 
     def _sleep(self, timeout: float, stop: threading.Event | None = None, eager: bool = False) -> None:
         """PRE_SLEEP on every live server and wait for a NOOP (or timeout / reconnect). ``eager``:

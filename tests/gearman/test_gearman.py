@@ -36,6 +36,7 @@ from gearfarm.gearman import (
     Worker,
     admin,
 )
+from gearfarm.gearman import worker as worker_module
 from gearfarm.gearman.client import _PIPELINE_CHUNK
 from gearfarm.gearman.errors import StatusUnknown
 from gearfarm.gearman.protocol import REQ, RES, decode, encode, format_address
@@ -1092,3 +1093,67 @@ def test_a_queue_that_is_not_a_database_is_named_with_the_fix(tmp_path: Path) ->
     queue.write_bytes(b"not a database, " * 100)
     with pytest.raises(GearmandError, match=r"cannot open gearmand's queue .*queue\.db.*move the file away"):
         Gearmand(tmp_path / "gm", queue_db=queue).start()
+
+
+# -- several servers -------------------------------------------------------------------
+
+
+def _serve(worker: Worker, function: str, seconds: float = 0.0) -> list[tuple[str, float]]:
+    """Register ``function`` on ``worker``: each job is the (unique, monotonic start) it adds to
+    the list returned, and takes ``seconds``."""
+    ran: list[tuple[str, float]] = []
+
+    def handle(job: Job) -> bytes:
+        ran.append((job.unique, time.monotonic()))
+        time.sleep(seconds)
+        return b""
+
+    worker.register(function, handle)
+    return ran
+
+
+def test_a_worker_of_two_servers_does_not_ask_the_empty_one_before_every_job(
+    gearmand: Gearmand, second_gearmand: Gearmand
+) -> None:
+    """In a lab the client submits to the first server that answers; the second is a standby
+    with nothing queued. A worker asks the server its last job came from first (its grab goes
+    with the result) and the standby first about once every LOOK_AROUND seconds: it asked the
+    standby before each of 60 jobs (a round trip each), with the first server's grab in a
+    write of its own."""
+    with Client([gearmand.address]) as client:
+        client.submit_background_many([BackgroundJob("stand", b"", f"s-{i}") for i in range(60)])
+    with _tap(gearmand.address) as (first, first_reads, _), _tap(second_gearmand.address) as (second, reads, _):
+        worker = Worker([first, second], "standby", **FAST)
+        ran = _serve(worker, "stand")
+        began = time.monotonic()
+        with running(worker):
+            wait_for(lambda: len(ran) == 60, what="60 jobs")
+            took = time.monotonic() - began
+        worker.close()
+    grabs = sum(r.count(Command.GRAB_JOB_UNIQ) for r in reads)
+    assert grabs <= 2 + took / worker_module.LOOK_AROUND, (grabs, took, reads)
+    results = [r for r in first_reads if Command.WORK_COMPLETE in r]
+    assert len(results) == 60
+    with_grab = sum(r[-1] is Command.GRAB_JOB_UNIQ for r in results)
+    assert with_grab >= 60 - 2 - took / worker_module.LOOK_AROUND, first_reads
+
+
+def test_a_job_on_the_other_server_waits_no_longer_than_look_around(
+    gearmand: Gearmand, second_gearmand: Gearmand
+) -> None:
+    """Jobs on both servers (a client that failed over for a while): the worker, busy with the
+    first server's queue, still asks the second within LOOK_AROUND, not once the first is empty."""
+    with Client([gearmand.address]) as client:
+        client.submit_background_many([BackgroundJob("both", b"", f"a-{i}") for i in range(400)])
+    with Worker([gearmand.address, second_gearmand.address], "both", **FAST) as worker:
+        ran = _serve(worker, "both", 0.01)
+        with running(worker):
+            wait_for(lambda: len(ran) >= 5, what="the first server's jobs to start")
+            with Client([second_gearmand.address]) as client:
+                client.submit_background("both", b"", "on-second")
+            queued = time.monotonic()
+            wait_for(lambda: "on-second" in dict(ran), what="the second server's job")
+        started = dict(ran)["on-second"]
+    assert started - queued < worker_module.LOOK_AROUND + 0.5, started - queued
+    assert len(ran) < 400, "the second server's job waited for the first server's queue to empty"
+

@@ -251,6 +251,16 @@ class Night:
     collect_queue: list[int] = field(default_factory=list)  # `collect` jobs waiting in the gearmands, each second
     published: dict[str, float] = field(default_factory=dict)  # job id -> when its record was in S3 (first one)
     drawn: dict[tuple[str, str], float] = field(default_factory=dict)  # (target, step) -> its sleep's seconds
+    stolen: float = 0.0  # CPU seconds the hypervisor gave other guests while the night ran (/proc/stat)
+
+
+def steal_seconds() -> float:
+    """CPU seconds this VM's cores have waited for the hypervisor since boot (/proc/stat's
+    `steal`): on a shared host the same code's farm cost moved ±20 % between runs, and what
+    other guests took is one reason a reader can check."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
 
 
 @contextlib.contextmanager
@@ -438,10 +448,11 @@ def measure(hosts: int, jobs: int, slots: int, scale: float, per_target: int, tm
 
         before = daemons()
         queue: list[int] = []
+        stolen = steal_seconds()
         with queue_sampler([gm.address for gm in lb.gearmands], queue):
             wall, code, nightly_usage, began = run_nightly(lb.config, profile, RUN_ID)
         night = Night(hosts, slots, jobs, wall, code, earlier, began=began, collect_queue=queue,
-                      published=published(lb.config, RUN_ID), drawn=drawn)
+                      published=published(lb.config, RUN_ID), drawn=drawn, stolen=steal_seconds() - stolen)
         night.usage["nightly"] = nightly_usage
         for name, u in daemons().items():  # tonight's CPU; the peak RSS is the process's
             night.usage[name] = Usage(u.cpu - before[name].cpu, u.rss)
@@ -585,6 +596,8 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
     busy = sum(u.cpu for u in night.usage.values())
     rows += [("CPU of all of the above ÷ (cores × wall)",
               f"{busy / (len(os.sched_getaffinity(0)) * night.wall):.2f} ({busy:.0f} CPU s)"),
+             ("CPU stolen by the hypervisor (other guests) ÷ (cores × wall)",
+              f"{night.stolen / (len(os.sched_getaffinity(0)) * night.wall):.3f} ({night.stolen:.1f} s)"),
              ("CPU ms per job (all of the above, the jobs' own commands included)", f"{1000 * busy / max(n, 1):.0f}"),
              ("nightly CPU ms per job", f"{1000 * night.usage['nightly'].cpu / max(n, 1):.1f}"),
              ("report build s (then its job files copied to disk s)",

@@ -597,7 +597,8 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
     rows += [("CPU of all of the above ÷ (cores × wall)",
               f"{busy / (len(os.sched_getaffinity(0)) * night.wall):.2f} ({busy:.0f} CPU s)"),
              ("CPU stolen by the hypervisor (other guests) ÷ (cores × wall)",
-              f"{night.stolen / (len(os.sched_getaffinity(0)) * night.wall):.3f} ({night.stolen:.1f} s)"),
+              # /proc/stat's first line sums every core of the machine, not only this process's
+              f"{night.stolen / ((os.cpu_count() or 1) * night.wall):.3f} ({night.stolen:.1f} s)"),
              ("CPU ms per job (all of the above, the jobs' own commands included)", f"{1000 * busy / max(n, 1):.0f}"),
              ("nightly CPU ms per job", f"{1000 * night.usage['nightly'].cpu / max(n, 1):.1f}"),
              ("report build s (then its job files copied to disk s)",

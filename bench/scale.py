@@ -134,16 +134,30 @@ sleep "$secs"
 
 
 # `gearfarm` under cProfile, its stats written to $SCALE_PROFILE also when it ends with os._exit
-# (gearfarm.cli.common.exit_now: the nightly after its report, the collector on SIGTERM).
+# (gearfarm.cli.common.exit_now: the nightly after its report, the collector on SIGTERM). Every
+# thread has a profiler of its own (cProfile follows only the thread that enabled it, and the
+# collector's work is done in its handler threads); their stats are summed at exit.
 PROFILED = """
-import cProfile, os
-prof, out, _exit = cProfile.Profile(), os.environ["SCALE_PROFILE"], os._exit
+import cProfile, os, pstats, threading
+out, _exit, profs = os.environ["SCALE_PROFILE"], os._exit, [cProfile.Profile()]
+def _thread_profile(*_):
+    prof = cProfile.Profile()
+    profs.append(prof)
+    prof.enable()
 def _dump_and_exit(code):
-    prof.disable()
-    prof.dump_stats(out)
+    for p in list(profs):
+        p.disable()
+    stats = pstats.Stats(profs[0])
+    for p in profs[1:]:
+        try:
+            stats.add(p)
+        except (TypeError, ValueError):  # a thread's profiler that saw nothing
+            pass
+    stats.dump_stats(out)
     _exit(code)
 os._exit = _dump_and_exit
-prof.enable()
+threading.setprofile(_thread_profile)
+profs[0].enable()
 """
 RUN = """
 import runpy, sys

@@ -202,7 +202,9 @@ class Ledger:
             return self._refuse_lease(f"{lease.job_id} attempt {lease.attempt}: {why}")
         now = time.time()
         sql, key = self.sql, {"p_job": lease.job_id, "p_attempt": lease.attempt}
-        with self.db.writing() as conn:
+        # Each statement its own (ResultsDB.committing): the facts' read locks nothing, and the
+        # lease's insert is the database's own upsert, which two claims cannot both win.
+        with self.db.committing() as conn:
             run = conn.execute(sql.claim_facts, {"p_run": jid.run_id, **key}).first()
             if run is not None and run.reported_at is not None:
                 # Not an error: a job left in a queue after its run's report (gearmand keeps its

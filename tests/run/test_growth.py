@@ -410,6 +410,7 @@ class PolledDB:
     ids: list[str]
     polls: int
     asked: int = 0
+    cancels: int = 0
 
     def job_states(self, run_id: str) -> dict[str, str]:
         return {} if self.asked <= self.polls else {j: "passed" for j in self.ids}
@@ -422,6 +423,7 @@ class PolledDB:
         return None
 
     def cancellations(self, run_id: str) -> list[object]:
+        self.cancels += 1
         return []
 
     def jobs(self, run_id: str) -> list[ResultRecord]:
@@ -453,6 +455,41 @@ def test_the_wait_loop_and_its_progress_make_the_nights_jobs_once(tmp_path: Path
     nightly.wait(cfg, db, None, ResultsInS3([]), None, p, progress, poll=0)  # type: ignore[arg-type]
     assert db.asked == 9
     assert CountedPlan.made <= 3, f"the night's jobs were made {CountedPlan.made} times in 9 polls"
+
+
+def test_the_wait_loop_looks_for_cancel_requests_once_a_second_not_every_poll(tmp_path: Path) -> None:
+    """Every 0.2 s poll read the run's cancel requests, a fifth of the nightly's CPU in a 500-job
+    night (docs/speed.md); a person's cancel is found within CANCEL_LOOK, and the job's own
+    heartbeat finds its marker within a beat anyway."""
+    steps = [f"s{i:03d}" for i in range(5)]
+    p = CountedPlan("cl", Source("engine", REV, "5" * 64, "6" * 64), [T], {T: steps}, {T: []},
+                    deadline=time.time() + 600)
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    cfg = Config(gearman={"servers": ["127.0.0.1:1"]},
+                 farm=FarmConfig(state_dir=str(tmp_path / "state"), **keyed(tmp_path, url)))  # type: ignore[arg-type]
+    db = PolledDB([str(j) for j in p.expected], polls=40)
+    t0 = time.monotonic()
+    nightly.wait(cfg, db, None, ResultsInS3([]), None, p, None, poll=0.01)  # type: ignore[arg-type]
+    took = time.monotonic() - t0
+    assert db.asked == 41
+    assert 1 <= db.cancels <= 1 + took, f"{db.cancels} looks in {took:.2f}s of 41 polls"
+
+
+def test_a_polls_read_of_what_changed_is_one_statement(tmp_path: Path) -> None:
+    """A poll's read of the jobs that changed was two statements (the changed jobs' states, then
+    the latest change's time) in an ORM session, five times a second; one now, which also gives
+    the time (and on PostgreSQL outside a transaction: ResultsDB.polling)."""
+    db = ResultsDB(f"sqlite:///{tmp_path / 'r.db'}")
+    jids = night(db, "ch", 20)
+    ledger = Ledger(db)
+    for i, jid in enumerate(jids[1:4]):
+        assert ledger.apply(record(jid, finished=1000.0 + i), "nightly") == "applied"
+    sql = statements(db)
+    got, latest = db.job_states_since("ch", 0.0)
+    assert len([s for s in sql if s.lstrip().upper().startswith("SELECT")]) == 1, sql
+    assert got == {str(j): "passed" for j in jids[1:4]}
+    assert latest == max(d.at for d in db.deliveries("ch"))
+    assert db.job_states_since("ch", latest + 1) == ({}, None)
 
 
 def test_a_steps_page_reads_its_targets_records_only(tmp_path: Path) -> None:

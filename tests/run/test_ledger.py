@@ -10,6 +10,7 @@ import itertools
 import random
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import update
@@ -182,11 +183,11 @@ def test_only_a_registered_host_signs_and_only_what_it_does(tmp_path: Path) -> N
     assert any(f"signed by key {host.kid} of host h, revoked" in d.reason for d in db.deliveries("r1"))
 
 
-def test_a_dead_holders_lease_is_taken_over_and_a_live_ones_is_not(tmp_path: Path) -> None:
+def test_a_dead_holders_lease_is_taken_over_and_a_live_ones_is_not(db_url: str) -> None:
     """Each attempt runs once: a second worker's claim waits while the holder beats, takes over
     when the holder has been silent for the takeover time, and the old holder's beats then no
     longer count."""
-    db = ResultsDB(f"sqlite:///{tmp_path / 'r.db'}")
+    db = ResultsDB(db_url)
     ledger = Ledger(db)
     (unit,) = new_run(db, "r2", ["test-unit"])
     db.set_live("r2", {str(unit): ("queued", 1)})
@@ -330,3 +331,42 @@ def test_a_records_cases_are_stored_in_their_order_and_cut_to_their_columns(db_u
     with db.session() as s:
         assert [c.name for c in s.scalars(select(Case).where(Case.job_id == str(jid)).order_by(Case.id))] == \
             ["case_000", "case_001"]
+
+
+def test_a_claim_and_a_polls_read_on_postgresql_are_sent_outside_a_transaction(tmp_path: Path, pg_url: str) -> None:  # noqa: F811
+    """Every job waits for its claim's answer before its first command, and a claim was a
+    transaction: BEGIN, the facts, the lease's insert, COMMIT, four round trips to PostgreSQL
+    from a collector thread on a busy machine. Its read locks nothing and its insert is the
+    database's own upsert, so each statement commits on its own now (ResultsDB.committing): two
+    round trips, as libpq's own trace of the connection shows. So is the nightly's read of what
+    changed, five times a second, one statement without the BEGIN and ROLLBACK around it."""
+    db = ResultsDB(pg_url, connections=1, pre_ping=False)
+    ledger = Ledger(db)
+    first, second = new_run(db, "rt", ["test-unit", "test-model"])
+    db.set_live("rt", {str(first): ("queued", 1), str(second): ("queued", 1)})
+    host = Signer.generate()
+    ledger.registry.add("h", host.public_text, ["test"], [T])
+    assert claim(ledger, host, str(first), 1, "h", "w") == "granted"  # the registry and the run read
+
+    def traced(what: Callable[[], object]) -> list[list[str]]:
+        """What the client sent PostgreSQL while doing ``what`` on the pool's one connection:
+        [message, its text] from libpq's trace (lines: time, F or B, length, message, text)."""
+        raw = db.engine.raw_connection()
+        path = tmp_path / "libpq.trace"
+        with path.open("w") as trace:
+            pgconn = raw.driver_connection.pgconn  # type: ignore[union-attr]
+            pgconn.trace(trace.fileno())
+            raw.close()
+            try:
+                what()
+            finally:
+                pgconn.untrace()
+        return [line.split("\t")[3:5] + [""] for line in path.read_text().splitlines()
+                if line.split("\t")[1:2] == ["F"]]
+
+    for sent, statements in ((traced(lambda: claim(ledger, host, str(second), 1, "h", "w")), 2),
+                             (traced(lambda: db.job_states_since("rt", 0.0)), 1)):  # the nightly's poll
+        queries = [text for kind, text, *_ in sent if kind == "Query"]
+        assert not [q for q in queries if "BEGIN" in q or "COMMIT" in q or "ROLLBACK" in q], queries
+        assert [kind for kind, *_ in sent].count("Sync") == statements, sent
+    assert db.leases("rt")[(str(second), 1)] == ("h", 1)

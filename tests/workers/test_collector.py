@@ -5,10 +5,12 @@ and nothing waiting is lost."""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from pathlib import Path
 
 import psycopg
+import pytest
 from sqlalchemy.engine import make_url
 
 from gearfarm import config as config_mod
@@ -93,3 +95,52 @@ def test_records_waiting_for_the_database_hold_up_no_other_claim_or_record(
         {str(j): "passed" for j in [*slow, fast]}
     print(f"\nwith {WAITING} records waiting on the database, another run's claim and record went through "
           f"in {took:.2f}s")
+
+
+def test_an_idle_collector_asks_gearmand_for_records_only_when_woken(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each of the collector's threads asked every gearmand for a job once a second, woken or
+    not: 16 threads and two servers, 32 grabs a second for nothing, most of an idle collector's
+    CPU and a third of its grabs in a 500-job night (docs/speed.md). gearmand wakes a sleeping
+    thread for each job it queues; the unwoken ask is a net, every IDLE_POLL seconds
+    (gearfarm.hosts.connection, as for the worker slots). A claim sent to the idle collector is
+    answered at once all the same."""
+    from gearfarm.gearman import admin
+    from gearfarm.gearman.worker import Worker
+    from workers import collector
+
+    grabs: list[float] = []
+    real = Worker._grab
+
+    def counted(self: Worker, server: object) -> object:
+        grabs.append(time.monotonic())
+        return real(self, server)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Worker, "_grab", counted)
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    with Gearmand(tmp_path / "gm") as gm:
+        cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]), database=DatabaseConfig(url=url),
+                     farm=FarmConfig(repo=str(ROOT), state_dir=str(tmp_path), collector_threads=4,
+                                     **keyed(tmp_path, url)))  # type: ignore[arg-type]
+        stop = threading.Event()
+        serving = threading.Thread(target=collector.serve, args=(cfg, stop), daemon=True)
+        serving.start()
+        try:
+            wait_for("the collector's four threads", lambda: getattr(
+                admin.status(*gm.address).get("collect"), "workers", 0) == 4, 30)
+            time.sleep(0.5)
+            grabs.clear()
+            time.sleep(3.0)
+            idle = len(grabs)
+            jid = JobId("idle", T, "test-unit")
+            lease = seal_lease(Lease(job_id=str(jid), attempt=1, host=cfg.host_name(), worker="w", beat=0),
+                               cfg.host_signer())
+            t0 = time.monotonic()
+            with Client([gm.address]) as c:
+                answer = c.submit("collect", lease, unique="c-idle", timeout=10)
+            took = time.monotonic() - t0
+        finally:
+            stop.set()
+            serving.join(30)
+    assert idle <= 4, f"four idle threads asked gearmand for a job {idle} times in 3 s"
+    assert answer == b"refused idle:linux-x86_64:test-unit: its run is unknown" and took < 1.0, (answer, took)

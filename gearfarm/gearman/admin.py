@@ -146,6 +146,11 @@ class Session:
         return format_address(self.host, self.port)
 
     @property
+    def connected(self) -> bool:
+        """A connection is open (it may have been closed by the server since)."""
+        return self._sock is not None
+
+    @property
     def asked(self) -> bool:
         """A ``status`` is out whose answer ``waiting`` has not read yet."""
         return self._asked
@@ -171,17 +176,29 @@ class Session:
         """Jobs queued and not running, of each of ``functions`` gearmand knows: the answer to
         the last ``ask``, or to one sent now. Only their lines are parsed: a slot asks before
         every job, and the farm's other functions are hundreds of lines."""
+        got = {}
+        for line in self._answer():
+            name = line.partition("\t")[0]
+            if name in functions:
+                st = _parse_status(self.address, [line])[name]
+                got[name] = max(0, st.queued - st.running)
+        return got
+
+    def status(self) -> dict[str, FunctionStatus]:
+        """Every function's counters (as ``status``), on this session's connection."""
+        lines = self._answer()
+        try:
+            return _parse_status(self.address, lines)
+        except BaseException:
+            self.close()
+            raise
+
+    def _answer(self) -> list[str]:
+        """The lines answering the last ``ask``, or one sent now."""
         self.ask()
         try:
             self._asked = False
-            lines = _reply(self._open(), self.address, "status", multiline=True, timeout=self.timeout)
-            got = {}
-            for line in lines:
-                name = line.partition("\t")[0]
-                if name in functions:
-                    st = _parse_status(self.address, [line])[name]
-                    got[name] = max(0, st.queued - st.running)
-            return got
+            return _reply(self._open(), self.address, "status", multiline=True, timeout=self.timeout)
         except BaseException:
             self.close()
             raise

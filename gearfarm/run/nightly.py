@@ -221,16 +221,43 @@ def plan(run_id: str, source: Source, sel: Selection, seed: int = 1, catalog_tex
                 seed=seed, catalog_text=catalog_text, source_bytes=source_bytes)
 
 
+class Board:
+    """gearmand's function table as the nightly's poll reads it, five times a second: on one
+    admin connection a server, kept open (a connection each time was a connect, and behind TLS
+    a handshake, at every poll). A failed one is opened again at the next read."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.sessions = [admin.Session(host, port, ssl_context(cfg), 5.0, cfg.gearman.tls_server_name)
+                         for host, port in cfg.gearman.addresses()]
+
+    def table(self) -> dict[str, admin.FunctionStatus]:
+        """The table from the first server that answers; RunError naming every address tried
+        when none does."""
+        errors = []
+        for session in self.sessions:
+            # A connection the server closed since the last poll (a restart) is made again at
+            # once: one try more, only then.
+            for last in (not session.connected, True):
+                try:
+                    return session.status()
+                except (OSError, GearmanError) as e:
+                    if last:
+                        errors.append(f"{session.address} ({e})")
+                        break
+        raise RunError(f"gearmand is unreachable: tried {', '.join(errors)}; start it or fix [gearman] servers")
+
+    def close(self) -> None:
+        for session in self.sessions:
+            session.close()
+
+
 def preflight(cfg: Config) -> dict[str, admin.FunctionStatus]:
-    """gearmand's function table, from the first server that answers; RunError naming every
-    address tried when none does."""
-    errors = []
-    for host, port in cfg.gearman.addresses():
-        try:
-            return admin.status(host, port, ssl_context=ssl_context(cfg))
-        except (OSError, GearmanError) as e:
-            errors.append(f"{host}:{port} ({e})")
-    raise RunError(f"gearmand is unreachable: tried {', '.join(errors)}; start it or fix [gearman] servers")
+    """gearmand's function table once (Board.table)."""
+    board = Board(cfg)
+    try:
+        return board.table()
+    finally:
+        board.close()
 
 
 def submit(cfg: Config, db: ResultsDB, client: Client, p: Plan) -> bool:
@@ -589,66 +616,70 @@ def wait(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, clien
     expected = [(j, str(j)) for j in p.expected]
     run_states = RunStates(db, p.run_id)
     cancel_due = 0.0  # time.monotonic() of the next look for cancel requests
-    while True:
-        try:
-            # Polled every `poll` seconds: the end of a run is noticed within it (it was 1 s, the
-            # average 0.5 s of every nightly's tail), and reading statuses only keeps it cheap.
-            states = run_states.read()
-            pending = [j for j, k in expected if states.get(k) not in TERMINAL]
+    board = Board(cfg)
+    try:
+        while True:
             try:
-                table = preflight(cfg)
-            except RunError as e:
-                log.warning("%s", e)
-                table = {}
-            if progress:
-                progress(states, table)
-            if not pending:
-                break
-            if time.monotonic() >= cancel_due:
-                if _cancel(db, ledger, store, p, pending, watchdog):
-                    continue  # and look again at the next poll
-                cancel_due = time.monotonic() + CANCEL_LOOK
-            now = time.time()
-            if now > p.deadline:
-                reconcile(ledger, store, p.run_id, seen)
-                done = db.terminal_ids(p.run_id)
-                # Builds first: ending a build ends its dependents (skipped, with the reason).
-                for jid in sorted(pending, key=lambda j: j.kind != "build"):
-                    if str(jid) in done:
-                        continue
-                    expire(ledger, p, [jid], "infra", f"not finished by the run deadline "
-                           f"({time.strftime('%H:%M:%S', time.localtime(p.deadline))})", watchdog.attempt(jid))
-                    if jid.kind == "build":
-                        done = db.terminal_ids(p.run_id)  # its dependents ended with it
-                continue
-            if time.monotonic() - last_reconcile > (RECONCILE_CALM if _collector_keeps_up(table) else 30):
-                # The collector may be down; S3 holds every result the workers reported. While it
-                # takes what is sent to it, every record reaches it through Gearman (a worker
-                # keeps a record it could not submit and submits it again), and a look at the
-                # whole run in S3, O(jobs), is only a net.
-                reconcile(ledger, store, p.run_id, seen)
-                last_reconcile = time.monotonic()
-            for jid in pending:
-                fn = jid.function
-                st = table.get(fn)
-                if table and (st is None or st.workers == 0):
-                    since = no_worker_since.setdefault(fn, now)
-                    if now - since >= cfg.farm.no_worker_wait and p.ready(jid, states):
-                        expire(ledger, p, [jid], "no_worker",
-                               f"no worker registered for {fn} within {cfg.farm.no_worker_wait:.0f}s",
-                               watchdog.attempt(jid))
-                else:
-                    no_worker_since.pop(fn, None)
-            if table:
-                watchdog.check(pending, states, now, table)
-            db_down_since = None
-        except SQLAlchemyError as e:
-            db_down_since = db_down_since or time.time()
-            log.warning("results database unavailable (%s); waiting for it", str(e).splitlines()[0])
-            if time.time() > max(p.deadline, db_down_since) + DB_OUTAGE_LIMIT:
-                raise RunError(f"the results database has been unreachable since "
-                               f"{time.strftime('%H:%M:%S', time.localtime(db_down_since))}: {e}") from e
-        time.sleep(poll)
+                # Polled every `poll` seconds: the end of a run is noticed within it (it was 1 s, the
+                # average 0.5 s of every nightly's tail), and reading statuses only keeps it cheap.
+                states = run_states.read()
+                pending = [j for j, k in expected if states.get(k) not in TERMINAL]
+                try:
+                    table = board.table()
+                except RunError as e:
+                    log.warning("%s", e)
+                    table = {}
+                if progress:
+                    progress(states, table)
+                if not pending:
+                    break
+                if time.monotonic() >= cancel_due:
+                    if _cancel(db, ledger, store, p, pending, watchdog):
+                        continue  # and look again at the next poll
+                    cancel_due = time.monotonic() + CANCEL_LOOK
+                now = time.time()
+                if now > p.deadline:
+                    reconcile(ledger, store, p.run_id, seen)
+                    done = db.terminal_ids(p.run_id)
+                    # Builds first: ending a build ends its dependents (skipped, with the reason).
+                    for jid in sorted(pending, key=lambda j: j.kind != "build"):
+                        if str(jid) in done:
+                            continue
+                        expire(ledger, p, [jid], "infra", f"not finished by the run deadline "
+                               f"({time.strftime('%H:%M:%S', time.localtime(p.deadline))})", watchdog.attempt(jid))
+                        if jid.kind == "build":
+                            done = db.terminal_ids(p.run_id)  # its dependents ended with it
+                    continue
+                if time.monotonic() - last_reconcile > (RECONCILE_CALM if _collector_keeps_up(table) else 30):
+                    # The collector may be down; S3 holds every result the workers reported. While it
+                    # takes what is sent to it, every record reaches it through Gearman (a worker
+                    # keeps a record it could not submit and submits it again), and a look at the
+                    # whole run in S3, O(jobs), is only a net.
+                    reconcile(ledger, store, p.run_id, seen)
+                    last_reconcile = time.monotonic()
+                for jid in pending:
+                    fn = jid.function
+                    st = table.get(fn)
+                    if table and (st is None or st.workers == 0):
+                        since = no_worker_since.setdefault(fn, now)
+                        if now - since >= cfg.farm.no_worker_wait and p.ready(jid, states):
+                            expire(ledger, p, [jid], "no_worker",
+                                   f"no worker registered for {fn} within {cfg.farm.no_worker_wait:.0f}s",
+                                   watchdog.attempt(jid))
+                    else:
+                        no_worker_since.pop(fn, None)
+                if table:
+                    watchdog.check(pending, states, now, table)
+                db_down_since = None
+            except SQLAlchemyError as e:
+                db_down_since = db_down_since or time.time()
+                log.warning("results database unavailable (%s); waiting for it", str(e).splitlines()[0])
+                if time.time() > max(p.deadline, db_down_since) + DB_OUTAGE_LIMIT:
+                    raise RunError(f"the results database has been unreachable since "
+                                   f"{time.strftime('%H:%M:%S', time.localtime(db_down_since))}: {e}") from e
+            time.sleep(poll)
+    finally:
+        board.close()
     reconcile(ledger, store, p.run_id, seen)
     return db.jobs(p.run_id)
 

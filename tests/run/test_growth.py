@@ -936,3 +936,35 @@ def test_the_nightly_records_its_jobs_states_in_one_statement_not_one_a_job(db_u
     assert len([s for s in sql if "live_jobs" in s]) == 1, len(sql)
     seen = db.live(["live"])
     assert len(seen) == 200 and {(j.state, j.attempt) for j in seen.values()} == {("running", 2)}
+
+
+def test_the_nightlys_poll_keeps_one_admin_connection_to_gearmand(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The nightly read gearmand's function table at every 0.2 s poll on a connection of its
+    own: a connect (behind TLS a handshake) five times a second all night. The poll's Board
+    keeps one, and makes it again when gearmand restarted meanwhile, at the same poll."""
+    from gearfarm.gearman import admin
+    from gearfarm.hosts.gearmand import Gearmand
+
+    made: list[tuple[str, int]] = []
+    connect = admin._connect
+
+    def counted(host: str, port: int, *args: object, **kw: object) -> object:
+        made.append((host, port))
+        return connect(host, port, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(admin, "_connect", counted)
+    with Gearmand(tmp_path / "gm") as gm:
+        cfg = Config(gearman={"servers": [f"127.0.0.1:{gm.address[1]}"]},  # type: ignore[arg-type]
+                     farm=FarmConfig(state_dir=str(tmp_path / "state")))
+        board = nightly.Board(cfg)
+        try:
+            made.clear()  # gearmand's own start asked it over admin connections
+            tables = [board.table() for _ in range(20)]
+            assert len(made) == 1 and all(t == {} for t in tables)
+            gm.restart()
+            made.clear()
+            assert board.table() == {}  # the closed connection made again, not an error
+            assert len(made) == 1
+        finally:
+            board.close()

@@ -107,7 +107,7 @@ def test_an_idle_collector_asks_gearmand_for_records_only_when_woken(
     answered at once all the same."""
     from gearfarm.gearman import admin
     from gearfarm.gearman.worker import Worker
-    from workers import collector
+    from gearfarm.workers import collector
 
     grabs: list[float] = []
     real = Worker._grab

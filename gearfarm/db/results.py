@@ -440,6 +440,20 @@ class ResultsDB:
                 f"({reason}): on the results host, start PostgreSQL (sudo systemctl start postgresql), "
                 "or correct [database] url") from None
 
+    def open_pool(self) -> None:
+        """Open every connection the pool keeps, now, for a process that lives for months (the
+        dashboard): a pool opens a connection when concurrent users first need one and keeps it,
+        so what the process holds open (on SQLite two descriptors a connection, the file and its
+        WAL) stepped up on the first night its pages overlapped, and looked like a leak."""
+        held = [self.engine.connect() for _ in range(self.engine.pool.size())]  # type: ignore[attr-defined]
+        try:
+            for conn in held:  # a read opens SQLite's WAL file, which the connection then keeps
+                conn.execute(select(Run.run_id).limit(1)).all()
+                conn.rollback()
+        finally:
+            for conn in held:
+                conn.close()
+
     @contextmanager
     def session(self, write: bool = False) -> Iterator[Session]:
         with (self._write_session if write else self._session)() as s, s.begin():

@@ -615,7 +615,10 @@ def serve(cfg: Config, listen: str | None = None, threads: int = 8) -> None:
     from waitress import serve as waitress_serve
 
     host, _, port = (listen or cfg.web.listen).rpartition(":")
-    app = create_app(cfg)
+    # A connection for each serving thread and the warm thread, all open from the start.
+    db = ResultsDB(cfg.database.url, connections=threads + 1)
+    db.open_pool()
+    app = create_app(cfg, db)
     # The modules behind the pages (SQLAlchemy, scipy, Jinja's compiled templates) are ~230,000
     # objects, and a full collection walking them took 120 ms: a random page paid it now and
     # then. Frozen, they are never walked again; only what the pages allocate is.

@@ -477,10 +477,11 @@ def plot(path: Path, nights: list[Night]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(4, 1, figsize=(9, 12), sharex=True)
+    fig, axes = plt.subplots(5, 1, figsize=(9, 14), sharex=True)
     names = sorted({n for x in nights for n in x.procs})
-    for ax, attr, label, scale in ((axes[0], "rss_kib", "RSS (MiB)", 1024), (axes[1], "fds", "open fds", 1),
-                                   (axes[2], "threads", "threads", 1)):
+    for ax, attr, label, scale in ((axes[0], "rss_kib", "RSS (MiB)", 1024),
+                                   (axes[1], "files", "open fds, not sockets", 1),
+                                   (axes[2], "sockets", "open sockets", 1), (axes[3], "threads", "threads", 1)):
         for name in names:
             xs, ys = [], []
             for x in nights:
@@ -501,15 +502,15 @@ def plot(path: Path, nights: list[Night]) -> None:
                        ("minio", "state/minio (MinIO's data)")):
         ys = [(x.s3.bytes if key == "s3" else x.parts.get(key, 0) if key == "minio" else getattr(x, key)) / MIB
               for x in nights]
-        axes[3].plot(xs, ys, label=label, marker=".", markersize=3)
+        axes[4].plot(xs, ys, label=label, marker=".", markersize=3)
     for x in nights:
         if x.pruned:
-            axes[3].axvline(x.number, color="grey", alpha=0.2, linewidth=0.8)
-    axes[3].set_ylabel("MiB")
-    axes[3].set_xlabel("night")
-    axes[3].legend(fontsize=7)
-    axes[3].set_title("storage (grey: a retention prune)", fontsize=9)
-    axes[3].grid(alpha=0.3)
+            axes[4].axvline(x.number, color="grey", alpha=0.2, linewidth=0.8)
+    axes[4].set_ylabel("MiB")
+    axes[4].set_xlabel("night")
+    axes[4].legend(fontsize=7)
+    axes[4].set_title("storage (grey: a retention prune)", fontsize=9)
+    axes[4].grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

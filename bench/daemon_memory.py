@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gearfarm.gearman import BackgroundJob, Client, Job, Worker, admin  # noqa: E402
 from gearfarm.hosts.gearmand import Gearmand  # noqa: E402
 from gearfarm.hosts.minio_server import MinioServer  # noqa: E402
-from s3.store import ArtifactStore  # noqa: E402
+from gearfarm.s3.store import ArtifactStore  # noqa: E402
 
 
 def rss_kib(pid: int) -> int:

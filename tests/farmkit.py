@@ -92,6 +92,32 @@ def wait_for(what: str, check: Callable[[], T], timeout: float = 30.0) -> T:
     return got
 
 
+def descriptors(pid: int) -> list[str]:
+    """What a process of ours holds open: its /proc/PID/fd entries' targets, sorted."""
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:  # closed between the listing and the look
+            pass
+    return sorted(out)
+
+
+def settled_descriptors(pid: int) -> list[str]:
+    """Its descriptors once they hold still for half a second (a client's socket is closed by
+    a server just after its answer)."""
+    import time
+
+    seen, deadline = descriptors(pid), time.monotonic() + 15
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = descriptors(pid)
+        if now == seen:
+            return now
+        seen = now
+    return seen
+
+
 def gearfarm(*args: str, timeout: float = 900, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gearfarm.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})})

@@ -440,16 +440,29 @@ class ResultsDB:
                 f"({reason}): on the results host, start PostgreSQL (sudo systemctl start postgresql), "
                 "or correct [database] url") from None
 
-    def open_pool(self) -> None:
+    def open_pool(self, setting: str | None = None) -> None:
         """Open every connection the pool keeps, now, for a process that lives for months (the
-        dashboard): a pool opens a connection when concurrent users first need one and keeps it,
-        so what the process holds open (on SQLite two descriptors a connection, the file and its
-        WAL) stepped up on the first night its pages overlapped, and looked like a leak."""
-        held = [self.engine.connect() for _ in range(self.engine.pool.size())]  # type: ignore[attr-defined]
+        collector, the dashboard): a pool opens a connection when concurrent users first need one
+        and keeps it, so what the process held open (on SQLite two descriptors a connection, the
+        file and its WAL) stepped up on the first night its work overlapped, and looked like a
+        leak; and a server that could not give them all said so on that night, not at the start.
+        ``setting``: the setting that decides how many, named in the error when the server
+        refuses one."""
+        size: int = self.engine.pool.size()  # type: ignore[attr-defined]
+        held: list[Connection] = []
         try:
-            for conn in held:  # a read opens SQLite's WAL file, which the connection then keeps
-                conn.execute(select(Run.run_id).limit(1)).all()
-                conn.rollback()
+            for _ in range(size):
+                held.append(self.engine.connect())
+                # A read opens SQLite's WAL file, which the connection then keeps.
+                held[-1].execute(select(Run.run_id).limit(1)).all()
+                held[-1].rollback()
+        except OperationalError as e:
+            reason = str(e.orig).strip().splitlines()[0] if e.orig is not None else str(e)
+            raise DatabaseUnavailable(
+                f"the results database {self.engine.url.render_as_string(hide_password=True)} refused connection "
+                f"{len(held) + 1} of the {size} this process keeps open ({reason}): allow more connections "
+                "(PostgreSQL's max_connections, or the role's or database's CONNECTION LIMIT)"
+                + (f", or lower {setting}" if setting else "")) from None
         finally:
             for conn in held:
                 conn.close()

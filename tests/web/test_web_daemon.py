@@ -7,15 +7,13 @@ and keep it, as a leak would look."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
 from gearfarm.db.results import ResultsDB
 from gearfarm.hosts import process
-from tests.farmkit import ROOT, start_web
+from tests.farmkit import ROOT, settled_descriptors, start_web
 
 
 def _populate(url: str, runs: int) -> list[str]:
@@ -30,29 +28,6 @@ def _populate(url: str, runs: int) -> list[str]:
         db.engine.dispose()
 
 
-def _descriptors(pid: int) -> list[str]:
-    out = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
-        except OSError:  # closed between the listing and the look
-            pass
-    return sorted(out)
-
-
-def _settled(pid: int) -> list[str]:
-    """Its descriptors once they hold still for half a second: a client's socket (ours, or
-    start_web's health check) is closed by the server just after its answer."""
-    seen, deadline = _descriptors(pid), time.monotonic() + 15
-    while time.monotonic() < deadline:
-        time.sleep(0.5)
-        now = _descriptors(pid)
-        if now == seen:
-            return now
-        seen = now
-    return seen
-
-
 def test_the_dashboards_descriptors_do_not_grow_when_pages_overlap(db_url: str, tmp_path: Path) -> None:
     """On SQLite a connection is the file and its WAL; on PostgreSQL a socket."""
     url = db_url
@@ -63,7 +38,7 @@ def test_the_dashboards_descriptors_do_not_grow_when_pages_overlap(db_url: str, 
                       '[s3]\nendpoint = "http://127.0.0.1:9"\n')
     proc, base = start_web(config, tmp_path / "web.log")
     try:
-        before = _settled(proc.pid)
+        before = settled_descriptors(proc.pid)
         pages = ["/", "/runs", f"/run/{runs[-1]}", f"/api/run/{runs[-2]}", "/tests", "/hosts",
                  f"/compare?a={runs[3]}&b={runs[-1]}"]
         answered: list[int] = []
@@ -80,6 +55,6 @@ def test_the_dashboards_descriptors_do_not_grow_when_pages_overlap(db_url: str, 
             for t in threads:
                 t.join()
         assert answered == [200] * 63
-        assert _settled(proc.pid) == before
+        assert settled_descriptors(proc.pid) == before
     finally:
         process.stop(proc, timeout=10)

@@ -61,6 +61,15 @@ def test_a_daemon_that_warms_up_after_each_start_and_then_holds_passes() -> None
     assert any("| 60–129 (79) |" in r for r in lifetimes), lifetimes
 
 
+def test_a_pools_sockets_a_little_above_its_baseline_are_not_a_leak() -> None:
+    def pool(n: int, age: int) -> tuple[int, int, int, int]:
+        rss, files, _, threads = _steady(n, age)
+        return rss, files, 4 + (age > 25) + (age > 28), threads  # two more opened once, then kept
+
+    nights = _nights(60, (), pool)
+    assert soak.growth_table(nights, 20)[1] == 0 and soak.daemon_table(nights, 20)[1] == 0
+
+
 def test_a_lifetime_that_warms_up_too_briefly_to_judge_says_so() -> None:
     nights = _nights(200, (60, 190), _steady)
     _, lifetimes = _verdicts(nights)

@@ -54,6 +54,7 @@ and the store against the retention bound. --plot FILE.svg|png draws the curves.
 
 Run (alone on the host; a night takes ~20-40 s on 2 cores):
     .venv/bin/python bench/soak.py [--nights 200] [--faults|--no-faults] [--seed 38] [--plot soak.svg]
+    .venv/bin/python bench/soak.py --judge soak.csv     # judge an earlier soak's CSV again
 """
 
 from __future__ import annotations
@@ -385,6 +386,41 @@ def write_csv(path: Path, nights: list[Night]) -> None:
             w.writerow(row)
 
 
+def read_csv(path: Path) -> list[Night]:
+    """The nights of a CSV write_csv wrote (to judge a soak again, --judge)."""
+    nights = []
+    with path.open(newline="") as fh:
+        for r in csv.DictReader(fh):
+            names = {k.rsplit(".", 1)[0] for k in r if k.endswith(".pid")}
+            procs = {n: ProcSample(int(r[f"{n}.pid"]), int(r[f"{n}.rss_kib"]), int(r[f"{n}.threads"]),
+                                   int(r[f"{n}.fds"]), int(r.get(f"{n}.sockets") or 0))
+                     for n in sorted(names) if r[f"{n}.pid"]}
+            parts = {k.removeprefix("state.").removesuffix("_bytes"): int(v) for k, v in r.items()
+                     if k.startswith("state.") and v}
+            nights.append(Night(int(r["night"]), r["run_id"], float(r["seconds"]), int(r["exit"]), r["fault"],
+                                r["moment"], r["fault_effect"], r["pruned"], procs, int(r["db_bytes"]),
+                                StoreSize(int(r["s3_bytes"]), int(r["s3_objects"]), int(r["s3_runs"]),
+                                          int(r["s3_builds"])),
+                                int(r["state_bytes"]), parts, int(r["jobs_lost"]), int(r["forged_applied"]),
+                                int(r["stale_applied"])))
+    return nights
+
+
+def judge(nights: list[Night], base_night: int) -> bool:
+    """The growth tables of nights (from a CSV) again, by today's rules; whether all pass."""
+    daemons, failed = daemon_table(nights, base_night)
+    lifetimes, lifetimes_failed = growth_table(nights, base_night)
+    print(f"\n## Growth per daemon, across its restarts (from night {base_night})\n")
+    print("\n".join(daemons))
+    print(f"\n## Growth per process lifetime (baseline: its night {base_night})\n")
+    print("\n".join(lifetimes))
+    bad = sum(x.lost + x.forged + x.stale for x in nights)
+    failed += lifetimes_failed
+    print(f"\nJUDGED: {len(nights)} nights, {sum(x.code == 0 for x in nights)} exited 0, {bad} jobs lost, forged "
+          f"or stale applied; {failed} daemons or lifetimes grew")
+    return failed == 0 and bad == 0
+
+
 @dataclass
 class Series:
     """One process lifetime: a name and a pid, and its samples by night."""
@@ -525,13 +561,7 @@ def plot(path: Path, nights: list[Night]) -> None:
 
 def summary(soak: Soak, base_night: int) -> bool:
     nights, t, args = soak.nights, soak.tally, soak.args
-    rows, failed = daemon_table(nights, base_night)
-    print(f"\n## Growth per daemon, across its restarts (from night {base_night})\n")
-    print("\n".join(rows))
-    rows, series_failed = growth_table(nights, base_night)
-    failed += series_failed
-    print(f"\n## Growth per process lifetime (baseline: its night {base_night})\n")
-    print("\n".join(rows))
+    grew_ok = judge(nights, base_night)
     secs = sorted(x.seconds for x in nights)
     faults = [x for x in nights if x.fault]
     print("\n## Nights\n")
@@ -572,9 +602,10 @@ def summary(soak: Soak, base_night: int) -> bool:
           f"(policy: {held} + last good and reference) -> {'within' if ok_store else 'OVER'} the bound")
     ok = t.completed == len(nights) and t.lost == 0 and t.forged_applied == 0 and t.stale_applied == 0
     print(f"\nSOAK: {t.completed} of {len(nights)} nights complete, {t.lost} jobs lost, {t.forged_applied} forged "
-          f"and {t.stale_applied} stale results applied; {failed} daemons or lifetimes grew; store "
+          f"and {t.stale_applied} stale results applied; {'no' if grew_ok else 'some'} daemons or lifetimes "
+          f"grew; store "
           f"{'within' if ok_store else 'over'} its bound")
-    return ok and failed == 0 and ok_store
+    return ok and grew_ok and ok_store
 
 
 # ------------------------------------------------------------------------------ main
@@ -602,6 +633,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--csv", type=Path, help="per-night CSV (default: a new file in the temp directory, kept)")
     ap.add_argument("--plot", type=Path, help="write the curves to this .svg or .png")
     ap.add_argument("--keep", action="store_true", help="keep the farm's state directory (its path is printed)")
+    ap.add_argument("--judge", type=Path, metavar="CSV",
+                    help="run nothing: judge the growth in a soak's per-night CSV again, by today's rules")
     return ap.parse_args(argv)
 
 
@@ -654,6 +687,9 @@ def _answers(port: int) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.judge:
+        nights = read_csv(args.judge)
+        return 0 if judge(nights, args.baseline if args.baseline < len(nights) else max(1, len(nights) // 2)) else 1
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
     tmp = Path(tempfile.mkdtemp(prefix="gearfarm-soak-"))

@@ -9,6 +9,7 @@ import importlib.util
 import sys
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tests.farmkit import ROOT
@@ -95,3 +96,16 @@ def test_memory_a_file_and_a_socket_leak_are_each_named() -> None:
         assert f"grew: {word}" in lifetimes[0], (word, lifetimes)
         if word != "sockets":  # across restarts sockets are shown, not judged (a pool's size moves)
             assert f"grew: {word}" in daemons[0], (word, daemons)
+
+
+def test_a_soaks_csv_reads_back_as_its_nights_to_be_judged_again(tmp_path: Path) -> None:
+    nights = [soak.Night(n, f"soak{n:03d}", 12.5, 0, "worker-kill" if n == 2 else "", "between" if n == 2 else "",
+                         "killed slot-1" if n == 2 else "", "", {
+                             "gearmand": soak.ProcSample(7, 12_000 + n, 7, 66, 27),
+                             **({"slot-1": soak.ProcSample(9 + (n > 2), 85_000, 8, 17, 12)} if n != 2 else {})},
+                         1000 * n, soak.StoreSize(500 * n, n, 1, 1), 2000 * n, {"minio": 300 * n, "files": 1000 * n},
+                         0, 0, 0)
+              for n in range(1, 4)]
+    path = tmp_path / "soak.csv"
+    soak.write_csv(path, nights)
+    assert soak.read_csv(path) == nights

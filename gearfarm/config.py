@@ -283,6 +283,7 @@ class FarmConfig(_Section):
     # spends most of a record waiting (a round trip per statement, each a wake-up of PostgreSQL
     # and of the thread on a busy machine), so at 64 hosts four applied 12 records a second
     # with 12 % of a core and a queue of 650 behind them; sixteen keep the queue near empty.
+    # Their database connections are opened when the collector starts (docs/lab.md).
     collector_threads: int = Field(default=16, ge=1, le=64)
 
 

@@ -77,6 +77,9 @@ def serve(cfg: Config, stop: threading.Event | None = None) -> None:
     nothing: gearmand requeues whatever each connection held."""
     n = cfg.farm.collector_threads
     db = ResultsDB(cfg.database.url, connections=n, pre_ping=False)
+    # A connection a thread, all open now: a database whose connection limit cannot take them
+    # says so at the start, not on the first night whose records overlap.
+    db.open_pool("[farm] collector_threads")
     stop = stop or threading.Event()
     if "collector" not in cfg.s3.roles:
         log.warning("no [s3.roles.collector] keys in the config: the collector reads records' cases with the "

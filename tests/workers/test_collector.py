@@ -4,6 +4,7 @@ and nothing waiting is lost."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 import time
@@ -22,7 +23,7 @@ from gearfarm.formats.result import CaseResult, ResultRecord, seal_record
 from gearfarm.gearman import Client
 from gearfarm.hosts import process
 from gearfarm.hosts.gearmand import Gearmand
-from tests.farmkit import ROOT, keyed, wait_for
+from tests.farmkit import ROOT, keyed, settled_descriptors, wait_for
 from tests.pg import pg_server, pg_url  # noqa: F401 - fixtures
 
 T = "linux-x86_64"
@@ -38,7 +39,9 @@ def test_records_waiting_for_the_database_hold_up_no_other_claim_or_record(
     collector; meanwhile another run's claim is answered and its record applied, and once the
     locks go the waiting records are applied too: every offer is in the deliveries table, once.
     (With collector_threads = 4 or fewer the other claim times out.) The farm's default config
-    does this."""
+    does this. And the collector holds as many connections after the burst as before it: its
+    pool is open from its start, so a database's connection limit that is too small for it is
+    found then, not on the first busy night (it opened them as records first overlapped)."""
     with Gearmand(tmp_path / "gm") as gm:
         cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]),
                      database=DatabaseConfig(url=pg_url),
@@ -75,6 +78,7 @@ def test_records_waiting_for_the_database_hold_up_no_other_claim_or_record(
                     psycopg.connect(**where, autocommit=True) as look:
                 for jid in slow:
                     assert c.submit("collect", claim(jid), unique=f"c-{jid.run_id}", timeout=60) == b"granted "
+                before = settled_descriptors(collector.pid)
                 lock.execute("SELECT 1 FROM runs WHERE run_id LIKE 'slow%' FOR UPDATE")
                 for jid in slow:
                     c.submit_background("collect", record(jid), unique=f"r-{jid.run_id}")
@@ -89,6 +93,7 @@ def test_records_waiting_for_the_database_hold_up_no_other_claim_or_record(
                 assert applied([j.run_id for j in slow]) == []  # still waiting for the locks, not dropped
                 lock.rollback()
                 wait_for("the slow records", lambda: applied([j.run_id for j in slow]) == ["applied"] * WAITING, 30)
+                assert settled_descriptors(collector.pid) == before
         finally:
             process.stop(collector)
     assert {r.job_id: r.status for j in [*slow, fast] for r in db.jobs(j.run_id)} == \
@@ -144,3 +149,36 @@ def test_an_idle_collector_asks_gearmand_for_records_only_when_woken(
             serving.join(30)
     assert idle <= 4, f"four idle threads asked gearmand for a job {idle} times in 3 s"
     assert answer == b"refused idle:linux-x86_64:test-unit: its run is unknown" and took < 1.0, (answer, took)
+
+
+def test_a_database_that_cannot_give_the_collector_its_connections_is_named_at_its_start(
+        tmp_path: Path, pg_url: str) -> None:  # noqa: F811
+    """The collector keeps a database connection a thread. It opened them as records first
+    overlapped, so a server that allowed fewer ran it until the first busy night and then
+    refused a thread mid-record, which the collector takes for an outage and retries. It opens
+    them all when it starts: a server that cannot give them stops it there, with the fix."""
+    u = make_url(pg_url)
+    role = f"few_{u.database}"
+    with psycopg.connect(host=u.host, port=u.port, user=u.username, dbname=u.database, autocommit=True) as su:
+        # A role's limit, as a database's: the test's superuser is held to neither.
+        su.execute(f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT 3')  # type: ignore[arg-type]
+        su.execute(f'ALTER DATABASE "{u.database}" OWNER TO "{role}"')  # type: ignore[arg-type]
+    url = u.set(username=role).render_as_string(hide_password=False)
+    with Gearmand(tmp_path / "gm") as gm:
+        cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]), database=DatabaseConfig(url=url),
+                     farm=FarmConfig(repo=str(ROOT), state_dir=str(tmp_path), collector_threads=8,
+                                     **keyed(tmp_path, url)))  # type: ignore[arg-type]
+        config_mod.dump(cfg, tmp_path / "f.toml")
+        p = process.spawn([sys.executable, "-m", "gearfarm.cli", "collector", "--config", str(tmp_path / "f.toml")],
+                          tmp_path / "collector.log", cwd=ROOT)
+        try:
+            code: int | None = p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            process.stop(p)
+    said = (tmp_path / "collector.log").read_text()
+    assert code not in (0, None), said
+    assert "refused connection 4 of the 8 this process keeps open" in said, said
+    assert "too many connections for role" in said and "lower [farm] collector_threads" in said, said
+    assert "Traceback" not in said, said

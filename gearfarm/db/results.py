@@ -458,10 +458,11 @@ class ResultsDB:
                 held[-1].rollback()
         except OperationalError as e:
             reason = str(e.orig).strip().splitlines()[0] if e.orig is not None else str(e)
+            allow = ("PostgreSQL's max_connections, or the role's or database's CONNECTION LIMIT"
+                     if self.engine.dialect.name == "postgresql" else "the process's open files limit, ulimit -n")
             raise DatabaseUnavailable(
                 f"the results database {self.engine.url.render_as_string(hide_password=True)} refused connection "
-                f"{len(held) + 1} of the {size} this process keeps open ({reason}): allow more connections "
-                "(PostgreSQL's max_connections, or the role's or database's CONNECTION LIMIT)"
+                f"{len(held) + 1} of the {size} this process keeps open ({reason}): allow more ({allow})"
                 + (f", or lower {setting}" if setting else "")) from None
         finally:
             for conn in held:

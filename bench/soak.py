@@ -60,7 +60,6 @@ Run (alone on the host; a night takes ~20-40 s on 2 cores):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import os
 import random
@@ -87,7 +86,7 @@ from gearfarm.run import retention  # noqa: E402
 from gearfarm.run.farm import EmbeddedFarm  # noqa: E402
 from gearfarm.s3.store import ArtifactStore  # noqa: E402
 from tests import chaoskit as chaos  # noqa: E402
-from tests.farmkit import commit, make_repo  # noqa: E402
+from tests.farmkit import commit, descriptors, make_repo  # noqa: E402
 
 FAULTS = ("worker-kill", "gearmand-restart", "minio-restart", "collector-kill")
 MOMENTS = ("between", "during")
@@ -117,10 +116,7 @@ def sample_process(pid: int) -> ProcSample | None:
     """VmRSS, Threads and open descriptors of a live process; None once it is gone."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
-        links = []
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            with contextlib.suppress(FileNotFoundError):  # closed between the listing and the look
-                links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        links = descriptors(pid)
     except (FileNotFoundError, ProcessLookupError):
         return None
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
@@ -406,6 +402,12 @@ def read_csv(path: Path) -> list[Night]:
     return nights
 
 
+def baseline_night(wanted: int, nights: int) -> int:
+    """The night growth is measured from: --baseline, or the middle night of a soak too short
+    for it."""
+    return wanted if wanted < nights else max(1, nights // 2)
+
+
 def judge(nights: list[Night], base_night: int) -> bool:
     """The growth tables of nights (from a CSV) again, by today's rules; whether all pass."""
     daemons, failed = daemon_table(nights, base_night)
@@ -664,7 +666,7 @@ def run_soak(args: argparse.Namespace, tmp: Path, csv_path: Path) -> bool:
                   f"state={x.state_bytes / MIB:.1f}MiB "
                   + " ".join(f"{k}:{s.rss_kib // 1024}M/{s.fds}fd/{s.threads}t" for k, s in x.procs.items()),
                   flush=True)
-        base = args.baseline if args.baseline < args.nights else max(1, args.nights // 2)
+        base = baseline_night(args.baseline, args.nights)
         if base != args.baseline:
             print(f"\n(--baseline {args.baseline} is not before the last night: growth measured from night {base})")
         ok = summary(soak, base)
@@ -689,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.judge:
         nights = read_csv(args.judge)
-        return 0 if judge(nights, args.baseline if args.baseline < len(nights) else max(1, len(nights) // 2)) else 1
+        return 0 if judge(nights, baseline_night(args.baseline, len(nights))) else 1
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
     tmp = Path(tempfile.mkdtemp(prefix="gearfarm-soak-"))

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from gearfarm.config import Config
@@ -90,6 +90,19 @@ def wait_for(what: str, check: Callable[[], T], timeout: float = 30.0) -> T:
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
     return got
+
+
+def bench_module(name: str) -> Any:
+    """bench/<name>.py, loaded as module ``name`` (bench/ is scripts, not a package); its
+    dataclasses find it in sys.modules."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def descriptors(pid: int) -> list[str]:

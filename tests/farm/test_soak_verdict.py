@@ -5,26 +5,14 @@ it outlives restarts, across them."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.farmkit import ROOT
+from tests.farmkit import bench_module
 
-
-def _soak() -> Any:
-    spec = importlib.util.spec_from_file_location("soak", ROOT / "bench" / "soak.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["soak"] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-soak = _soak()
+soak = bench_module("soak")
 Sample = Callable[[int, int], tuple[int, int, int, int]]  # (night, night in lifetime) -> rss, files, sockets, threads
 
 

@@ -6,24 +6,19 @@ and keep it, as a leak would look."""
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import urllib.request
 from pathlib import Path
 
 from gearfarm.db.results import ResultsDB
 from gearfarm.hosts import process
-from tests.farmkit import ROOT, settled_descriptors, start_web
+from tests.farmkit import bench_module, settled_descriptors, start_web
 
 
 def _populate(url: str, runs: int) -> list[str]:
-    spec = importlib.util.spec_from_file_location("web_speed", ROOT / "bench" / "web_speed.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     db = ResultsDB(url)
     try:
-        return bench.populate(db, runs)
+        return bench_module("web_speed").populate(db, runs)
     finally:
         db.engine.dispose()
 

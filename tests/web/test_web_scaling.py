@@ -6,7 +6,6 @@ the whole history in CI, on two small databases of the bench's own shape."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -19,19 +18,11 @@ from gearfarm.hosts.net import free_port
 from gearfarm.report import publisher
 from gearfarm.web import dashboard
 from gearfarm.web.app import create_app
-from tests.farmkit import ROOT
+from tests.farmkit import bench_module
 
 SHORT, LONG = 36, 108
 # What a page may grow by from SHORT to three times as many runs: B-tree depth and the like.
 GROWTH = 1.25
-
-
-def _bench() -> Any:
-    spec = importlib.util.spec_from_file_location("web_speed", ROOT / "bench" / "web_speed.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class Steps:
@@ -58,7 +49,7 @@ class Steps:
 
 @pytest.fixture(scope="module")
 def histories(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[Any, Steps, list[str]]]:
-    bench = _bench()
+    bench = bench_module("web_speed")
     out = {}
     for runs in (SHORT, LONG):
         where = tmp_path_factory.mktemp(f"history{runs}")

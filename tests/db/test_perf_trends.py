@@ -7,12 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from gearfarm.db.results import ResultsDB, SampleRow
-from tests.web.test_web_scaling import _bench
+from tests.farmkit import bench_module
 
 
 def test_trends_of_all_series_at_once_equal_each_series_own_window(tmp_path: Path) -> None:
     db = ResultsDB(f"sqlite:///{tmp_path / 'results.db'}")
-    run_ids = _bench().populate(db, 10)
+    run_ids = bench_module("web_speed").populate(db, 10)
     # One series skipped two of the last nights (its benchmark failed there): its window of 4
     # must reach back past them.
     gap = ("linux-t01", "bench-class", "oltp", "tps")

@@ -13,7 +13,7 @@ from gearfarm.config import Config, DatabaseConfig, FarmConfig, S3Config
 from gearfarm.db.results import JobRow, ResultsDB
 from gearfarm.hosts.net import free_port
 from gearfarm.web.app import create_app
-from tests.web.test_web_scaling import _bench
+from tests.farmkit import bench_module
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[str], Resu
     where = tmp_path_factory.mktemp("compare")
     url = f"sqlite:///{where / 'results.db'}"
     db = ResultsDB(url)
-    run_ids = _bench().populate(db, 12)
+    run_ids = bench_module("web_speed").populate(db, 12)
     # Plant a 10 % slowdown of one figure in the last run: oltp tps on one target.
     with db.writing() as conn:
         jid = f"{run_ids[-1]}:linux-t00:perf-oltp"

@@ -19,13 +19,12 @@ from gearfarm.hosts import tls
 from gearfarm.hosts.gearmand import Gearmand
 from gearfarm.hosts.net import free_port
 from gearfarm.web.app import create_app
-from tests.farmkit import wait_for
-from tests.web.test_web_scaling import _bench
+from tests.farmkit import bench_module, wait_for
 
 
 def test_hosts_shows_each_hosts_key_connected_workers_and_running_step(tmp_path: Path, gearmand: Gearmand) -> None:
     db = ResultsDB(f"sqlite:///{tmp_path / 'results.db'}")
-    rid = _bench().populate(db, 2)[-1]
+    rid = bench_module("web_speed").populate(db, 2)[-1]
     key = Registry(db).add("testhost", Signer.generate().public_text, ["build", "test"], ["linux-t00"])
     now = time.time()
     with db.writing() as conn:

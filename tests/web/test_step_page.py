@@ -14,7 +14,7 @@ from gearfarm.config import Config, DatabaseConfig, FarmConfig, S3Config
 from gearfarm.db.results import ResultsDB
 from gearfarm.hosts.net import free_port
 from gearfarm.web.app import create_app
-from tests.web.test_web_scaling import _bench
+from tests.farmkit import bench_module
 
 LOG = ("gearfarm test of engine for linux-t00 at abc on host-0\n"
        "$ make -s test\n"
@@ -28,7 +28,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, str]:
     where = tmp_path_factory.mktemp("steps")
     url = f"sqlite:///{where / 'results.db'}"
     db = ResultsDB(url)
-    run_ids = _bench().populate(db, 3)
+    run_ids = bench_module("web_speed").populate(db, 3)
     rid = run_ids[-1]
     log = where / "state" / "runs" / rid / "logs" / "linux-t00" / "test-unit" / "log.txt"
     log.parent.mkdir(parents=True)

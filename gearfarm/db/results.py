@@ -516,7 +516,8 @@ class ResultsDB:
         return sqlite_insert(table)
 
     def compiled(self, stmt: Any, keys: Iterable[str]) -> TextClause:
-        """An upsert (``insert``'s, with ON CONFLICT) compiled once, for parameters ``keys``.
+        """An upsert (``insert``'s, with ON CONFLICT), or a statement holding one, compiled once,
+        for parameters ``keys``.
         SQLAlchemy 2.0 never caches the dialects' INSERT ... ON CONFLICT (their Insert has
         ``inherit_cache = False``): executed as made, the ledger's upserts were compiled afresh
         at every claim and record, a millisecond of the collector's Python each. As text with
@@ -526,7 +527,9 @@ class ResultsDB:
         dialect = PGDialect(paramstyle="named") if self.engine.dialect.name == "postgresql" \
             else SQLiteDialect(paramstyle="named")
         keys = list(keys)
-        made = stmt.compile(dialect=dialect, column_keys=keys)
+        # The keys name an INSERT's values; a SELECT's statements (a WITH of several) name
+        # their own, which would otherwise become the SET of every UPDATE among them.
+        made = stmt.compile(dialect=dialect, column_keys=keys if stmt.is_dml else None)
         stray = set(made.binds) - set(keys)
         if stray:  # a literal in the statement: it would need a value at each execution
             raise ValueError(f"statement has parameters {sorted(stray)} beyond {keys}: write literals as "

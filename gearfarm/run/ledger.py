@@ -56,8 +56,25 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
-from sqlalchemy import bindparam, delete, func, literal_column, select, text, tuple_, update
+from sqlalchemy import (
+    Float,
+    Insert,
+    Select,
+    String,
+    bindparam,
+    cast,
+    delete,
+    exists,
+    func,
+    insert,
+    literal_column,
+    select,
+    tuple_,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
 
 from gearfarm.db.registry import Registry
 from gearfarm.db.results import Case, DeliveryRow, JobRow, LateResult, LeaseRow, LiveJob, ResultsDB, Run, SampleRow
@@ -70,6 +87,10 @@ _NAME_MAX = Case.__table__.c.name.type.length
 _CLASSNAME_MAX = Case.__table__.c.classname.type.length
 # A case's own columns, as the ledger writes them (the job's are the same for all of a record's).
 _CASE_COLUMNS = ("classname", "name", "status", "time", "message")
+# The parameters of a record's cases as arrays (_cases_from_arrays), and of a record applied in
+# one statement (_Sql._at_once): the job's columns, the run's facts, the cases, the delivery.
+_CASE_KEYS = ("p_job", "p_run", "target", "suite", *(f"c_{c}" for c in _CASE_COLUMNS))
+_AT_ONCE_KEYS = (*(c.name for c in JobRow.__table__.c), *_CASE_KEYS, "p_attempt", "p_host", "at", "source")
 Disposition = Literal["applied", "duplicate", "superseded", "late", "rejected"]
 Channel = Literal["collect", "reconcile", "nightly", "rule"]
 # Runs whose expected jobs a ledger keeps in memory (the newest used).
@@ -139,13 +160,52 @@ class _Sql:
         # A record's cases in one statement on PostgreSQL, their columns as arrays: as one row
         # each (the driver's executemany, pipelined) a 40-case suite took 1.3 ms of a record's
         # 4 on an idle server, and the collector's Python dumped every row's parameters.
-        self.cases_unnest = text(
-            "INSERT INTO cases (job_id, run_id, target, suite, classname, name, status, time, message) "
-            "SELECT :job_id, :run_id, :target, :suite, c.classname, c.name, c.status, c.time, c.message "
-            "FROM unnest(CAST(:classname AS VARCHAR[]), CAST(:name AS VARCHAR[]), CAST(:status AS VARCHAR[]), "
-            "CAST(:time AS FLOAT[]), CAST(:message AS TEXT[])) WITH ORDINALITY "
-            "AS c(classname, name, status, time, message, n) ORDER BY c.n") if pg else None
+        self.cases_unnest = db.compiled(_cases_from_arrays(), _CASE_KEYS) if pg else None
         self.logged = DeliveryRow.__table__.insert()
+        self.at_once = db.compiled(self._at_once(db, facts, lease_key), _AT_ONCE_KEYS) if pg else None
+
+    @staticmethod
+    def _at_once(db: ResultsDB, facts: Select, lease_key: ColumnElement[bool]) -> Select:
+        """A job's first record applied in one statement (Ledger._apply_at_once): rules 5 and 8
+        the condition of every write in it; the lease marked done, then the job's row inserted
+        unless it has one, then, if it was, the record's cases and its `applied` delivery.
+        PostgreSQL runs the statements of a WITH in no fixed order but as they are read, so each
+        reads the one before it: the locks are taken in the transaction's order (the run's row
+        shared, the lease, the job), and a record going this way and one going the long way
+        cannot deadlock (tests/run/test_ledger.py). Only a first record: the statement's
+        statements share one snapshot, so a replacement's delete of the cases it replaces would
+        miss those of a record committed meanwhile, which the transaction's next statement sees."""
+        jobs, leases = JobRow.__table__, LeaseRow.__table__
+        got = facts.with_for_update(read=True, of=Run).cte("facts")
+        ok = select(got.c.submitted).where(got.c.reported_at.is_(None), got.c.submitted >= bindparam("p_attempt"),
+                                           got.c.holder == bindparam("p_host")).cte("ok")
+        done = update(leases).where(lease_key, exists(select(ok))).values(done=literal_column("true")) \
+            .returning(leases.c.job_id).cte("done")
+        names = [c.name for c in jobs.c]
+        first = db.insert(jobs).from_select(names, select(*(bindparam(n, type_=jobs.c[n].type) for n in names))
+                                            .where(exists(select(done)))) \
+            .on_conflict_do_nothing(index_elements=["job_id"]).returning(jobs.c.job_id).cte("first")
+        new = _cases_from_arrays(exists(select(first))).returning(Case.id).cte("new_cases")
+        deliveries = DeliveryRow.__table__
+        logged = insert(deliveries).from_select(
+            ["at", "source", "outcome", "job_id", "run_id", "attempt", "status", "digest", "reason"],
+            select(bindparam("at", type_=Float), bindparam("source", type_=String), literal_column("'applied'"),
+                   bindparam("p_job"), bindparam("p_run"), bindparam("p_attempt"), bindparam("status"),
+                   bindparam("digest"), literal_column("''")).where(exists(select(first)))) \
+            .returning(deliveries.c.id).cte("logged")
+        return select(exists(select(first)).label("applied")).add_cte(new, logged)
+
+
+def _cases_from_arrays(where: ColumnElement[bool] | None = None) -> Insert:
+    """A record's cases from one array per column, in their order (``_CASE_KEYS``)."""
+    cases = Case.__table__
+    arrays = [cast(bindparam(f"c_{c}"), ARRAY(cases.c[c].type)) for c in _CASE_COLUMNS]
+    got = func.unnest(*arrays).table_valued(*_CASE_COLUMNS, with_ordinality="n").render_derived(name="c")
+    rows = select(bindparam("p_job", type_=String), bindparam("p_run", type_=String),
+                  bindparam("target", type_=String), bindparam("suite", type_=String),
+                  *(got.c[c] for c in _CASE_COLUMNS)).order_by(got.c.n)
+    return insert(cases).from_select(["job_id", "run_id", "target", "suite", *_CASE_COLUMNS],
+                                     rows if where is None else rows.where(where))
 
 
 class Ledger:
@@ -182,6 +242,8 @@ class Ledger:
         except RecordError as e:
             self.reject(source, str(e), rec)
             return "rejected", None
+        if self._apply_at_once(rec, source):
+            return "applied", rec
         with self.db.writing() as conn:
             return self._apply(conn, rec, source, worker=True), rec
 
@@ -296,11 +358,7 @@ class Ledger:
             outcome: Disposition = "late" if new is not None else "duplicate"
             self._log(conn, source, outcome, rec, "arrived after the run's report")
             return outcome
-        host_id = self.db.upsert_host(conn, rec.host) if rec.host else None
-        values = dict(job_id=rec.job_id, run_id=rec.run_id, target=rec.target, kind=rec.kind, step=rec.step,
-                      status=rec.status, attempt=rec.attempt, worker=rec.worker, started_at=rec.started_at,
-                      finished_at=rec.finished_at, record=data, host_id=host_id, prio=r.prio, digest=r.digest)
-        upserted = conn.execute(sql.job_upsert, values).first()
+        upserted = conn.execute(sql.job_upsert, self._job_row(conn, rec, data, r)).first()
         if upserted is None:
             old = conn.execute(sql.job_kept, {"p_job": rec.job_id}).one()
             outcome = "duplicate" if old.digest == r.digest else "superseded"
@@ -314,18 +372,13 @@ class Ledger:
         if not (upserted.fresh if sql.pg else row.recorded is None):
             conn.execute(sql.cases_gone, {"p_job": rec.job_id})
             conn.execute(sql.samples_gone, {"p_job": rec.job_id})
-        suite = rec.name or rec.step
         if rec.cases:
-            # Cut to the columns' sizes: a suite printing a name longer than PostgreSQL's column
-            # would fail the insert, which the collector takes for an outage and retries forever.
-            rows = [(c.classname[:_CLASSNAME_MAX], c.name[:_NAME_MAX], c.status, c.time, c.message[:4000])
-                    for c in rec.cases]
-            job = dict(job_id=rec.job_id, run_id=rec.run_id, target=rec.target, suite=suite)
             if sql.cases_unnest is not None:  # a column each
-                columns = map(list, zip(*rows, strict=True))
-                conn.execute(sql.cases_unnest, job | dict(zip(_CASE_COLUMNS, columns, strict=True)))
+                conn.execute(sql.cases_unnest, _case_arrays(rec))
             else:
-                conn.execute(sql.cases_new, [job | dict(zip(_CASE_COLUMNS, row, strict=True)) for row in rows])
+                job = dict(job_id=rec.job_id, run_id=rec.run_id, target=rec.target, suite=rec.name or rec.step)
+                conn.execute(sql.cases_new, [job | dict(zip(_CASE_COLUMNS, row, strict=True))
+                                             for row in _case_rows(rec)])
         if rec.samples:
             host_class = rec.host.get("class", "")
             conn.execute(sql.samples_new, [
@@ -336,6 +389,34 @@ class Ledger:
         if rec.kind == "build" and rec.status != "passed":
             self._end_dependents(conn, rec, list(expected[0]))
         return "applied"
+
+    def _apply_at_once(self, rec: ResultRecord, source: Channel) -> bool:
+        """On PostgreSQL, apply a worker's record in one statement outside a transaction
+        (_Sql._at_once) when it is its job's first: of a run not yet reported, from its lease's
+        holder. That is nearly every record, and it took seven round trips (BEGIN, the facts,
+        the lease, the job, the cases, the delivery, COMMIT), most of a record's time in the
+        collector. False when it was not applied so: then ``_apply``'s transaction decides, and
+        says why, as for any record (it replaces the job's row, or is a duplicate, superseded,
+        late, rejected; the lease marked done again changes nothing). Not a build that did not
+        pass (rule 7 ends its dependents in the same transaction), nor a record with samples."""
+        sql = self.sql
+        if sql.at_once is None or rec.samples or (rec.kind == "build" and rec.status != "passed") \
+                or _inconsistent(rec):
+            return False
+        with self.db.committing() as conn:
+            if rec.job_id not in self._expects(conn, rec.run_id)[1]:
+                return False
+            values = self._job_row(conn, rec, rec.model_dump(mode="json"), rank(rec)) | _case_arrays(rec)
+            got = conn.execute(sql.at_once, values | dict(p_attempt=rec.attempt, p_host=rec.host.get("hostname", ""),
+                                                          at=time.time(), source=source)).one()
+        return bool(got.applied)
+
+    def _job_row(self, conn: Connection, rec: ResultRecord, data: dict[str, object], r: Rank) -> dict[str, object]:
+        """The job's row for the record (its host's row made or refreshed first)."""
+        host_id = self.db.upsert_host(conn, rec.host) if rec.host else None
+        return dict(job_id=rec.job_id, run_id=rec.run_id, target=rec.target, kind=rec.kind, step=rec.step,
+                    status=rec.status, attempt=rec.attempt, worker=rec.worker, started_at=rec.started_at,
+                    finished_at=rec.finished_at, record=data, host_id=host_id, prio=r.prio, digest=r.digest)
 
     def _expects(self, conn: Connection, run_id: str) -> tuple[tuple[str, ...], frozenset[str]]:
         """The jobs run ``run_id`` expects (in order, and as a set), read once (an unknown run:
@@ -391,6 +472,21 @@ class Ledger:
             job_id=rec.job_id if rec else None, run_id=rec.run_id if rec else None,
             attempt=rec.attempt if rec else None, status=rec.status if rec else None,
             digest=rec.digest if rec else None))
+
+
+def _case_rows(rec: ResultRecord) -> list[tuple[str, str, str, float, str]]:
+    """The record's cases as the cases table's columns (_CASE_COLUMNS), cut to the columns'
+    sizes: a suite printing a name longer than PostgreSQL's column would fail the insert, which
+    the collector takes for an outage and retries forever."""
+    return [(c.classname[:_CLASSNAME_MAX], c.name[:_NAME_MAX], c.status, c.time, c.message[:4000])
+            for c in rec.cases]
+
+
+def _case_arrays(rec: ResultRecord) -> dict[str, object]:
+    """The parameters of ``_cases_from_arrays`` for the record's cases (``_CASE_KEYS``)."""
+    columns = list(zip(*_case_rows(rec), strict=True)) or [()] * len(_CASE_COLUMNS)
+    return dict(p_job=rec.job_id, p_run=rec.run_id, target=rec.target, suite=rec.name or rec.step,
+                **{f"c_{c}": list(col) for c, col in zip(_CASE_COLUMNS, columns, strict=True)})
 
 
 def _worker_status(rec: ResultRecord) -> str:

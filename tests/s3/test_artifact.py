@@ -692,3 +692,24 @@ def test_unpack_refuses_a_link_its_manifest_does_not_list_and_leaves_nothing(tmp
         with pytest.raises(artifact.ArtifactError, match="out/lib.so does not match its manifest"):
             artifact.unpack(archive, tree, sha)
         assert list(tree.iterdir()) == []
+
+
+def test_a_small_file_goes_up_without_waiting_for_100_continue(store: ArtifactStore, tmp_path: Path) -> None:
+    """botocore sends every S3 PUT with "Expect: 100-continue" and waits for the server's
+    interim answer before the body: a round trip more on each of a job's PUTs (its log, its
+    JUnit file, its record's copy). A body up to INLINE_PUT goes with the headers; a larger one
+    still waits; all arrive whole."""
+    small, large = tmp_path / "log.txt", tmp_path / "large.bin"
+    small.write_bytes(b"a line of a job's log\n" * 1000)
+    large.write_bytes(os.urandom(store_mod.INLINE_PUT + 1))
+    sent: list[tuple[str, str | None]] = []
+    store.s3.meta.events.register("before-send.s3.PutObject", lambda request, **_: sent.append(
+        (request.url.rsplit("/", 1)[-1], request.headers.get("Expect"))))
+    store.put_file("t/inline/log.txt", small, "text/plain")
+    assert store.put_file_if_absent("t/inline/first.txt", small, "text/plain") is True
+    store.put_bytes("t/inline/bytes.txt", b"a record")
+    store.put_file("t/inline/large.bin", large)
+    assert sent == [("log.txt", None), ("first.txt", None), ("bytes.txt", None), ("large.bin", b"100-continue")]
+    assert store.get_bytes("t/inline/log.txt") == store.get_bytes("t/inline/first.txt") == small.read_bytes()
+    assert store.get_bytes("t/inline/large.bin") == large.read_bytes()
+    assert store.get_bytes("t/inline/bytes.txt") == b"a record"

@@ -74,7 +74,7 @@ MAX_SINGLE_PUT = 5 * 1024**3
 # (measured in bench/farm_speed.py, transfer: 100 MiB in one PUT went up at 0.84× mc's speed).
 PART_SIZE = 16 * 1024**2
 PARALLEL = 4
-# A PUT of a body up to this size goes without "Expect: 100-continue" (_at_once).
+# A PUT of a body up to this size goes without "Expect: 100-continue" (_without_100_continue).
 INLINE_PUT = 1024**2
 MAX_PARTS = 10_000  # S3's limit per multipart upload
 # What S3 (and MinIO) answer a conditional PUT with: the key exists / a concurrent conditional
@@ -87,7 +87,7 @@ class StoreError(RuntimeError):
     """S3 could not be reached or refused a request, after retries."""
 
 
-def _at_once(request: Any, **_: Any) -> None:
+def _without_100_continue(request: Any, **_: Any) -> None:
     """botocore sends every S3 PUT with "Expect: 100-continue" (bytes too: it makes them a file
     object first) and waits for the server's interim answer before the body, a round trip more
     on every PUT. A job puts its log, its JUnit file and its record's copy: py-spy on a slot at
@@ -149,7 +149,7 @@ class ArtifactStore:
                         read_timeout=60,
                     ),
                 )
-                self._clients[endpoint].meta.events.register("before-sign.s3.PutObject", _at_once)
+                self._clients[endpoint].meta.events.register("before-sign.s3.PutObject", _without_100_continue)
             return self._clients[endpoint]
 
     def _fail_over(self, at: str, failed: list[str], err: Exception) -> bool:

@@ -185,14 +185,13 @@ class _Sql:
         first = db.insert(jobs).from_select(names, select(*(bindparam(n, type_=jobs.c[n].type) for n in names))
                                             .where(exists(select(done)))) \
             .on_conflict_do_nothing(index_elements=["job_id"]).returning(jobs.c.job_id).cte("first")
-        new = _cases_from_arrays(exists(select(first))).returning(Case.id).cte("new_cases")
+        new = _cases_from_arrays(exists(select(first))).cte("new_cases")
         deliveries = DeliveryRow.__table__
         logged = insert(deliveries).from_select(
             ["at", "source", "outcome", "job_id", "run_id", "attempt", "status", "digest", "reason"],
             select(bindparam("at", type_=Float), bindparam("source", type_=String), literal_column("'applied'"),
                    bindparam("p_job"), bindparam("p_run"), bindparam("p_attempt"), bindparam("status"),
-                   bindparam("digest"), literal_column("''")).where(exists(select(first)))) \
-            .returning(deliveries.c.id).cte("logged")
+                   bindparam("digest"), literal_column("''")).where(exists(select(first)))).cte("logged")
         return select(exists(select(first)).label("applied")).add_cte(new, logged)
 
 

@@ -7,8 +7,9 @@ first) by the perf job's interleaved A/B pairs on one host; a probe run adds the
 `repetitions` pairs until the revision is judged, or ``max_pairs`` are measured. The first bad
 end is judged first, by gearfarm.perf.compare (Pinpoint's rule: KS and Mann-Whitney U, a high
 threshold that depends on the change sought and the number of pairs), looking for ``change``;
-if it is the same as the good build there is no culprit. Afterwards the change sought is the
-one measured there, and a middle revision is asked which end it is like: bad when the 95 %
+if it is the same as the good build there is no culprit. Either way the end is measured until
+its estimate is settled (a wild pair among five once doubled a 4.8 % slowdown). Afterwards the
+change sought is the one measured there, and a middle revision is asked which end it is like: bad when the 95 %
 interval of its paired estimate lies beyond half the change sought, good when it lies short of
 it. "Different from the known-good build" is the wrong question there: the host's noise makes
 an unchanged revision differ by 2 % now and then (CI, November 28: -2.20 % over 10 pairs,
@@ -19,6 +20,8 @@ from either end.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from gearfarm.bisection import search as bisect
@@ -40,6 +43,12 @@ from gearfarm.run import nightly
 MIN_PAIRS = 10
 # The paired estimate's interval that must lie on one side of half the change sought.
 LEVEL = 0.95
+# How well the first bad end's change must be known before it is the one sought: its interval's
+# half-width at most a quarter of it, so half of it (the line between the ends) is within an
+# eighth of the change. In CI on November 29 five pairs with a wild one put a 4.8 % slowdown at
+# -9.97 % (interval -27.9 % to +12.4 %): every later revision, 4.2-4.7 % slower, was then short
+# of half of it, "good", and the last commit was blamed.
+SETTLED = 0.25
 
 
 class BenchmarkBisector(Bisector):
@@ -77,58 +86,109 @@ class BenchmarkBisector(Bisector):
         return [self._finish(self.rows[0], out, self.evidence, _confidence)]
 
     def _judge(self, rev: str, change: float, either: bool = False) -> bisect.Probe:
-        """A/B pairs of ``rev`` against the known-good build until it is judged (or max_pairs).
-        ``either`` (the first bad end, where the change is not known yet): bad when the comparison
-        finds it different by at least half of ``change``, in any direction. Otherwise: bad or
-        good by the side of half of ``change`` its paired estimate's interval lies on."""
-        new: list[float] = []
-        base: list[float] = []
-        ratios: list[float] = []
-        built, runs, why, jobs = False, [], "", 0
-        cmp: compare.Comparison | None = None
-        side: bisect.ProbeVerdict | None = None
-        while len(new) < self.settings.max_pairs:
+        """``rev`` judged against the known-good build by probe runs of A/B pairs (measure)."""
+        built, runs = False, []
+
+        def draw() -> dict[str, Any]:
+            nonlocal built
             run_id, records = self._probe(rev, baseline=self.good_build)
             runs.append(run_id)
             got = pairs(records, self.subject)
             built = built or got["built"]
-            if got["why"]:
-                why = got["why"]
-                break
-            jobs += 1
-            new += got["new"]
-            base += got["baseline"]
-            ratios += got["ratio"]
-            cmp = compare.compare(new, base, change)
-            paired = Paired.of(ratios)
-            if either:
-                like = _like(_estimate(paired, cmp), change, either)
-                if (cmp.result == "different" and like) or (cmp.result == "same" and not like and
-                                                            cmp.size >= MIN_PAIRS):
-                    break
-            elif (side := _side(paired, change)) is not None:
-                break
-        if cmp is None:
-            self._record({"rev": rev, "verdict": "skip", "built": built, "runs": runs, "why": why}, why)
-            return bisect.Probe(rev, "skip", built=built, jobs=jobs)
-        paired = Paired.of(ratios)
-        estimate = _estimate(paired, cmp)
-        # Undecided at max_pairs (the host's noise either way): the nearer of no change and the
-        # change sought decides, and the evidence says so.
-        verdict: bisect.ProbeVerdict = side or ("bad" if _like(estimate, change, either) else "good")
-        interval = paired.interval(LEVEL)
-        ev = {"rev": rev, "verdict": verdict, "built": built, "runs": runs, "pairs": cmp.size,
-              "change": estimate, "interval": list(interval) if interval else None, "p": cmp.p_value,
-              "high_threshold": cmp.high_threshold, "magnitude_iqr": cmp.magnitude,
-              "result": cmp.result if either else _result(side, change), "why": why}
+            return got
+
+        m = measure(draw, change, either, self.settings.max_pairs)
+        if m.cmp is None:
+            self._record({"rev": rev, "verdict": "skip", "built": built, "runs": runs, "why": m.why}, m.why)
+            return bisect.Probe(rev, "skip", built=built, jobs=m.jobs)
+        interval = m.paired.interval(LEVEL)
+        ev = {"rev": rev, "verdict": m.verdict, "built": built, "runs": runs, "pairs": m.cmp.size,
+              "change": m.estimate, "interval": list(interval) if interval else None, "p": m.cmp.p_value,
+              "high_threshold": m.cmp.high_threshold, "magnitude_iqr": m.cmp.magnitude,
+              "result": m.cmp.result if either else _result(m.side, change), "why": m.why}
         self._record(ev, bisect.evidence_line(ev))
-        return bisect.Probe(rev, verdict, built=built, jobs=jobs,
-                            evidence={"change": estimate, "p": cmp.p_value, "result": ev["result"]})
+        return bisect.Probe(rev, m.verdict, built=built, jobs=m.jobs,
+                            evidence={"change": m.estimate, "p": m.cmp.p_value, "result": ev["result"]})
 
     def _record(self, ev: dict[str, Any], summary: str) -> None:
         self.evidence.append(ev)
         self.db.update_bisection(self.rows[0].id, probes=self.evidence, group=self.group())
         self.say(f"{self.prefix}: {ev['rev'][:12]} {ev['verdict']} ({summary})")
+
+
+@dataclass
+class Measured:
+    """A revision's A/B figures against the known-good build, as measure left them."""
+
+    new: list[float] = field(default_factory=list)
+    base: list[float] = field(default_factory=list)
+    ratios: list[float] = field(default_factory=list)
+    jobs: int = 0
+    why: str = ""
+    cmp: compare.Comparison | None = None
+    # The side of half the change sought its interval lies on (a middle revision); None while
+    # it straddles it, and for the first bad end.
+    side: bisect.ProbeVerdict | None = None
+    verdict: bisect.ProbeVerdict = "skip"
+
+    @property
+    def paired(self) -> Paired:
+        return Paired.of(self.ratios)
+
+    @property
+    def estimate(self) -> float:
+        """The revision's change: its pairs' estimate (the drift between probe runs cancels
+        within a pair), or the medians' when no pair has a ratio (a baseline figure of 0)."""
+        assert self.cmp is not None
+        return math.expm1(self.paired.mean) if self.paired.k else self.cmp.change
+
+
+def measure(draw: Callable[[], dict[str, Any]], change: float, either: bool, max_pairs: int) -> Measured:
+    """Probe runs (``draw``: one run's figures, as ``pairs`` gives them) until the revision is
+    judged or ``max_pairs`` are measured.
+
+    ``either`` (the first bad end, where the change is not known yet): bad when the comparison
+    finds it different by at least half of ``change``, in any direction, and its estimate is
+    settled, for it is the yardstick every middle revision is judged by; good when it finds it
+    the same and the interval of its estimate lies short of half of ``change`` both ways (wild
+    pairs on one side make the rank tests call a 5 % change the same). Otherwise: bad or good
+    by the side of half of ``change`` its paired estimate's interval lies on. Undecided at
+    max_pairs (the host's noise either way): the nearer of no change and the change sought
+    decides, and the evidence says so."""
+    m = Measured()
+    while len(m.new) < max_pairs:
+        got = draw()
+        if got["why"]:
+            m.why = got["why"]
+            break
+        m.jobs += 1
+        m.new += got["new"]
+        m.base += got["baseline"]
+        m.ratios += got["ratio"]
+        if either:
+            m.cmp = compare.compare(m.new, m.base, change)
+            like = _like(m.estimate, change, either)
+            if ((m.cmp.result == "different" and like and _settled(m.paired)) or
+                    (m.cmp.result == "same" and not like and
+                     _side(m.paired, change) == _side(m.paired, -change) == "good")):
+                break
+        elif (side := _side(m.paired, change)) is not None:
+            m.side = side
+            break
+    if m.new:
+        # A middle revision's comparison is evidence only (its p-value, for the confidence).
+        m.cmp = compare.compare(m.new, m.base, change)
+        m.verdict = m.side or ("bad" if _like(m.estimate, change, either) else "good")
+    return m
+
+
+def _settled(paired: Paired) -> bool:
+    """The first bad end's estimate is known to SETTLED of itself (its interval's half-width on
+    the log scale), from at least MIN_PAIRS pairs: half of it is the line between the ends."""
+    interval = paired.interval(LEVEL)
+    if paired.k < MIN_PAIRS or interval is None or paired.mean == 0:
+        return False
+    return (math.log1p(interval[1]) - math.log1p(interval[0])) / 2 <= SETTLED * abs(paired.mean)
 
 
 def _like(measured: float, sought: float, either: bool) -> bool:
@@ -156,12 +216,6 @@ def _result(side: bisect.ProbeVerdict | None, sought: float) -> str:
     if side is None:
         return "unknown"
     return f"{'beyond' if side == 'bad' else 'short of'} half of {sought:+.2%}"
-
-
-def _estimate(paired: Paired, cmp: compare.Comparison) -> float:
-    """The revision's change: its pairs' estimate (the drift between probe runs cancels within a
-    pair), or the medians' when no pair has a ratio (a baseline figure of 0)."""
-    return math.expm1(paired.mean) if paired.k else cmp.change
 
 
 def _confidence(out: bisect.SearchResult) -> float:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,12 +38,13 @@ from gearfarm.formats.job import (
 )
 from gearfarm.formats.lease import beat_seconds
 from gearfarm.formats.marker import Marker, sealed
-from gearfarm.formats.result import TERMINAL, ResultRecord
+from gearfarm.formats.result import ResultRecord
 from gearfarm.formats.seal import Signer
 from gearfarm.gearman import BackgroundJob, Client, GearmanError, JobStatus, StatusUnknown, admin
 from gearfarm.hosts.connection import ssl_context
 from gearfarm.run import snapshot
 from gearfarm.run.ledger import Ledger, farm_record
+from gearfarm.run.states import Pending, RunStates
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError
 
@@ -59,11 +61,6 @@ DB_OUTAGE_LIMIT = 600.0
 # gearmand lost is found at its next look, and resubmitted a lost grace after.
 STATUS_SWEEP = 32
 SWEEP_SECONDS = 5.0
-# The nightly's poll reads its run's job states whole every FULL_READ_SECONDS, and between
-# only the jobs the ledger applied a record to since the last read, less CHANGE_MARGIN (of the
-# ledger's clock: a transaction that committed late, a collector whose clock is behind).
-FULL_READ_SECONDS = 15.0
-CHANGE_MARGIN = 10.0
 # How often the nightly looks in S3 for records the collector never got, while the collector
 # keeps up (every 30 s while it does not).
 RECONCILE_CALM = 300.0
@@ -125,9 +122,10 @@ class Plan:
     def expected(self) -> list[JobId]:
         return [JobId(self.run_id, t, s) for t in self.targets for s in self.steps(t)]
 
-    def first_jobs(self) -> list[JobId]:
-        """What is submitted at once; the rest waits for its target's build (Watchdog.release)."""
-        return [j for j in self.expected if self.rerun or j.kind == "build"]
+    def first_jobs(self, expected: list[JobId] | None = None) -> list[JobId]:
+        """What is submitted at once; the rest waits for its target's build (Watchdog.release).
+        ``expected``: the plan's jobs, when the caller made them already."""
+        return [j for j in (self.expected if expected is None else expected) if self.rerun or j.kind == "build"]
 
     def ready(self, jid: JobId, states: dict[str, str]) -> bool:
         """A test or perf job exists only after its build passed; before that it waits on the
@@ -380,7 +378,8 @@ class Watchdog:
         run = db.get_run(p.run_id)
         self.created_at = run.created_at if run is not None else time.time()
         # Jobs of this plan submitted by this process (builds and a re-run's jobs by submit()).
-        self.released: set[JobId] = set(p.first_jobs())
+        expected = p.expected
+        self.released: set[JobId] = set(p.first_jobs(expected))
         # Jobs gearmand said were running at their last look.
         self.running: set[JobId] = set()
         # When each queued job was last asked about; the lease's beats when gearmand said a held
@@ -390,20 +389,57 @@ class Watchdog:
         # A holder silent this long (two beats; half the lease time if that is less) is asked
         # about at every poll until gearmand or its beats say more.
         self.stale = min(2 * beat_seconds(cfg.farm.lease_timeout) + 1.0, cfg.farm.lease_timeout / 2)
+        # The released jobs in the order the sweep looks at them between whole passes (see _focus).
+        self.sweep: deque[JobId] = deque()
+        self.ids = {str(j): j for j in expected}
+        self.order = {j: i for i, j in enumerate(expected)}
 
     def attempt(self, jid: JobId) -> int:
         return self.attempts.get(jid, 1)
 
-    def check(self, pending: list[JobId], states: dict[str, str], now: float,
-              table: dict[str, admin.FunctionStatus]) -> None:
+    def check(self, pending: Collection[JobId], states: dict[str, str], now: float,
+              table: dict[str, admin.FunctionStatus], changed: dict[str, str] | None = None) -> None:
+        """One poll's look at the pending jobs: every one (``changed`` None: after a whole read),
+        or those _focus picks from what ``changed`` since the last poll."""
         seen: dict[str, tuple[str, int]] = {}
         try:
-            self._check(pending, states, now, seen, _collector_keeps_up(table))
+            if changed is None:
+                jobs = list(pending)
+                self.sweep = deque(sorted((j for j in jobs if j in self.released),
+                                          key=lambda j: self.asked_at.get(j, 0.0)))
+            else:
+                jobs = self._focus(pending, changed, now)
+            self._check(jobs, states, now, seen, _collector_keeps_up(table))
         finally:
-            changed = {jid: s for jid, s in seen.items() if self.live.get(jid) != s}
-            if changed:
-                self.db.set_live(self.plan.run_id, changed)
-                self.live.update(changed)
+            changed_live = {jid: s for jid, s in seen.items() if self.live.get(jid) != s}
+            if changed_live:
+                self.db.set_live(self.plan.run_id, changed_live)
+                self.live.update(changed_live)
+
+    def _focus(self, pending: Collection[JobId], changed: dict[str, str], now: float) -> list[JobId]:
+        """The pending jobs a poll between whole passes looks at: those whose state changed (and
+        when a build's did, every job not released yet), those a lease is held for or gearmand
+        was last asked about as running, lost or queued again, and the next STATUS_SWEEP of the
+        sweep. The rest cannot need a look: a job's verdict changes with its state, its lease or
+        its asking, and each of those puts it here. Looking at every pending job each poll was 7
+        ms a poll at 2,500 (docs/speed.md)."""
+        focus: set[JobId] = set()
+        builds = False
+        for k in changed:
+            jid = self.ids.get(k)
+            if jid is not None:
+                builds = builds or jid.kind == "build"
+                focus.add(jid)
+        if builds:
+            focus.update(j for j in pending if j not in self.released)
+        focus.update(self.ids[j] for j, _ in self._leases(now) if j in self.ids)
+        focus.update(self.running, self.unknown_since, self.requeued)
+        for _ in range(min(STATUS_SWEEP, len(self.sweep))):
+            jid = self.sweep.popleft()
+            if jid in pending:
+                self.sweep.append(jid)
+                focus.add(jid)
+        return sorted((j for j in focus if j in pending), key=self.order.__getitem__)
 
     def _check(self, pending: list[JobId], states: dict[str, str], now: float,
                seen: dict[str, tuple[str, int]], judge: bool) -> None:
@@ -536,6 +572,7 @@ class Watchdog:
                 send_all(self.db, self.client, self.signer,
                          [self.plan.payload(jid, self.attempt(jid), artifact) for jid in mine])
             self.released.update(mine)
+            self.sweep.extendleft(mine)  # never asked about: first
 
     def _artifact(self, jid: JobId) -> Artifact | None:
         """What a test or perf job runs on (the same for every job of its target): a re-run's
@@ -572,30 +609,6 @@ class Watchdog:
         send(self.db, self.client, self.signer, payload)
 
 
-class RunStates:
-    """A run's job states as the nightly's poll (every 0.2 s) reads them: read whole, a
-    5,000-job run's states took 35 ms a poll on a busy machine, most of a 64-host night's
-    nightly CPU (docs/speed.md); between whole reads, only what changed."""
-
-    def __init__(self, db: ResultsDB, run_id: str) -> None:
-        self.db, self.run_id = db, run_id
-        self.states: dict[str, str] = {}
-        self.whole_at = -FULL_READ_SECONDS  # time.monotonic() of the last whole read
-        self.mark = 0.0  # the latest change read, on the ledger's clock
-        self.whole_reads = 0
-
-    def read(self) -> dict[str, str]:
-        if time.monotonic() - self.whole_at >= FULL_READ_SECONDS:
-            _, latest = self.db.job_states_since(self.run_id, self.mark)  # first: a change between is read again
-            self.states = self.db.job_states(self.run_id)
-            self.whole_at, self.whole_reads = time.monotonic(), self.whole_reads + 1
-        else:
-            got, latest = self.db.job_states_since(self.run_id, self.mark - CHANGE_MARGIN)
-            self.states.update(got)
-        self.mark = max(self.mark, latest or 0.0)
-        return dict(self.states)
-
-
 def _collector_keeps_up(table: dict[str, admin.FunctionStatus]) -> bool:
     """Whether the collector takes what is sent to it now (a worker registered, nothing waiting):
     only then does a lease whose beats stopped mean its worker stopped."""
@@ -612,8 +625,7 @@ def wait(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, clien
     last_reconcile = time.monotonic()
     watchdog = Watchdog(cfg, db, ledger, store, client, p, seen)
     db_down_since: float | None = None
-    # The plan's jobs and their ids, made once (not at every poll: jobs × polls).
-    expected = [(j, str(j)) for j in p.expected]
+    pending = Pending(p.expected)  # made once, then kept from the changes (not at every poll: jobs × polls)
     run_states = RunStates(db, p.run_id)
     cancel_due = 0.0  # time.monotonic() of the next look for cancel requests
     board = Board(cfg)
@@ -623,7 +635,7 @@ def wait(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, clien
                 # Polled every `poll` seconds: the end of a run is noticed within it (it was 1 s, the
                 # average 0.5 s of every nightly's tail), and reading statuses only keeps it cheap.
                 states = run_states.read()
-                pending = [j for j, k in expected if states.get(k) not in TERMINAL]
+                pending.update(states, run_states.changed)
                 try:
                     table = board.table()
                 except RunError as e:
@@ -634,7 +646,7 @@ def wait(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, clien
                 if not pending:
                     break
                 if time.monotonic() >= cancel_due:
-                    if _cancel(db, ledger, store, p, pending, watchdog):
+                    if _cancel(db, ledger, store, p, list(pending), watchdog):
                         continue  # and look again at the next poll
                     cancel_due = time.monotonic() + CANCEL_LOOK
                 now = time.time()
@@ -657,19 +669,19 @@ def wait(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, clien
                     # whole run in S3, O(jobs), is only a net.
                     reconcile(ledger, store, p.run_id, seen)
                     last_reconcile = time.monotonic()
-                for jid in pending:
-                    fn = jid.function
+                for fn, count in list(pending.functions.items()):
                     st = table.get(fn)
-                    if table and (st is None or st.workers == 0):
+                    if count and table and (st is None or st.workers == 0):
                         since = no_worker_since.setdefault(fn, now)
-                        if now - since >= cfg.farm.no_worker_wait and p.ready(jid, states):
-                            expire(ledger, p, [jid], "no_worker",
-                                   f"no worker registered for {fn} within {cfg.farm.no_worker_wait:.0f}s",
-                                   watchdog.attempt(jid))
+                        # A function's jobs are one target's of one kind: all ready, or none.
+                        if now - since >= cfg.farm.no_worker_wait and p.ready(pending.sample[fn], states):
+                            for jid in pending.of(fn):
+                                expire(ledger, p, [jid], "no_worker", f"no worker registered for {fn} within "
+                                       f"{cfg.farm.no_worker_wait:.0f}s", watchdog.attempt(jid))
                     else:
                         no_worker_since.pop(fn, None)
                 if table:
-                    watchdog.check(pending, states, now, table)
+                    watchdog.check(pending, states, now, table, run_states.changed)
                 db_down_since = None
             except SQLAlchemyError as e:
                 db_down_since = db_down_since or time.time()

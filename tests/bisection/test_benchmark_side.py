@@ -83,7 +83,7 @@ def _ci_first_run() -> dict[str, Any]:
 def test_a_first_bad_end_misread_by_a_wild_pair_is_measured_until_its_change_is_settled() -> None:
     # Old rule: the first five pairs already differ from the known-good build by more than half
     # of 5 %, so -9.5 % became the change sought, and every revision after the culprit (-4.2 %)
-    # was short of half of it: "good", and the last commit was blamed.
+    # was short of half of it: "good", and a later commit was blamed.
     later = _runs([-0.048], seed=7)
     runs = iter([_ci_first_run()])
     end = measure(lambda: next(runs, None) or later(), 0.05, True, 40)

@@ -9,9 +9,9 @@ end is judged first, by gearfarm.perf.compare (Pinpoint's rule: KS and Mann-Whit
 threshold that depends on the change sought and the number of pairs), looking for ``change``;
 if it is the same as the good build there is no culprit. Either way the end is measured until
 its estimate is settled (a wild pair among five once doubled a 4.8 % slowdown). Afterwards the
-change sought is the one measured there, and a middle revision is asked which end it is like: bad when the 95 %
-interval of its paired estimate lies beyond half the change sought, good when it lies short of
-it. "Different from the known-good build" is the wrong question there: the host's noise makes
+change sought is the one measured there, and a middle revision is asked which end it is like:
+bad when the 95 % interval of its paired estimate lies beyond half the change sought, good when
+it lies short of it. "Different from the known-good build" is the wrong question there: the host's noise makes
 an unchanged revision differ by 2 % now and then (CI, November 28: -2.20 % over 10 pairs,
 p=0.007, an unchanged build blamed), while half of a 4 % change is several standard errors
 from either end.
@@ -175,9 +175,10 @@ def measure(draw: Callable[[], dict[str, Any]], change: float, either: bool, max
         elif (side := _side(m.paired, change)) is not None:
             m.side = side
             break
-    if m.new:
+    if m.new and not either:
         # A middle revision's comparison is evidence only (its p-value, for the confidence).
         m.cmp = compare.compare(m.new, m.base, change)
+    if m.cmp is not None:
         m.verdict = m.side or ("bad" if _like(m.estimate, change, either) else "good")
     return m
 

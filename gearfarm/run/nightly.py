@@ -15,7 +15,7 @@ import heapq
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -391,8 +391,8 @@ class Watchdog:
         self.stale = min(2 * beat_seconds(cfg.farm.lease_timeout) + 1.0, cfg.farm.lease_timeout / 2)
         # The released jobs in the order the sweep looks at them between whole passes (see _focus).
         self.sweep: deque[JobId] = deque()
-        self.ids = {str(j): j for j in expected}
-        self.order = {j: i for i, j in enumerate(expected)}
+        # The plan's jobs not ended yet, as the wait loop keeps them (and its maps of the jobs).
+        self.pending = Pending(expected)
 
     def attempt(self, jid: JobId) -> int:
         return self.attempts.get(jid, 1)
@@ -425,21 +425,22 @@ class Watchdog:
         ms a poll at 2,500 (docs/speed.md)."""
         focus: set[JobId] = set()
         builds = False
+        ids = self.pending.ids
         for k in changed:
-            jid = self.ids.get(k)
+            jid = ids.get(k)
             if jid is not None:
                 builds = builds or jid.kind == "build"
                 focus.add(jid)
         if builds:
             focus.update(j for j in pending if j not in self.released)
-        focus.update(self.ids[j] for j, _ in self._leases(now) if j in self.ids)
+        focus.update(ids[j] for j, _ in self._leases(now) if j in ids)
         focus.update(self.running, self.unknown_since, self.requeued)
         for _ in range(min(STATUS_SWEEP, len(self.sweep))):
             jid = self.sweep.popleft()
             if jid in pending:
                 self.sweep.append(jid)
                 focus.add(jid)
-        return sorted((j for j in focus if j in pending), key=self.order.__getitem__)
+        return self.pending.ordered(j for j in focus if j in pending)
 
     def _check(self, pending: list[JobId], states: dict[str, str], now: float,
                seen: dict[str, tuple[str, int]], judge: bool) -> None:
@@ -625,7 +626,7 @@ def wait(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, clien
     last_reconcile = time.monotonic()
     watchdog = Watchdog(cfg, db, ledger, store, client, p, seen)
     db_down_since: float | None = None
-    pending = Pending(p.expected)  # made once, then kept from the changes (not at every poll: jobs × polls)
+    pending = watchdog.pending  # made once, then kept from the changes (not at every poll: jobs × polls)
     run_states = RunStates(db, p.run_id)
     cancel_due = 0.0  # time.monotonic() of the next look for cancel requests
     board = Board(cfg)
@@ -646,7 +647,7 @@ def wait(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, clien
                 if not pending:
                     break
                 if time.monotonic() >= cancel_due:
-                    if _cancel(db, ledger, store, p, list(pending), watchdog):
+                    if _cancel(db, ledger, store, p, pending, watchdog):
                         continue  # and look again at the next poll
                     cancel_due = time.monotonic() + CANCEL_LOOK
                 now = time.time()
@@ -669,7 +670,7 @@ def wait(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, clien
                     # whole run in S3, O(jobs), is only a net.
                     reconcile(ledger, store, p.run_id, seen)
                     last_reconcile = time.monotonic()
-                for fn, count in list(pending.functions.items()):
+                for fn, count in pending.functions.items():
                     st = table.get(fn)
                     if count and table and (st is None or st.workers == 0):
                         since = no_worker_since.setdefault(fn, now)
@@ -696,7 +697,7 @@ def wait(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, clien
     return db.jobs(p.run_id)
 
 
-def _cancel(db: ResultsDB, ledger: Ledger, store: ArtifactStore, p: Plan, pending: list[JobId],
+def _cancel(db: ResultsDB, ledger: Ledger, store: ArtifactStore, p: Plan, pending: Iterable[JobId],
             watchdog: Watchdog) -> bool:
     """Record as cancelled the pending jobs a person cancelled (the whole run, or some jobs),
     and write the S3 markers, signed by this nightly's key, that stop them on the workers

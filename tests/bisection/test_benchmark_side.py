@@ -56,13 +56,12 @@ def test_fewer_than_ten_pairs_decide_nothing_and_a_speedup_is_sought_the_other_w
     assert _side(_ratios(*_pairs(+0.05, 20, 1)), SOUGHT) == "good"
 
 
-def _runs(shifts: list[float], seed: int, wild: float = 0.0) -> Callable[[], dict[str, Any]]:
+def _runs(shift: float, seed: int, wild: float = 0.0) -> Callable[[], dict[str, Any]]:
     """Probe runs of 5 A/B pairs each, the revision's side moved by ``shift``; a pair is wild
     (the host's speed jumped by 20-40 % under one side) with probability ``wild``."""
     rng = random.Random(seed)
 
     def draw() -> dict[str, Any]:
-        shift = shifts.pop(0) if len(shifts) > 1 else shifts[0]
         new, base = _pairs(shift, 5, rng.randrange(1 << 30))
         new = [n * (math.exp(rng.choice((-1, 1)) * rng.uniform(0.2, 0.4)) if rng.random() < wild else 1.0)
                for n in new]
@@ -84,12 +83,12 @@ def test_a_first_bad_end_misread_by_a_wild_pair_is_measured_until_its_change_is_
     # Old rule: the first five pairs already differ from the known-good build by more than half
     # of 5 %, so -9.5 % became the change sought, and every revision after the culprit (-4.2 %)
     # was short of half of it: "good", and a later commit was blamed.
-    later = _runs([-0.048], seed=7)
+    later = _runs(-0.048, seed=7)
     runs = iter([_ci_first_run()])
     end = measure(lambda: next(runs, None) or later(), 0.05, True, 40)
     assert end.verdict == "bad" and end.cmp is not None and end.cmp.size >= 10
     assert -0.065 < end.estimate < -0.035, end.estimate
-    middle = measure(_runs([-0.042], seed=8), end.estimate, False, 40)
+    middle = measure(_runs(-0.042, seed=8), end.estimate, False, 40)
     assert middle.verdict == "bad" and middle.side == "bad", (middle.estimate, middle.side)
 
 
@@ -98,9 +97,9 @@ def test_on_a_host_with_wild_pairs_a_5_percent_culprit_is_told_from_its_parent()
     host where one pair in ten is wild: no revision is judged on the wrong side."""
     wrong = []
     for seed in range(80):
-        end = measure(_runs([-0.048], seed, wild=0.1), 0.05, True, 40)
-        culprit = measure(_runs([-0.048], seed + 1000, wild=0.1), end.estimate, False, 40)
-        parent = measure(_runs([0.0], seed + 2000, wild=0.1), end.estimate, False, 40)
+        end = measure(_runs(-0.048, seed, wild=0.1), 0.05, True, 40)
+        culprit = measure(_runs(-0.048, seed + 1000, wild=0.1), end.estimate, False, 40)
+        parent = measure(_runs(0.0, seed + 2000, wild=0.1), end.estimate, False, 40)
         if (end.verdict, culprit.verdict, parent.verdict) != ("bad", "bad", "good"):
             wrong.append((seed, round(end.estimate, 4), culprit.verdict, parent.verdict))
     assert not wrong, wrong

@@ -389,10 +389,11 @@ def test_the_installed_units_run_a_farm_under_a_real_systemd(tmp_path: Path) -> 
         sh("systemctl stop " + " ".join(services), timeout=120)
         timings["stop"] = time.monotonic() - t3
         states = dict(zip(services, sh("systemctl is-active " + " ".join(services), check=False).split(),
-                          strict=True))
-        assert set(states.values()) == {"inactive"}, str(states) + "".join(
-            sh(f"systemctl show -p Result,ExecMainCode,ExecMainStatus {u}; journalctl -u {u} --no-pager -n 60",
-               check=False) for u, state in states.items() if state != "inactive")
+                          strict=False))
+        assert list(states.values()) == ["inactive"] * len(services), str(states) + "".join(
+            f"\n--- {u}\n" + sh(f"systemctl show -p Result,ExecMainCode,ExecMainStatus {u}; "
+                                f"journalctl -u {u} --no-pager -n 60", check=False)
+            for u, state in states.items() if state != "inactive")
     finally:
         journal = _podman("exec", name, "journalctl", "--no-pager", "-o", "short-monotonic", check=False, timeout=60)
         (tmp_path / "journal.txt").write_text(journal.stdout + journal.stderr)

@@ -209,6 +209,9 @@ def make_project(dest: Path, targets: int, suites: int, scale: float, seed: int 
     return drawn
 
 
+SLOTS = "worker slots, their own processes (CPU summed, largest RSS)"
+
+
 @dataclass
 class Usage:
     """CPU seconds and peak RSS (MiB) of one process (or several: summed CPU, largest peak)."""
@@ -230,6 +233,13 @@ def proc_usage(pid: int) -> Usage:
             hwm = int(line.split()[1]) / 1024
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return Usage(sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK"), hwm)
+
+
+def own_usage(pid: int) -> Usage:
+    """``proc_usage`` of a process's own work only: not its reaped children's (a worker slot's
+    Python, without the commands of its jobs)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return Usage(sum(int(f) for f in fields[11:13]) / os.sysconf("SC_CLK_TCK"), proc_usage(pid).rss)
 
 
 def tree_usage(pid: int) -> Usage:
@@ -453,11 +463,15 @@ def measure(hosts: int, jobs: int, slots: int, scale: float, per_target: int, tm
                     [(f"gearmand {i + 1}", gm.pid) for i, gm in enumerate(lb.gearmands)]
             got = {name: proc_usage(pid) for name, pid in named if pid is not None}
             got["PostgreSQL (all its processes)"] = tree_usage(postmaster)
-            workers = Usage()
+            # A slot's own Python apart from its jobs' commands (sandbox, supervisor, the script):
+            # which of the two the workers' share of the cores is.
+            slots, commands = Usage(), Usage()
             for w in lb.workers:
-                u = tree_usage(w.pid)
-                workers.add(u.cpu, u.rss)
-            got["workers with their jobs (all, CPU summed, largest RSS)"] = workers
+                own, u = own_usage(w.pid), tree_usage(w.pid)
+                slots.add(own.cpu, own.rss)
+                commands.add(u.cpu - own.cpu, 0.0)
+            got[SLOTS] = slots
+            got["their jobs' commands (supervisor, sandbox, script; CPU summed, RSS not sampled)"] = commands
             return got
 
         before = daemons()
@@ -615,6 +629,7 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
               f"{night.stolen / ((os.cpu_count() or 1) * night.wall):.3f} ({night.stolen:.1f} s)"),
              ("CPU ms per job (all of the above, the jobs' own commands included)", f"{1000 * busy / max(n, 1):.0f}"),
              ("nightly CPU ms per job", f"{1000 * night.usage['nightly'].cpu / max(n, 1):.1f}"),
+             ("worker slots' own CPU ms per job", f"{1000 * night.usage[SLOTS].cpu / max(n, 1):.1f}"),
              ("report build s (then its job files copied to disk s)",
               f"{night.report_seconds - night.copy_seconds:.2f} ({night.copy_seconds:.2f})")]
     rows += [(f"dashboard `{p}` worst ms", f"{v:.0f}") for p, v in night.pages.items()]

@@ -38,8 +38,9 @@ failure.
     .venv/bin/python bench/scale.py            # the whole table
     ... --nights 2       a night before the measured one, on the same lab: its history (durations,
                          the report's past), as a farm has every night but its first
-    ... --profile DIR    the nightly, the collector and the report's build under cProfile
-                         (DIR/nightly.prof, collector.prof, report.prof)
+    ... --profile DIR    the nightly, the collector, every worker slot and the report's build
+                         under cProfile (DIR/nightly.prof, collector.prof, worker-PID.prof,
+                         report.prof)
     ... --nice 10        the simulated hosts' workers and jobs at niceness 10: in a lab the farm's
                          daemons (nightly, collector, gearmand, MinIO, PostgreSQL) have a host of
                          their own; here they share two cores with 128 worker slots
@@ -139,7 +140,7 @@ sleep "$secs"
 # collector's work is done in its handler threads); their stats are summed at exit.
 PROFILED = """
 import cProfile, os, pstats, threading
-out, _exit, profs = os.environ["SCALE_PROFILE"], os._exit, [cProfile.Profile()]
+out, _exit, profs = os.environ["SCALE_PROFILE"].replace("{pid}", str(os.getpid())), os._exit, [cProfile.Profile()]
 def _thread_profile(*_):
     prof = cProfile.Profile()
     profs.append(prof)
@@ -166,9 +167,11 @@ runpy.run_module("gearfarm.cli", run_name="__main__")
 """
 
 
-def gearfarm_cli(profile: Path | None = None) -> list[str]:
-    """How to run `gearfarm` from this checkout: under cProfile (stats to $SCALE_PROFILE) when asked."""
-    return [sys.executable, "-c", THIS_CHECKOUT + (PROFILED if profile else "") + RUN]
+def gearfarm_cli(profile: Path | None = None, out: str | None = None) -> list[str]:
+    """How to run `gearfarm` from this checkout: under cProfile when asked, its stats to ``out``
+    (else $SCALE_PROFILE; "{pid}" in either is the process's pid)."""
+    dest = f"import os\nos.environ['SCALE_PROFILE'] = {out!r}\n" if profile and out else ""
+    return [sys.executable, "-c", THIS_CHECKOUT + (dest + PROFILED if profile else "") + RUN]
 
 
 def layout(jobs: int, per_target: int) -> tuple[int, int]:
@@ -450,7 +453,9 @@ def measure(hosts: int, jobs: int, slots: int, scale: float, per_target: int, tm
         os.environ["SCALE_PROFILE"] = str(profile / "collector.prof")  # the collector's; the nightly's its own
     with postgres() as (db_url, postmaster), lab(hosts, tmp / "lab", names, repo=repo, slots=slots, perf=False,
                                                  servers=2, db_url=db_url, settle=120 + 2 * hosts * slots,
-                                                 cli=(["nice", "-n", str(nice)] if nice else []) + gearfarm_cli(),
+                                                 cli=(["nice", "-n", str(nice)] if nice else [])
+                                                 + gearfarm_cli(profile, str(profile / "worker-{pid}.prof")
+                                                                if profile else None),
                                                  collector_cli=gearfarm_cli(profile),
                                                  farm={"collector_threads": collector_threads}
                                                  if collector_threads else None) as lb:
@@ -646,7 +651,7 @@ def main() -> None:
     ap.add_argument("--time-scale", type=float, default=0.5, help="times the real spread's seconds (default 0.5)")
     ap.add_argument("--per-target", type=int, default=50, help="jobs a target (default 50; at most 65)")
     ap.add_argument("--profile", type=Path,
-                    help="the nightly, the collector and the report under cProfile (DIR/*.prof)")
+                    help="the nightly, the collector, the worker slots and the report under cProfile (DIR/*.prof)")
     ap.add_argument("--nights", type=int, default=1,
                     help="nightlies per configuration, the last measured (the others are its history; default 1)")
     ap.add_argument("--nice", type=int, default=0,

@@ -227,22 +227,16 @@ class Usage:
         self.rss = max(self.rss, rss)
 
 
-def proc_usage(pid: int) -> Usage:
-    """A live process's CPU so far (its own, and its reaped children's: a worker's suites, a
-    PostgreSQL's ended backends) and its peak RSS (VmHWM), from /proc."""
+def proc_usage(pid: int, children: bool = True) -> Usage:
+    """A live process's CPU so far (its own, and with ``children`` its reaped children's: a
+    worker's suites, a PostgreSQL's ended backends) and its peak RSS (VmHWM), from /proc."""
     hwm = 0.0
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             hwm = int(line.split()[1]) / 1024
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return Usage(sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK"), hwm)
-
-
-def own_usage(pid: int) -> Usage:
-    """``proc_usage`` of a process's own work only: not its reaped children's (a worker slot's
-    Python, without the commands of its jobs)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return Usage(sum(int(f) for f in fields[11:13]) / os.sysconf("SC_CLK_TCK"), proc_usage(pid).rss)
+    # utime, stime, then cutime, cstime
+    return Usage(sum(int(f) for f in fields[11:15 if children else 13]) / os.sysconf("SC_CLK_TCK"), hwm)
 
 
 def tree_usage(pid: int) -> Usage:
@@ -472,7 +466,7 @@ def measure(hosts: int, jobs: int, slots: int, scale: float, per_target: int, tm
             # which of the two the workers' share of the cores is.
             slots, commands = Usage(), Usage()
             for w in lb.workers:
-                own, u = own_usage(w.pid), tree_usage(w.pid)
+                own, u = proc_usage(w.pid, children=False), tree_usage(w.pid)
                 slots.add(own.cpu, own.rss)
                 commands.add(u.cpu - own.cpu, 0.0)
             got[SLOTS] = slots

@@ -125,8 +125,13 @@ def cancel(run_id: str, target: str | None = None, step: str | None = None) -> s
     role may write (ROLE_WRITES' patterns span '/': under a job's own prefix, its role could
     cancel any job of that kind). Retention prunes them with their run."""
     if target is None or step is None:
-        return f"cancels/{part(run_id)}/run.json"
-    return f"cancels/{part(run_id)}/{part(target)}/{part(step)}.json"
+        return f"{cancels(run_id)}run.json"
+    return f"{cancels(run_id)}{part(target)}/{part(step)}.json"
+
+
+def cancels(run_id: str) -> str:
+    """The prefix of a run's cancel markers, the run's and its jobs': one LIST shows them all."""
+    return f"cancels/{part(run_id)}/"
 
 
 # -- who may touch what: each worker role's MinIO user gets exactly this (s3/minio.py) ----

@@ -351,9 +351,14 @@ class Context:
 
     def cancelled(self, p: Payload) -> bool:
         """Whether a person cancelled the job or its run: the nightly's signed marker. Asked at
-        each heartbeat, without waiting out an outage (quick_store)."""
-        return any(self.marked(self.quick_store, Marker("cancel", p.run_id, t, s), p)
-                   for t, s in ((p.target, p.step), (None, None)))
+        each heartbeat, without waiting out an outage (quick_store), as one LIST of the run's
+        markers, which on a night nobody cancels is empty: a GET of each of the two keys was
+        twice the requests, and twice boto3's CPU (its 404 is an exception), at every beat of
+        every running job (docs/speed.md). Only a marker listed at the job's or the run's key
+        is read and its seal checked."""
+        mine = {m.key: m for m in (Marker("cancel", p.run_id, p.target, p.step), Marker("cancel", p.run_id))}
+        listed = [k for k in self.quick_store.list(keys.cancels(p.run_id)) if k in mine]
+        return any(self.marked(self.quick_store, mine[k], p) for k in listed)
 
     def marked(self, store: ArtifactStore, at: Marker, p: Payload) -> bool:
         """Whether the nightly's marker ``at`` is in S3, sealed by the nightly for this run or
@@ -527,7 +532,8 @@ class Heartbeat:
 
     def __init__(self, ctx: Context, job: Job, p: Payload) -> None:
         self.ctx, self.job, self.p = ctx, job, p
-        self.stop, self.cancel, self.leased = threading.Event(), threading.Event(), threading.Event()
+        self.stop, self.leased = threading.Event(), threading.Event()
+        self.cancel = process.CancelFlag()
 
     def __enter__(self) -> Heartbeat:
         threading.Thread(target=self._beat, daemon=True).start()
@@ -535,6 +541,7 @@ class Heartbeat:
 
     def __exit__(self, *_: object) -> None:
         self.stop.set()
+        self.cancel.close()
 
     def _beat(self) -> None:
         ctx, p, n = self.ctx, self.p, 0
@@ -551,7 +558,7 @@ class Heartbeat:
                 log.warning("cannot check whether job %s was cancelled: %s", p.job_id, e)
 
 
-def perform_job(ctx: Context, p: Payload, job: Job, work: Work, cancel: threading.Event,
+def perform_job(ctx: Context, p: Payload, job: Job, work: Work, cancel: process.CancelFlag,
                 admission: Admission) -> ResultRecord:
     """The job's work, its commands stopped once ``cancel`` is set. Whatever escapes it becomes
     the record: `cancelled`, or `infra` (the farm failed, not the product: say so, never lose the

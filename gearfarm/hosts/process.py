@@ -110,12 +110,50 @@ class Cancelled(Exception):
     """The job was cancelled while its command ran; the command's whole tree is gone."""
 
 
+class CancelFlag:
+    """A job's cancel flag, which a command's wait sleeps on beside its supervisor's report
+    (an eventfd), so a slot waiting for its command wakes when one of them speaks and not
+    before. Looking at a threading.Event every 0.25 s was 64 wake-ups of the slot's thread in
+    a 16 s suite, a cost that grew with the job (docs/speed.md). Set from the heartbeat's thread;
+    closed when the job ends, after which setting it only sets the flag: its descriptor number
+    may belong to another file by then."""
+
+    def __init__(self) -> None:
+        self._set = threading.Event()
+        self._lock = threading.Lock()
+        self._fd: int | None = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+
+    def set(self) -> None:
+        self._set.set()
+        with self._lock:
+            if self._fd is not None:
+                os.eventfd_write(self._fd, 1)
+
+    def is_set(self) -> bool:
+        return self._set.is_set()
+
+    def fileno(self) -> int:
+        """Readable once the flag is set (and stays so); -1 once closed."""
+        with self._lock:
+            return -1 if self._fd is None else self._fd
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def __enter__(self) -> CancelFlag:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
 # The cancel flag of the job the calling thread runs (set by gearfarm.workers.base for the
 # job's duration): every command the job starts is stopped when it is set, without passing it
 # through each role's code.
-CANCEL: ContextVar[threading.Event | None] = ContextVar("gearfarm_job_cancel", default=None)
-# How often a running command looks at its job's cancel flag.
-CANCEL_POLL = 0.25
+CANCEL: ContextVar[CancelFlag | None] = ContextVar("gearfarm_job_cancel", default=None)
 
 
 REAPER = Path(__file__).resolve().parents[1] / "step" / "reaper.py"
@@ -373,10 +411,10 @@ def _ended(code: int) -> str:
 
 
 def _supervise(reaper: subprocess.Popen[bytes], job: bytes, timeout: float, status_r: int,
-               cancel: threading.Event | None = None) -> tuple[bytes, bool]:
+               cancel: CancelFlag | None = None) -> tuple[bytes, bool]:
     """Hand the job to the reaper, wait for its report; (report, True if it had to be stopped
-    as wedged). Waits on the report pipe, not with Popen.wait(timeout), which polls with
-    sleeps of up to 50 ms and would add them to every job."""
+    as wedged). Waits on the report pipe and the job's cancel flag, not with
+    Popen.wait(timeout), which polls with sleeps of up to 50 ms and would add them to every job."""
     assert reaper.stdin is not None
     wedged = False
     try:
@@ -388,16 +426,16 @@ def _supervise(reaper: subprocess.Popen[bytes], job: bytes, timeout: float, stat
         deadline = time.monotonic() + timeout + REAPER_GRACE
         poller = select.poll()
         poller.register(status_r, select.POLLIN)
+        flag = cancel.fileno() if cancel is not None else -1
+        if flag >= 0:
+            poller.register(flag, select.POLLIN)
         chunks = []
-        stopping = False
         while True:
-            left = deadline - time.monotonic()
-            if cancel is not None and cancel.is_set() and not stopping:
-                stopping = True
+            if flag >= 0 and cancel is not None and cancel.is_set():
+                poller.unregister(flag)  # it stays readable: once is enough
+                flag = -1
                 reaper.terminate()  # the reaper kills the command's tree, reports and exits
-            wait = min(left, 3600.0, CANCEL_POLL if cancel is not None else 3600.0)
-            if left > 0 and not poller.poll(wait * 1000):
-                continue
+            left = deadline - time.monotonic()
             if left <= 0:
                 wedged = True
                 reaper.terminate()  # SIGTERM: the reaper kills the job's tree, then exits
@@ -406,6 +444,8 @@ def _supervise(reaper: subprocess.Popen[bytes], job: bytes, timeout: float, stat
                 except subprocess.TimeoutExpired:
                     reaper.kill()
                 break
+            if not any(fd == status_r for fd, _ in poller.poll(min(left, 3600.0) * 1000)):
+                continue  # the time ran out, or the job was cancelled: looked at above
             chunk = os.read(status_r, 4096)
             if not chunk:
                 break

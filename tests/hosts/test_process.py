@@ -107,6 +107,48 @@ def test_timeout_kills_the_whole_tree(marker: str, tmp_path: Path) -> None:
     assert log.read_text().endswith("\n*** killed after the catalog timeout of 1s ***\n")
 
 
+def test_a_cancelled_commands_tree_stops_and_its_wait_sleeps_until_then(marker: str, tmp_path: Path) -> None:
+    """A slot waits for its command on the supervisor's report and the job's cancel flag together:
+    the waiting thread sleeps until one of them speaks (a wake-up every 0.25 s to look at a flag
+    was CPU that grew with the job's length), and a cancel stops the command's whole tree."""
+    import threading
+
+    log = tmp_path / "job.log"
+    flag, ended, tid = process.CancelFlag(), [], []
+
+    def job() -> None:
+        tid.append(threading.get_native_id())
+        token = process.CANCEL.set(flag)
+        try:
+            process.run_logged(["sh", "-c", f"sleep {marker} & setsid sleep {marker} & wait"], log, 60)
+        except process.Cancelled as e:
+            ended.append((time.monotonic(), str(e)))
+        finally:
+            process.CANCEL.reset(token)
+
+    def switches() -> int:
+        status = Path(f"/proc/self/task/{tid[0]}/status").read_text()
+        return int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.M).group(1))  # type: ignore[union-attr]
+
+    waiter = threading.Thread(target=job)
+    with flag:
+        waiter.start()
+        assert wait_until(lambda: len(with_marker(marker)) == 2, 10)
+        time.sleep(0.3)
+        before = switches()
+        time.sleep(2.0)
+        woke = switches() - before
+        cancelled_at = time.monotonic()
+        flag.set()
+        waiter.join(10)
+    assert woke <= 1, f"the waiting thread woke {woke} times in 2 s of a command that said nothing"
+    assert ended and ended[0][0] - cancelled_at < 2 and "the job was cancelled" in ended[0][1], ended
+    assert with_marker(marker) == []
+    assert log.read_text().endswith("*** cancelled: the command and everything it started were stopped ***\n")
+    flag.set()  # the job is over and its flag closed: a late cancel only sets it
+    assert flag.is_set() and flag.fileno() == -1
+
+
 def test_leftovers_of_a_command_that_exited_are_killed(marker: str, tmp_path: Path) -> None:
     # The pause lets setsid leave the group before the shell exits (else killpg alone finds it).
     script = f"sleep {marker} & setsid sleep {marker} & sleep 0.3"

@@ -211,6 +211,41 @@ def test_the_heartbeats_look_for_a_cancel_does_not_wait_out_an_s3_outage(tmp_pat
     assert ctx.store.retry_for >= 60 and ctx.quick_store.retry_for == 0
 
 
+def test_a_heartbeats_look_for_a_cancel_is_one_request_and_finds_the_jobs_or_the_runs_marker(tmp_path: Path) -> None:
+    """Every running job looks for a cancel at every beat, so the look is one S3 request (a LIST
+    of the run's markers), not a GET of each of two keys that nearly always answer 404. It still
+    obeys the nightly's marker at the job's key or the run's, and no other job's."""
+    from gearfarm.formats.job import Payload
+    from gearfarm.formats.marker import Marker, sealed
+
+    farm = keyed(tmp_path / "state", f"sqlite:///{tmp_path / 'r.db'}")
+    with MinioServer(tmp_path / "minio") as minio:
+        cfg = Config(gearman=GearmanConfig(servers=["127.0.0.1:1"]), s3=minio.s3_config(),
+                     farm=FarmConfig(repo=str(tmp_path), state_dir=str(tmp_path / "state"), **farm))  # type: ignore[arg-type]
+        ctx = Context(cfg, "test")
+        requests: list[str] = []
+        ctx.quick_store.s3.meta.events.register("before-send.s3", lambda request, **_: requests.append(request.method))
+        p = Payload.model_construct(run_id="r1", target="linux-x86_64", kind="test", name="unit", job_id="j")
+
+        def look() -> tuple[bool, int]:
+            requests.clear()
+            return ctx.cancelled(p), len(requests)
+
+        def mark(m: Marker) -> None:
+            ctx.store.put_bytes(m.key, sealed(cfg.nightly_signer(), m), "application/json")
+
+        assert look() == (False, 1)  # a night nobody cancels: one request a beat
+        mark(Marker("cancel", "r1", "linux-x86_64", "test-other", "carol", 1.0))  # another job of the run
+        mark(Marker("cancel", "r0"))  # another run
+        assert look() == (False, 1)
+        mark(Marker("cancel", "r1", "linux-x86_64", "test-unit", "carol", 1.0))
+        assert look() == (True, 2)  # listed, then read and its seal checked
+        ctx.store.delete([keys.cancel("r1", "linux-x86_64", "test-unit")])
+        mark(Marker("cancel", "r1", who="carol", at=1.0))
+        assert look() == (True, 2)
+        ctx.close()
+
+
 def test_a_worker_without_the_keys_it_needs_refuses_to_start_saying_how_to_get_them(tmp_path: Path) -> None:
     """A worker verifies payloads with the nightly's public key and signs with its own: without
     either it would run nothing or deliver nothing the ledger accepts, so it does not start. A

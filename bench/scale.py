@@ -576,7 +576,7 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
     collect = [applied[r.job_id] - night.published[r.job_id] for r in ran
                if r.job_id in applied and r.job_id in night.published]
     # A command's seconds beyond its drawn sleep: the supervisor's and the sandbox's start and
-    # end (gearfarm/step/reaper.py, sandbox.py) and the script's own few programs. The farm's,
+    # end (gearfarm/step/reaper.c, sandbox.py) and the script's own few programs. The farm's,
     # though its records count it as the job's (and so does the bound). Not of a build that
     # reused last night's artifact: it ran no command.
     beyond = [command[r.job_id] - night.drawn[r.target, r.step.removeprefix("test-")]

@@ -1,7 +1,7 @@
 """Starting and stopping the farm's local daemons (MinIO, workers, the collector) so that
 nothing outlives the farm: each runs in its own process group, which stop() kills whole.
 Also running a job's catalog command so that nothing of it outlives the job or its worker
-(run_logged, through gearfarm/step/reaper.py) and its output stays within the job's log limit
+(run_logged, through gearfarm/step/reaper.c) and its output stays within the job's log limit
 (the head and the tail of it, and a note of what was dropped between), the per-job temporary
 directories that a restarted worker sweeps (job_dir, sweep_work_dirs), and telling whether a
 pid is still the very process that was recorded (identity, is_same), so that a stale pid is
@@ -10,14 +10,14 @@ never killed."""
 from __future__ import annotations
 
 import fcntl
-import marshal
+import functools
+import hashlib
 import os
 import re
 import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -156,13 +156,58 @@ class CancelFlag:
 CANCEL: ContextVar[CancelFlag | None] = ContextVar("gearfarm_job_cancel", default=None)
 
 
-REAPER = Path(__file__).resolve().parents[1] / "step" / "reaper.py"
-# -I -S: no site, no PYTHON* variables of the job's environment, no job cwd on sys.path (a
-# scratch dir's ctypes.py must not shadow the stdlib), a few milliseconds less per job.
-# Imported, not run as a script, so that its .pyc is used instead of compiling it each time;
-# appended to sys.path, so nothing in gearfarm/ shadows the standard library.
-REAPER_COMMAND = [sys.executable, "-I", "-S", "-c", f"import sys; sys.path.append({str(REAPER.parent)!r}); "
-                  "import reaper; sys.exit(reaper.main(sys.argv[1:]))"]
+REAPER = Path(__file__).resolve().parents[1] / "step" / "reaper.c"
+# As the engine is built: C11, every warning an error.
+REAPER_CC = ("cc", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror")
+
+
+class ReaperError(RuntimeError):
+    """The job supervisor could not be built: no command can run on this host."""
+
+
+def _cache() -> Path:
+    """Where the farm keeps what it builds for this host: $GEARFARM_CACHE (as make setup's MinIO),
+    else the user's cache directory's gearfarm/ (as probe.py's), which a systemd unit gives with
+    CacheDirectory= and XDG_CACHE_HOME (docker/systemd/gearfarm-worker@.service: it has no home)."""
+    if os.environ.get("GEARFARM_CACHE"):
+        return Path(os.environ["GEARFARM_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gearfarm"
+
+
+@functools.cache
+def reaper_command() -> list[str]:
+    """The job supervisor's command (gearfarm/step/reaper.c), compiled on first use into the
+    cache's bin/ under a name that holds the sha256 of its source and flags: a changed source
+    is built again, and two workers that build it at once each rename a whole binary into
+    place. Every host that runs jobs has a C compiler (make setup-worker's build-essential);
+    ReaperError, saying so, where none is."""
+    digest = hashlib.sha256(REAPER.read_bytes() + " ".join(REAPER_CC).encode()).hexdigest()[:16]
+    binary = _cache() / "bin" / f"gearfarm-reaper-{digest}"
+    if not binary.is_file():
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        tmp = binary.with_name(f".{binary.name}.{os.getpid()}.{threading.get_ident()}")
+        try:
+            built = subprocess.run([*REAPER_CC, "-o", str(tmp), str(REAPER)], capture_output=True, text=True)
+        except FileNotFoundError as e:
+            raise ReaperError(f"cannot build the job supervisor {REAPER}: no C compiler ({REAPER_CC[0]}) on this "
+                              "host; install build-essential (make setup-worker does)") from e
+        if built.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise ReaperError(f"cannot build the job supervisor {REAPER} ({' '.join(REAPER_CC)}): "
+                              f"{(built.stderr or built.stdout).strip()[-2000:]}")
+        os.replace(tmp, binary)
+    # The worker, root on a lab host, runs it for every command: nobody but this user (or root)
+    # may replace it.
+    for path in (binary.parent, binary):
+        st = path.stat()
+        if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:
+            raise ReaperError(f"the job supervisor's {'directory' if path.is_dir() else 'binary'} {path} is owned by "
+                              f"uid {st.st_uid} with mode {st.st_mode & 0o7777:o}: another user could replace what "
+                              "this worker runs for every command. Fix: point $GEARFARM_CACHE at a directory of "
+                              "this user's own that only it can write")
+    return [str(binary)]
+
+
 # The reaper enforces the timeout itself; the worker waits this much longer before deciding
 # the reaper is wedged (it needs at most its startup, TERM_GRACE and KILL_PATIENCE past the timeout).
 REAPER_GRACE = 60.0
@@ -304,8 +349,13 @@ class _Pump(threading.Thread):
 
 
 def reaper_input(argv: Sequence[str], env: Mapping[str, str], stage: tuple[str, Sequence[str]] | None = None) -> bytes:
-    """What the reaper reads on its stdin: the command, its whole environment, its stage."""
-    return marshal.dumps((list(argv), dict(env), None if stage is None else (stage[0], list(stage[1]))))
+    """What the reaper reads on its stdin: the command, its whole environment, its stage, as
+    NUL-terminated strings (none of them can hold a NUL): the argv's count and items, the
+    environment's count and KEY=VALUE items, then "0", or "1", the stage's top, the count of its
+    directories and each of them."""
+    items = [str(len(argv)), *argv, str(len(env)), *(f"{k}={v}" for k, v in env.items())]
+    items += ["0"] if stage is None else ["1", stage[0], str(len(stage[1])), *stage[1]]
+    return b"".join(os.fsencode(i) + b"\0" for i in items)
 
 
 def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | None = None,
@@ -314,14 +364,14 @@ def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | 
     """Run a catalog command with its output appended to ``log_path``, at most ``limit`` bytes
     of the log (default LOG_LIMIT, the worker's [farm] log_limit) kept: see CappedLog.
     ``stage``: (where, directories) the command's supervisor binds in a mount namespace of the
-    command's own before it starts it (reaper.stage; the sandbox's, for a root worker's job uid).
+    command's own before it starts it (reaper.c's stage(); the sandbox's, for a root worker's job uid).
 
     Returns (exit code, timed_out); the exit code is Popen's returncode (negative: killed by
     that signal). Whatever happens -- the command exits, the timeout passes, or the worker
     is killed, even by kill -9 -- every process the command started is killed, grandchildren
     that left the process group or daemonised included, because suites spawn children (the
     recovery suite's writers, wine's server) that would otherwise outlive the job and hold
-    the worker's files. The command runs under gearfarm/step/reaper.py, see there how.
+    the worker's files. The command runs under gearfarm/step/reaper.c, see there how.
 
     ``shown`` is what the log says was run, when that is not all of ``argv`` (the catalog's
     command without the sandbox's wrapping).
@@ -342,9 +392,8 @@ def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | 
     with log_path.open("ab") as log:
         log.write(("$ " + " ".join(shown if shown is not None else argv) + "\n").encode())
         log.flush()
-        # argv and env go through a pipe, not the reaper's own argv and environment: Python
-        # would add LC_CTYPE=C.UTF-8 to a C-locale environment at startup (PEP 538), and the
-        # command must get exactly the environment it was given.
+        # argv and env go through a pipe, not the reaper's own argv and environment: the command
+        # must get exactly the environment it was given, and an argv or environment of any size.
         job = reaper_input(argv, dict(env) if env is not None else dict(os.environ), stage)
         capped = CappedLog(log, limit or LOG_LIMIT)
         status_r, status_w = os.pipe()
@@ -356,7 +405,7 @@ def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | 
         try:
             try:
                 reaper = subprocess.Popen(
-                    [*REAPER_COMMAND, str(os.getpid()), str(status_w), repr(float(timeout))],
+                    [*reaper_command(), str(os.getpid()), str(status_w), repr(float(timeout))],
                     stdin=subprocess.PIPE, stdout=out_w, stderr=subprocess.STDOUT, cwd=cwd,
                     start_new_session=True, pass_fds=(status_w,))
             except OSError as e:
@@ -395,7 +444,7 @@ def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | 
             # leaves a log that stops at its own "$ " line, saying nothing of how it went.
             log.write(f"--- {_ended(code)} after {time.monotonic() - began:.1f} s ---\n".encode())
             return code, False
-        log.write(f"\n*** the job's supervisor {REAPER.name} ended ({reaper.returncode}) with "
+        log.write(f"\n*** the job's supervisor gearfarm-reaper ended ({reaper.returncode}) with "
                   f"{reason or 'no'} result {detail} ***\n".encode())
         return None, False
 

@@ -65,7 +65,7 @@ UNPRIVILEGED = "65534"  # nobody / nogroup
 
 # Where a root worker binds a job's directories for bubblewrap to find as the job's uid (in a
 # mount namespace of the command's own, over a tmpfs: the host's /mnt is not touched). The
-# command's supervisor makes it (gearfarm/step/reaper.py stage()).
+# command's supervisor makes it (gearfarm/step/reaper.c stage()).
 STAGE = "/mnt"
 
 
@@ -292,6 +292,10 @@ def for_config(cfg: Config) -> Sandbox:
                   uid if cfg.farm.sandbox != "none" else None, cfg.farm.log_limit,
                   cfg.path(os.path.expanduser(cfg.farm.ccache)) if cfg.farm.ccache else None)
     box.check()
+    try:
+        process.reaper_command()  # built now: no command of any job runs without its supervisor
+    except process.ReaperError as e:
+        raise SandboxError(str(e)) from e
     # Directories meant to be shared by every job are the job uid's: jobs write there.
     box.give(list(box.shared))
     if box.mode == "none":

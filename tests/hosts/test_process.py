@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from gearfarm.config import Config, FarmConfig
 from gearfarm.hosts import process
 from gearfarm.run.farm import STATE_FILE, EmbeddedFarm, stop_from_state
-from gearfarm.step import reaper
+from gearfarm.step.sandbox import SandboxError, for_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -167,7 +168,8 @@ def test_daemons_get_sigterm_before_sigkill(marker: str, tmp_path: Path) -> None
     took = time.monotonic() - t0
     assert flag.read_text() == "yes\n"
     assert with_marker(marker) == []
-    assert reaper.TERM_GRACE <= took < reaper.TERM_GRACE + 4, \
+    grace = float(re.search(r"#define TERM_GRACE ([0-9.]+)", process.REAPER.read_text())[1])  # the supervisor's
+    assert grace <= took < grace + 4, \
         f"the SIGTERM-deaf daemon was killed after {took:.1f}s, not after the grace"
 
 
@@ -205,11 +207,11 @@ def test_command_gets_its_output_log_env_cwd_and_no_stdin(tmp_path: Path) -> Non
 
 THREAD_STARTS_JOB = """
 import os, subprocess, threading, time
-from gearfarm.hosts.process import REAPER_COMMAND, reaper_input
+from gearfarm.hosts.process import reaper_command, reaper_input
 status_r, status_w = os.pipe()
 def start():
     # The thread that forks the reaper is its PDEATHSIG parent; it exits while the job runs.
-    reaper = subprocess.Popen([*REAPER_COMMAND, str(os.getpid()), str(status_w), "60"],
+    reaper = subprocess.Popen([*reaper_command(), str(os.getpid()), str(status_w), "60"],
                               stdin=subprocess.PIPE, pass_fds=(status_w,), start_new_session=True)
     reaper.stdin.write(reaper_input(["sleep", os.environ["MARKER"]], os.environ))
     reaper.stdin.close()
@@ -366,3 +368,76 @@ def test_reaper_overhead_per_job(tmp_path: Path) -> None:
     print(f"\nrun_logged(['true']) median {times[10] * 1000:.1f} ms; a bare Popen of true {bare[10] * 1000:.1f} ms")
     assert times[10] < 1.0
 
+
+
+def test_the_supervisor_is_built_once_per_source_and_a_host_without_a_compiler_is_told_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job supervisor is C, compiled by the worker on first use into the cache under its
+    source's sha256: built once, used as long as the source is the same, built again when it
+    changes; a host without a C compiler, or a source that does not build, gets an error that
+    says what to do, and a worker refuses to start with it (sandbox.for_config)."""
+    monkeypatch.setenv("GEARFARM_CACHE", str(tmp_path / "cache"))
+    process.reaper_command.cache_clear()
+    try:
+        (built,) = process.reaper_command()
+        assert Path(built).parent == tmp_path / "cache" / "bin" and os.access(built, os.X_OK)
+        first = Path(built).stat().st_mtime_ns
+        process.reaper_command.cache_clear()
+        assert process.reaper_command() == [built] and Path(built).stat().st_mtime_ns == first, "built twice"
+        assert process.run_logged(["true"], tmp_path / "log", 10) == (0, False)
+
+        changed = tmp_path / "reaper.c"
+        source = process.REAPER.read_text() + "\n/* changed */\n"
+        changed.write_text(source)
+        monkeypatch.setattr(process, "REAPER", changed)
+        process.reaper_command.cache_clear()
+        (again,) = process.reaper_command()
+        assert again != built and os.access(again, os.X_OK)
+
+        changed.write_text("int main(void) { return x; }\n")
+        process.reaper_command.cache_clear()
+        with pytest.raises(process.ReaperError, match=r"(?s)cannot build the job supervisor .*x.? undeclared"):
+            process.reaper_command()
+        assert [p.name for p in (tmp_path / "cache" / "bin").iterdir() if p.name.startswith(".")] == []
+
+        changed.write_text(source)
+        (tmp_path / "cache" / "bin").chmod(0o777)  # another user could swap the binary
+        process.reaper_command.cache_clear()
+        with pytest.raises(process.ReaperError, match=r"directory .*/bin is owned by uid \d+ with mode 777"):
+            process.reaper_command()
+        (tmp_path / "cache" / "bin").chmod(0o755)
+
+        monkeypatch.setattr(process, "REAPER_CC", ("no-such-cc-gearfarm", *process.REAPER_CC[1:]))
+        process.reaper_command.cache_clear()
+        with pytest.raises(process.ReaperError, match=r"no C compiler \(no-such-cc-gearfarm\).*build-essential"):
+            process.reaper_command()
+        cfg = Config(farm=FarmConfig(repo=str(tmp_path), state_dir=str(tmp_path / "state"), sandbox="none"))
+        with pytest.raises(SandboxError, match="no C compiler"):
+            for_config(cfg)
+    finally:
+        process.reaper_command.cache_clear()
+
+
+def test_a_job_handed_over_in_part_runs_nothing(tmp_path: Path) -> None:
+    """The supervisor runs a job only as process.reaper_input wrote it whole: a job cut short
+    (the worker died while handing it over), one whose counts do not fit, or none at all runs
+    nothing and reports nothing; the whole one runs."""
+    ran = tmp_path / "ran"
+    whole = process.reaper_input(["touch", str(ran)], {"PATH": "/usr/bin:/bin"})
+
+    def supervise(job: bytes) -> bytes:
+        status_r, status_w = os.pipe()
+        try:
+            reaper = subprocess.Popen([*process.reaper_command(), str(os.getpid()), str(status_w), "60"],
+                                      stdin=subprocess.PIPE, pass_fds=(status_w,))
+            os.close(status_w)
+            reaper.communicate(job, timeout=60)
+            assert reaper.returncode == 0
+            return os.read(status_r, 4096)
+        finally:
+            os.close(status_r)
+
+    for torn in (whole[:len(whole) // 2], whole[:-1], b"-1\0touch\0", b"99999999\0touch\0", b"x" * 64, b""):
+        assert supervise(torn) == b"", torn
+        assert not ran.exists(), f"{torn!r} ran"
+    assert supervise(whole) == b"exit 0" and ran.exists()

@@ -184,7 +184,11 @@ def reaper_command() -> list[str]:
     digest = hashlib.sha256(REAPER.read_bytes() + " ".join(REAPER_CC).encode()).hexdigest()[:16]
     binary = _cache() / "bin" / f"gearfarm-reaper-{digest}"
     if not binary.is_file():
-        binary.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            binary.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ReaperError(f"cannot build the job supervisor into {binary.parent} ({e}): point $GEARFARM_CACHE "
+                              "at a directory this user can write") from e
         tmp = binary.with_name(f".{binary.name}.{os.getpid()}.{threading.get_ident()}")
         try:
             built = subprocess.run([*REAPER_CC, "-o", str(tmp), str(REAPER)], capture_output=True, text=True)

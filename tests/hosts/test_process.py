@@ -369,7 +369,6 @@ def test_reaper_overhead_per_job(tmp_path: Path) -> None:
     assert times[10] < 1.0
 
 
-
 def test_the_supervisor_is_built_once_per_source_and_a_host_without_a_compiler_is_told_so(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The job supervisor is C, compiled by the worker on first use into the cache under its
@@ -406,6 +405,13 @@ def test_the_supervisor_is_built_once_per_source_and_a_host_without_a_compiler_i
         with pytest.raises(process.ReaperError, match=r"directory .*/bin is owned by uid \d+ with mode 777"):
             process.reaper_command()
         (tmp_path / "cache" / "bin").chmod(0o755)
+
+        (tmp_path / "a-file").write_text("")
+        monkeypatch.setenv("GEARFARM_CACHE", str(tmp_path / "a-file"))  # a cache that cannot be a directory
+        process.reaper_command.cache_clear()
+        with pytest.raises(process.ReaperError, match=r"into .*a-file/bin .*point \$GEARFARM_CACHE"):
+            process.reaper_command()
+        monkeypatch.setenv("GEARFARM_CACHE", str(tmp_path / "cache"))
 
         monkeypatch.setattr(process, "REAPER_CC", ("no-such-cc-gearfarm", *process.REAPER_CC[1:]))
         process.reaper_command.cache_clear()

@@ -409,6 +409,8 @@ class Admission:
         self.ctx, self.p, self.job, self.beat, self.t0 = ctx, p, job, beat, t0
         # From the job handed over to its claim answered (the farm's own), while the job is prepared.
         self.seconds = 0.0
+        # This process's reaped children's CPU when the attempt released its slot (release).
+        self.commands_cpu: float | None = None
         self._answer = ctx.claims.submit(self._ask)
 
     def _ask(self) -> str:
@@ -426,6 +428,14 @@ class Admission:
         why = self._answer.result()
         if why:
             raise Refused(why)
+
+    def release(self) -> None:
+        """The attempt's commands are done (what is left is its log's and record's way): the
+        slot may take its next job now (gearfarm.gearman.Job.release). Its commands' CPU is
+        read first, as the next job's commands are reaped by this process from then on."""
+        if self.commands_cpu is None:
+            self.commands_cpu = _children_cpu()
+        self.job.release()
 
 
 class Attempt:
@@ -471,8 +481,10 @@ class Attempt:
         (Moving them into the spool for the outbox to put instead took 8 ms off a slot's time
         between jobs on an idle host, but the three more fsyncs and the longer outbox made a
         64-host night on two cores slower: docs/speed.md.) Not before the claim was granted: the
-        log's key is the job's, whichever attempt writes it."""
+        log's key is the job's, whichever attempt writes it. The slot takes its next job
+        meanwhile (Admission.release)."""
         self.admission.settle()
+        self.admission.release()
         beside = [self.ctx.uploads.submit(self.ctx.store.put_file, key, path, kind)
                   for key, (path, kind) in (files or {}).items()]
         self.ctx.store.put_file(self.log_key, self.log_path, "text/plain; charset=utf-8")
@@ -486,6 +498,7 @@ class Attempt:
         """An `infra` record naming no log, for work that must not run or go on (a host without
         the tools, an artifact that does not verify): the farm's failure, not the project's."""
         self.admission.settle()
+        self.admission.release()
         return self.ctx.record(self.p, "infra", message=message, started_at=self.started, finished_at=time.time(),
                                **fields)
 
@@ -563,7 +576,7 @@ def perform_job(ctx: Context, p: Payload, job: Job, work: Work, cancel: process.
     """The job's work, its commands stopped once ``cancel`` is set. Whatever escapes it becomes
     the record: `cancelled`, or `infra` (the farm failed, not the product: say so, never lose the
     job); but an attempt whose claim was refused ends here, with none."""
-    cpu0, began = _cpu(), time.time()
+    own0, kids0, began = _thread_cpu(), _children_cpu(), time.time()
     token = process.CANCEL.set(cancel)
     try:
         rec = _under_host_lock(ctx, p, work, admission)
@@ -578,9 +591,11 @@ def perform_job(ctx: Context, p: Payload, job: Job, work: Work, cancel: process.
                          finished_at=time.time())
     finally:
         process.CANCEL.reset(token)
-    # CPU seconds of the job: its commands (every descendant reaped) and this process's
-    # own work for it (packing, checksums). The farm's lower bound counts work in it.
-    rec.timings["cpu"] = round(_cpu() - cpu0, 3)
+    # CPU seconds of the job: its commands (every descendant reaped, until it released the
+    # slot) and this thread's own work for it (packing, checksums; not the threads beside it,
+    # which may be another job's). The farm's lower bound counts work in it.
+    kids = admission.commands_cpu if admission.commands_cpu is not None else _children_cpu()
+    rec.timings["cpu"] = round(_thread_cpu() - own0 + kids - kids0, 3)
     return rec
 
 
@@ -615,11 +630,18 @@ def handle_result(ctx: Context, p: Payload, rec: ResultRecord) -> bytes:
     return f"{rec.job_id} {rec.status}".encode()
 
 
-def _cpu() -> float:
-    """User + system CPU of this process and of its reaped descendants. A worker runs one job
-    at a time, so the difference over a job is the job's (the heartbeat thread's is noise)."""
-    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+def _thread_cpu() -> float:
+    """User + system CPU of the calling thread (a job's handler runs in one thread)."""
+    own = resource.getrusage(resource.RUSAGE_THREAD)
+    return own.ru_utime + own.ru_stime
+
+
+def _children_cpu() -> float:
+    """User + system CPU of this process's reaped descendants. A slot runs one job's commands
+    at a time (the next job's start only once the last one's ended: Admission.release), so the
+    difference over a job's commands is theirs."""
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return kids.ru_utime + kids.ru_stime
 
 
 def serve(cfg: Config, functions: list[tuple[str, str, Work]], stop: threading.Event | None = None,
@@ -635,7 +657,9 @@ def serve(cfg: Config, functions: list[tuple[str, str, Work]], stop: threading.E
     for gone in process.sweep_work_dirs(first.work):
         log.info("removed %s, left by a worker that died mid-job", gone)
     stop = stop or threading.Event()
-    worker = gearman_worker(cfg, f"{socket.gethostname()}-{'+'.join(ctxs)}-{os.getpid()}", prefer)
+    # Overlapped: a job whose commands ended releases the slot (Admission.release), which takes
+    # its next job while the first one's log and record go on their way.
+    worker = gearman_worker(cfg, f"{socket.gethostname()}-{'+'.join(ctxs)}-{os.getpid()}", prefer, overlap=True)
     worker.stop_on_signals(stop)
     for role, fn, h in functions:
         worker.register(fn, functools.partial(handle_job, ctxs[role], h))

@@ -1,17 +1,17 @@
 """What every worker role shares: connecting to gearmand and S3, checking payloads before
 anything runs (the nightly's signature, unique id, deadline; then the ledger's claim), a heartbeat for
 the whole job, the job's dir and log around the kind's own work (an Attempt), and delivering the
-result record sealed with this host's own key: into the local spool, then from a thread of its own
-to S3 (the durable copy) and to the collector through Gearman while the slot takes its next job."""
+result record sealed with this host's own key: into the local spool, then to the collector through
+Gearman and to S3 (the durable copy), while the slot runs its next job (Admission.release)."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import hashlib
 import logging
 import os
-import queue
 import resource
 import secrets
 import socket
@@ -47,8 +47,6 @@ from gearfarm.step import sandbox
 log = logging.getLogger(__name__)
 # How long a stopping worker waits for the records it posted to be published.
 DRAIN_SECONDS = 10.0
-# Records a slot's outbox may have still to publish when the slot takes its next job.
-OUTBOX_MAX = 1
 LOG_TAIL_LINES = 40
 
 
@@ -87,15 +85,13 @@ class Context:
         self.durations = Durations.of_host(self.state)
         self._spool_lock = threading.Lock()
         # Records posted and not yet published (post): the flush loop leaves their spool files.
-        self._outbox: queue.SimpleQueue[tuple[ResultRecord, bytes, Path]] = queue.SimpleQueue()
         self._posted: set[Path] = set()
-        self._posted_lock = threading.Condition()
+        self._posted_lock = threading.Lock()
         # This process's mark on the records it posts (their spool names carry it), held locked
-        # for its life: a sibling worker of this host and role leaves them to its outbox, and
-        # delivers them once the lock is gone with the process (flush_spool).
+        # for its life: a sibling worker of this host and role leaves them to it, and delivers
+        # them once the lock is gone with the process (flush_spool).
         self.owner = f"{os.getpid()}-{secrets.token_hex(3)}"
         self._owner_fd: int | None = None
-        threading.Thread(target=self._send_posted, name="outbox", daemon=True).start()
         # A job's files put to S3 beside its log (Attempt.record): one PUT waited for, not two.
         self.uploads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="uploads")
         # An attempt's claim, asked while the slot prepares the job (Admission).
@@ -124,12 +120,14 @@ class Context:
             log.warning("result of %s spooled to %s (%s); will deliver when possible", rec.job_id, path, e)
 
     def post(self, rec: ResultRecord) -> None:
-        """Report a result without waiting for it to arrive: sealed and written to the spool
-        (fsync'd, under a millisecond), then published by the outbox's thread while this slot
-        takes its next job. The publish was a third of a slot's wait between two jobs (an S3 PUT
-        and a submit, docs/speed.md). Nothing is lost by not waiting: a worker killed before the
-        publish leaves the record in the spool, and the next worker of this host and role
-        delivers it (flush_spool); should S3 or the collector be away, it waits there the same."""
+        """Report a result from a job that released its slot (Admission.release): sealed and
+        written to the spool (fsync'd, under a millisecond), then published from here while the
+        slot runs its next job, and taken out of the spool once published. Nothing is lost:
+        a worker killed before the publish leaves the record in the spool, and the next worker
+        of this host and role delivers it (flush_spool); should S3 or the collector be away,
+        it waits there the same. (A thread of the worker's own, the outbox, published records
+        while the slot took its next job, until the slot could take it itself: the outbox's
+        turn came a few ms after the record's, on cores the next job's start wanted too.)"""
         rec, body, blob = fit(rec, self.signer)
         try:
             if blob is not None:
@@ -142,12 +140,15 @@ class Context:
             return
         with self._posted_lock:
             self._posted.add(path)
-            self._outbox.put((rec, body, path))
-            # Not more than OUTBOX_MAX records behind: on a host short of CPU an unbounded outbox
-            # falls behind its slot without end (with a record's files in it too, it fell
-            # minutes behind at 64 hosts), and the nightly takes jobs whose records wait there
-            # for lost.
-            self._posted_lock.wait_for(lambda: len(self._posted) <= OUTBOX_MAX)
+        try:
+            self._publish(rec, body)
+            path.unlink(missing_ok=True)
+        except Exception as e:  # it stays in the spool: the flush loop delivers it later
+            log.warning("result of %s stays in the spool at %s (%s); will deliver when possible",
+                        rec.job_id, path, e)
+        finally:
+            with self._posted_lock:
+                self._posted.discard(path)
 
     def close(self) -> None:
         """A stopping worker's last step: its connections go, and its owner lock with them (what
@@ -195,20 +196,6 @@ class Context:
                     return True
             time.sleep(0.01)
         return False
-
-    def _send_posted(self) -> None:
-        while True:
-            rec, body, path = self._outbox.get()
-            try:
-                self._publish(rec, body)
-                path.unlink(missing_ok=True)
-            except Exception as e:  # it stays in the spool: the flush loop delivers it later
-                log.warning("result of %s stays in the spool at %s (%s); will deliver when possible",
-                            rec.job_id, path, e)
-            finally:
-                with self._posted_lock:
-                    self._posted.discard(path)
-                    self._posted_lock.notify_all()
 
     def _spooled_cases(self, rec: ResultRecord) -> Path:
         """Where the cases of a spooled record wait (not *.json: flush_spool reads records only)."""
@@ -259,10 +246,10 @@ class Context:
             for path in sorted(self.spool.glob("*.json")):
                 with self._posted_lock:
                     if path in self._posted:
-                        continue  # the outbox has it
+                        continue  # being published (post)
                 owner = path.name.split(".")[1] if path.name.count(".") == 2 else ""
                 if owner and owner != self.owner and self._alive(owner):
-                    continue  # a sibling worker's outbox has it
+                    continue  # a live sibling worker's: it delivers it
                 try:
                     body = path.read_bytes()
                 except FileNotFoundError:
@@ -405,8 +392,11 @@ class Admission:
     waits (another worker holds the attempt, or the collector is away) holds the host's shared
     lock meanwhile, as the job it waits to run would."""
 
-    def __init__(self, ctx: Context, p: Payload, job: Job, beat: Heartbeat, t0: float) -> None:
+    def __init__(self, ctx: Context, p: Payload, job: Job, beat: Heartbeat, t0: float,
+                 leftovers: contextlib.ExitStack) -> None:
         self.ctx, self.p, self.job, self.beat, self.t0 = ctx, p, job, beat, t0
+        # What the job leaves until its record is posted (its job dir).
+        self.leftovers = leftovers
         # From the job handed over to its claim answered (the farm's own), while the job is prepared.
         self.seconds = 0.0
         # This process's reaped children's CPU when the attempt released its slot (release).
@@ -478,9 +468,10 @@ class Attempt:
         """The record of work that ran. The log goes to S3 first, and ``files`` (key: path and
         content type, such as a suite's junit.xml) beside it, at once: the record names them, and
         a record that is not `passed` carries the log's tail, which is what a person reads first.
-        (Moving them into the spool for the outbox to put instead took 8 ms off a slot's time
-        between jobs on an idle host, but the three more fsyncs and the longer outbox made a
-        64-host night on two cores slower: docs/speed.md.) Not before the claim was granted: the
+        (Moving them into the spool for the worker's outbox thread to put instead took 8 ms off a
+        slot's time between jobs on an idle host, but the three more fsyncs and the longer outbox
+        made a 64-host night on two cores slower: docs/speed.md; the slot now takes its next
+        job meanwhile instead.) Not before the claim was granted: the
         log's key is the job's, whichever attempt writes it. The slot takes its next job
         meanwhile (Admission.release)."""
         self.admission.settle()
@@ -508,8 +499,9 @@ def handle_job(ctx: Context, work: Work, job: Job) -> bytes:
     dropped when it must not run here, else with the record it delivered."""
     t0 = time.monotonic()
     p = accept(ctx, job)
-    with Heartbeat(ctx, job, p) as beat:
-        admission = Admission(ctx, p, job, beat, t0)
+    # The job dir goes once the record is posted (run_step): its removal is not on the record's way.
+    with Heartbeat(ctx, job, p) as beat, contextlib.ExitStack() as leftovers:
+        admission = Admission(ctx, p, job, beat, t0, leftovers)
         try:
             rec = perform_job(ctx, p, job, work, beat.cancel, admission)
             admission.settle()  # also for a record made before any command (a refusal, the worker's error)
@@ -612,13 +604,13 @@ def _under_host_lock(ctx: Context, p: Payload, work: Work, admission: Admission)
 
 def run_step(ctx: Context, p: Payload, work: Work, admission: Admission) -> ResultRecord:
     """The kind's work, given the job's catalog and target (checked by the payload's sha256) and
-    a job dir that is removed after it."""
+    a job dir, removed once the job's record is posted (handle_job)."""
     started = time.time()
     cat = snapshot.fetch_catalog(ctx.store, p.catalog_sha256)
     target = cat.target(p.target)
     # Under the worker's own work dir, so a worker killed mid-job has it swept on restart.
-    with process.job_dir(ctx.work, ctx.role) as tmpd:
-        return work(Attempt(ctx, p, cat, target, tmpd, started, admission))
+    tmpd = admission.leftovers.enter_context(process.job_dir(ctx.work, ctx.role))
+    return work(Attempt(ctx, p, cat, target, tmpd, started, admission))
 
 
 def handle_result(ctx: Context, p: Payload, rec: ResultRecord) -> bytes:

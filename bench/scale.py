@@ -539,16 +539,11 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
     for r in ran:
         by_slot[r.host.get("hostname", ""), r.worker.rsplit("-", 1)[-1]].append(r)
     dispatch = []
-    # Jobs a slot started while its previous job's log and record were still on their way
-    # (gearfarm.gearman.Job.release): their dispatch is 0, that overlap counted in the
-    # previous job's in-job part.
-    overlapped = 0
     for rs in by_slot.values():
         rs.sort(key=lambda r: r.started_at)
         prev_end = 0.0
         for r in rs:
             dispatch.append(max(0.0, r.started_at - max(r.submitted_at or r.started_at, prev_end)))
-            overlapped += r.started_at < prev_end
             prev_end = r.finished_at
     # What the slots spent the night's wall on, on average (all the lab's slots, those that ran
     # nothing too): where a wall above its bound went.
@@ -608,8 +603,6 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
             ("bound: longest chain s", f"{path:.1f}"), ("bound: work ÷ slots s", f"{work:.1f}"),
             ("night's wall s", f"{night.wall:.1f}"), ("**wall ÷ bound**", f"**{night.wall / bound:.2f}**"),
             ("dispatch latency p50 / p99 ms", f"{1000 * pct(dispatch, 0.5):.0f} / {1000 * pct(dispatch, 0.99):.0f}"),
-            ("jobs started before their slot's previous job finished (its log and record on their way)",
-             f"{overlapped} of {n}"),
             ("admission (checks, claim; asked while the job is prepared) p50 / p99 ms, mean",
              f"{1000 * pct(admit, 0.5):.0f} / {1000 * pct(admit, 0.99):.0f}, {ms(admit):.1f}"),
             ("a command's seconds beyond its sleep (supervisor, sandbox, the script) p50 / mean ms",

@@ -1,17 +1,17 @@
 """What every worker role shares: connecting to gearmand and S3, checking payloads before
 anything runs (the nightly's signature, unique id, deadline; then the ledger's claim), a heartbeat for
 the whole job, the job's dir and log around the kind's own work (an Attempt), and delivering the
-result record sealed with this host's own key: into the local spool, then to the collector through
-Gearman and to S3 (the durable copy), while the slot runs its next job (Admission.release)."""
+result record sealed with this host's own key: into the local spool, then from a thread of its own
+to S3 (the durable copy) and to the collector through Gearman while the slot takes its next job."""
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import functools
 import hashlib
 import logging
 import os
+import queue
 import resource
 import secrets
 import socket
@@ -47,6 +47,8 @@ from gearfarm.step import sandbox
 log = logging.getLogger(__name__)
 # How long a stopping worker waits for the records it posted to be published.
 DRAIN_SECONDS = 10.0
+# Records a slot's outbox may have still to publish when the slot takes its next job.
+OUTBOX_MAX = 1
 LOG_TAIL_LINES = 40
 
 
@@ -85,13 +87,15 @@ class Context:
         self.durations = Durations.of_host(self.state)
         self._spool_lock = threading.Lock()
         # Records posted and not yet published (post): the flush loop leaves their spool files.
+        self._outbox: queue.SimpleQueue[tuple[ResultRecord, bytes, Path]] = queue.SimpleQueue()
         self._posted: set[Path] = set()
-        self._posted_lock = threading.Lock()
+        self._posted_lock = threading.Condition()
         # This process's mark on the records it posts (their spool names carry it), held locked
-        # for its life: a sibling worker of this host and role leaves them to it, and delivers
-        # them once the lock is gone with the process (flush_spool).
+        # for its life: a sibling worker of this host and role leaves them to its outbox, and
+        # delivers them once the lock is gone with the process (flush_spool).
         self.owner = f"{os.getpid()}-{secrets.token_hex(3)}"
         self._owner_fd: int | None = None
+        threading.Thread(target=self._send_posted, name="outbox", daemon=True).start()
         # A job's files put to S3 beside its log (Attempt.record): one PUT waited for, not two.
         self.uploads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="uploads")
         # An attempt's claim, asked while the slot prepares the job (Admission).
@@ -120,14 +124,12 @@ class Context:
             log.warning("result of %s spooled to %s (%s); will deliver when possible", rec.job_id, path, e)
 
     def post(self, rec: ResultRecord) -> None:
-        """Report a result from a job that released its slot (Admission.release): sealed and
-        written to the spool (fsync'd, under a millisecond), then published from here while the
-        slot runs its next job, and taken out of the spool once published. Nothing is lost:
-        a worker killed before the publish leaves the record in the spool, and the next worker
-        of this host and role delivers it (flush_spool); should S3 or the collector be away,
-        it waits there the same. (A thread of the worker's own, the outbox, published records
-        while the slot took its next job, until the slot could take it itself: the outbox's
-        turn came a few ms after the record's, on cores the next job's start wanted too.)"""
+        """Report a result without waiting for it to arrive: sealed and written to the spool
+        (fsync'd, under a millisecond), then published by the outbox's thread while this slot
+        takes its next job. The publish was a third of a slot's wait between two jobs (an S3 PUT
+        and a submit, docs/speed.md). Nothing is lost by not waiting: a worker killed before the
+        publish leaves the record in the spool, and the next worker of this host and role
+        delivers it (flush_spool); should S3 or the collector be away, it waits there the same."""
         rec, body, blob = fit(rec, self.signer)
         try:
             if blob is not None:
@@ -140,15 +142,12 @@ class Context:
             return
         with self._posted_lock:
             self._posted.add(path)
-        try:
-            self._publish(rec, body)
-            path.unlink(missing_ok=True)
-        except Exception as e:  # it stays in the spool: the flush loop delivers it later
-            log.warning("result of %s stays in the spool at %s (%s); will deliver when possible",
-                        rec.job_id, path, e)
-        finally:
-            with self._posted_lock:
-                self._posted.discard(path)
+            self._outbox.put((rec, body, path))
+            # Not more than OUTBOX_MAX records behind: on a host short of CPU an unbounded outbox
+            # falls behind its slot without end (with a record's files in it too, it fell
+            # minutes behind at 64 hosts), and the nightly takes jobs whose records wait there
+            # for lost.
+            self._posted_lock.wait_for(lambda: len(self._posted) <= OUTBOX_MAX)
 
     def close(self) -> None:
         """A stopping worker's last step: its connections go, and its owner lock with them (what
@@ -196,6 +195,20 @@ class Context:
                     return True
             time.sleep(0.01)
         return False
+
+    def _send_posted(self) -> None:
+        while True:
+            rec, body, path = self._outbox.get()
+            try:
+                self._publish(rec, body)
+                path.unlink(missing_ok=True)
+            except Exception as e:  # it stays in the spool: the flush loop delivers it later
+                log.warning("result of %s stays in the spool at %s (%s); will deliver when possible",
+                            rec.job_id, path, e)
+            finally:
+                with self._posted_lock:
+                    self._posted.discard(path)
+                    self._posted_lock.notify_all()
 
     def _spooled_cases(self, rec: ResultRecord) -> Path:
         """Where the cases of a spooled record wait (not *.json: flush_spool reads records only)."""
@@ -246,10 +259,10 @@ class Context:
             for path in sorted(self.spool.glob("*.json")):
                 with self._posted_lock:
                     if path in self._posted:
-                        continue  # being published (post)
+                        continue  # the outbox has it
                 owner = path.name.split(".")[1] if path.name.count(".") == 2 else ""
                 if owner and owner != self.owner and self._alive(owner):
-                    continue  # a live sibling worker's: it delivers it
+                    continue  # a sibling worker's outbox has it
                 try:
                     body = path.read_bytes()
                 except FileNotFoundError:
@@ -392,15 +405,10 @@ class Admission:
     waits (another worker holds the attempt, or the collector is away) holds the host's shared
     lock meanwhile, as the job it waits to run would."""
 
-    def __init__(self, ctx: Context, p: Payload, job: Job, beat: Heartbeat, t0: float,
-                 leftovers: contextlib.ExitStack) -> None:
+    def __init__(self, ctx: Context, p: Payload, job: Job, beat: Heartbeat, t0: float) -> None:
         self.ctx, self.p, self.job, self.beat, self.t0 = ctx, p, job, beat, t0
-        # What the job leaves until its record is posted (its job dir).
-        self.leftovers = leftovers
         # From the job handed over to its claim answered (the farm's own), while the job is prepared.
         self.seconds = 0.0
-        # This process's reaped children's CPU when the attempt released its slot (release).
-        self.commands_cpu: float | None = None
         self._answer = ctx.claims.submit(self._ask)
 
     def _ask(self) -> str:
@@ -418,14 +426,6 @@ class Admission:
         why = self._answer.result()
         if why:
             raise Refused(why)
-
-    def release(self) -> None:
-        """The attempt's commands are done (what is left is its log's and record's way): the
-        slot may take its next job now (gearfarm.gearman.Job.release). Its commands' CPU is
-        read first, as the next job's commands are reaped by this process from then on."""
-        if self.commands_cpu is None:
-            self.commands_cpu = _children_cpu()
-        self.job.release()
 
 
 class Attempt:
@@ -468,14 +468,11 @@ class Attempt:
         """The record of work that ran. The log goes to S3 first, and ``files`` (key: path and
         content type, such as a suite's junit.xml) beside it, at once: the record names them, and
         a record that is not `passed` carries the log's tail, which is what a person reads first.
-        (Moving them into the spool for the worker's outbox thread to put instead took 8 ms off a
-        slot's time between jobs on an idle host, but the three more fsyncs and the longer outbox
-        made a 64-host night on two cores slower: docs/speed.md; the slot now takes its next
-        job meanwhile instead.) Not before the claim was granted: the
-        log's key is the job's, whichever attempt writes it. The slot takes its next job
-        meanwhile (Admission.release)."""
+        (Moving them into the spool for the outbox to put instead took 8 ms off a slot's time
+        between jobs on an idle host, but the three more fsyncs and the longer outbox made a
+        64-host night on two cores slower: docs/speed.md.) Not before the claim was granted: the
+        log's key is the job's, whichever attempt writes it."""
         self.admission.settle()
-        self.admission.release()
         beside = [self.ctx.uploads.submit(self.ctx.store.put_file, key, path, kind)
                   for key, (path, kind) in (files or {}).items()]
         self.ctx.store.put_file(self.log_key, self.log_path, "text/plain; charset=utf-8")
@@ -489,7 +486,6 @@ class Attempt:
         """An `infra` record naming no log, for work that must not run or go on (a host without
         the tools, an artifact that does not verify): the farm's failure, not the project's."""
         self.admission.settle()
-        self.admission.release()
         return self.ctx.record(self.p, "infra", message=message, started_at=self.started, finished_at=time.time(),
                                **fields)
 
@@ -499,9 +495,8 @@ def handle_job(ctx: Context, work: Work, job: Job) -> bytes:
     dropped when it must not run here, else with the record it delivered."""
     t0 = time.monotonic()
     p = accept(ctx, job)
-    # The job dir goes once the record is posted (run_step): its removal is not on the record's way.
-    with Heartbeat(ctx, job, p) as beat, contextlib.ExitStack() as leftovers:
-        admission = Admission(ctx, p, job, beat, t0, leftovers)
+    with Heartbeat(ctx, job, p) as beat:
+        admission = Admission(ctx, p, job, beat, t0)
         try:
             rec = perform_job(ctx, p, job, work, beat.cancel, admission)
             admission.settle()  # also for a record made before any command (a refusal, the worker's error)
@@ -568,7 +563,7 @@ def perform_job(ctx: Context, p: Payload, job: Job, work: Work, cancel: process.
     """The job's work, its commands stopped once ``cancel`` is set. Whatever escapes it becomes
     the record: `cancelled`, or `infra` (the farm failed, not the product: say so, never lose the
     job); but an attempt whose claim was refused ends here, with none."""
-    own0, kids0, began = _thread_cpu(), _children_cpu(), time.time()
+    cpu0, began = _cpu(), time.time()
     token = process.CANCEL.set(cancel)
     try:
         rec = _under_host_lock(ctx, p, work, admission)
@@ -583,11 +578,9 @@ def perform_job(ctx: Context, p: Payload, job: Job, work: Work, cancel: process.
                          finished_at=time.time())
     finally:
         process.CANCEL.reset(token)
-    # CPU seconds of the job: its commands (every descendant reaped, until it released the
-    # slot) and this thread's own work for it (packing, checksums; not the threads beside it,
-    # which may be another job's). The farm's lower bound counts work in it.
-    kids = admission.commands_cpu if admission.commands_cpu is not None else _children_cpu()
-    rec.timings["cpu"] = round(_thread_cpu() - own0 + kids - kids0, 3)
+    # CPU seconds of the job: its commands (every descendant reaped) and this process's
+    # own work for it (packing, checksums). The farm's lower bound counts work in it.
+    rec.timings["cpu"] = round(_cpu() - cpu0, 3)
     return rec
 
 
@@ -604,13 +597,13 @@ def _under_host_lock(ctx: Context, p: Payload, work: Work, admission: Admission)
 
 def run_step(ctx: Context, p: Payload, work: Work, admission: Admission) -> ResultRecord:
     """The kind's work, given the job's catalog and target (checked by the payload's sha256) and
-    a job dir, removed once the job's record is posted (handle_job)."""
+    a job dir that is removed after it."""
     started = time.time()
     cat = snapshot.fetch_catalog(ctx.store, p.catalog_sha256)
     target = cat.target(p.target)
     # Under the worker's own work dir, so a worker killed mid-job has it swept on restart.
-    tmpd = admission.leftovers.enter_context(process.job_dir(ctx.work, ctx.role))
-    return work(Attempt(ctx, p, cat, target, tmpd, started, admission))
+    with process.job_dir(ctx.work, ctx.role) as tmpd:
+        return work(Attempt(ctx, p, cat, target, tmpd, started, admission))
 
 
 def handle_result(ctx: Context, p: Payload, rec: ResultRecord) -> bytes:
@@ -622,18 +615,11 @@ def handle_result(ctx: Context, p: Payload, rec: ResultRecord) -> bytes:
     return f"{rec.job_id} {rec.status}".encode()
 
 
-def _thread_cpu() -> float:
-    """User + system CPU of the calling thread (a job's handler runs in one thread)."""
-    own = resource.getrusage(resource.RUSAGE_THREAD)
-    return own.ru_utime + own.ru_stime
-
-
-def _children_cpu() -> float:
-    """User + system CPU of this process's reaped descendants. A slot runs one job's commands
-    at a time (the next job's start only once the last one's ended: Admission.release), so the
-    difference over a job's commands is theirs."""
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return kids.ru_utime + kids.ru_stime
+def _cpu() -> float:
+    """User + system CPU of this process and of its reaped descendants. A worker runs one job
+    at a time, so the difference over a job is the job's (the heartbeat thread's is noise)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def serve(cfg: Config, functions: list[tuple[str, str, Work]], stop: threading.Event | None = None,
@@ -649,9 +635,7 @@ def serve(cfg: Config, functions: list[tuple[str, str, Work]], stop: threading.E
     for gone in process.sweep_work_dirs(first.work):
         log.info("removed %s, left by a worker that died mid-job", gone)
     stop = stop or threading.Event()
-    # Overlapped: a job whose commands ended releases the slot (Admission.release), which takes
-    # its next job while the first one's log and record go on their way.
-    worker = gearman_worker(cfg, f"{socket.gethostname()}-{'+'.join(ctxs)}-{os.getpid()}", prefer, overlap=True)
+    worker = gearman_worker(cfg, f"{socket.gethostname()}-{'+'.join(ctxs)}-{os.getpid()}", prefer)
     worker.stop_on_signals(stop)
     for role, fn, h in functions:
         worker.register(fn, functools.partial(handle_job, ctxs[role], h))

@@ -12,10 +12,6 @@ worker's abilities with its connection.  With ``prefer``, the worker asks each s
 names to the front of its abilities (gearmand hands out the first function's jobs first), in
 the same write as the job's result and the next grab.  No CAN_DO_TIMEOUT: gearmand 1.1.20 silently
 requeues timed-out jobs, which hides hung workers instead of failing the job.
-
-With ``overlap``, a handler runs in a thread of its own and may ``release()`` its job once the
-job's own work is done: the worker then takes its next job while the handler finishes (its
-result is sent when it returns), at most one such tail at a time.
 """
 
 from __future__ import annotations
@@ -29,7 +25,6 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from . import admin
@@ -73,9 +68,6 @@ class Job:
         self._connection = connection
         self._lock = threading.Lock()
         self._finished = False
-        # release(): the handler's own work is done; ``_turn`` wakes an overlapping worker's loop.
-        self._released = threading.Event()
-        self._turn: threading.Event | None = None
 
     def __repr__(self) -> str:
         return f"<Job {self.handle} {self.function} unique={self.unique!r} {len(self.data)} bytes>"
@@ -84,15 +76,6 @@ class Job:
     def server(self) -> str:
         """Address of the server that assigned the job."""
         return self._connection.address
-
-    def release(self) -> None:
-        """The job's own work is done (a build's or suite's commands ended) and what is left is
-        its delivery: a worker that overlaps jobs (``Worker(overlap=True)``) takes its next job
-        now, and sends this one's result when the handler returns. Elsewhere it changes
-        nothing. Call it from the handler, at most once matters."""
-        self._released.set()
-        if self._turn is not None:
-            self._turn.set()
 
     def _send_update(self, command: Command, *args: bytes | str | int) -> bool:
         with self._lock:
@@ -175,12 +158,9 @@ class Worker:
         max_backoff: float = 5.0,
         server_hostname: str | None = None,
         prefer: Callable[[Mapping[str, int]], str | None] | None = None,
-        overlap: bool = False,
     ) -> None:
         """``prefer``: given the jobs waiting (queued, not running) per registered function on
-        a server, the function to take from first there, or None for the registered order.
-        ``overlap``: a job that ``release()``s is finished by its handler's thread while the
-        worker takes the next one (see ``_run``)."""
+        a server, the function to take from first there, or None for the registered order."""
         if not servers:
             raise ValueError("Worker needs at least one (host, port) server")
         if not client_id or any(c.isspace() for c in client_id) or "\0" in client_id:
@@ -222,11 +202,6 @@ class Worker:
         # The idle wait's poll object, kept while the set of sockets it watches is the same.
         self._poll_fds: tuple[int, ...] = ()
         self._poller: select.poll | None = None
-        # overlap: the handlers' threads (the running job's, and a released job's tail), and
-        # the tail still finishing.
-        self._overlap = overlap
-        self._threads: ThreadPoolExecutor | None = None
-        self._tail: Future[tuple[bool, bytes]] | None = None
 
     def __enter__(self) -> Worker:
         return self
@@ -434,13 +409,17 @@ class Worker:
             log.error("worker %s: no handler for %s (job %s)", self.client_id, job.function, job.handle)
             job._finish(Command.WORK_FAIL)
             return
-        if self._overlap and stop is not None:
-            ok, payload = self._overlapped(handler, job)
-            if job._released.is_set():
-                return  # its thread sends the result; the next grab goes out alone
-        else:
-            ok, payload = self._call(handler, job)
-        if not ok:
+        try:
+            result = handler(job)
+            payload = _as_bytes(result)
+        except Exception:
+            log.exception(
+                "worker %s: handler for %s failed on job %s (unique %r)",
+                self.client_id,
+                job.function,
+                job.handle,
+                job.unique,
+            )
             job._finish(Command.WORK_FAIL)
             return
         # Not once stopping (the handler may have run into a SIGTERM): a job gearmand hands to a
@@ -453,53 +432,6 @@ class Worker:
         # latency takes.
         sent = job._finish(Command.WORK_COMPLETE, payload, then=self._reorder(server) + _GRAB)
         server.grab_sent = sent and server.connection.connected
-
-    def _call(self, handler: Handler, job: Job) -> tuple[bool, bytes]:
-        """The handler's result (False: it raised, said in the log)."""
-        try:
-            return True, _as_bytes(handler(job))
-        except Exception:
-            log.exception(
-                "worker %s: handler for %s failed on job %s (unique %r)",
-                self.client_id,
-                job.function,
-                job.handle,
-                job.unique,
-            )
-            return False, b""
-
-    def _overlapped(self, handler: Handler, job: Job) -> tuple[bool, bytes]:
-        """Run the handler in a thread and wait until it returns or releases its job. Released:
-        its thread sends the result itself when the handler returns, and the loop may take the
-        next job once the tail before it finished (so at most one job is finishing beside the
-        running one). The work between two jobs' commands (the first's log and record on their
-        way, the second's payload checked, its claim asked and its artifact unpacked) then runs
-        at once instead of one after the other (docs/speed.md)."""
-        if self._threads is None:
-            self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="job")
-        turn = job._turn = threading.Event()
-
-        def body() -> tuple[bool, bytes]:
-            ok, payload = self._call(handler, job)
-            if job._released.is_set():
-                job._finish(Command.WORK_COMPLETE if ok else Command.WORK_FAIL, *([payload] if ok else []))
-            turn.set()
-            return ok, payload
-
-        running = self._threads.submit(body)
-        turn.wait()
-        if not job._released.is_set():
-            return running.result()
-        before, self._tail = self._tail, running
-        if before is not None:
-            before.result()
-        return True, b""
-
-    def _finish_tail(self) -> None:
-        """Wait for a released job's handler to return and send its result (a stopping worker)."""
-        if self._tail is not None:
-            self._tail.result()
-            self._tail = None
 
     def _grab_and_run(self, stop: threading.Event | None = None) -> bool:
         """Try every live server once (in ``_order``); run at most one job. With ``stop`` (the
@@ -629,12 +561,9 @@ class Worker:
                     for server in self._servers:
                         self._drop(server, "unexpected error")
                     stop.wait(min(self.poll_interval, 1.0))
-            self._finish_tail()
             self._settle()
         finally:
             self.close()
-            if self._threads is not None:
-                self._threads.shutdown(wait=False)
 
     def _settle(self) -> None:
         """Stopping with a grab still out (stop came between a job's result and the next loop):

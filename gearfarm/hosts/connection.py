@@ -34,7 +34,6 @@ def gearman_client(cfg: Config) -> Client:
 
 
 def gearman_worker(cfg: Config, client_id: str,
-                   prefer: Callable[[Mapping[str, int]], str | None] | None = None, overlap: bool = False) -> Worker:
+                   prefer: Callable[[Mapping[str, int]], str | None] | None = None) -> Worker:
     return Worker(cfg.gearman.addresses(), client_id=client_id, ssl_context=ssl_context(cfg),
-                  server_hostname=cfg.gearman.tls_server_name, prefer=prefer, poll_interval=IDLE_POLL,
-                  overlap=overlap)
+                  server_hostname=cfg.gearman.tls_server_name, prefer=prefer, poll_interval=IDLE_POLL)

@@ -1085,66 +1085,6 @@ def test_a_worker_stopped_during_a_job_leaves_the_next_one_queued(tmp_path: Path
         assert st.running == 0
 
 
-def _released_jobs(gearmand: Gearmand, overlap: bool, work: float, delivery: dict[bytes, float]
-                   ) -> tuple[dict[bytes, bytes | BaseException], dict[tuple[str, bytes], float]]:
-    """Jobs ``delivery``'s keys, queued in that order, each ``work`` seconds, then released, then
-    its delivery's seconds (job b"2" fails after it); their results and (start|end, job) times."""
-    events: dict[tuple[str, bytes], float] = {}
-    worker = Worker([gearmand.address], f"overlap-{overlap}", overlap=overlap, **FAST)
-
-    def handler(job: Job) -> bytes:
-        events["start", job.data] = time.monotonic()
-        time.sleep(work)
-        job.release()
-        time.sleep(delivery[job.data])
-        events["end", job.data] = time.monotonic()
-        if job.data == b"2":
-            raise RuntimeError("the delivery failed")
-        return b"done " + job.data
-
-    worker.register("overlap-probe", handler)
-    results: dict[bytes, bytes | BaseException] = {}
-    with Client([gearmand.address]) as client:
-        def submit(data: bytes) -> None:
-            try:
-                results[data] = client.submit("overlap-probe", data, unique=f"{data!r}-{overlap}", timeout=20)
-            except Exception as e:
-                results[data] = e
-        threads = []
-        for i, data in enumerate(delivery):  # queued in this order: gearmand hands them out so
-            threads.append(threading.Thread(target=submit, args=(data,)))
-            threads[-1].start()
-            wait_for(lambda i=i: getattr(admin.status(*gearmand.address).get("overlap-probe"), "queued", 0) == i + 1,
-                     what=f"job {i} queued")
-        with running(worker):
-            for t in threads:
-                t.join(30)
-    return results, events
-
-
-def test_an_overlapping_worker_takes_its_next_job_once_one_releases_and_loses_no_result(
-        gearmand: Gearmand) -> None:
-    """A handler that releases its job (its own work done, its delivery left) lets the worker
-    take the next job while it finishes; each result still reaches its client, a handler that
-    fails after its release still fails its job, at most one released job finishes beside the
-    running one (the job after a long delivery waits for it), and a worker that is not
-    overlapping runs its jobs one after the other."""
-    work, delivery = 0.3, {b"0": 0.2, b"1": 1.0, b"2": 0.2, b"3": 0.2}
-    for overlap in (True, False):
-        results, events = _released_jobs(gearmand, overlap, work, delivery)
-        assert {k: v for k, v in results.items() if k != b"2"} == {d: b"done " + d for d in (b"0", b"1", b"3")}
-        assert isinstance(results[b"2"], JobFailed), results
-        start = [events["start", d] for d in delivery]
-        end = [events["end", d] for d in delivery]
-        if overlap:
-            # The next job starts with its predecessor's delivery, not after it ...
-            assert start[1] - start[0] < work + 0.15 and start[2] - start[1] < work + 0.15, events
-            # ... but not while two deliveries are unfinished: job 3 waits for job 1's.
-            assert start[3] >= end[1], events
-        else:
-            assert all(start[i + 1] >= end[i] for i in range(3)), events
-
-
 def test_a_queue_that_is_not_a_database_is_named_with_the_fix(tmp_path: Path) -> None:
     """gearmand's queue is put in WAL mode before gearmand starts: a file there that sqlite
     cannot open is an error naming it and what to do, not a traceback."""

@@ -553,7 +553,7 @@ def test_a_worker_makes_one_context_per_role_not_per_target(tmp_path: Path, monk
 
     worker = GearmanWorker()
     monkeypatch.setattr(base, "Context", Ctx)
-    monkeypatch.setattr(base, "gearman_worker", lambda cfg, name, prefer=None, overlap=False: worker)
+    monkeypatch.setattr(base, "gearman_worker", lambda cfg, name, prefer=None: worker)
     functions = [(r, f"{r}:linux-t{i:03d}", base.run_step) for i in range(100) for r in ("build", "test")]
     stop = threading.Event()
     stop.set()

@@ -55,10 +55,10 @@ def test_undeliverable_results_are_spooled_and_delivered_later(tmp_path: Path) -
         later.client.close()
 
 
-def test_a_posted_record_is_spooled_and_published_from_there(tmp_path: Path) -> None:
-    """A posted record is in the spool (durable) before it is published; published, it leaves
-    the spool, and one that could not be (the collector's gearmand away) stays there for the
-    flush loop. (The slot runs its next job meanwhile: Admission.release.)"""
+def test_a_posted_record_is_spooled_at_once_and_published_from_there(tmp_path: Path) -> None:
+    """A slot does not wait for its record to reach S3 and the collector: the record is in the
+    spool (durable) when post returns, the outbox publishes it and empties the spool, and one
+    it could not publish (the collector's gearmand away) stays there for the flush loop."""
     farm = keyed(tmp_path / "state", f"sqlite:///{tmp_path / 'r.db'}")
     with Gearmand(tmp_path / "gm") as gm, MinioServer(tmp_path / "minio") as minio:
         cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]), s3=minio.s3_config(),
@@ -98,15 +98,15 @@ def test_a_posted_record_is_spooled_and_published_from_there(tmp_path: Path) -> 
 
 
 def test_an_s3_outage_does_not_hold_a_record_back_from_the_collector(tmp_path: Path) -> None:
-    """A record goes to the collector before its S3 copy is written: with S3 away the result
-    still reaches the ledger at once, and the record stays in the spool until its copy is
-    written too (then gearmand, still holding it, takes the second send as the same job)."""
+    """The outbox sends a record to the collector before it writes the record's S3 copy: with S3
+    away the result still reaches the ledger at once, and the record stays in the spool until its
+    copy is written too (then gearmand, still holding it, takes the second send as the same job)."""
     farm = keyed(tmp_path / "state", f"sqlite:///{tmp_path / 'r.db'}")
     with Gearmand(tmp_path / "gm") as gm, MinioServer(tmp_path / "minio") as minio:
         cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]), s3=minio.s3_config(),
                      farm=FarmConfig(repo=str(tmp_path), state_dir=str(tmp_path / "state"), **farm))  # type: ignore[arg-type]
         ctx = Context(cfg, "test")
-        ctx.store.retry_for = 2.0  # the outage outlasts it: post gives up and leaves it spooled
+        ctx.store.retry_for = 2.0  # the outage outlasts it: the outbox gives up and leaves it spooled
 
         def queued() -> int:
             got = admin.status(*gm.address).get("collect")
@@ -132,9 +132,9 @@ def test_an_s3_outage_does_not_hold_a_record_back_from_the_collector(tmp_path: P
 
 def test_a_sibling_worker_leaves_a_live_workers_spooled_record_to_it_and_delivers_a_dead_ones(
         tmp_path: Path) -> None:
-    """The two slots of a host share its spool. A record one of them posted is its own to
-    deliver while it lives (the other delivering it too sent every record twice when the
-    slots' outboxes ran behind); once it is gone, the other delivers it."""
+    """The two slots of a host share its spool. A record one of them posted is its own outbox's
+    while it lives (the other delivering it too sent every record twice when the outboxes ran
+    behind); once it is gone, the other delivers it."""
     farm = keyed(tmp_path / "state", f"sqlite:///{tmp_path / 'r.db'}")
     with Gearmand(tmp_path / "gm") as gm, MinioServer(tmp_path / "minio") as minio:
         cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]), s3=minio.s3_config(),
@@ -148,7 +148,7 @@ def test_a_sibling_worker_leaves_a_live_workers_spooled_record_to_it_and_deliver
         gm.stop()
         one.post(ResultRecord(job_id="r1:linux-x86_64:test-unit", run_id="r1", target="linux-x86_64", kind="test",
                               step="test-unit", name="unit", rev="a" * 40, status="passed"))
-        assert one.drain(30) and len(list(one.spool.glob("*.json"))) == 1, "it could not be sent"
+        assert one.drain(30) and len(list(one.spool.glob("*.json"))) == 1, "its outbox could not send it"
         gm.start()
         two.flush_spool()
         assert len(list(one.spool.glob("*.json"))) == 1 and queued() == 0, "the sibling sent a live worker's record"
@@ -157,6 +157,32 @@ def test_a_sibling_worker_leaves_a_live_workers_spooled_record_to_it_and_deliver
         assert list(one.spool.glob("*.json")) == [] and queued() == 1
         assert list(one.spool.glob("owners/*")) == [], "the gone worker's lock file is left"
         two.close()
+
+
+def test_a_slot_takes_no_job_while_its_outbox_is_more_than_a_record_behind(tmp_path: Path) -> None:
+    """The outbox publishes while the slot runs its next job, but it does not fall further
+    behind: posting waits while an earlier record is still being published (a host short of CPU
+    once left records minutes in its outbox, and the nightly took their jobs for lost)."""
+    farm = keyed(tmp_path / "state", f"sqlite:///{tmp_path / 'r.db'}")
+    with Gearmand(tmp_path / "gm") as gm, MinioServer(tmp_path / "minio") as minio:
+        cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]), s3=minio.s3_config(),
+                     farm=FarmConfig(repo=str(tmp_path), state_dir=str(tmp_path / "state"), **farm))  # type: ignore[arg-type]
+        ctx = Context(cfg, "test")
+        ctx.store.retry_for = 3.0  # each record's S3 copy waits out 3 s of the outage, then stays spooled
+        minio.stop()
+        took = []
+        for step in ("test-unit", "test-model", "test-recovery"):
+            t0 = time.monotonic()
+            ctx.post(ResultRecord(job_id=f"r1:linux-x86_64:{step}", run_id="r1", target="linux-x86_64", kind="test",
+                                  step=step, name=step[5:], rev="a" * 40, status="passed"))
+            took.append(time.monotonic() - t0)
+        assert took[0] < 1.0 and min(took[1:]) >= 1.0, f"posts took {took}: the outbox ran more than one behind"
+        assert ctx.drain(60)
+        minio.start()
+        ctx.flush_spool()
+        assert list(ctx.spool.glob("*.json")) == []
+        assert len([k for k in ctx.store.list("runs/r1/") if "/results/" in k]) == 3
+        ctx.close()
 
 
 def test_the_heartbeats_look_for_a_cancel_does_not_wait_out_an_s3_outage(tmp_path: Path) -> None:

@@ -30,6 +30,10 @@ deliveries table), the mean per job of
 * collector + ledger: the record's finish to the ledger's `applied` row;
 * report: the report's build time (publisher.publish, timed here after the night) over J.
 
+Beside them, the cores' speed that night (the CPU of one fixed piece of Python work, timed each
+second): on this shared VM the same work's CPU moved by a third between runs minutes apart, and
+every figure above with it, so runs are compared at like speeds.
+
 With no --hosts/--jobs it runs the whole table (N in 1, 8, 32, 64, J in 100, 1000, 5000).
 Root only (network namespaces). Every namespace, process and temp dir it makes goes, also on
 failure.
@@ -273,6 +277,7 @@ class Night:
     published: dict[str, float] = field(default_factory=dict)  # job id -> when its record was in S3 (first one)
     drawn: dict[tuple[str, str], float] = field(default_factory=dict)  # (target, step) -> its sleep's seconds
     stolen: float = 0.0  # CPU seconds the hypervisor gave other guests while the night ran (/proc/stat)
+    probe: list[float] = field(default_factory=list)  # CPU ms of one fixed piece of work, each second (speed_probe)
 
 
 def steal_seconds() -> float:
@@ -282,6 +287,42 @@ def steal_seconds() -> float:
     with open("/proc/stat") as f:
         fields = f.readline().split()
     return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
+
+
+PROBE_LOOP = 50_000
+
+
+def probe_ms() -> float:
+    """CPU ms (of this thread: waits for a core or the interpreter lock do not count) of one
+    fixed piece of Python work."""
+    t0 = time.thread_time_ns()
+    n = 0
+    for i in range(PROBE_LOOP):
+        n += i * i % 7
+    return (time.thread_time_ns() - t0) / 1e6
+
+
+@contextlib.contextmanager
+def speed_probe(into: list[float]) -> Iterator[None]:
+    """The machine's speed while in the block: probe_ms each second. On this shared VM the same
+    code's commands took 7.1 to 9.5 CPU s for the same work from one run to the next, and every
+    figure of a night moves with it; a run's probe says how fast the cores were, beside the
+    hypervisor's steal, which stayed 0 while they slowed."""
+    import threading
+
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(1.0):
+            into.append(probe_ms())
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        done.set()
+        t.join()
 
 
 @contextlib.contextmanager
@@ -475,11 +516,13 @@ def measure(hosts: int, jobs: int, slots: int, scale: float, per_target: int, tm
 
         before = daemons()
         queue: list[int] = []
+        probe: list[float] = []
         stolen = steal_seconds()
-        with queue_sampler([gm.address for gm in lb.gearmands], queue):
+        with queue_sampler([gm.address for gm in lb.gearmands], queue), speed_probe(probe):
             wall, code, nightly_usage, began = run_nightly(lb.config, profile, RUN_ID)
         night = Night(hosts, slots, jobs, wall, code, earlier, began=began, collect_queue=queue,
-                      published=published(lb.config, RUN_ID), drawn=drawn, stolen=steal_seconds() - stolen)
+                      published=published(lb.config, RUN_ID), drawn=drawn, stolen=steal_seconds() - stolen,
+                      probe=probe)
         night.usage["nightly"] = nightly_usage
         for name, u in daemons().items():  # tonight's CPU; the peak RSS is the process's
             night.usage[name] = Usage(u.cpu - before[name].cpu, u.rss)
@@ -623,6 +666,9 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
     busy = sum(u.cpu for u in night.usage.values())
     rows += [("CPU of all of the above ÷ (cores × wall)",
               f"{busy / (len(os.sched_getaffinity(0)) * night.wall):.2f} ({busy:.0f} CPU s)"),
+             ("the cores' speed: CPU ms of one fixed piece of Python work, each second, p50 (p10-p90)",
+              f"{pct(night.probe, 0.5):.2f} ({pct(night.probe, 0.1):.2f}-{pct(night.probe, 0.9):.2f})"
+              if night.probe else "-"),
              ("CPU stolen by the hypervisor (other guests) ÷ (cores × wall)",
               # /proc/stat's first line sums every core of the machine, not only this process's
               f"{night.stolen / ((os.cpu_count() or 1) * night.wall):.3f} ({night.stolen:.1f} s)"),

@@ -65,7 +65,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -303,57 +303,50 @@ def probe_ms() -> float:
 
 
 @contextlib.contextmanager
-def speed_probe(into: list[float]) -> Iterator[None]:
+def every_second(sample: Callable[[], None]) -> Iterator[None]:
+    """``sample()`` each second, in a thread, while in the block."""
+    import threading
+
+    done = threading.Event()
+
+    def loop() -> None:
+        while not done.wait(1.0):
+            sample()
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        done.set()
+        t.join()
+
+
+def speed_probe(into: list[float]) -> contextlib.AbstractContextManager[None]:
     """The machine's speed while in the block: probe_ms each second. On this shared VM the same
     code's commands took 7.1 to 9.5 CPU s for the same work from one run to the next, and every
     figure of a night moves with it; a run's probe says how fast the cores were, beside the
     hypervisor's steal, which stayed 0 while they slowed."""
-    import threading
-
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.wait(1.0):
-            into.append(probe_ms())
-
-    t = threading.Thread(target=sample, daemon=True)
-    t.start()
-    try:
-        yield
-    finally:
-        done.set()
-        t.join()
+    return every_second(lambda: into.append(probe_ms()))
 
 
-@contextlib.contextmanager
-def queue_sampler(addresses: list[tuple[str, int]], into: list[int]) -> Iterator[None]:
+def queue_sampler(addresses: list[tuple[str, int]], into: list[int]) -> contextlib.AbstractContextManager[None]:
     """Samples, every second while in the block, how many `collect` jobs (records, claims,
     beats) wait in the gearmands for a collector thread: a queue that grows is a collector that
     does not keep up, a lag that grows without one is the workers' (their outbox)."""
-    import threading
-
     from gearfarm.formats.job import COLLECT_FUNCTION
     from gearfarm.gearman import admin
     from gearfarm.gearman.errors import ProtocolError
 
-    done = threading.Event()
-
     def sample() -> None:
-        while not done.wait(1.0):
-            waiting = 0
-            for host, port in addresses:
-                with contextlib.suppress(OSError, ProtocolError):
-                    st = admin.status(host, port).get(COLLECT_FUNCTION)
-                    waiting += max(0, st.queued - st.running) if st else 0
-            into.append(waiting)
+        waiting = 0
+        for host, port in addresses:
+            with contextlib.suppress(OSError, ProtocolError):
+                st = admin.status(host, port).get(COLLECT_FUNCTION)
+                waiting += max(0, st.queued - st.running) if st else 0
+        into.append(waiting)
 
-    t = threading.Thread(target=sample, daemon=True)
-    t.start()
-    try:
-        yield
-    finally:
-        done.set()
-        t.join()
+    return every_second(sample)
 
 
 @contextlib.contextmanager

@@ -103,8 +103,17 @@ class _OrJSON(DefaultJSONProvider):
     text (an orjson.Fragment: a run's records, gearfarm.web.pagecache) goes out without being read.
     What orjson cannot write itself goes through Flask's default (dates, dataclasses)."""
 
+    OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
+
     def dumps(self, obj: Any, **kwargs: Any) -> str:
-        return orjson.dumps(obj, default=self.default, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode()
+        return orjson.dumps(obj, default=self.default, option=self.OPTIONS).decode()
+
+    def response(self, *args: Any, **kwargs: Any) -> Response:
+        """As Flask's, but the body stays the bytes orjson wrote: Flask's own makes them text
+        and back, two more copies of a big night's 7 MB. Compact also in debug mode."""
+        body = orjson.dumps(self._prepare_response_obj(args, kwargs), default=self.default,
+                            option=self.OPTIONS | orjson.OPT_APPEND_NEWLINE)
+        return self._app.response_class(body, mimetype=self.mimetype)
 
 
 def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | None = None) -> Flask:
@@ -210,10 +219,14 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
 
     def page(template: str, data: dict[str, Any] | Report) -> str:
         if isinstance(data, dashboard.RunPage) and data.version:
-            # A kept run page's matrix is kept as HTML too: 5,000 cells took 0.1 s to render.
-            matrix = pages.text(("run-matrix", data.run_id, url_for("status")), data.version,
-                                lambda: render_template("run_matrix.html.j2", d=data))
-            return render_template(template, d=data, matrix_html=Markup(matrix))
+            # A kept run page's parts made from its records alone are kept as HTML too: 5,000
+            # cells took 0.1 s to render, its failures most of what was left.
+            root = url_for("status")
+            matrix = pages.text(("run-matrix", data.run_id, root), data.version,
+                                lambda: render_template("run_matrix.html.j2", d=data.whole()))
+            results = pages.text(("run-results", data.run_id, root), data.version,
+                                 lambda: render_template("run_results.html.j2", d=data))
+            return render_template(template, d=data, matrix_html=Markup(matrix), results_html=Markup(results))
         return render_template(template, d=data)
 
     def both(path: str, endpoint: str, template: str) -> Callable[..., Any]:
@@ -321,7 +334,18 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
     @both("/tests", "tests", "tests.html.j2")
     def tests() -> dict[str, Any]:
         """Every test of the recent runs, searchable by name: per target its last status, fail rate."""
-        return dashboard.tests(db, request.args.get("q"), request.args.get("project") or None, cache=pages)
+        return tests_page(request.args.get("q"), request.args.get("project") or None,
+                          api=request.path.startswith("/api/"))
+
+    def tests_page(query: str | None, project: str | None, api: bool) -> dict[str, Any]:
+        d = dashboard.tests(db, query, project, cache=pages, rows=api)
+        if "kept" in d:
+            # Its table's HTML is kept too: 500 rows' links, or 500 × targets cells.
+            version, parts = d.pop("kept")
+            d["table_html"] = Markup(pages.text(
+                ("tests-table", d["query"], d["project"] or "", url_for("status")), version,
+                lambda: render_template("tests_table.html.j2", d={**d, "tests": parts.load("tests")})))
+        return d
 
     @both("/hosts", "hosts", "hosts.html.j2")
     def hosts() -> dict[str, Any]:
@@ -545,7 +569,7 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
             # Only when it can be kept: with a night running, it would be made anew every round
             # (1.6 s of a 5,000-job night's cases, every 20 s, beside the night itself).
             if all(r.finished_at is not None for r in db.runs(limit=dashboard.TESTS_RUNS)):
-                dashboard.tests(db, cache=pages)
+                tests_page(None, None, api=False)  # keeps its table's HTML too
             dashboard.status(db, cache=pages)
             dashboard.runs(db, cache=pages)
         return seen

@@ -34,7 +34,7 @@ from gearfarm.report import document as report
 from gearfarm.report.links import DashboardLinks
 from gearfarm.run import snapshot
 from gearfarm.web import svgplot
-from gearfarm.web.pagecache import PageCache
+from gearfarm.web.pagecache import PageCache, Parts
 
 log = logging.getLogger(__name__)
 
@@ -187,9 +187,17 @@ class RunPage(report.Report):
     # which what is made from it may be kept under too (its matrix's HTML); None: made anew.
     _version: str | None = PrivateAttr(default=None)
 
+    _parts: Parts | None = PrivateAttr(default=None)
+
     @property
     def version(self) -> str | None:
         return self._version
+
+    def whole(self) -> RunPage:
+        """This page with its matrix, read from what it was made from when left out."""
+        if self.matrix or self._parts is None or "matrix" not in self._parts:
+            return self
+        return self.model_copy(update={"matrix": self._parts.load("matrix")})
 
     def as_dict(self) -> dict[str, Any]:
         """The fields that were set, as they are: every part is already plain JSON data (made by
@@ -206,9 +214,11 @@ def run(db: ResultsDB, cfg: Config, run_id: str, root: str = "/", cache: PageCac
     (a 5,000-job night's took 2 s: docs/speed.md, "At scale").
 
     ``jobs`` False is the HTML page's: without the records' list (the page shows the matrix and
-    timings made from them), and on a night of more than TIMING_ROWS jobs with the per-job
+    timings made from them), without the matrix when its HTML is kept (``RunPage.whole`` reads
+    it when that is made), and on a night of more than TIMING_ROWS jobs with the per-job
     timings of target ``timings_of`` only (none without it: the page sums them per target).
-    With ``jobs``, everything: the records as JSON text the API writes out unread."""
+    With ``jobs``, everything: the matrix, timings and records as JSON text the API writes out
+    unread (decoding and encoding them again was most of a 5,000-job night's /api/run)."""
     r = db.get_run(run_id)
     if r is None:
         return None
@@ -217,34 +227,41 @@ def run(db: ResultsDB, cfg: Config, run_id: str, root: str = "/", cache: PageCac
     cache = cache if r.finished_at is not None else None
     key = ("run", run_id, root)
     version = db.run_version([run_id, *rerun_ids]) if cache is not None else ""
-    parts = ("page", "timings", "jobs") if jobs else ("page", "timings")
-    made = cache.get(key, version, parts, raw=("jobs",)) if cache is not None else None
+    made = cache.entry(key, version) if cache is not None else None
     if made is None:
-        made = _run_made(db, r, rerun_ids, root)
+        fresh = _run_made(db, r, rerun_ids, root)
         if cache is not None:
-            cache.put(key, version, made)
-    timings = made["timings"]
-    if not jobs and sum(made["page"]["counts"].values()) > TIMING_ROWS:
-        timings = [t for t in timings if t["target"] == timings_of]
+            cache.put(key, version, fresh)
+        made = Parts(objects=fresh)
+    head = made.load("page")
+    if jobs:
+        matrix, timings, records = made.raw("matrix"), made.raw("timings"), made.raw("jobs")
+    else:
+        # The matrix's HTML is kept beside a kept page; a page made anew renders it.
+        matrix, records = ({} if cache is not None else made.load("matrix")), []
+        timings = (made.load("timings") if sum(head["counts"].values()) <= TIMING_ROWS
+                   else made.load(f"timings/{timings_of}", []) if timings_of else [])
     prev = db.runs_before(r.created_at, r.project, limit=1)
     changes, changes_error = (_changes(cfg, r.project, prev[0].rev, r.rev) if prev
                               else ([], "no earlier run of this project"))
     # Made from trusted parts: the report's own dict, just made or read back as it was kept
     # (validating 7 MB of it again would cost what keeping it saves).
     page = RunPage.model_construct(
-        **made["page"], job_timings=timings, jobs=made["jobs"] if jobs else [], perf_figures=perf.figures(db, r),
+        **head, matrix=matrix, job_timings=timings, jobs=records, perf_figures=perf.figures(db, r),
         state=r.state, parent_run_id=r.parent_run_id, previous=_run_brief(prev[0]) if prev else None, changes=changes,
         changes_error=changes_error, built=_built(cfg, r.project, r.rev),
         regressions=[triage.as_dict(g) for g in triage.listing(db, run_id=run_id)])
     page = page.with_bisections(db.bisections(origin_run_ids=[run_id]))
     page._version = version if cache is not None else None
+    page._parts = made
     return page
 
 
 def _run_made(db: ResultsDB, r: Run, rerun_ids: list[str], root: str) -> dict[str, Any]:
     """The parts of a run page made from the run's own records and cases: its report (links
-    into the dashboard at ``root``), builds, timings per target and curves ("page"), each job's
-    timings ("timings") and its records without their cases ("jobs"), as JSON."""
+    into the dashboard at ``root``), builds, timings per target and curves ("page"), its
+    matrix ("matrix"), each job's timings ("timings", and each target's apart: "timings/<target>")
+    and its records without their cases ("jobs"), as JSON."""
     # The records without their cases, which the database counts (a 5,000-job night's 200,000
     # cases made this page 5.5 s and its JSON 7 s: docs/speed.md, "At scale").
     records = db.jobs(r.run_id, cases=False)
@@ -256,6 +273,7 @@ def _run_made(db: ResultsDB, r: Run, rerun_ids: list[str], root: str) -> dict[st
                 else history.classify_run(db, r, records, cases=cases))  # not reported yet (or by an older gearfarm)
     page = report.build(r, records, DashboardLinks(root), verdicts, reruns, cases).as_dict()
     jobs = page.pop("jobs")
+    matrix = page.pop("matrix")
     page.update(
         curves=_curves(records),
         builds=[{"target": x.target, "sha256": x.artifact_sha256, "manifest_sha256": x.manifest_sha256,
@@ -266,7 +284,13 @@ def _run_made(db: ResultsDB, r: Run, rerun_ids: list[str], root: str) -> dict[st
                 if x.kind == "build" and x.status == "passed" and x.artifact_key and x.artifact_sha256],
         target_timings=_target_timings(timings),
         timing_columns=[(k, label) for k, label in TIMING_LABELS.items() if any(k in x.timings for x in records)])
-    return {"page": page, "timings": timings, "jobs": jobs}
+    per_target: dict[str, list[dict[str, Any]]] = {}
+    for t in timings:
+        per_target.setdefault(t["target"], []).append(t)
+    # Each a part of its own, so a page reads only what it shows: the HTML neither the matrix
+    # (its HTML is kept) nor more than one target's timings, the JSON none of them decoded.
+    return {"page": page, "matrix": matrix, "timings": timings, "jobs": jobs,
+            **{f"timings/{t}": rows for t, rows in per_target.items()}}
 
 
 def _target_timings(timings: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -400,21 +424,30 @@ TESTS_ROWS = 100_000
 
 
 def tests(db: ResultsDB, query: str | None = None, project: str | None = None,
-          cache: PageCache | None = None) -> dict[str, Any]:
+          cache: PageCache | None = None, rows: bool = True) -> dict[str, Any]:
     """Every test of the newest runs (of ``project``: TESTS_RUNS, fewer when their cases pass
     TESTS_ROWS), those whose suite/name holds ``query`` when given: per target its last
     status, fail rate over those runs and mean time; the failing ones first. Made once per
     version of those runs when a ``cache`` is given and they have all ended (a 5,000-job
-    night's 200,000 cases took 1.6 s to read and sum)."""
+    night's 200,000 cases took 1.6 s to read and sum).
+
+    Kept, the rows (4.5 MB of JSON on a 100-target lab) go to the API unread; without ``rows``
+    (the HTML page, which keeps its table's HTML) they are not read at all, and "kept" holds
+    the version and parts the table is made from."""
     newest = db.runs(limit=TESTS_RUNS, project=project)
     if cache is None or any(r.finished_at is None for r in newest):
         return _tests(db, newest, query, project)
     key, version = ("tests", query or "", project or ""), db.run_version([r.run_id for r in newest])
-    made = cache.get(key, version, ("tests",))
+    made = cache.entry(key, version)
     if made is None:
-        made = {"tests": _tests(db, newest, query, project)}
-        cache.put(key, version, made)
-    return made["tests"]
+        whole = _tests(db, newest, query, project)
+        fresh = {"head": {k: v for k, v in whole.items() if k != "tests"}, "tests": whole["tests"]}
+        cache.put(key, version, fresh)
+        made = Parts(objects=fresh)
+    head = made.load("head")
+    if rows:
+        return {**head, "tests": made.raw("tests")}
+    return {**head, "kept": (version, made)}
 
 
 def _tests(db: ResultsDB, newest: list[Run], query: str | None, project: str | None) -> dict[str, Any]:
@@ -448,7 +481,8 @@ def _tests(db: ResultsDB, newest: list[Run], query: str | None, project: str | N
                      "failing_on": failing_on})
     rows.sort(key=lambda r: (not r["failing"], -r["worst_fail_rate"], r["test"]))
     return {"query": query or "", "project": project, "runs_read": len(runs_), "targets": sorted(targets),
-            "tests": rows[:TESTS_SHOWN], "more": max(0, len(rows) - TESTS_SHOWN), "found": len(rows)}
+            "tests": rows[:TESTS_SHOWN], "shown": min(len(rows), TESTS_SHOWN), "more": max(0, len(rows) - TESTS_SHOWN),
+            "found": len(rows)}
 
 
 def regressions(db: ResultsDB, project: str | None = None, state: str | None = None,

@@ -23,6 +23,30 @@ import orjson
 BUDGET_BYTES = 256 * 1024 * 1024
 
 
+class Parts:
+    """A document's parts, as kept (JSON bytes) or as just made (objects), read alike: ``load``
+    gives a part as objects, ``raw`` as what the JSON API writes out (a kept part's text unread,
+    an orjson.Fragment). Kept bytes are never changed, so reading them needs no lock."""
+
+    def __init__(self, blobs: dict[str, bytes] | None = None, objects: dict[str, Any] | None = None) -> None:
+        self._blobs = blobs or {}
+        self._objects = objects or {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._blobs or name in self._objects
+
+    def load(self, name: str, default: Any = None) -> Any:
+        if name in self._objects:
+            return self._objects[name]
+        blob = self._blobs.get(name)
+        return default if blob is None else orjson.loads(blob)
+
+    def raw(self, name: str) -> Any:
+        if name in self._objects:
+            return self._objects[name]
+        return orjson.Fragment(self._blobs[name])
+
+
 class PageCache:
     """Named JSON documents with a version each, least recently read dropped past ``budget``
     bytes. Thread-safe: the dashboard serves from several threads."""
@@ -39,13 +63,18 @@ class PageCache:
         """The parts named of the document at ``key`` made from ``version``, decoded, but those
         in ``raw``: their JSON as it is (an orjson.Fragment, written out unread by the JSON
         API); None when there is none or it was made from another version."""
+        kept = self.entry(key, version)
+        return None if kept is None else {p: kept.raw(p) if p in raw else kept.load(p) for p in parts}
+
+    def entry(self, key: tuple[str, ...], version: str) -> Parts | None:
+        """The document at ``key`` made from ``version``, each part read only when asked for:
+        a page that needs a few parts of a big document decodes those alone (None as get)."""
         with self._lock:
             got = self._items.get(key)
             if got is None or got[0] != version:
                 return None
             self._items.move_to_end(key)
-            blobs = got[1]
-        return {p: orjson.Fragment(blobs[p]) if p in raw else orjson.loads(blobs[p]) for p in parts}
+            return Parts(blobs=got[1])
 
     def put(self, key: tuple[str, ...], version: str, doc: dict[str, Any]) -> None:
         """Keep ``doc`` (each top-level value a part, read back alone) made from ``version``."""

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from sqlalchemy import event
 
@@ -120,6 +121,38 @@ def test_a_big_nights_timings_are_summed_per_target_and_a_targets_jobs_listed_wh
     rows = rows[:rows.index("</table>")]
     assert rows.count("<tr><td>linux-b</td>") == 2 and "linux-a" not in rows
     assert len(client.get(f"/api/run/{RID}").get_json()["job_timings"]) == 5  # the JSON has every job's
+
+
+def test_a_kept_page_decodes_only_what_it_shows_and_the_api_writes_its_big_parts_unread(
+        farm: tuple[Any, ResultsDB, Ledger, Config], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 5,000-job night's /api/run decoded and encoded its 7 MB again at every look, 0.1-0.2 s
+    of the dashboard's CPU on this machine, and /run and /tests decoded what their kept HTML
+    already shows (docs/speed.md, twenty-fifth round)."""
+    client, _db, _ledger, _cfg = farm
+    monkeypatch.setattr(dashboard, "TIMING_ROWS", 3)  # five jobs: a "big" night
+    monkeypatch.setattr(dashboard, "TESTS_COLUMNS", 1)
+    paths = (f"/run/{RID}?target=linux-b", f"/api/run/{RID}", "/tests", "/api/tests")
+    first = {p: client.get(p).get_data() for p in paths}  # made and kept
+    decoded: list[Any] = []
+    real = orjson.loads
+    monkeypatch.setattr(orjson, "loads", lambda b: decoded.append(real(b)) or decoded[-1])
+
+    def look(path: str) -> list[Any]:
+        decoded.clear()
+        body = client.get(path).get_data()
+        assert body == first[path], f"{path} read back differs from what was made"
+        return list(decoded)
+
+    heads = look(f"/run/{RID}?target=linux-b")
+    assert [type(x) for x in heads] == [dict, list] and "headline" in heads[0] and "matrix" not in heads[0], heads
+    assert {t["target"] for t in heads[1]} == {"linux-b"}, "the page decoded another target's timings"
+    assert [set(x) >= {"headline", "counts"} for x in look(f"/api/run/{RID}")] == [True], \
+        "the JSON decoded the matrix, the timings or the records it writes out as they were kept"
+    for path in ("/tests", "/api/tests"):
+        got = look(path)
+        assert len(got) == 1 and "found" in got[0] and "tests" not in got[0], (path, got)
+    api = orjson.loads(first[f"/api/run/{RID}"])
+    assert api["matrix"]["linux-b"]["test-one"]["status"] == "passed" and len(api["job_timings"]) == 5
 
 
 def test_the_page_cache_holds_at_most_its_budget_dropping_the_least_recently_read() -> None:

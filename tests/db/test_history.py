@@ -28,7 +28,6 @@ from gearfarm.db.results import Base, ResultsDB, alembic_config, current_revisio
 from gearfarm.formats.result import CaseResult, ResultRecord
 from gearfarm.report import document as report
 from gearfarm.run.ledger import Ledger
-from tests.pg import pg_server, pg_url  # noqa: F401 - fixtures
 
 T, U = "linux-x86_64", "linux-aarch64"
 

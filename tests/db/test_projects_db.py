@@ -24,7 +24,6 @@ from gearfarm.formats.result import ResultRecord, Sample
 from gearfarm.perf import analysis as perf
 from gearfarm.run.ledger import Ledger
 from tests.db.test_history import T, add_run, rev_of, verdicts
-from tests.pg import pg_server, pg_url  # noqa: F401 - fixtures
 
 CATALOG = """
 schema = 2

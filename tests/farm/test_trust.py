@@ -33,7 +33,6 @@ from gearfarm.run.farm import EmbeddedFarm
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore
 from tests.farmkit import ROOT, commit, edit_catalog, keyed, make_repo, wait_for
-from tests.pg import pg_server, pg_url  # noqa: F401 - fixtures
 from tests.report.test_mail import SMTPSink, sink  # noqa: F401 - fixture
 
 T = "linux-x86_64"

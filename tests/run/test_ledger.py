@@ -23,7 +23,6 @@ from gearfarm.formats.result import CaseResult, ResultRecord, seal_record
 from gearfarm.formats.seal import Signer
 from gearfarm.run.ledger import Ledger, farm_record
 from tests.farmkit import claim
-from tests.pg import pg_server, pg_url  # noqa: F401 - fixtures
 
 REV = "a" * 40
 T = "linux-x86_64"
@@ -234,7 +233,7 @@ def race(writers: int, offered: list[T_], offer: Callable[[Ledger, T_], object],
     assert not errors, errors
 
 
-def test_concurrent_writers_on_postgresql_lose_and_duplicate_nothing(pg_url: str) -> None:  # noqa: F811
+def test_concurrent_writers_on_postgresql_lose_and_duplicate_nothing(pg_url: str) -> None:
     """Eight writers (each its own connection pool, like collectors and nightlies) offer
     the same shuffled records at once: every job ends with its newest attempt, once."""
     setup = ResultsDB(pg_url)
@@ -304,7 +303,7 @@ def test_a_workers_records_through_accept_end_as_the_rules_say(db_url: str) -> N
     assert not [k for k in db.leases("ra") if k[0] == str(unit)]  # every attempt delivered
 
 
-def test_concurrent_accepts_on_postgresql_lose_duplicate_and_deadlock_nothing(pg_url: str) -> None:  # noqa: F811
+def test_concurrent_accepts_on_postgresql_lose_duplicate_and_deadlock_nothing(pg_url: str) -> None:
     """Eight collectors (each its own ledger and pool) offer the same shuffled signed records at
     once: the records that are news go in one statement, the others (duplicates, superseded)
     through the ledger's transaction, and both take their locks in one order, so none waits
@@ -412,7 +411,7 @@ def test_a_records_cases_are_stored_in_their_order_and_cut_to_their_columns(db_u
             ["case_000", "case_001"]
 
 
-def test_a_claim_and_a_polls_read_on_postgresql_are_sent_outside_a_transaction(tmp_path: Path, pg_url: str) -> None:  # noqa: F811
+def test_a_claim_and_a_polls_read_on_postgresql_are_sent_outside_a_transaction(tmp_path: Path, pg_url: str) -> None:
     """Every job waits for its claim's answer before its first command, and a claim was a
     transaction: BEGIN, the facts, the lease's insert, COMMIT, four round trips to PostgreSQL
     from a collector thread on a busy machine. Its read locks nothing and its insert is the

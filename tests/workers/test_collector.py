@@ -24,14 +24,13 @@ from gearfarm.gearman import Client
 from gearfarm.hosts import process
 from gearfarm.hosts.gearmand import Gearmand
 from tests.farmkit import ROOT, keyed, settled_descriptors, wait_for
-from tests.pg import pg_server, pg_url  # noqa: F401 - fixtures
 
 T = "linux-x86_64"
 WAITING = 8  # records held up at once
 
 
 def test_records_waiting_for_the_database_hold_up_no_other_claim_or_record(
-        tmp_path: Path, pg_url: str) -> None:  # noqa: F811
+        tmp_path: Path, pg_url: str) -> None:
     """A 5,000-job night on 64 hosts waited on the collector (docs/speed.md, "At scale"): one
     thread, then four, each spending most of a record waiting on the database, applied 12 records
     a second with 650 queued behind them, and each worker's claim waited its turn. Here eight
@@ -152,7 +151,7 @@ def test_an_idle_collector_asks_gearmand_for_records_only_when_woken(
 
 
 def test_a_database_that_cannot_give_the_collector_its_connections_is_named_at_its_start(
-        tmp_path: Path, pg_url: str) -> None:  # noqa: F811
+        tmp_path: Path, pg_url: str) -> None:
     """The collector keeps a database connection a thread. It opened them as records first
     overlapped, so a server that allowed fewer ran it until the first busy night and then
     refused a thread mid-record, which the collector takes for an outage and retries. It opens

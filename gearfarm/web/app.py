@@ -103,16 +103,16 @@ class _OrJSON(DefaultJSONProvider):
     text (an orjson.Fragment: a run's records, gearfarm.web.pagecache) goes out without being read.
     What orjson cannot write itself goes through Flask's default (dates, dataclasses)."""
 
-    OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
+    def _encode(self, obj: Any, option: int = 0) -> bytes:
+        return orjson.dumps(obj, default=self.default, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS | option)
 
     def dumps(self, obj: Any, **kwargs: Any) -> str:
-        return orjson.dumps(obj, default=self.default, option=self.OPTIONS).decode()
+        return self._encode(obj).decode()
 
     def response(self, *args: Any, **kwargs: Any) -> Response:
         """As Flask's, but the body stays the bytes orjson wrote: Flask's own makes them text
         and back, two more copies of a big night's 7 MB. Compact also in debug mode."""
-        body = orjson.dumps(self._prepare_response_obj(args, kwargs), default=self.default,
-                            option=self.OPTIONS | orjson.OPT_APPEND_NEWLINE)
+        body = self._encode(self._prepare_response_obj(args, kwargs), orjson.OPT_APPEND_NEWLINE)
         return self._app.response_class(body, mimetype=self.mimetype)
 
 

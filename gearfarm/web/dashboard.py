@@ -184,9 +184,10 @@ class RunPage(report.Report):
     target_timings: list[dict[str, Any]]
     timing_columns: list[tuple[str, str]]
     # The version of the records it was made from when it was kept (ResultsDB.run_version),
-    # which what is made from it may be kept under too (its matrix's HTML); None: made anew.
+    # which what is made from it may be kept under too (its matrix's and results' HTML); None:
+    # made anew.
     _version: str | None = PrivateAttr(default=None)
-
+    # What it was made from, for the parts it leaves out (whole()).
     _parts: Parts | None = PrivateAttr(default=None)
 
     @property

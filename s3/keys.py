@@ -7,7 +7,7 @@ sources/<rev>/source.tar.zst                            the tree at a commit (th
 sources/<rev>/manifest.json                            its sha256 and size
 catalogs/<sha256>.toml                                 a catalog the nightly validated, by content
 projects/<project>/latest.json                         the project's newest catalog (worker probing)
-runs/<run>/<target>/<step>/log.txt | junit.xml
+runs/<run>/<target>/<step>/log.txt | junit.xml           a job's files, when too large for its record to carry
 runs/<run>/<target>/<step>/results/<attempt>-<digest>.json   one sealed result record each
 runs/<run>/<target>/<step>/cases/<sha256>.json.zst          a record's cases, when too many for the record
 cancels/<run>/run.json | cancels/<run>/<target>/<step>.json   a person cancelled the run / the job (a marker)

@@ -279,3 +279,18 @@ def browser_login(page, url: str, name: str, token: str) -> None:  # type: ignor
     page.click("button[type=submit]")
     page.wait_for_load_state()
     assert page.locator("header .me").inner_text().startswith(name)
+
+
+def carried_files(db_url: str) -> dict[str, bytes]:
+    """Every job file the results database keeps (those the records carried), by "<job id>/<name>":
+    where a job's files are beside S3 (gearfarm.formats.result.ResultRecord.files), for the scans
+    of what a job left behind."""
+    from sqlalchemy import select
+
+    from gearfarm.db.results import JobRow, ResultsDB
+    from gearfarm.formats.result import unpack_file
+
+    db = ResultsDB(db_url)
+    with db.engine.connect() as conn:
+        rows = conn.execute(select(JobRow.job_id, JobRow.files).where(JobRow.files.is_not(None))).all()
+    return {f"{job}/{name}": unpack_file(text) for job, files in rows for name, text in (files or {}).items()}

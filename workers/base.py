@@ -31,7 +31,16 @@ from gearfarm.formats.job import COLLECT_FUNCTION, Payload, PayloadError, unique
 from gearfarm.formats.lease import HEARTBEAT_SECONDS, Lease, beat_every, seal_lease
 from gearfarm.formats.lease import answer as lease_answer
 from gearfarm.formats.marker import Marker
-from gearfarm.formats.result import CASES_CONTENT_TYPE, RecordError, ResultRecord, fit, peek_record
+from gearfarm.formats.result import (
+    CASES_CONTENT_TYPE,
+    FILES_MAX,
+    JOB_FILES,
+    RecordError,
+    ResultRecord,
+    fit,
+    pack_file,
+    peek_record,
+)
 from gearfarm.formats.seal import SealError
 from gearfarm.gearman import GearmanError, Job
 from gearfarm.hosts import host, process
@@ -96,7 +105,7 @@ class Context:
         self.owner = f"{os.getpid()}-{secrets.token_hex(3)}"
         self._owner_fd: int | None = None
         threading.Thread(target=self._send_posted, name="outbox", daemon=True).start()
-        # A job's files put to S3 beside its log (Attempt.record): one PUT waited for, not two.
+        # A job's files put to S3 beside its log when too large to carry (Attempt.record).
         self.uploads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="uploads")
         # An attempt's claim, asked while the slot prepares the job (Admission).
         self.claims = ThreadPoolExecutor(max_workers=1, thread_name_prefix="claim")
@@ -465,22 +474,36 @@ class Attempt:
 
     def record(self, status: str, message: str = "", files: dict[str, tuple[Path, str]] | None = None,
                **fields: object) -> ResultRecord:
-        """The record of work that ran. The log goes to S3 first, and ``files`` (key: path and
-        content type, such as a suite's junit.xml) beside it, at once: the record names them, and
-        a record that is not `passed` carries the log's tail, which is what a person reads first.
-        (Moving them into the spool for the outbox to put instead took 8 ms off a slot's time
-        between jobs on an idle host, but the three more fsyncs and the longer outbox made a
-        64-host night on two cores slower: docs/speed.md.) Not before the claim was granted: the
-        log's key is the job's, whichever attempt writes it."""
+        """The record of work that ran, naming its log and ``files`` (key: path and content type,
+        such as a suite's junit.xml); one that is not `passed` carries the log's tail, which is
+        what a person reads first. A build's or test's files travel in the record while they fit
+        (FILES_MAX, the log first), and the ledger keeps them with it: they are durable when the
+        record is, and no request to S3 is on the job's way, which with those of each record's
+        copy was a third of a job's cost in the farm (docs/speed.md, twenty-seventh round).
+        Larger ones, and a benchmark's (its record carries samples and curves), go to S3 before
+        the record, at once. Not before the claim was granted: the log's key is the job's,
+        whichever attempt writes it."""
         self.admission.settle()
-        beside = [self.ctx.uploads.submit(self.ctx.store.put_file, key, path, kind)
-                  for key, (path, kind) in (files or {}).items()]
-        self.ctx.store.put_file(self.log_key, self.log_path, "text/plain; charset=utf-8")
+        carried, puts = {}, []
+        room = 0 if self.p.kind == "perf" else FILES_MAX
+        for key, (path, kind) in {self.log_key: (self.log_path, "text/plain; charset=utf-8"), **(files or {})}.items():
+            name = key.rsplit("/", 1)[-1]
+            # A file many times the room is not read in to learn that it does not fit.
+            packed = pack_file(path.read_bytes()) if name in JOB_FILES and path.stat().st_size <= 16 * room else ""
+            if packed and len(packed) <= room:
+                carried[name] = packed
+                room -= len(packed)
+            else:
+                puts.append((key, path, kind))
+        beside = [self.ctx.uploads.submit(self.ctx.store.put_file, *put) for put in puts[1:]]
+        if puts:
+            self.ctx.store.put_file(*puts[0])
         for put in beside:
             put.result()
         tail = "" if status == "passed" else process.log_tail(self.log_path, LOG_TAIL_LINES)
         return self.ctx.record(self.p, status, started_at=self.started, finished_at=time.time(),
-                               timings=self.timings, log_key=self.log_key, message=message, log_tail=tail, **fields)
+                               timings=self.timings, log_key=self.log_key, message=message, log_tail=tail,
+                               files=carried, **fields)
 
     def refuse(self, message: str, **fields: object) -> ResultRecord:
         """An `infra` record naming no log, for work that must not run or go on (a host without

@@ -2,8 +2,9 @@
 with), jobs (one row per job id), test cases, benchmark samples, hosts, late results, the
 delivery log and the catalogs (content-addressed). SQLite by default; PostgreSQL when the
 configured URL says so. The schema is owned by the Alembic migrations in gearfarm/db/migrations,
-applied when the database is opened. This module reads; every change of a job's state is made
-by gearfarm.run.ledger, the one owner of the transition rules."""
+applied when the database is opened. This module reads (and forgets the job files of expired
+runs for gearfarm.run.retention); every change of a job's state is made by gearfarm.run.ledger,
+the one owner of the transition rules."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     JSON,
@@ -32,6 +33,7 @@ from sqlalchemy import (
     UniqueConstraint,
     bindparam,
     case,
+    cast,
     create_engine,
     event,
     func,
@@ -39,6 +41,7 @@ from sqlalchemy import (
     select,
     text,
     tuple_,
+    update,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.postgresql.base import PGDialect
@@ -53,7 +56,7 @@ from gearfarm.db import DatabaseUnavailable
 from gearfarm.formats import catalog as catalog_mod
 from gearfarm.formats.catalog import Catalog, CatalogError
 from gearfarm.formats.job import Artifact
-from gearfarm.formats.result import TERMINAL, ResultRecord
+from gearfarm.formats.result import TERMINAL, ResultRecord, unpack_file
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,16 @@ log = logging.getLogger(__name__)
 FAILING_SQL = "status IN ('failed', 'error')"
 # Values in one IN list: SQLite allows 32,766 parameters a statement, and a long list plans slowly.
 IN_CHUNK = 500
+
+
+class StoredFiles(NamedTuple):
+    """A job's files as its row knows them (ResultsDB.job_files): which record they are of
+    (attempt, finished), the S3 key it names for each (JOB_FILES name -> key or None) and those
+    it carried (name -> pack_file's text)."""
+
+    made: tuple[int, float | None]
+    keys: dict[str, str | None]
+    carried: dict[str, str]
 
 
 class Base(DeclarativeBase):
@@ -118,6 +131,10 @@ class JobRow(Base):
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     record: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # The job's files the record carried (ResultRecord.files, taken out of ``record`` so that
+    # reading a night's records does not read its logs): name -> zstd in base64. None: the
+    # record carried none (they are in S3 at its log_key and junit_key, if it has any).
+    files: Mapped[dict[str, str] | None] = mapped_column(JSON(none_as_null=True), nullable=True, deferred=True)
     host_id: Mapped[str | None] = mapped_column(ForeignKey("hosts.host_id"), nullable=True)
     # The record's precedence (gearfarm.run.ledger.rank): product results over farm-made ones,
     # then the newer attempt, then the earlier finish, then the digest (a total order).
@@ -698,19 +715,50 @@ class ResultsDB:
             row = s.get(JobRow, job_id)
             return ResultRecord.model_validate(row.record) if row is not None else None
 
-    def job_files(self, job_ids: Iterable[str]) -> dict[str, tuple[tuple[int, float | None], str | None, str | None]]:
-        """{job id: ((attempt, finished), log key, JUnit key)} of the records the jobs' rows hold
-        now, without reading the records whole (gearfarm.report.joblog.Copier)."""
+    def job_files(self, job_ids: Iterable[str]) -> dict[str, StoredFiles]:
+        """The files of the records the jobs' rows hold now, without reading the records whole
+        (gearfarm.report.joblog)."""
         ids, got = list(job_ids), {}
         cols = (JobRow.job_id, JobRow.attempt, JobRow.finished_at, JobRow.record["log_key"].as_string(),
-                JobRow.record["junit_key"].as_string())
+                JobRow.record["junit_key"].as_string(), JobRow.files)
         with self.engine.connect() as conn:
             # In slices: a cancelled run ends thousands of jobs in one poll, more than an IN list
             # of an older SQLite takes.
             for at in range(0, len(ids), 500):
-                for j, a, f, log, junit in conn.execute(select(*cols).where(JobRow.job_id.in_(ids[at:at + 500]))):
-                    got[j] = ((a, f), log, junit)
+                for j, a, f, log, junit, files in conn.execute(
+                        select(*cols).where(JobRow.job_id.in_(ids[at:at + 500]))):
+                    got[j] = StoredFiles((a, f), {"log.txt": log, "junit.xml": junit}, files or {})
         return got
+
+    def carried_sizes(self) -> dict[str, int]:
+        """{run id: bytes of the job files its records carried}: the part of a run's files the
+        results database holds (gearfarm.run.retention prunes it with the rest)."""
+        q = (select(JobRow.run_id, func.sum(func.length(cast(JobRow.files, String))))
+             .where(JobRow.files.is_not(None)).group_by(JobRow.run_id))
+        with self.engine.connect() as conn:
+            return {run: int(size or 0) for run, size in conn.execute(q)}
+
+    def drop_carried(self, run_id: str) -> int:
+        """Forget the job files run ``run_id``'s records carried (its files expired); how many jobs
+        had some. The records stay: they are the history."""
+        with self.engine.begin() as conn:
+            return conn.execute(update(JobRow).where(JobRow.run_id == run_id, JobRow.files.is_not(None))
+                                .values(files=None)).rowcount
+
+    def job_file(self, job_id: str, name: str) -> bytes | None:
+        """The file ``name`` that the job's record carried (None: it carried none; it may be in S3)."""
+        with self.engine.connect() as conn:
+            files = conn.execute(select(JobRow.files).where(JobRow.job_id == job_id)).scalar()
+        carried = (files or {}).get(name)
+        if carried is None:
+            return None
+        try:
+            return unpack_file(carried)
+        except ValueError as e:
+            # Checked when the record was applied (it decompresses, within bounds): the row was
+            # changed since. Said, and then the file is looked for where else it may be.
+            log.error("the %s of %s in the results database cannot be read: %s", name, job_id, e)
+            return None
 
     def job_states(self, run_id: str) -> dict[str, str]:
         """{job id: status} of a run's jobs, without reading their records (polled often)."""

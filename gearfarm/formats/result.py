@@ -2,6 +2,10 @@
 to S3 beside the job's logs (the durable copy) and send it to the collector; the run ledger
 (gearfarm.run.ledger) checks who signed it (gearfarm.db.registry) and decides what it changes.
 
+A build's or test's log and JUnit file travel in its record when they are small (``files``: the
+ledger keeps them with the job's row, so they are durable exactly when the record is, and no PUT
+to S3 is on the job's way: docs/speed.md); larger ones are in S3 at the job's keys (s3.keys).
+
 A record must fit its envelope (gearfarm.formats.seal.MAX_ENVELOPE). Its message and log tail are cut to
 a bound (bounded); a suite's cases that would not fit travel in S3 beside the record, compressed,
 named by a sha256 the record is sealed with (offload_cases), and whoever opens such a record loads
@@ -11,12 +15,15 @@ record, never a record with no cases.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
+from collections.abc import Iterator
 from typing import Any, Literal, Protocol
 
 import zstandard
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from gearfarm.formats.seal import MAX_ENVELOPE, Lookup, SealError, Signer, canonical, seal, unseal
 from gearfarm.formats.words import counted
@@ -34,6 +41,46 @@ PRODUCT_FAILURES: frozenset[str] = frozenset({"failed", "timed_out"})
 
 class RecordError(ValueError):
     """A result record was malformed, unsigned or forged."""
+
+
+# A job's files, by the names its keys end in (s3.keys.job_file).
+JOB_FILES = ("log.txt", "junit.xml")
+# The most of them a record carries, as their zstd bytes in base64, together: with a message and
+# log tail at their most (MESSAGE_MAX, LOG_TAIL_MAX) and the cases in S3 (fit), a build's or
+# test's record stays under its envelope. A job whose files are larger puts them in S3.
+FILES_MAX = 48 * 1024
+# What one carried file may decompress to: far above what fits FILES_MAX compressed from a real
+# log (a worker tries files up to 16 times the room), a bound on what a reader allocates.
+FILE_MAX_BYTES = 16 * 1024 * 1024
+
+
+def pack_file(data: bytes) -> str:
+    """A file's bytes as a record carries them (ResultRecord.files)."""
+    return base64.b64encode(zstandard.ZstdCompressor(level=3).compress(data)).decode()
+
+
+def unpack_file(text: str) -> bytes:
+    """A carried file's bytes; ValueError when they are not what pack_file makes."""
+    out = bytearray()
+    for chunk in _carried(text):
+        out += chunk
+    return bytes(out)
+
+
+def _carried(text: str) -> Iterator[bytes]:
+    """A carried file's bytes in chunks, read in bounded steps (a frame may claim any size in
+    its header, and a few KB may decompress to gigabytes)."""
+    try:
+        blob = base64.b64decode(text, validate=True)
+        size = 0
+        with zstandard.ZstdDecompressor().stream_reader(blob) as reader:
+            while chunk := reader.read(1 << 20):
+                size += len(chunk)
+                if size > FILE_MAX_BYTES:
+                    raise ValueError(f"it decompresses to more than {FILE_MAX_BYTES} bytes")
+                yield chunk
+    except (binascii.Error, zstandard.ZstdError) as e:
+        raise ValueError(f"not a file as a record carries one (zstd in base64): {e}") from e
 
 
 class CaseResult(BaseModel):
@@ -104,6 +151,9 @@ class ResultRecord(BaseModel):
     reused_artifact: bool = False
     log_key: str | None = None
     junit_key: str | None = None
+    # The job's files it carries (JOB_FILES name -> pack_file), instead of S3 holding them at
+    # log_key and junit_key, which name them either way (Attempt.record chooses).
+    files: dict[str, str] = Field(default_factory=dict)
     message: str = ""
     log_tail: str = ""
     cases: list[CaseResult] = Field(default_factory=list)
@@ -126,6 +176,25 @@ class ResultRecord(BaseModel):
     reference_rev: str | None = None
     # Perf jobs: the curves the benchmark recorded while it ran (its catalog entry's curves).
     curves: list[CurveRecord] = Field(default_factory=list)
+
+    @field_validator("files")
+    @classmethod
+    def _files(cls, files: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(files) - set(JOB_FILES))
+        if unknown:
+            raise ValueError(f"a record carries only {', '.join(JOB_FILES)}, not {', '.join(unknown)[:200]}")
+        size = sum(len(v) for v in files.values())
+        if size > FILES_MAX:
+            raise ValueError(f"its files are {size} bytes, over the {FILES_MAX} a record carries")
+        for name, carried in files.items():
+            # Read back once here (counted, not kept), so that whoever keeps them (the ledger)
+            # keeps files that read.
+            try:
+                for _ in _carried(carried):
+                    pass
+            except ValueError as e:
+                raise ValueError(f"its {name} cannot be read: {e}") from e
+        return files
 
     @property
     def duration(self) -> float | None:

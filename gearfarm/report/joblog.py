@@ -1,8 +1,10 @@
-"""Where a job's files (log.txt, junit.xml) can be read once the farm is gone: the run's
-directory on disk keeps a copy of each (state/runs/<run>/logs/<target>/<step>/<name>), made as
-the job ends (Copier) or else when the report is published, so the report's links and the
-dashboard still work the next morning on the embedded default, whose MinIO stops with the farm.
-The store stays the first place to read from when it answers (a lab's MinIO keeps everything);
+"""Where a job's files (log.txt, junit.xml) are read: from the results database when its record
+carried them (gearfarm.formats.result: a build's or test's small files), else from S3 at the
+record's keys; and where they can be read once the farm is gone: the run's directory on disk
+keeps a copy of each (state/runs/<run>/logs/<target>/<step>/<name>), made as the job ends
+(Copier) or else when the report is published, so the report's links and the dashboard still
+work the next morning on the embedded default, whose MinIO stops with the farm. The database
+and the store stay the first places to read from when they answer (a lab's keep everything);
 the copy is the fallback."""
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from typing import Protocol
 from botocore.exceptions import ClientError
 from sqlalchemy.exc import SQLAlchemyError
 
+from gearfarm.db.results import StoredFiles
 from gearfarm.formats.job import JobId
-from gearfarm.formats.result import TERMINAL, ResultRecord
+from gearfarm.formats.result import JOB_FILES, TERMINAL, ResultRecord, unpack_file
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError
 
@@ -29,10 +32,14 @@ Made = tuple[int, float | None]
 
 
 class JobFiles(Protocol):
-    def job_files(self, job_ids: Iterable[str]) -> dict[str, tuple[Made, str | None, str | None]]: ...
+    """Where the files of the jobs' records are (gearfarm.db.results.ResultsDB)."""
+
+    def job_files(self, job_ids: Iterable[str]) -> dict[str, StoredFiles]: ...
+
+    def job_file(self, job_id: str, name: str) -> bytes | None: ...
 
 
-FILES = ("log.txt", "junit.xml")
+FILES = JOB_FILES
 CHUNK = 64 * 1024
 
 
@@ -55,26 +62,50 @@ def link(rec: ResultRecord, run_id: str, name: str = "log.txt") -> str:
 COPIERS = 8
 
 
-def copy_all(store: ArtifactStore, records: list[ResultRecord], runs_dir: Path,
+def copy_all(store: ArtifactStore, db: JobFiles, records: list[ResultRecord], runs_dir: Path,
              copied: Mapping[str, Made] | None = None) -> list[str]:
-    """Copy every job's files from the store into its run's directory under ``runs_dir``; the
-    problems, one line each (a file the store does not have is not one: a job that never ran
-    has no log). A record whose files ``copied`` says are on disk already (Copier.close: the
-    same attempt and finish) is left as it is."""
+    """Copy every job's files, from the results database where its record carried them, else from
+    the store, into its run's directory under ``runs_dir``; the problems, one line each (a file
+    the store does not have is not one: a job that never ran has no log). A record whose files
+    ``copied`` says are on disk already (Copier.close: the same attempt and finish) is left as it
+    is."""
     copied = copied or {}
-    todo = [(r, name, key) for r in records for name, key in (("log.txt", r.log_key), ("junit.xml", r.junit_key))
-            if key and copied.get(r.job_id) != (r.attempt, r.finished_at)]
+    wanted = [r for r in records if (r.log_key or r.junit_key) and copied.get(r.job_id) != (r.attempt, r.finished_at)]
+    try:
+        stored = db.job_files([r.job_id for r in wanted])
+    except SQLAlchemyError as e:
+        return [f"job files not copied to disk: the results database did not answer ({e})"]
+    todo = [(r, name, stored[r.job_id]) for r in wanted if r.job_id in stored for name in FILES]
 
-    def copy(item: tuple[ResultRecord, str, str]) -> str:
-        r, name, key = item
-        return _copy(store, key, runs_dir / r.run_id / relative(r.target, r.step, name), f"{r.target}/{r.step} {name}")
+    def copy(item: tuple[ResultRecord, str, StoredFiles]) -> str:
+        r, name, files = item
+        return _place(store, files, name, runs_dir / r.run_id / relative(r.target, r.step, name),
+                      f"{r.target}/{r.step} {name}")
 
     with ThreadPoolExecutor(COPIERS, thread_name_prefix="joblog-copy") as pool:
         return [p for p in pool.map(copy, todo) if p]
 
 
+def _place(store: ArtifactStore, files: StoredFiles, name: str, dest: Path, what: str) -> str:
+    """One of a job's files to disk, as its row knows it (carried, or at a key in the store):
+    "" when it is there or it has none, else the problem."""
+    carried, key = files.carried.get(name), files.keys.get(name)
+    if carried is None:
+        return _copy(store, key, dest, what) if key else ""
+    try:
+        data = unpack_file(carried)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.tmp")
+        tmp.write_bytes(data)
+        tmp.replace(dest)
+    except (ValueError, OSError) as e:  # a row changed since it was applied; the disk full or not writable
+        return f"{what} not copied to disk: {e}"
+    return ""
+
+
 def _copy(store: ArtifactStore, key: str, dest: Path, what: str) -> str:
-    """One file to disk: "" when it is there or the store has none, else the problem."""
+    """One file from the store to disk: "" when it is there or the store has none, else the
+    problem."""
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         store.get_file(key, dest)
@@ -133,28 +164,36 @@ class Copier:
             except SQLAlchemyError as e:
                 log.info("job files not copied while the night runs (%s); the report copies them", e)
                 continue
-            for job_id, (made, *names) in files.items():
+            for job_id, stored in files.items():
                 if self._stop.is_set():
                     return
                 jid = JobId.parse(job_id)
-                problems = [_copy(self.store, key, self.runs_dir / jid.run_id / relative(jid.target, jid.step, name),
-                                  f"{jid.target}/{jid.step} {name}")
-                            for name, key in zip(FILES, names, strict=True) if key]
+                problems = [_place(self.store, stored, name,
+                                   self.runs_dir / jid.run_id / relative(jid.target, jid.step, name),
+                                   f"{jid.target}/{jid.step} {name}") for name in FILES]
                 if not any(problems):
-                    self.made[job_id] = made
+                    self.made[job_id] = stored.made
 
 
 def _code(e: ClientError) -> str:
     return str(e.response.get("Error", {}).get("Code", ""))
 
 
-def stream(store: ArtifactStore | None, run_dir: Path, run_id: str, target: str, step: str,
+def stream(db: JobFiles | None, store: ArtifactStore | None, run_dir: Path, run_id: str, target: str, step: str,
            name: str = "log.txt") -> Iterator[bytes] | None:
-    """The file's bytes in chunks, from the store when it has them, else from the copy on
-    disk; None when neither has it."""
+    """The file's bytes in chunks: from the results database when the job's record carried it,
+    else from the store when it has it, else from the copy on disk; None when none has it."""
     if name not in FILES:
         raise ValueError(f"{name!r} is not a job file ({', '.join(FILES)})")
     key = keys.job_file(run_id, target, step, name)  # ValueError for a name that is not a safe component
+    if db is not None:
+        try:
+            carried = db.job_file(str(JobId(run_id, target, step)), name)
+        except SQLAlchemyError as e:
+            log.info("%s not read from the results database (%s); trying the store", key, e)
+        else:
+            if carried is not None:
+                return iter([carried])
     if store is not None:
         try:
             return store.stream(key, CHUNK)

@@ -89,7 +89,7 @@ def publish(cfg: Config, db: ResultsDB, store: ArtifactStore | None, runs: list[
                 problems.append(_db_down("the mail's fate is not in the runs' notes", e))
     for run, later in copy_later:
         assert store is not None
-        own = joblog.copy_all(store, later, run_dir(cfg, run.run_id).parent, copied)
+        own = joblog.copy_all(store, db, later, run_dir(cfg, run.run_id).parent, copied)
         problems += own if len(runs) == 1 else [f"{run.project} ({run.run_id}): {p}" for p in own]
     for p in problems:
         log.warning("%s", p)
@@ -159,7 +159,7 @@ def _publish_run(cfg: Config, db: ResultsDB, store: ArtifactStore | None, run: R
             later = records + reruns
         else:
             # Before the report is written: its links point at these copies.
-            problems += joblog.copy_all(store, records + reruns, out.parent, copied)
+            problems += joblog.copy_all(store, db, records + reruns, out.parent, copied)
     rep = report.build(run, records, links.for_run(cfg.web.url, out), verdicts, reruns, cases)
     try:
         rep = rep.with_performance(perf.analyze(db, run), perf.figures(db, run, records))

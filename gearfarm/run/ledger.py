@@ -80,7 +80,14 @@ from gearfarm.db.registry import Registry
 from gearfarm.db.results import Case, DeliveryRow, JobRow, LateResult, LeaseRow, LiveJob, ResultsDB, Run, SampleRow
 from gearfarm.formats.job import JobId
 from gearfarm.formats.lease import TAKEOVER, Answer, LeaseError, open_lease
-from gearfarm.formats.result import PRODUCT, CaseStore, RecordError, ResultRecord, load_cases, open_record
+from gearfarm.formats.result import (
+    PRODUCT,
+    CaseStore,
+    RecordError,
+    ResultRecord,
+    load_cases,
+    open_record,
+)
 
 log = logging.getLogger(__name__)
 _NAME_MAX = Case.__table__.c.name.type.length
@@ -413,9 +420,13 @@ class Ledger:
     def _job_row(self, conn: Connection, rec: ResultRecord, data: dict[str, object], r: Rank) -> dict[str, object]:
         """The job's row for the record (its host's row made or refreshed first)."""
         host_id = self.db.upsert_host(conn, rec.host) if rec.host else None
+        # The files it carries go in a column of their own: the night's records are read often
+        # (the dashboard, the report), its logs seldom.
+        record = {k: v for k, v in data.items() if k != "files"}
         return dict(job_id=rec.job_id, run_id=rec.run_id, target=rec.target, kind=rec.kind, step=rec.step,
                     status=rec.status, attempt=rec.attempt, worker=rec.worker, started_at=rec.started_at,
-                    finished_at=rec.finished_at, record=data, host_id=host_id, prio=r.prio, digest=r.digest)
+                    finished_at=rec.finished_at, record=record, files=rec.files or None, host_id=host_id,
+                    prio=r.prio, digest=r.digest)
 
     def _expects(self, conn: Connection, run_id: str) -> tuple[tuple[str, ...], frozenset[str]]:
         """The jobs run ``run_id`` expects (in order, and as a set), read once (an unknown run:

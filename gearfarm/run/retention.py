@@ -12,14 +12,16 @@ Kept, whatever their age (a kept revision keeps its builds on every target and i
   still running.
 Everything else expires once it has not been used for [retention] days: a build or source
 when no run of its revision (nightly, re-run or bisection probe) started within that time, a
-run's files when the run started before it. A run's files are its folder in S3 and its folder
+run's files when the run started before it. A run's files are its folder in S3, its folder
 on this host's disk ([farm] state_dir/runs/<run>: the reports, the mail and the job files the
-publisher wrote there) and, for a run the dashboard started, its nightly's output
+publisher wrote there), the job files its records carried (kept with their rows in the results
+database: gearfarm.formats.result) and, for a run the dashboard started, its nightly's output
 ([farm] state_dir/web/<run>.log), one entry under one rule: a nightly host that ran cron for a
-year would otherwise keep every night's copy after S3 let it go. The results database keeps every run's
-rows (the history the series and the reports are made of). Catalogs and project markers are
-never pruned (content-addressed and tiny). A pruned build is made again from the repository when a
-bisection or a nightly needs it (the build worker rebuilds what S3 does not have).
+year would otherwise keep every night's copy after S3 let it go. The results database keeps every
+run's rows (the history the series and the reports are made of), without those files once they
+expire. Catalogs and project markers are never pruned (content-addressed and tiny). A pruned
+build is made again from the repository when a bisection or a nightly needs it (the build
+worker rebuilds what S3 does not have).
 
 Pruning is `gearfarm store prune` (docker/systemd has a daily timer for it), never a side
 effect; it refuses to run when the results database has no runs while S3 has run files: that
@@ -63,6 +65,8 @@ class Holding:
     local: Path | None = None
     # Files of the run elsewhere on this host's disk: the output of a nightly the dashboard started.
     files: list[Path] = field(default_factory=list)
+    # Bytes of the job files the run's records carried, in the results database.
+    carried: int = 0
     size: int = 0
     last_used: float = 0.0
     # Why it is kept; empty: it expires (when older than the age limit).
@@ -161,6 +165,10 @@ def survey(cfg: Config, db: ResultsDB, store: ArtifactStore, now: float | None =
         e.files.append(f)
         e.size += st.st_size
         e.last_used = max(e.last_used, st.st_mtime)
+    for run_id, size in db.carried_sizes().items():
+        e = entries.setdefault(f"runs/{run_id}/", Holding("run", run_id, f"runs/{run_id}/"))
+        e.carried = size
+        e.size += size
     for e in entries.values():
         if e.kind in ("build", "source"):
             # The database knows when a revision was last used (a later nightly may have reused
@@ -203,6 +211,9 @@ def prune(db: ResultsDB, store: ArtifactStore, entries: list[Holding]) -> tuple[
             folders += 1
         for f in e.files:
             f.unlink(missing_ok=True)
-        log.info("pruned %s (%d objects%s, %d bytes, last used %s)", e.prefix, len(e.keys),
-                 f" and {e.local}" if e.local else "", e.size, time.strftime("%Y-%m-%d", time.gmtime(e.last_used)))
+        if e.carried:
+            db.drop_carried(e.name)
+        log.info("pruned %s (%d objects%s%s, %d bytes, last used %s)", e.prefix, len(e.keys),
+                 f" and {e.local}" if e.local else "", ", the job files its records carried" if e.carried else "",
+                 e.size, time.strftime("%Y-%m-%d", time.gmtime(e.last_used)))
     return deleted, sum(e.size for e in doomed), folders

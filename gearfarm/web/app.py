@@ -447,11 +447,12 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
     def job_log(run_id: str, target: str, step: str) -> Response:
         name = request.args.get("file", "log.txt")
         try:
-            chunks = joblog.stream(store, run_dir(cfg, run_id), run_id, target, step, name)
+            chunks = joblog.stream(db, store, run_dir(cfg, run_id), run_id, target, step, name)
         except ValueError as e:
             abort(400, str(e))
         if chunks is None:
-            abort(404, f"no {name} for {target}/{step} of run {run_id}: not in the store, and no copy on disk")
+            abort(404, f"no {name} for {target}/{step} of run {run_id}: not in the results database or the store, "
+                       "and no copy on disk")
         # junit.xml as text too: as XML, a browser would run an XHTML or SVG script in it.
         return job_output(chunks)
 
@@ -461,7 +462,7 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
         steps. The text is the job's and is escaped like every value (the raw log, served inert,
         is a link away)."""
         try:
-            chunks = joblog.stream(store, run_dir(cfg, run_id), run_id, target, step, "log.txt")
+            chunks = joblog.stream(db, store, run_dir(cfg, run_id), run_id, target, step, "log.txt")
         except ValueError as e:
             abort(400, str(e))
         text = b"".join(chunks).decode("utf-8", "replace") if chunks is not None else None

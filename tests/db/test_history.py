@@ -97,7 +97,7 @@ def test_migrations_create_the_models_schema_and_upgrade_a_database_made_before_
     engine.dispose()
 
     db = ResultsDB(db_url)
-    assert current_revision(db.engine) == head_revision() == "0013"
+    assert current_revision(db.engine) == head_revision() == "0014"
     old = db.get_run("old")
     assert old is not None and old.targets == [T] and old.parent_run_id is None and old.project == "engine"
     with db.engine.connect() as conn:

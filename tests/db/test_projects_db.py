@@ -69,7 +69,7 @@ def test_a_0004_database_upgrades_with_every_run_the_engines_and_its_history_kep
     engine.dispose()
 
     db = ResultsDB(db_url)
-    assert current_revision(db.engine) == "0013"
+    assert current_revision(db.engine) == "0014"
     for rid in ("old", "old.rerun"):
         run = db.get_run(rid)
         assert run is not None and run.project == "engine" and run.catalog_sha256 is None

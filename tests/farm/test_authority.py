@@ -43,7 +43,7 @@ from gearfarm.formats.seal import Signer
 from gearfarm.run.farm import EmbeddedFarm
 from gearfarm.s3 import artifact, keys
 from gearfarm.s3.store import ArtifactStore
-from tests.farmkit import ROOT, add_user, commit, gearfarm, start_web, wait_for
+from tests.farmkit import ROOT, add_user, carried_files, commit, gearfarm, start_web, wait_for
 from tests.projects import _init
 
 T = "linux-x86_64"
@@ -338,6 +338,7 @@ def _marker_anywhere(auth: Farm) -> list[str]:
     found = [k for k in store.list("runs/") if k.endswith((".txt", ".xml")) and MARKER.encode() in store.get_bytes(k)]
     found += [str(p) for p in (auth.farm.state / "runs").rglob("*") if p.is_file() and p.suffix in (".txt", ".xml")
               and MARKER in p.read_text(errors="replace")]
+    found += [name for name, data in carried_files(auth.cfg.database.url).items() if MARKER.encode() in data]
     return found
 
 

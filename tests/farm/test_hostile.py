@@ -41,7 +41,7 @@ from gearfarm.formats import catalog as catalog_mod
 from gearfarm.formats.catalog import CatalogError
 from gearfarm.run.farm import EmbeddedFarm
 from gearfarm.s3.store import ArtifactStore
-from tests.farmkit import commit, gearfarm, key_secrets, keyed, start_web
+from tests.farmkit import carried_files, commit, gearfarm, key_secrets, keyed, start_web
 from tests.pg import PostgresServer
 from tests.projects import _init
 
@@ -407,6 +407,7 @@ def test_a_junit_file_linked_to_the_config_is_not_read_or_uploaded(hostile: Host
     assert not (run / "logs" / TARGET / "test-junit-link" / "junit.xml").exists()
     store = ArtifactStore(hostile.cfg.s3, retry_for=0)
     assert not [k for k in store.list(f"runs/{run.name}/") if k.endswith("test-junit-link/junit.xml")]
+    assert not [k for k in carried_files(hostile.cfg.database.url) if k.endswith("test-junit-link/junit.xml")]
     log = _log(hostile, "hostile", "test-junit-link")
     assert "link leading outside the job's directories" in (run / "report.txt").read_text() + log
 
@@ -446,9 +447,12 @@ def test_no_secret_reaches_the_store_the_disk_or_the_dashboard(hostile: Hostile)
     secrets = hostile.secrets
     store = ArtifactStore(hostile.cfg.s3, retry_for=0)
     keys = list(store.list(""))
-    assert any(k.endswith(".tar.zst") for k in keys) and any("log.txt" in k for k in keys)
+    carried = carried_files(hostile.cfg.database.url)  # the job files the records carried
+    assert any(k.endswith(".tar.zst") for k in keys) and any("log.txt" in k for k in [*keys, *carried])
     for key in keys:
         assert not _unpacked_holds(store.get_bytes(key), secrets), key
+    for name, data in carried.items():
+        assert not any(s.encode() in data for s in secrets), name
     files = [p for p in (hostile.state / "runs").rglob("*") if p.is_file()]
     assert any(p.name == "log.txt" for p in files)
     for path in files:

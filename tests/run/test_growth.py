@@ -601,9 +601,9 @@ def test_the_report_copies_a_nights_job_files_to_disk_several_at_a_time(tmp_path
 
     store = ArtifactStore(minio.s3_config(), retry_for=0.0, attempts=1)
     store.ensure_bucket()
-    recs = []
-    for i in range(24):
-        jid = JobId("copies", T, f"test-s{i}")
+    db = ResultsDB(f"sqlite:///{tmp_path / 'r.db'}")
+    ledger, recs = Ledger(db), []
+    for i, jid in enumerate(night(db, "copies", 24)[1:]):
         log_key, junit_key = keys.job_file("copies", T, jid.step, "log.txt"), keys.job_file("copies", T, jid.step,
                                                                                               "junit.xml")
         store.put_bytes(log_key, f"log {i}\n".encode())
@@ -611,6 +611,7 @@ def test_the_report_copies_a_nights_job_files_to_disk_several_at_a_time(tmp_path
             store.put_bytes(junit_key, f"<testsuite name='{i}'/>".encode())
         recs.append(farm_record(jid, REV, "passed", "").model_copy(update={"log_key": log_key,
                                                                            "junit_key": junit_key}))
+        assert ledger.apply(recs[-1], "nightly") == "applied"
     in_flight, most, lock = 0, 0, threading.Lock()
     get_file = store.get_file
 
@@ -626,10 +627,10 @@ def test_the_report_copies_a_nights_job_files_to_disk_several_at_a_time(tmp_path
                 in_flight -= 1
 
     store.get_file = counted  # type: ignore[method-assign]
-    assert joblog.copy_all(store, recs, tmp_path) == []
+    assert joblog.copy_all(store, db, recs, tmp_path) == []
     assert most > 1
     for i in range(24):
-        step = tmp_path / "copies" / joblog.relative(T, f"test-s{i}", "log.txt")
+        step = tmp_path / "copies" / joblog.relative(T, f"test-s{i:03d}", "log.txt")
         assert step.read_text() == f"log {i}\n"
         assert (step.parent / "junit.xml").exists() == bool(i)
 
@@ -675,7 +676,7 @@ def test_a_nights_job_files_are_copied_as_its_jobs_end_and_the_report_copies_onl
         return get_file(key, dest)
 
     store.get_file = counted  # type: ignore[method-assign]
-    assert joblog.copy_all(store, db.jobs("cp", cases=False), runs, made) == []
+    assert joblog.copy_all(store, db, db.jobs("cp", cases=False), runs, made) == []
     assert sorted(asked) == sorted(keys.job_file("cp", T, j.step, "log.txt") for j in [jids[2], *jids[6:]])
     for jid in jids:
         attempt = 2 if jid == jids[2] else 1
@@ -684,7 +685,7 @@ def test_a_nights_job_files_are_copied_as_its_jobs_end_and_the_report_copies_onl
     # A disk that cannot take the copies is a problem the report names, not a crash of it.
     blocked = tmp_path / "not-a-directory"
     blocked.write_text("")
-    problems = joblog.copy_all(store, db.jobs("cp", cases=False)[:2], blocked)
+    problems = joblog.copy_all(store, db, db.jobs("cp", cases=False)[:2], blocked)
     assert len(problems) == 2 and all("not copied to disk" in p for p in problems), problems
 
 

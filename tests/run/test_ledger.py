@@ -19,7 +19,7 @@ from sqlalchemy import update
 from gearfarm.db.results import LeaseRow, ResultsDB
 from gearfarm.formats.job import JobId
 from gearfarm.formats.lease import TAKEOVER, Lease, seal_lease
-from gearfarm.formats.result import CaseResult, ResultRecord, seal_record
+from gearfarm.formats.result import CaseResult, ResultRecord, pack_file, seal_record
 from gearfarm.formats.seal import Signer
 from gearfarm.run.ledger import Ledger, farm_record
 from tests.farmkit import claim
@@ -457,3 +457,41 @@ def test_a_claim_and_a_polls_read_on_postgresql_are_sent_outside_a_transaction(t
     assert (str(second), 1) not in db.leases("rt")  # delivered
     assert row(db, second).status == "passed" and [c.name for c in row(db, second).cases] == ["c1"]
     assert [d.outcome for d in db.deliveries("rt")] == ["applied", "applied"]
+
+
+def test_the_files_a_record_carries_are_kept_with_its_jobs_row_and_go_with_it(db_url: str) -> None:
+    """A worker's record may carry its job's log and JUnit (gearfarm.formats.result.files): the
+    ledger keeps them with the job's row, out of the record the dashboard reads, whichever way
+    the record went (on PostgreSQL its first in one statement); a record that replaces the row
+    replaces them (a record carrying none leaves none, its files being in S3), and one that does
+    not (superseded, late) changes nothing."""
+    db = ResultsDB(db_url)
+    ledger = Ledger(db)
+    (unit,) = new_run(db, "rf", ["test-unit"])
+    db.set_live("rf", {str(unit): ("queued", 3)})
+    host = Signer.generate()
+    ledger.registry.add("h", host.public_text, ["test"], [T])
+    for attempt in (1, 2, 3):
+        assert claim(ledger, host, str(unit), attempt, "h") == "granted"
+
+    def offer(r: ResultRecord) -> str:
+        return ledger.accept(seal_record(r, host), "collect")[0]
+
+    first = rec(unit, "failed", 1).model_copy(update={"files": {"log.txt": pack_file(b"attempt 1\n"),
+                                                                "junit.xml": pack_file(b"<testsuite/>")}})
+    assert offer(first) == "applied"
+    assert (db.job_file(str(unit), "log.txt"), db.job_file(str(unit), "junit.xml")) == (b"attempt 1\n", b"<testsuite/>")
+    assert row(db, unit).files == {} and db.job(str(unit)).files == {}  # type: ignore[union-attr]
+    assert offer(rec(unit, "passed", 2).model_copy(update={"files": {"log.txt": pack_file(b"attempt 2\n")}})) \
+        == "applied"
+    assert (db.job_file(str(unit), "log.txt"), db.job_file(str(unit), "junit.xml")) == (b"attempt 2\n", None)
+    assert offer(first) == "superseded"
+    assert db.job_file(str(unit), "log.txt") == b"attempt 2\n"
+    assert offer(rec(unit, "passed", 3)) == "applied"  # its log in S3: none here
+    assert db.job_file(str(unit), "log.txt") is None
+    ledger.close("rf")
+    assert offer(rec(unit, "passed", 2).model_copy(update={"files": {"log.txt": pack_file(b"late\n")},
+                                                           "finished_at": 2000.0})) == "late"
+    assert db.job_file(str(unit), "log.txt") is None
+    stored = db.job_files([str(unit)])[str(unit)]
+    assert stored.made == (3, 1000.0) and stored.carried == {}

@@ -20,12 +20,12 @@ from gearfarm.config import Config
 from gearfarm.db import triage
 from gearfarm.db.results import ResultsDB
 from gearfarm.formats.job import JobId
-from gearfarm.formats.result import CaseResult, ResultRecord
+from gearfarm.formats.result import CaseResult, ResultRecord, pack_file
 from gearfarm.hosts.minio_server import MinioServer
 from gearfarm.run.ledger import Ledger
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore
-from tests.farmkit import GIT, commit, gearfarm
+from tests.farmkit import GIT, carried_files, commit, gearfarm
 
 DAY = 86400.0
 NIGHTS = 60
@@ -63,7 +63,9 @@ def _night(db: ResultsDB, ledger: Ledger, store: ArtifactStore, state_runs: Path
     ledger.apply(ResultRecord(job_id=str(test), run_id=run_id, target=TARGET, kind="test", step="test-unit",
                               name="unit", rev=rev, status="failed" if failing else "passed", started_at=at + 5,
                               finished_at=at + 9, cases=[CaseResult(name="limits", status="failed" if failing
-                                                                    else "passed")]), "collect")
+                                                                    else "passed")],
+                              # Its log carried in the record: kept in the results database.
+                              files={"log.txt": pack_file(f"{run_id} ran\n".encode())}), "collect")
     db.finish_run(run_id, "finished")
     for key, size in ((f"{art}/artifact.tar.zst", 3000), (f"{art}/manifest.json", 200),
                       (f"sources/{rev}/source.tar.zst", 1000), (f"sources/{rev}/manifest.json", 100),
@@ -166,6 +168,11 @@ def test_pruning_60_nights_keeps_exactly_what_the_policy_says(store60: tuple[Pat
     # pruned, night 20's (it first showed a regression) and night 57's (young) stay.
     web = {f.name for f in (config.parent / "state" / "web").iterdir()}
     assert web == {f"night-{n}.log{x}" for n in (20, 57) for x in ("", ".1")}, web
+    # The logs the records carried go with their runs too; the records (the history) stay.
+    carried = carried_files(cfg.database.url)
+    assert carried == {f"night-{n}:{TARGET}:test-unit/log.txt": f"night-{n} ran\n".encode()
+                       for n in (20, 40, *range(56, NIGHTS + 1))}, sorted(carried)
+    assert len(ResultsDB(cfg.database.url).jobs("night-5")) == 2
     # Every S3 prefix that went, and night 3's and the old stray's folders, whose S3 files were
     # already gone: one entry each.
     # (A run's cancel markers are part of its entry.)

@@ -18,6 +18,7 @@ import pytest
 from gearfarm.config import Config, FarmConfig, GearmanConfig
 from gearfarm.formats.job import COLLECT_FUNCTION, Artifact, JobId, Source, make_payload, sign
 from gearfarm.formats.lease import open_lease
+from gearfarm.formats.result import open_record, unpack_file
 from gearfarm.formats.seal import Signer, keyring
 from gearfarm.gearman import Job
 from gearfarm.hosts.connection import gearman_client, gearman_worker
@@ -55,8 +56,8 @@ class Collector:
     """The `collect` function: a claim is answered ``answers[job]`` once the worker's job dir
     holds the unpacked artifact (or after 5 s), and whether it did is kept; records are kept."""
 
-    def __init__(self, cfg: Config, work: Path, host: Signer) -> None:
-        self.work, self.lookup = work, keyring([host.public_text])
+    def __init__(self, cfg: Config, work: Path, host: Signer, unpacked: str = "gfe") -> None:
+        self.work, self.lookup, self.unpacked = work, keyring([host.public_text]), unpacked
         self.answers: dict[str, str] = {}
         self.unpacked_when_asked: dict[str, bool] = {}
         self.records: list[bytes] = []
@@ -73,9 +74,9 @@ class Collector:
         if lease.beat:
             return b"granted "
         deadline = time.monotonic() + 5
-        while not list(self.work.glob("*/test*/root/gfe")) and time.monotonic() < deadline:
+        while not list(self.work.glob(f"*/test*/root/{self.unpacked}")) and time.monotonic() < deadline:
             time.sleep(0.01)
-        self.unpacked_when_asked[lease.job_id] = bool(list(self.work.glob("*/test*/root/gfe")))
+        self.unpacked_when_asked[lease.job_id] = bool(list(self.work.glob(f"*/test*/root/{self.unpacked}")))
         return self.answers[lease.job_id].encode()
 
 
@@ -125,7 +126,11 @@ def test_a_job_is_prepared_while_its_claim_is_asked_and_nothing_of_a_refused_one
         while not collector.records:
             assert time.monotonic() < deadline, "the granted job's record never came"
             time.sleep(0.05)
-        assert store.get_bytes(keys.job_file("granted", TARGET, "test-unit", "log.txt"))
+        # Its log travels in the record (a small one), not to S3 on the job's way.
+        rec, _ = open_record(collector.records[0], keyring([cfg.host_signer().public_text]))
+        assert rec.log_key == keys.job_file("granted", TARGET, "test-unit", "log.txt")
+        assert b"ok 1 - ran" in unpack_file(rec.files["log.txt"])
+        assert rec.log_key not in set(store.list("runs/granted/"))
 
         # Refused ("ran already"): prepared as well, then dropped. No command, no log or record.
         got = run("replayed", f"done attempt 1 of replayed:{TARGET}:test-unit ran already (on elsewhere)")

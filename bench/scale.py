@@ -274,7 +274,6 @@ class Night:
     copy_seconds: float = 0.0  # of report_seconds: the job files copied to disk (gearfarm.report.joblog)
     pages: dict[str, float] = field(default_factory=dict)
     collect_queue: list[int] = field(default_factory=list)  # `collect` jobs waiting in the gearmands, each second
-    published: dict[str, float] = field(default_factory=dict)  # job id -> when its record was in S3 (first one)
     drawn: dict[tuple[str, str], float] = field(default_factory=dict)  # (target, step) -> its sleep's seconds
     stolen: float = 0.0  # CPU seconds the hypervisor gave other guests while the night ran (/proc/stat)
     probe: list[float] = field(default_factory=list)  # CPU ms of one fixed piece of work, each second (speed_probe)
@@ -514,7 +513,7 @@ def measure(hosts: int, jobs: int, slots: int, scale: float, per_target: int, tm
         with queue_sampler([gm.address for gm in lb.gearmands], queue), speed_probe(probe):
             wall, code, nightly_usage, began = run_nightly(lb.config, profile, RUN_ID)
         night = Night(hosts, slots, jobs, wall, code, earlier, began=began, collect_queue=queue,
-                      published=published(lb.config, RUN_ID), drawn=drawn, stolen=steal_seconds() - stolen,
+                      drawn=drawn, stolen=steal_seconds() - stolen,
                       probe=probe)
         night.usage["nightly"] = nightly_usage
         for name, u in daemons().items():  # tonight's CPU; the peak RSS is the process's
@@ -525,24 +524,6 @@ def measure(hosts: int, jobs: int, slots: int, scale: float, per_target: int, tm
         report(night, db_url, targets, suites, scale)
         from gearfarm.config import FarmConfig
         print(f"(collector threads: {collector_threads or FarmConfig().collector_threads}; workers at nice {nice})")
-
-
-def published(config: Path, run_id: str) -> dict[str, float]:
-    """When each job's record was in S3 (its object's last-modified, the first if an attempt sent
-    more): a worker's outbox submits it to the collector, then puts it there, so it is when the
-    worker's part of the collector + ledger lag ended (or a PUT later)."""
-    from gearfarm.config import load
-    from gearfarm.formats.job import JobId
-    from gearfarm.s3 import keys
-    from gearfarm.s3.store import ArtifactStore
-
-    got: dict[str, float] = {}
-    for key, _, at in ArtifactStore(load(config).s3).objects(keys.run_prefix(run_id)):
-        if keys.is_result(key):  # runs/<run>/<target>/<step>/results/<attempt>-<digest>.json
-            _, _, target, step, *_ = key.split("/")
-            jid = str(JobId(run_id, target, step))
-            got[jid] = min(at, got.get(jid, at))
-    return got
 
 
 def bound_of(recs: list, slots: int) -> tuple[float, float, float]:
@@ -608,9 +589,6 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
     s3 = [sum(r.timings.get(k, 0.0) for k in s3_stages) for r in ran]
     other = [max(0.0, r.finished_at - r.started_at - command[r.job_id] - s) for r, s in zip(ran, s3, strict=True)]
     lag = [applied[r.job_id] - r.finished_at for r in ran if r.job_id in applied]
-    outbox = [night.published[r.job_id] - r.finished_at for r in ran if r.job_id in night.published]
-    collect = [applied[r.job_id] - night.published[r.job_id] for r in ran
-               if r.job_id in applied and r.job_id in night.published]
     # A command's seconds beyond its drawn sleep: the supervisor's and the sandbox's start and
     # end (gearfarm/step/reaper.c, sandbox.py) and the script's own few programs. The farm's,
     # though its records count it as the job's (and so does the bound). Not of a build that
@@ -646,10 +624,6 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
             ("records applied per second (first to last applied)", f"{rate:.1f}"),
             ("collector + ledger lag p50 / p99 ms", f"{1000 * pct(lag, 0.5):.0f} / {1000 * pct(lag, 0.99):.0f}"
              if lag else "-"),
-            ("of it: finished → the record's copy in S3 (the worker's outbox: submit, PUT) p50 / p99 ms",
-             f"{1000 * pct(outbox, 0.5):.0f} / {1000 * pct(outbox, 0.99):.0f}" if outbox else "-"),
-            ("then: the copy in S3 → applied (below 0: applied first) p50 / p99 ms",
-             f"{1000 * pct(collect, 0.5):.0f} / {1000 * pct(collect, 0.99):.0f}" if collect else "-"),
             ("`collect` jobs waiting in gearmand, sampled each second: mean / max",
              f"{statistics.fmean(night.collect_queue):.1f} / {max(night.collect_queue)}"
              if night.collect_queue else "-")]

@@ -25,11 +25,9 @@ from gearfarm import config as config_mod
 from gearfarm.db.results import JobRow, ResultsDB
 from gearfarm.formats import catalog as catalog_mod
 from gearfarm.formats.job import COLLECT_FUNCTION, JobId
-from gearfarm.formats.result import PRODUCT, ResultRecord, open_record
-from gearfarm.formats.seal import Lookup, keyring
+from gearfarm.formats.result import PRODUCT
 from gearfarm.gearman import admin
 from gearfarm.run.farm import EmbeddedFarm
-from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore
 from tests import farmkit
 from tests.farmkit import ROOT
@@ -107,16 +105,34 @@ class StartWatch:
             time.sleep(0.05)
 
 
-def genuine_records(store: ArtifactStore, keyring: Lookup, run_id: str) -> dict[str, ResultRecord]:
-    """digest -> every record the run's workers sealed. Workers write each record to S3 as well
-    as send it to the collector (and keep it in their spool until both went; FarmView.count
-    waits for the spools), so a record applied from the wire or from S3 that is not here was
-    not made by a farm worker."""
+@dataclass(frozen=True)
+class Sealed:
+    """One `SEALED` line: a worker made (fitted and signed) a record, before it kept it anywhere."""
+
+    job_id: str
+    attempt: int
+    status: str
+    reused_artifact: bool
+    worker: str
+    digest: str
+
+
+SEALED_LINE = re.compile(rb"SEALED job=(\S+) attempt=(\d+) status=(\S+) reused=([01]) worker=(\S+) "
+                         rb"digest=([0-9a-f]{64})")
+
+
+def genuine_records(logs: list[Path], run_id: str) -> dict[str, Sealed]:
+    """digest -> every record the run's workers sealed, from their own lines (workers.base
+    Context._sealed, written before the record is spooled, so none is delivered unsaid). A
+    record applied from the wire or from S3 that is not here was not made by a farm worker.
+    (The records' S3 copies were this account before; a worker now writes one only when the
+    collector does not answer.)"""
     out = {}
-    for key in store.list(keys.run_prefix(run_id)):
-        if keys.is_result(key):
-            rec, _ = open_record(store.get_bytes(key), keyring)
-            out[rec.digest] = rec
+    for path in logs:
+        for m in SEALED_LINE.finditer(path.read_bytes()):
+            got = Sealed(m[1].decode(), int(m[2]), m[3].decode(), m[4] == b"1", m[5].decode(), m[6].decode())
+            if JobId.parse(got.job_id).run_id == run_id:
+                out[got.digest] = got
     return out
 
 
@@ -137,7 +153,7 @@ class Tally:
     sources: Counter[str] = field(default_factory=Counter)  # where applied records came from
     applied: dict[str, int] = field(default_factory=dict)  # job id -> results applied
     started: dict[str, int] = field(default_factory=dict)  # job id -> command starts
-    records: dict[str, ResultRecord] = field(default_factory=dict)  # genuine records, by digest
+    records: dict[str, Sealed] = field(default_factory=dict)  # genuine records, by digest
     problems: list[str] = field(default_factory=list)
     # Runs ended but not counted yet: (run id, exit code, output, digests the test forged).
     ended: list[tuple[str, int, str, frozenset[str]]] = field(default_factory=list)
@@ -145,15 +161,15 @@ class Tally:
     def add_run(self, run_id: str, code: int, output: str, forged: frozenset[str] = frozenset()) -> None:
         self.ended.append((run_id, code, output, forged))
 
-    def count(self, db: ResultsDB, store: ArtifactStore, keyring: Lookup, logs: list[Path]) -> None:
+    def count(self, db: ResultsDB, logs: list[Path]) -> None:
         """Count the ended runs, once the case is over: a record still on its way when its run
         ended (a late one) is counted too."""
         for run_id, code, output, forged in self.ended:
-            self._count_run(db, store, keyring, logs, run_id, code, output, forged)
+            self._count_run(db, logs, run_id, code, output, forged)
         self.ended.clear()
 
-    def _count_run(self, db: ResultsDB, store: ArtifactStore, keyring: Lookup, logs: list[Path], run_id: str,
-                   code: int, output: str, forged: frozenset[str]) -> None:
+    def _count_run(self, db: ResultsDB, logs: list[Path], run_id: str, code: int, output: str,
+                   forged: frozenset[str]) -> None:
         self.runs += 1
         self.completed += code == 0
         if code != 0:
@@ -165,7 +181,7 @@ class Tally:
         with db.session() as s:
             rows = {r.job_id: r for r in s.execute(select(JobRow.job_id, JobRow.status, JobRow.attempt, JobRow.digest)
                                                    .where(JobRow.run_id == run_id))}
-        genuine = genuine_records(store, keyring, run_id)
+        genuine = genuine_records(logs, run_id)
         self.records.update(genuine)
         starts = Counter(s.job_id for s in starts_in(logs))
         deliveries = db.deliveries(run_id)
@@ -288,8 +304,6 @@ class FarmView:
         self.cfg = config_mod.load(farm.config_path)
         self.db = ResultsDB(self.cfg.database.url)
         self.store = ArtifactStore(self.cfg.s3)
-        # What verifies the farm's own workers' records: the embedded host's key.
-        self.workers = keyring([self.cfg.host_signer().public_text])
 
     def logs(self) -> list[Path]:
         return sorted((self.farm.state / "logs").glob("*.log"))
@@ -310,7 +324,7 @@ class FarmView:
             busy = any(st.queued for st in admin.status(host, port).values()) or any(spool.glob("*/*.json"))
             quiet = quiet + 1 if not busy else 0
             time.sleep(0.5)
-        tally.count(self.db, self.store, self.workers, self.logs())
+        tally.count(self.db, self.logs())
 
     def collect_status(self) -> admin.FunctionStatus:
         host, port = self.cfg.gearman.addresses()[0]

@@ -2,7 +2,8 @@
 anything runs (the nightly's signature, unique id, deadline; then the ledger's claim), a heartbeat for
 the whole job, the job's dir and log around the kind's own work (an Attempt), and delivering the
 result record sealed with this host's own key: into the local spool, then from a thread of its own
-to S3 (the durable copy) and to the collector through Gearman while the slot takes its next job."""
+to the collector through Gearman (and to S3 when the collector does not answer) while the slot
+takes its next job."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from gearfarm.formats.lease import answer as lease_answer
 from gearfarm.formats.marker import Marker
 from gearfarm.formats.result import (
     CASES_CONTENT_TYPE,
+    DISPOSITIONS,
     FILES_MAX,
     JOB_FILES,
     RecordError,
@@ -58,6 +60,9 @@ log = logging.getLogger(__name__)
 DRAIN_SECONDS = 10.0
 # Records a slot's outbox may have still to publish when the slot takes its next job.
 OUTBOX_MAX = 1
+# How long the outbox waits for the collector to answer a record before it writes the record's
+# S3 copy (which the nightly's reconcile reads) instead; the collector answers in milliseconds.
+PUBLISH_WAIT = 5.0
 LOG_TAIL_LINES = 40
 
 
@@ -118,7 +123,17 @@ class Context:
         """Report a result; never loses it: on failure it waits in the local spool. A record
         whose cases would make it too large for its envelope (gearfarm.formats.result.fit) stores them
         in S3 beside it first, or, on failure, in the spool beside it."""
-        self._deliver_sealed(*fit(rec, self.signer))
+        self._deliver_sealed(*self._sealed(rec))
+
+    def _sealed(self, rec: ResultRecord) -> tuple[ResultRecord, bytes, bytes | None]:
+        """``rec`` fitted to its envelope and sealed (gearfarm.formats.result.fit), said in the log
+        before it is kept anywhere: the line is the worker's own account of every record it made,
+        which the chaos suite checks the ledger's deliveries against."""
+        sealed = fit(rec, self.signer)
+        r = sealed[0]
+        log.info("SEALED job=%s attempt=%d status=%s reused=%d worker=%s digest=%s", r.job_id, r.attempt, r.status,
+                 r.reused_artifact, r.worker, r.digest)
+        return sealed
 
     def _deliver_sealed(self, rec: ResultRecord, body: bytes, blob: bytes | None) -> None:
         try:
@@ -139,7 +154,7 @@ class Context:
         and a submit, docs/speed.md). Nothing is lost by not waiting: a worker killed before the
         publish leaves the record in the spool, and the next worker of this host and role
         delivers it (flush_spool); should S3 or the collector be away, it waits there the same."""
-        rec, body, blob = fit(rec, self.signer)
+        rec, body, blob = self._sealed(rec)
         try:
             if blob is not None:
                 self._spool_write(rec, blob, self._spooled_cases(rec))  # first: a spooled record finds them
@@ -236,13 +251,15 @@ class Context:
         return path
 
     def _publish(self, rec: ResultRecord, body: bytes) -> None:
-        """To the collector, then to S3 (the durable copy the nightly reconciles from; one key per
-        record), the second tried whether or not the first went: the collector first, as its
-        apply is what the live page and the nightly wait for and they waited out the PUT too; S3
-        still, as with Gearman away the nightly finds the record there. Either failing raises,
-        which leaves the record in the spool, sent again both ways: the record's digest is in the
-        unique id, so gearmand drops a copy it still holds, and the ledger logs one it applied
-        already as a duplicate."""
+        """To the collector, waiting for the ledger's answer; without one (the collector or
+        Gearman away, or busier than PUBLISH_WAIT), to S3 as well: the durable copy the nightly
+        reconciles from (one key per record). Every record went to S3 before, a request on each
+        job's way that, with the job's files', was a third of a job's cost in the farm
+        (docs/speed.md, twenty-seventh round); once the ledger answered, the results database
+        has it. Without an answer this raises after the copy, which leaves the record in the
+        spool, offered again until the ledger answers: the record's digest is in the unique id,
+        so gearmand joins a copy it still holds, and the ledger logs one it applied already as a
+        duplicate."""
         digest = rec.digest
         if rec.cases_key is not None:
             # A spooled record's cases go first: whoever opens the record reads them at once.
@@ -252,14 +269,17 @@ class Context:
                 pending.unlink(missing_ok=True)
             except FileNotFoundError:
                 pass  # delivered from here before, or by a sibling worker of this host and role
-        key = keys.result(rec.run_id, rec.target, rec.step, rec.attempt, digest)
         try:
-            self.client.submit_background(COLLECT_FUNCTION, body,
-                                          unique=unique_id(rec.job_id, rec.attempt, digest[:16]))
-        except Exception:
-            self.store.put_bytes(key, body, "application/json")
-            raise
-        self.store.put_bytes(key, body, "application/json")
+            answer = self.client.submit(COLLECT_FUNCTION, body, unique=unique_id(rec.job_id, rec.attempt, digest[:16]),
+                                        timeout=PUBLISH_WAIT).decode(errors="replace")
+        except (GearmanError, TimeoutError) as e:
+            answer = f"no answer ({e})"
+        if answer in DISPOSITIONS:
+            return
+        self.store.put_bytes(keys.result(rec.run_id, rec.target, rec.step, rec.attempt, digest), body,
+                             "application/json")
+        raise GearmanError(f"the collector did not take the record of {rec.job_id}: {answer[:300]}; "
+                           "its copy is in S3, and it stays in the spool until the collector answers")
 
     def flush_spool(self) -> None:
         with self._spool_lock:

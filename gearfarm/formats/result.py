@@ -1,6 +1,7 @@
-"""The result record: what every job reports. Workers seal it with their host's key and write it
-to S3 beside the job's logs (the durable copy) and send it to the collector; the run ledger
-(gearfarm.run.ledger) checks who signed it (gearfarm.db.registry) and decides what it changes.
+"""The result record: what every job reports. Workers seal it with their host's key and send it to
+the collector (and write it to S3, the copy the nightly reconciles from, when the collector
+does not answer); the run ledger (gearfarm.run.ledger) checks who signed it
+(gearfarm.db.registry) and decides what it changes.
 
 A build's or test's log and JUnit file travel in its record when they are small (``files``: the
 ledger keeps them with the job's row, so they are durable exactly when the record is, and no PUT
@@ -20,7 +21,7 @@ import binascii
 import hashlib
 import json
 from collections.abc import Iterator
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 import zstandard
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
@@ -30,6 +31,11 @@ from gearfarm.formats.words import counted
 from gearfarm.s3 import keys
 
 Status = Literal["passed", "failed", "skipped", "timed_out", "no_worker", "infra", "cancelled"]
+# What the ledger decided on a record offered to it (gearfarm.run.ledger), which is also what the
+# collector answers the worker that sent it: any of them means the results database has the
+# record's fate, so the worker needs no S3 copy of it (workers.base.Context._publish).
+Disposition = Literal["applied", "duplicate", "superseded", "late", "rejected"]
+DISPOSITIONS: frozenset[str] = frozenset(get_args(Disposition))
 TERMINAL: frozenset[str] = frozenset({"passed", "failed", "skipped", "timed_out", "no_worker", "infra", "cancelled"})
 # What the product did (the job ran to an answer) as opposed to what the farm decided.
 PRODUCT: frozenset[str] = frozenset({"passed", "failed", "timed_out"})

@@ -83,6 +83,7 @@ from gearfarm.formats.lease import TAKEOVER, Answer, LeaseError, open_lease
 from gearfarm.formats.result import (
     PRODUCT,
     CaseStore,
+    Disposition,
     RecordError,
     ResultRecord,
     load_cases,
@@ -98,7 +99,6 @@ _CASE_COLUMNS = ("classname", "name", "status", "time", "message")
 # one statement (_Sql._at_once): the job's columns, the run's facts, the cases, the delivery.
 _CASE_KEYS = ("p_job", "p_run", "target", "suite", *(f"c_{c}" for c in _CASE_COLUMNS))
 _AT_ONCE_KEYS = (*(c.name for c in JobRow.__table__.c), *_CASE_KEYS, "p_attempt", "p_host", "at", "source")
-Disposition = Literal["applied", "duplicate", "superseded", "late", "rejected"]
 Channel = Literal["collect", "reconcile", "nightly", "rule"]
 # Runs whose expected jobs a ledger keeps in memory (the newest used).
 EXPECTED_RUNS = 16

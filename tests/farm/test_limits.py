@@ -302,16 +302,21 @@ def test_cases_that_do_not_match_the_signed_digest_reject_the_record(
     assert db.jobs(rec.run_id) == []
 
 
-def test_a_spooled_record_sends_its_cases_first_and_reconcile_reads_them(tmp_path: Path) -> None:
+def test_a_spooled_record_sends_its_cases_first_and_reconcile_reads_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The worker's side: a record too large for its envelope goes out with its cases in S3; when
     it cannot be delivered its cases wait in the spool beside it, go to S3 before it does, and
-    the nightly's reconcile from S3 records every case."""
+    the nightly's reconcile from S3 records every case. (No collector answers here: the record
+    has its copy in S3 and stays spooled until one does.)"""
     from gearfarm.config import Config, GearmanConfig
     from gearfarm.formats.result import peek_record
     from gearfarm.hosts.gearmand import Gearmand
     from gearfarm.run.nightly import reconcile
+    from gearfarm.workers import base
     from gearfarm.workers.base import Context
     from tests.farmkit import keyed
+
+    monkeypatch.setattr(base, "PUBLISH_WAIT", 1.0)
 
     db_url = f"sqlite:///{tmp_path / 'results.db'}"
     with Gearmand(tmp_path / "gm") as gm, MinioServer(tmp_path / "minio") as minio:
@@ -330,8 +335,9 @@ def test_a_spooled_record_sends_its_cases_first_and_reconcile_reads_them(tmp_pat
         ctx.store.delete([sealed.cases_key])  # as if S3 never got them
         gm.start()  # same port
         ctx.flush_spool()
-        assert list(ctx.spool.glob("*.json")) == [] and list((ctx.spool / "cases").iterdir()) == []
+        assert list(ctx.spool.glob("*.json")) == spooled and list((ctx.spool / "cases").iterdir()) == []
         assert ctx.store.exists(sealed.cases_key)
+        assert [k for k in ctx.store.list(f"runs/{rec.run_id}/") if "/results/" in k]  # its copy, for the reconcile
         db = ResultsDB(db_url)
         assert db.create_run(rec.run_id, REV, [T], [rec.job_id])
         db.set_live(rec.run_id, {rec.job_id: ("queued", 1)})

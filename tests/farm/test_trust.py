@@ -84,10 +84,9 @@ def test_forged_records_are_rejected_and_late_results_leave_the_mail_as_sent(
 
     assert unit_row().status == "passed"
 
-    # An outsider who can reach gearmand: an edited copy of the stored record, and an unsigned one.
-    store = ArtifactStore(cfg.s3)
-    (key,) = [k for k in store.list(f"runs/t1/{T}/test-unit/") if "/results/" in k]
-    sealed = store.get_bytes(key)
+    # An outsider who can reach gearmand: an edited copy of a record as the worker sealed it (seen
+    # on its way to `collect`), and an unsigned one.
+    sealed = seal_record(unit_row(), cfg.host_signer())
     edited = sealed.replace(b'"status":"passed"', b'"status":"failed"')
     assert edited != sealed
     unsigned = peek_record(sealed).model_copy(update={"status": "failed", "attempt": 9})

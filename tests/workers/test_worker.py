@@ -1,11 +1,16 @@
-"""The worker runtime: a result that cannot be reported (job server down) waits in the local
-spool, sealed, and is delivered when the server is back, also by a restarted worker; a spool
-file that cannot be read is set aside and never blocks the others."""
+"""The worker runtime: a record goes to the collector, and to S3 as well only when the collector
+does not answer; a record that cannot be reported (job server down) waits in the local spool,
+sealed, and is delivered when the server is back, also by a restarted worker; a spool file
+that cannot be read is set aside and never blocks the others."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from gearfarm.config import Config, FarmConfig, GearmanConfig
 from gearfarm.formats.result import ResultRecord, open_record
@@ -14,175 +19,169 @@ from gearfarm.gearman import admin
 from gearfarm.hosts.gearmand import Gearmand
 from gearfarm.hosts.minio_server import MinioServer
 from gearfarm.s3 import keys
+from gearfarm.workers import base
 from gearfarm.workers.base import Context
-from tests.farmkit import keyed
+from tests.farmkit import keyed, wait_for
+from tests.workers.test_admission import Collector
 
 
-def test_undeliverable_results_are_spooled_and_delivered_later(tmp_path: Path) -> None:
+def rec(step: str) -> ResultRecord:
+    return ResultRecord(job_id=f"r1:linux-x86_64:{step}", run_id="r1", target="linux-x86_64", kind="test",
+                        step=step, name=step[5:], rev="a" * 40, status="passed")
+
+
+@contextlib.contextmanager
+def collector(cfg: Config) -> Iterator[Collector]:
+    """`collect` answered as the collector answers a record ("applied"); what it got is kept."""
+    c = Collector(cfg, Path("/nonexistent"), cfg.host_signer())
+    c.thread.start()
+    try:
+        registered(cfg)
+        yield c
+    finally:
+        c.stop.set()
+        c.worker.wake()
+        c.thread.join(10)
+
+
+def registered(cfg: Config) -> None:
+    """Wait until a worker of `collect` is registered with gearmand (again, after a restart)."""
+    host, port = cfg.gearman.addresses()[0]
+    wait_for("a worker of collect", lambda: getattr(admin.status(host, port).get("collect"), "workers", 0) > 0)
+
+
+def copies(ctx: Context) -> int:
+    """The records' copies in S3."""
+    return len([k for k in ctx.store.list("runs/r1/") if "/results/" in k])
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[tuple[Config, Gearmand, MinioServer]]:
     farm = keyed(tmp_path / "state", f"sqlite:///{tmp_path / 'r.db'}")
     with Gearmand(tmp_path / "gm") as gm, MinioServer(tmp_path / "minio") as minio:
         cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]), s3=minio.s3_config(),
                      farm=FarmConfig(repo=str(tmp_path), state_dir=str(tmp_path / "state"), **farm))  # type: ignore[arg-type]
-        rec = ResultRecord(job_id="r1:linux-x86_64:test-unit", run_id="r1", target="linux-x86_64", kind="test",
-                           step="test-unit", name="unit", rev="a" * 40, status="passed")
-        ctx = Context(cfg, "test")
-        host = keyring([ctx.signer.public_text])
-        gm.stop()
-        ctx.deliver(rec)  # gearmand is down: must not raise, must not lose it
-        spooled = list(ctx.spool.glob("*.json"))
-        sealed = rec
-        assert len(spooled) == 1 and open_record(spooled[0].read_bytes(), host) == (sealed, ctx.signer.kid)
-        assert list(ctx.spool.glob(".tmp-*")) == []  # written atomically: no temp file left
-        # S3 got the durable, sealed copy though the collector submission failed.
-        stored = [k for k in ctx.store.list("runs/r1/") if k.endswith(".json")]
-        assert stored == [keys.result("r1", "linux-x86_64", "test-unit", 1, sealed.digest)]
-        # A torn or foreign file in the spool must not jam it.
-        (ctx.spool / "0-torn.json").write_bytes(b'{"purpose": "result", "bo')
-        (ctx.spool / "1-foreign.json").write_bytes(b'{"purpose": "result", "body": {"status": "bogus"}}')
+        yield cfg, gm, minio
 
-        gm.start()  # same port
+
+def test_undeliverable_results_are_spooled_and_delivered_later(lab: tuple[Config, Gearmand, MinioServer]) -> None:
+    cfg, gm, _ = lab
+    record = rec("test-unit")
+    ctx = Context(cfg, "test")
+    host = keyring([ctx.signer.public_text])
+    gm.stop()
+    ctx.deliver(record)  # gearmand is down: must not raise, must not lose it
+    spooled = list(ctx.spool.glob("*.json"))
+    assert len(spooled) == 1 and open_record(spooled[0].read_bytes(), host) == (record, ctx.signer.kid)
+    assert list(ctx.spool.glob(".tmp-*")) == []  # written atomically: no temp file left
+    # No collector answered: S3 got the durable, sealed copy the nightly reconciles from.
+    stored = [k for k in ctx.store.list("runs/r1/") if k.endswith(".json")]
+    assert stored == [keys.result("r1", "linux-x86_64", "test-unit", 1, record.digest)]
+    # A torn or foreign file in the spool must not jam it.
+    (ctx.spool / "0-torn.json").write_bytes(b'{"purpose": "result", "bo')
+    (ctx.spool / "1-foreign.json").write_bytes(b'{"purpose": "result", "body": {"status": "bogus"}}')
+
+    gm.start()  # same port
+    with collector(cfg) as got:
         later = Context(cfg, "test")  # a restarted worker of the same host and role
         assert later.spool == ctx.spool
         later.flush_spool()
         assert list(ctx.spool.glob("*.json")) == []
         assert sorted(p.name for p in (ctx.spool / "unreadable").iterdir()) == ["0-torn.json", "1-foreign.json"]
-        deadline = time.monotonic() + 10
-        while admin.status(*gm.address).get("collect") is None:
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        assert admin.status(*gm.address)["collect"].queued == 1
-        ctx.client.close()
-        later.client.close()
+        assert [open_record(r, host)[0] for r in got.records] == [record]
+    ctx.client.close()
+    later.client.close()
 
 
-def test_a_posted_record_is_spooled_at_once_and_published_from_there(tmp_path: Path) -> None:
-    """A slot does not wait for its record to reach S3 and the collector: the record is in the
-    spool (durable) when post returns, the outbox publishes it and empties the spool, and one
-    it could not publish (the collector's gearmand away) stays there for the flush loop."""
-    farm = keyed(tmp_path / "state", f"sqlite:///{tmp_path / 'r.db'}")
-    with Gearmand(tmp_path / "gm") as gm, MinioServer(tmp_path / "minio") as minio:
-        cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]), s3=minio.s3_config(),
-                     farm=FarmConfig(repo=str(tmp_path), state_dir=str(tmp_path / "state"), **farm))  # type: ignore[arg-type]
-        ctx = Context(cfg, "test")
-
-        def rec(step: str) -> ResultRecord:
-            return ResultRecord(job_id=f"r1:linux-x86_64:{step}", run_id="r1", target="linux-x86_64", kind="test",
-                                step=step, name=step[5:], rev="a" * 40, status="passed")
-
-        def queued() -> int:
-            got = admin.status(*gm.address).get("collect")
-            return got.queued if got else 0
-
+def test_a_posted_record_is_spooled_at_once_and_published_from_there(
+        lab: tuple[Config, Gearmand, MinioServer], tmp_path: Path) -> None:
+    """A slot does not wait for its record to reach the collector: the record is in the spool
+    (durable) when post returns, the outbox publishes it and empties the spool, writing no S3
+    copy once the collector answered; one it could not publish (the collector's gearmand away)
+    has its copy in S3 and stays in the spool for the flush loop."""
+    cfg, gm, _ = lab
+    ctx = Context(cfg, "test")
+    with collector(cfg) as got:
         ctx.post(rec("test-unit"))
         assert ctx.drain(30) and list(ctx.spool.glob("*.json")) == []
-        assert queued() == 1 and len([k for k in ctx.store.list("runs/r1/") if "/results/" in k]) == 1
+        assert len(got.records) == 1 and copies(ctx) == 0
         gm.stop()
         ctx.post(rec("test-model"))
         spooled = list(ctx.spool.glob("*.json"))
         assert len(spooled) == 1, "in the spool when post returned"
         assert ctx.drain(60)
         assert list(ctx.spool.glob("*.json")) == spooled, "not published: it waits in the spool"
+        assert copies(ctx) == 1, "without the collector's answer, its copy is in S3"
         gm.start()  # same port, an empty queue
+        registered(cfg)
         ctx.flush_spool()
-        assert list(ctx.spool.glob("*.json")) == []
-        deadline = time.monotonic() + 10
-        while queued() != 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        assert list(ctx.spool.glob("*.json")) == [] and len(got.records) == 2
         # A spool that cannot be written (a full disk, say): the record is delivered at once.
         (tmp_path / "a-file").write_text("")
         ctx.spool = tmp_path / "a-file" / "spool"
         ctx.post(rec("test-recovery"))
-        assert queued() == 2 and len([k for k in ctx.store.list("runs/r1/") if "/results/" in k]) == 3
-        ctx.client.close()
+        assert len(got.records) == 3 and copies(ctx) == 1
+    ctx.client.close()
 
 
-def test_an_s3_outage_does_not_hold_a_record_back_from_the_collector(tmp_path: Path) -> None:
-    """The outbox sends a record to the collector before it writes the record's S3 copy: with S3
-    away the result still reaches the ledger at once, and the record stays in the spool until its
-    copy is written too (then gearmand, still holding it, takes the second send as the same job)."""
-    farm = keyed(tmp_path / "state", f"sqlite:///{tmp_path / 'r.db'}")
-    with Gearmand(tmp_path / "gm") as gm, MinioServer(tmp_path / "minio") as minio:
-        cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]), s3=minio.s3_config(),
-                     farm=FarmConfig(repo=str(tmp_path), state_dir=str(tmp_path / "state"), **farm))  # type: ignore[arg-type]
-        ctx = Context(cfg, "test")
-        ctx.store.retry_for = 2.0  # the outage outlasts it: the outbox gives up and leaves it spooled
-
-        def queued() -> int:
-            got = admin.status(*gm.address).get("collect")
-            return got.queued if got else 0
-
-        def copies() -> int:
-            return len([k for k in ctx.store.list("runs/r1/") if "/results/" in k])
-
+def test_with_the_collector_answering_an_s3_outage_holds_no_record_back(
+        lab: tuple[Config, Gearmand, MinioServer]) -> None:
+    """A record the collector answered needs no S3 copy: with S3 away the result reaches the
+    ledger at once and leaves the spool."""
+    cfg, _, minio = lab
+    ctx = Context(cfg, "test")
+    with collector(cfg) as got:
         minio.stop()
-        ctx.post(ResultRecord(job_id="r1:linux-x86_64:test-unit", run_id="r1", target="linux-x86_64", kind="test",
-                              step="test-unit", name="unit", rev="a" * 40, status="passed"))
-        deadline = time.monotonic() + 10
-        while queued() != 1:
-            assert time.monotonic() < deadline, "the record did not reach the collector's queue"
-            time.sleep(0.05)
-        assert ctx.drain(60)
-        assert len(list(ctx.spool.glob("*.json"))) == 1, "its S3 copy is not written: it stays spooled"
+        ctx.post(rec("test-unit"))
+        assert ctx.drain(30) and list(ctx.spool.glob("*.json")) == [] and len(got.records) == 1
         minio.start()
-        ctx.flush_spool()
-        assert list(ctx.spool.glob("*.json")) == [] and copies() == 1 and queued() == 1
-        ctx.client.close()
+        assert copies(ctx) == 0
+    ctx.client.close()
 
 
 def test_a_sibling_worker_leaves_a_live_workers_spooled_record_to_it_and_delivers_a_dead_ones(
-        tmp_path: Path) -> None:
+        lab: tuple[Config, Gearmand, MinioServer]) -> None:
     """The two slots of a host share its spool. A record one of them posted is its own outbox's
     while it lives (the other delivering it too sent every record twice when the outboxes ran
     behind); once it is gone, the other delivers it."""
-    farm = keyed(tmp_path / "state", f"sqlite:///{tmp_path / 'r.db'}")
-    with Gearmand(tmp_path / "gm") as gm, MinioServer(tmp_path / "minio") as minio:
-        cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]), s3=minio.s3_config(),
-                     farm=FarmConfig(repo=str(tmp_path), state_dir=str(tmp_path / "state"), **farm))  # type: ignore[arg-type]
-        one, two = Context(cfg, "test"), Context(cfg, "test")
-
-        def queued() -> int:
-            got = admin.status(*gm.address).get("collect")
-            return got.queued if got else 0
-
-        gm.stop()
-        one.post(ResultRecord(job_id="r1:linux-x86_64:test-unit", run_id="r1", target="linux-x86_64", kind="test",
-                              step="test-unit", name="unit", rev="a" * 40, status="passed"))
-        assert one.drain(30) and len(list(one.spool.glob("*.json"))) == 1, "its outbox could not send it"
-        gm.start()
+    cfg, gm, _ = lab
+    one, two = Context(cfg, "test"), Context(cfg, "test")
+    gm.stop()
+    one.post(rec("test-unit"))
+    assert one.drain(30) and len(list(one.spool.glob("*.json"))) == 1, "its outbox could not send it"
+    gm.start()
+    with collector(cfg) as got:
         two.flush_spool()
-        assert len(list(one.spool.glob("*.json"))) == 1 and queued() == 0, "the sibling sent a live worker's record"
+        assert len(list(one.spool.glob("*.json"))) == 1 and got.records == [], "the sibling sent a live worker's record"
         one.close()
         two.flush_spool()
-        assert list(one.spool.glob("*.json")) == [] and queued() == 1
+        assert list(one.spool.glob("*.json")) == [] and len(got.records) == 1
         assert list(one.spool.glob("owners/*")) == [], "the gone worker's lock file is left"
-        two.close()
+    two.close()
 
 
-def test_a_slot_takes_no_job_while_its_outbox_is_more_than_a_record_behind(tmp_path: Path) -> None:
+def test_a_slot_takes_no_job_while_its_outbox_is_more_than_a_record_behind(
+        lab: tuple[Config, Gearmand, MinioServer], monkeypatch: pytest.MonkeyPatch) -> None:
     """The outbox publishes while the slot runs its next job, but it does not fall further
     behind: posting waits while an earlier record is still being published (a host short of CPU
-    once left records minutes in its outbox, and the nightly took their jobs for lost)."""
-    farm = keyed(tmp_path / "state", f"sqlite:///{tmp_path / 'r.db'}")
-    with Gearmand(tmp_path / "gm") as gm, MinioServer(tmp_path / "minio") as minio:
-        cfg = Config(gearman=GearmanConfig(servers=[f"127.0.0.1:{gm.address[1]}"]), s3=minio.s3_config(),
-                     farm=FarmConfig(repo=str(tmp_path), state_dir=str(tmp_path / "state"), **farm))  # type: ignore[arg-type]
-        ctx = Context(cfg, "test")
-        ctx.store.retry_for = 3.0  # each record's S3 copy waits out 3 s of the outage, then stays spooled
-        minio.stop()
-        took = []
-        for step in ("test-unit", "test-model", "test-recovery"):
-            t0 = time.monotonic()
-            ctx.post(ResultRecord(job_id=f"r1:linux-x86_64:{step}", run_id="r1", target="linux-x86_64", kind="test",
-                                  step=step, name=step[5:], rev="a" * 40, status="passed"))
-            took.append(time.monotonic() - t0)
-        assert took[0] < 1.0 and min(took[1:]) >= 1.0, f"posts took {took}: the outbox ran more than one behind"
-        assert ctx.drain(60)
-        minio.start()
+    once left records minutes in its outbox, and the nightly took their jobs for lost). Here no
+    collector answers: each record waits PUBLISH_WAIT for it, then has its S3 copy written and
+    stays spooled, until one answers."""
+    cfg, _, _ = lab
+    monkeypatch.setattr(base, "PUBLISH_WAIT", 2.0)
+    ctx = Context(cfg, "test")
+    took = []
+    for step in ("test-unit", "test-model", "test-recovery"):
+        t0 = time.monotonic()
+        ctx.post(rec(step))
+        took.append(time.monotonic() - t0)
+    assert took[0] < 1.0 and min(took[1:]) >= 1.0, f"posts took {took}: the outbox ran more than one behind"
+    assert ctx.drain(60)
+    assert len(list(ctx.spool.glob("*.json"))) == 3 and copies(ctx) == 3
+    with collector(cfg) as got:
         ctx.flush_spool()
-        assert list(ctx.spool.glob("*.json")) == []
-        assert len([k for k in ctx.store.list("runs/r1/") if "/results/" in k]) == 3
-        ctx.close()
+        assert list(ctx.spool.glob("*.json")) == [] and len(got.records) >= 3
+    ctx.close()
 
 
 def test_the_heartbeats_look_for_a_cancel_does_not_wait_out_an_s3_outage(tmp_path: Path) -> None:

@@ -20,10 +20,11 @@ thinnest form:
 * the collector checks the record's signature and applies it in one statement (the job's row
   with the record as JSON, its cases, the delivery row).
 
-What gearfarm does beyond these (its checks, logging, heartbeats, the host lock, the nightly's
-poll, the S3 copy of each record, the report, SQLAlchemy and pydantic) is what its cost has above
-this floor. The cost per job is counted as `bench/scale.py` counts it: a slot's time from one
-job's end (its files in S3) to the next one's (its files in S3), less the command, plus the
+By default the files go to S3 as the farm's did until 2026-12-03; --files-in-record makes them
+travel as the farm's now do. What gearfarm does beyond these (its checks, logging, heartbeats,
+the host lock, the nightly's poll, the report, SQLAlchemy and pydantic) is what its cost has
+above this floor. The cost per job is counted as `bench/scale.py` counts it: a slot's time from
+one job's end (its files stored) to the next one's, less the command, plus the
 record's finish → applied. Printed beside it: each part's mean, the processes' CPU a job and
 the cores' speed (scale.probe_ms: compare runs at like speeds).
 

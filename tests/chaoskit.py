@@ -314,8 +314,7 @@ class FarmView:
     def count(self, tally: Tally, timeout: float = 120.0) -> None:
         """Count once gearmand's queues and the workers' spools are empty: what the chaos left
         queued (a job replayed after its run closed, a result on its way) has been run, dropped
-        or delivered, and a record's S3 copy that a worker could not write in an outage is
-        there: a record may reach the ledger before its copy reaches S3."""
+        or delivered: a record stays in its worker's spool until the collector answered it."""
         host, port = self.cfg.gearman.addresses()[0]
         spool = self.farm.state / "spool"
         deadline = time.monotonic() + timeout

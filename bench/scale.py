@@ -30,6 +30,12 @@ deliveries table), the mean per job of
 * collector + ledger: the record's finish to the ledger's `applied` row;
 * report: the report's build time (publisher.publish, timed here after the night) over J.
 
+The same sum is printed for two groups of jobs: those whose farm time (from the moment they and
+their slot were free to their record applied) met no second in which the machine's cores were
+saturated (idle under 5 %, from /proc/stat each second) and those that met one: on two cores a
+lab of 128 slots starts a burst of jobs whenever a build releases its suites, and waits for the
+cores, which 64 real hosts would not share.
+
 Beside them, the cores' speed that night (the CPU of one fixed piece of Python work, timed each
 second): on this shared VM the same work's CPU moved by a third between runs minutes apart, and
 every figure above with it, so runs are compared at like speeds.
@@ -277,6 +283,7 @@ class Night:
     drawn: dict[tuple[str, str], float] = field(default_factory=dict)  # (target, step) -> its sleep's seconds
     stolen: float = 0.0  # CPU seconds the hypervisor gave other guests while the night ran (/proc/stat)
     probe: list[float] = field(default_factory=list)  # CPU ms of one fixed piece of work, each second (speed_probe)
+    idle: list[tuple[float, float]] = field(default_factory=list)  # (epoch, the cores' idle share), each second
 
 
 def steal_seconds() -> float:
@@ -327,6 +334,34 @@ def speed_probe(into: list[float]) -> contextlib.AbstractContextManager[None]:
     figure of a night moves with it; a run's probe says how fast the cores were, beside the
     hypervisor's steal, which stayed 0 while they slowed."""
     return every_second(lambda: into.append(probe_ms()))
+
+
+# A second whose cores were idle less than this was saturated (idle_sampler).
+SATURATED = 0.05
+
+
+def idle_sampler(into: list[tuple[float, float]]) -> contextlib.AbstractContextManager[None]:
+    """Each second while in the block, (its end, the share of it the machine's cores were idle)
+    from /proc/stat. At 64 hosts the lab's 128 slots share two cores: when a target's build
+    releases its suites, every idle slot starts a job in the same second, and for some seconds
+    no core is idle (vmstat: 30-70 runnable, 0 % idle), while between those bursts half of them
+    are. What a job's farm time is made of differs by which of the two it met, so the report
+    gives both (``saturated_split``)."""
+    def read() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v[:8]), v[3] + v[4]  # user..steal; idle + iowait
+
+    last = [read()]
+
+    def sample() -> None:
+        total, idle = read()
+        dt, di = total - last[0][0], idle - last[0][1]
+        last[0] = (total, idle)
+        if dt > 0:
+            into.append((time.time(), di / dt))
+
+    return every_second(sample)
 
 
 def queue_sampler(addresses: list[tuple[str, int]], into: list[int]) -> contextlib.AbstractContextManager[None]:
@@ -510,11 +545,12 @@ def measure(hosts: int, jobs: int, slots: int, scale: float, per_target: int, tm
         queue: list[int] = []
         probe: list[float] = []
         stolen = steal_seconds()
-        with queue_sampler([gm.address for gm in lb.gearmands], queue), speed_probe(probe):
+        idle: list[tuple[float, float]] = []
+        with queue_sampler([gm.address for gm in lb.gearmands], queue), speed_probe(probe), idle_sampler(idle):
             wall, code, nightly_usage, began = run_nightly(lb.config, profile, RUN_ID)
         night = Night(hosts, slots, jobs, wall, code, earlier, began=began, collect_queue=queue,
                       drawn=drawn, stolen=steal_seconds() - stolen,
-                      probe=probe)
+                      probe=probe, idle=idle)
         night.usage["nightly"] = nightly_usage
         for name, u in daemons().items():  # tonight's CPU; the peak RSS is the process's
             night.usage[name] = Usage(u.cpu - before[name].cpu, u.rss)
@@ -556,11 +592,13 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
     for r in ran:
         by_slot[r.host.get("hostname", ""), r.worker.rsplit("-", 1)[-1]].append(r)
     dispatch = []
+    free_at: dict[str, float] = {}  # each job's moment both it and its slot were free
     for rs in by_slot.values():
         rs.sort(key=lambda r: r.started_at)
         prev_end = 0.0
         for r in rs:
-            dispatch.append(max(0.0, r.started_at - max(r.submitted_at or r.started_at, prev_end)))
+            free_at[r.job_id] = min(r.started_at, max(r.submitted_at or r.started_at, prev_end))
+            dispatch.append(r.started_at - free_at[r.job_id])
             prev_end = r.finished_at
     # What the slots spent the night's wall on, on average (all the lab's slots, those that ran
     # nothing too): where a wall above its bound went.
@@ -607,6 +645,7 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
              "collector + ledger (finished → applied)": ms(lag),
              "report (build time ÷ jobs)": 1000 * (night.report_seconds - night.copy_seconds) / max(n, 1)}
     cost = sum(parts.values())
+    calm, busy_jobs, saturated = saturated_split(ran, free_at, command, applied, night.idle)
     print(f"\n## {night.hosts} hosts × {night.slots} slots, {n} jobs ({targets} targets × (build + {suites} suites), "
           f"{CASES} cases a suite, time scale {scale})\n")
     print("| figure | value |\n|---|---|")
@@ -629,6 +668,14 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
              if night.collect_queue else "-")]
     rows += [(f"a slot's night, mean s: {k}", f"{v / slots:.1f}") for k, v in spent.items()]
     rows += [(f"farm cost: {k}, ms per job", f"{v:.1f}") for k, v in parts.items()]
+    share = parts["report (build time ÷ jobs)"]
+    rows += [("seconds of the night the cores were saturated (idle < 5 %)",
+              f"{saturated} of {len(night.idle)}" if night.idle else "-")]
+    rows += [(f"farm cost of the jobs that {k}, ms per job (jobs)",
+              f"{sum(statistics.fmean(c) for c in zip(*v, strict=True)) * 1000 + share:.1f} "
+              f"({' + '.join(f'{1000 * statistics.fmean(c):.1f}' for c in zip(*v, strict=True))} + {share:.1f}; "
+              f"{len(v)})" if v else "- (0)")
+             for k, v in (("met no saturated second", calm), ("met one", busy_jobs))]
     rows += [(f"{k}: CPU s / peak RSS MiB", f"{u.cpu:.1f} / {u.rss:.0f}") for k, u in night.usage.items()]
     busy = sum(u.cpu for u in night.usage.values())
     rows += [("CPU of all of the above ÷ (cores × wall)",
@@ -648,6 +695,29 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
     for k, v in rows:
         print(f"| {k} | {v} |")
     print(f"\nfarm cost: {cost:.1f} ms per job")
+
+
+def saturated_split(ran: list, free_at: dict[str, float], command: dict[str, float], applied: dict[str, float],
+                    idle: list[tuple[float, float]]) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]], int]:
+    """The jobs' farm time (dispatch, S3, other in-job, lag: seconds each) split by whether it met
+    a second of saturated cores (idle_sampler) from the moment the job and its slot were free to
+    its record applied, and how many seconds were saturated. On two cores a burst of 128 job
+    starts is a queue for the cores that a lab's 64 hosts, each with its own, would not have;
+    the jobs that met none cost what the farm's own work does."""
+    busy = [t for t, f in idle if f < SATURATED]
+    calm: list[tuple[float, ...]] = []
+    met: list[tuple[float, ...]] = []
+    stages = ("lookup", "download", "verify", "upload", "export")
+    for r in ran:
+        if r.job_id not in applied:
+            continue
+        s3 = sum(r.timings.get(k, 0.0) for k in stages)
+        parts = (r.started_at - free_at[r.job_id], s3,
+                 max(0.0, r.finished_at - r.started_at - command[r.job_id] - s3), applied[r.job_id] - r.finished_at)
+        a, z = free_at[r.job_id], applied[r.job_id]
+        # A sample at t covers the second (t - 1, t].
+        (met if any(a < t and t - 1 < z for t in busy) else calm).append(parts)
+    return calm, met, len(busy)
 
 
 def main() -> None:

@@ -645,7 +645,10 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
              "collector + ledger (finished → applied)": ms(lag),
              "report (build time ÷ jobs)": 1000 * (night.report_seconds - night.copy_seconds) / max(n, 1)}
     cost = sum(parts.values())
-    calm, busy_jobs, saturated = saturated_split(ran, free_at, command, applied, night.idle)
+    spans = [(free_at[r.job_id], applied[r.job_id],
+              (r.started_at - free_at[r.job_id], s, o, applied[r.job_id] - r.finished_at))
+             for r, s, o in zip(ran, s3, other, strict=True) if r.job_id in applied]
+    calm, busy_jobs, saturated = saturated_split(spans, night.idle)
     print(f"\n## {night.hosts} hosts × {night.slots} slots, {n} jobs ({targets} targets × (build + {suites} suites), "
           f"{CASES} cases a suite, time scale {scale})\n")
     print("| figure | value |\n|---|---|")
@@ -697,24 +700,17 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
     print(f"\nfarm cost: {cost:.1f} ms per job")
 
 
-def saturated_split(ran: list, free_at: dict[str, float], command: dict[str, float], applied: dict[str, float],
-                    idle: list[tuple[float, float]]) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]], int]:
-    """The jobs' farm time (dispatch, S3, other in-job, lag: seconds each) split by whether it met
-    a second of saturated cores (idle_sampler) from the moment the job and its slot were free to
-    its record applied, and how many seconds were saturated. On two cores a burst of 128 job
-    starts is a queue for the cores that a lab's 64 hosts, each with its own, would not have;
-    the jobs that met none cost what the farm's own work does."""
+def saturated_split(spans: list[tuple[float, float, tuple[float, ...]]], idle: list[tuple[float, float]]
+                    ) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]], int]:
+    """Each job's farm time (``spans``: from the moment it and its slot were free, to its record
+    applied, and its parts: dispatch, S3, other in-job, lag) split by whether it met a second of
+    saturated cores (idle_sampler), and how many seconds were saturated. On two cores a burst of
+    128 job starts is a queue for the cores that a lab's 64 hosts, each with its own, would not
+    have; the jobs that met none cost what the farm's own work does."""
     busy = [t for t, f in idle if f < SATURATED]
     calm: list[tuple[float, ...]] = []
     met: list[tuple[float, ...]] = []
-    stages = ("lookup", "download", "verify", "upload", "export")
-    for r in ran:
-        if r.job_id not in applied:
-            continue
-        s3 = sum(r.timings.get(k, 0.0) for k in stages)
-        parts = (r.started_at - free_at[r.job_id], s3,
-                 max(0.0, r.finished_at - r.started_at - command[r.job_id] - s3), applied[r.job_id] - r.finished_at)
-        a, z = free_at[r.job_id], applied[r.job_id]
+    for a, z, parts in spans:
         # A sample at t covers the second (t - 1, t].
         (met if any(a < t and t - 1 < z for t in busy) else calm).append(parts)
     return calm, met, len(busy)

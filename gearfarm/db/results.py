@@ -405,6 +405,10 @@ class Bisection(Base):
 
 # Seconds between two writes of a known host's last_seen (upsert_host).
 HOST_REFRESH = 60.0
+# The longest text each of a host's fingerprint fields keeps (its column's), by the fingerprint's names.
+_HOST_TEXT: dict[str, int] = {name: Host.__table__.c[column].type.length for name, column in (
+    ("hostname", "hostname"), ("cpu", "cpu_model"), ("kernel", "kernel"), ("machine", "machine"),
+    ("compiler", "compiler"), ("class", "host_class"))}
 
 
 class ResultsDB:
@@ -1346,14 +1350,17 @@ class ResultsDB:
         A host whose row this process found already there (committed by then: rows of hosts
         are never deleted) is refreshed at most every HOST_REFRESH seconds: the ledger applies
         every record of every host, and the write was one of a record's round trips."""
-        fields = {k: str(fp.get(k, "")) for k in ("hostname", "cpu", "cores", "mem_gib", "kernel", "machine",
-                                                  "compiler")}
+        # Each cut to its column (a host's compiler banner may be longer): the database refuses a
+        # longer value, and the record with it.
+        fields = {k: str(fp.get(k, ""))[:_HOST_TEXT.get(k, 20)] for k in ("hostname", "cpu", "cores", "mem_gib",
+                                                                          "kernel", "machine", "compiler")}
         host_id = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
         if time.monotonic() - self._hosts_there.get(host_id, float("-inf")) < HOST_REFRESH:
             return host_id
         now = time.time()
         first_seen = conn.execute(self._host_upsert, dict(
-            host_id=host_id, hostname=fields["hostname"], host_class=fp.get("class", ""), cpu_model=fields["cpu"],
+            host_id=host_id, hostname=fields["hostname"], host_class=fp.get("class", "")[:_HOST_TEXT["class"]],
+            cpu_model=fields["cpu"],
             cores=_int(fields["cores"]), memory_gib=_int(fields["mem_gib"]), kernel=fields["kernel"],
             machine=fields["machine"], compiler=fields["compiler"], first_seen=now, last_seen=now)).scalar()
         if first_seen != now:  # not made by this transaction, which may yet roll back

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gearfarm.formats.seal import Lookup, SealError, Signer, seal, unseal
 
@@ -56,6 +56,15 @@ class Lease(BaseModel):
     host: str = Field(max_length=64)
     worker: str = Field(max_length=200)
     beat: int = Field(ge=0)
+
+    @field_validator("job_id", "host", "worker")
+    @classmethod
+    def _no_nul(cls, text: str) -> str:
+        # The ledger keeps these in text columns, which hold no NUL: a lease with one was
+        # taken for a database outage and held a collector thread for ever.
+        if "\x00" in text:
+            raise ValueError("has a NUL character")
+        return text
 
 
 Answer = Literal["granted", "held", "done", "refused"]

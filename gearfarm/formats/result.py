@@ -21,10 +21,10 @@ import binascii
 import hashlib
 import json
 from collections.abc import Iterator
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, ClassVar, Literal, Protocol, get_args
 
 import zstandard
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from gearfarm.formats.seal import MAX_ENVELOPE, Lookup, SealError, Signer, canonical, seal, unseal
 from gearfarm.formats.words import counted
@@ -89,8 +89,42 @@ def _carried(text: str) -> Iterator[bytes]:
         raise ValueError(f"not a file as a record carries one (zstd in base64): {e}") from e
 
 
-class CaseResult(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+# What replaces a NUL in a record's text (PostgreSQL's text holds none).
+NUL_STAND_IN = "\ufffd"
+
+
+def _storable(value: Any, nested: frozenset[str] = frozenset()) -> Any:
+    """``value`` with every NUL in its strings (and its dicts' keys) replaced, leaving alone the
+    keys in ``nested`` (models that make their own text storable)."""
+    if isinstance(value, str):
+        return value.replace("\x00", NUL_STAND_IN) if "\x00" in value else value
+    if isinstance(value, dict):
+        return {_storable(k): v if k in nested else _storable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_storable(v) for v in value)
+    return value
+
+
+class _Stored(BaseModel):
+    """A part of a record: what it says is what the results database keeps, so it must be what
+    the database can keep. The database refused two things a record could say (a NUL in text
+    from a project's output; a number that is NaN or infinite, which JSON columns do not hold),
+    and the collector, taking its errors for an outage, held such a record for ever, one of its
+    threads with it (tests/run/test_ledger.py). A NUL becomes NUL_STAND_IN here, on the worker
+    that makes the record as on the ledger that opens it (so both have one digest); a number
+    that is not finite makes the record invalid: a worker keeps none (the parsers of a
+    project's output drop them), so only a forged one has them."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    NESTED: ClassVar[frozenset[str]] = frozenset()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_storable(cls, data: Any) -> Any:
+        return _storable(data, cls.NESTED) if isinstance(data, dict) else data
+
+
+class CaseResult(_Stored):
     classname: str = ""
     name: str
     status: Literal["passed", "failed", "skipped", "error"]
@@ -98,10 +132,9 @@ class CaseResult(BaseModel):
     message: str = ""
 
 
-class Sample(BaseModel):
+class Sample(_Stored):
     """One benchmark figure from one repetition."""
 
-    model_config = ConfigDict(extra="forbid")
     benchmark: str
     metric: str
     value: float
@@ -111,11 +144,10 @@ class Sample(BaseModel):
     variant: Literal["new", "baseline", "reference", "ratio", "ref_ratio"] = "new"
 
 
-class CurveRecord(BaseModel):
+class CurveRecord(_Stored):
     """One curve of one benchmark run (gearfarm.formats.catalog.Curve): its lines (split value -> [x, y]
     points, "" without a split), for tonight's build or its baseline."""
 
-    model_config = ConfigDict(extra="forbid")
     benchmark: str
     title: str
     x: str
@@ -126,8 +158,8 @@ class CurveRecord(BaseModel):
     lines: dict[str, list[tuple[float, float]]] = Field(default_factory=dict)
 
 
-class ResultRecord(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ResultRecord(_Stored):
+    NESTED = frozenset({"cases", "samples", "curves"})
 
     schema_version: Literal[1] = 1
     job_id: str
@@ -139,7 +171,7 @@ class ResultRecord(BaseModel):
     rev: str
     status: Status
     attempt: int = 1
-    worker: str = ""
+    worker: str = Field(default="", max_length=200)  # the jobs table's column
     host: dict[str, str] = Field(default_factory=dict)
     submitted_at: float | None = None
     started_at: float | None = None

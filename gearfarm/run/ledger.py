@@ -49,6 +49,7 @@ the report's snapshot and the run's close.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -72,14 +73,15 @@ from sqlalchemy import (
     tuple_,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import JSON
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DataError
 from sqlalchemy.sql.elements import ColumnElement
 
 from gearfarm.db.registry import Registry
 from gearfarm.db.results import Case, DeliveryRow, JobRow, LateResult, LeaseRow, LiveJob, ResultsDB, Run, SampleRow
 from gearfarm.formats.job import JobId
-from gearfarm.formats.lease import TAKEOVER, Answer, LeaseError, open_lease
+from gearfarm.formats.lease import TAKEOVER, Answer, Lease, LeaseError, open_lease
 from gearfarm.formats.result import (
     PRODUCT,
     CaseStore,
@@ -95,9 +97,10 @@ _NAME_MAX = Case.__table__.c.name.type.length
 _CLASSNAME_MAX = Case.__table__.c.classname.type.length
 # A case's own columns, as the ledger writes them (the job's are the same for all of a record's).
 _CASE_COLUMNS = ("classname", "name", "status", "time", "message")
-# The parameters of a record's cases as arrays (_cases_from_arrays), and of a record applied in
-# one statement (_Sql._at_once): the job's columns, the run's facts, the cases, the delivery.
-_CASE_KEYS = ("p_job", "p_run", "target", "suite", *(f"c_{c}" for c in _CASE_COLUMNS))
+# The parameters of a record's cases as one JSON array of rows (_cases_from_json), and of a
+# record applied in one statement (_Sql._at_once): the job's columns, the run's facts, the
+# cases, the delivery.
+_CASE_KEYS = ("p_job", "p_run", "target", "suite", "c_rows")
 _AT_ONCE_KEYS = (*(c.name for c in JobRow.__table__.c), *_CASE_KEYS, "p_attempt", "p_host", "at", "source")
 Channel = Literal["collect", "reconcile", "nightly", "rule"]
 # Runs whose expected jobs a ledger keeps in memory (the newest used).
@@ -164,10 +167,12 @@ class _Sql:
         self.cases_gone = delete(cases).where(cases.c.job_id == bindparam("p_job"))
         self.samples_gone = delete(samples).where(samples.c.job_id == bindparam("p_job"))
         self.cases_new, self.samples_new = cases.insert(), samples.insert()
-        # A record's cases in one statement on PostgreSQL, their columns as arrays: as one row
+        # A record's cases in one statement on PostgreSQL, as one JSON parameter: as one row
         # each (the driver's executemany, pipelined) a 40-case suite took 1.3 ms of a record's
-        # 4 on an idle server, and the collector's Python dumped every row's parameters.
-        self.cases_unnest = db.compiled(_cases_from_arrays(), _CASE_KEYS) if pg else None
+        # 4 on an idle server, and the collector's Python dumped every row's parameters; as one
+        # array per column, psycopg's array dumper (Python, a regular expression per item) was
+        # still two fifths of the collector's CPU for a record, where json.dumps is C.
+        self.cases_unnest = db.compiled(_cases_from_json(), _CASE_KEYS) if pg else None
         self.logged = DeliveryRow.__table__.insert()
         self.at_once = db.compiled(self._at_once(db, facts, lease_key), _AT_ONCE_KEYS) if pg else None
 
@@ -192,7 +197,7 @@ class _Sql:
         first = db.insert(jobs).from_select(names, select(*(bindparam(n, type_=jobs.c[n].type) for n in names))
                                             .where(exists(select(done)))) \
             .on_conflict_do_nothing(index_elements=["job_id"]).returning(jobs.c.job_id).cte("first")
-        new = _cases_from_arrays(exists(select(first))).cte("new_cases")
+        new = _cases_from_json(exists(select(first))).cte("new_cases")
         deliveries = DeliveryRow.__table__
         logged = insert(deliveries).from_select(
             ["at", "source", "outcome", "job_id", "run_id", "attempt", "status", "digest", "reason"],
@@ -202,14 +207,17 @@ class _Sql:
         return select(exists(select(first)).label("applied")).add_cte(new, logged)
 
 
-def _cases_from_arrays(where: ColumnElement[bool] | None = None) -> Insert:
-    """A record's cases from one array per column, in their order (``_CASE_KEYS``)."""
+def _cases_from_json(where: ColumnElement[bool] | None = None) -> Insert:
+    """A record's cases from one JSON array of rows of strings (``_case_json``), in their order."""
     cases = Case.__table__
-    arrays = [cast(bindparam(f"c_{c}"), ARRAY(cases.c[c].type)) for c in _CASE_COLUMNS]
-    got = func.unnest(*arrays).table_valued(*_CASE_COLUMNS, with_ordinality="n").render_derived(name="c")
+    got = func.json_array_elements(cast(bindparam("c_rows", type_=String), JSON)) \
+        .table_valued("value", with_ordinality="n").render_derived(name="c")
+    # Each field a JSON string, read back as text and cast to its column's type (the time too:
+    # "nan" and "inf" are floats to PostgreSQL, and no JSON number).
+    fields = [cast(got.c.value.op("->>")(literal_column(str(i))), cases.c[c].type)
+              for i, c in enumerate(_CASE_COLUMNS)]
     rows = select(bindparam("p_job", type_=String), bindparam("p_run", type_=String),
-                  bindparam("target", type_=String), bindparam("suite", type_=String),
-                  *(got.c[c] for c in _CASE_COLUMNS)).order_by(got.c.n)
+                  bindparam("target", type_=String), bindparam("suite", type_=String), *fields).order_by(got.c.n)
     return insert(cases).from_select(["job_id", "run_id", "target", "suite", *_CASE_COLUMNS],
                                      rows if where is None else rows.where(where))
 
@@ -248,10 +256,14 @@ class Ledger:
         except RecordError as e:
             self.reject(source, str(e), rec)
             return "rejected", None
-        if self._apply_at_once(rec, source):
-            return "applied", rec
-        with self.db.writing() as conn:
-            return self._apply(conn, rec, source, worker=True), rec
+        try:
+            if self._apply_at_once(rec, source):
+                return "applied", rec
+            with self.db.writing() as conn:
+                return self._apply(conn, rec, source, worker=True), rec
+        except DataError as e:
+            self.reject(source, _unstorable(e), rec)
+            return "rejected", None
 
     def lease(self, data: bytes) -> tuple[Answer, str]:
         """A worker's signed claim of an attempt (beat 0) or heartbeat (beat n): ``granted`` (run
@@ -268,6 +280,12 @@ class Ledger:
         why = self.registry.authorize(kid, jid.kind, jid.target, lease.host)
         if why:
             return self._refuse_lease(f"{lease.job_id} attempt {lease.attempt}: {why}")
+        try:
+            return self._lease(lease, kid, jid)
+        except DataError as e:
+            return self._refuse_lease(f"{lease.job_id} attempt {lease.attempt}: {_unstorable(e)}")
+
+    def _lease(self, lease: Lease, kid: str, jid: JobId) -> tuple[Answer, str]:
         now = time.time()
         sql, key = self.sql, {"p_job": lease.job_id, "p_attempt": lease.attempt}
         # Each statement its own (ResultsDB.committing): the facts' read locks nothing, and the
@@ -380,7 +398,7 @@ class Ledger:
             conn.execute(sql.samples_gone, {"p_job": rec.job_id})
         if rec.cases:
             if sql.cases_unnest is not None:  # a column each
-                conn.execute(sql.cases_unnest, _case_arrays(rec))
+                conn.execute(sql.cases_unnest, _case_json(rec))
             else:
                 job = dict(job_id=rec.job_id, run_id=rec.run_id, target=rec.target, suite=rec.name or rec.step)
                 conn.execute(sql.cases_new, [job | dict(zip(_CASE_COLUMNS, row, strict=True))
@@ -412,7 +430,7 @@ class Ledger:
         with self.db.committing() as conn:
             if rec.job_id not in self._expects(conn, rec.run_id)[1]:
                 return False
-            values = self._job_row(conn, rec, rec.model_dump(mode="json"), rank(rec)) | _case_arrays(rec)
+            values = self._job_row(conn, rec, rec.model_dump(mode="json"), rank(rec)) | _case_json(rec)
             got = conn.execute(sql.at_once, values | dict(p_attempt=rec.attempt, p_host=rec.host.get("hostname", ""),
                                                           at=time.time(), source=source)).one()
         return bool(got.applied)
@@ -492,11 +510,19 @@ def _case_rows(rec: ResultRecord) -> list[tuple[str, str, str, float, str]]:
             for c in rec.cases]
 
 
-def _case_arrays(rec: ResultRecord) -> dict[str, object]:
-    """The parameters of ``_cases_from_arrays`` for the record's cases (``_CASE_KEYS``)."""
-    columns = list(zip(*_case_rows(rec), strict=True)) or [()] * len(_CASE_COLUMNS)
+def _case_json(rec: ResultRecord) -> dict[str, object]:
+    """The parameters of ``_cases_from_json`` for the record's cases (``_CASE_KEYS``)."""
+    rows = [(cls, name, status, repr(t), msg) for cls, name, status, t, msg in _case_rows(rec)]
     return dict(p_job=rec.job_id, p_run=rec.run_id, target=rec.target, suite=rec.name or rec.step,
-                **{f"c_{c}": list(col) for c, col in zip(_CASE_COLUMNS, columns, strict=True)})
+                c_rows=json.dumps(rows))
+
+
+def _unstorable(e: DataError) -> str:
+    """Why the database refused a record's or a lease's values: the sender's fault, never an
+    outage. The collector waits out the database's errors (a restart), and held such a record,
+    and one of its threads, for ever (tests/run/test_ledger.py)."""
+    said = str(e.orig if e.orig is not None else e).strip().splitlines()
+    return "the results database cannot store it: " + (said[0][:300] if said else type(e).__name__)
 
 
 def _worker_status(rec: ResultRecord) -> str:

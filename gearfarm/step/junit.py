@@ -3,6 +3,7 @@ run as one file a Jenkins job can read."""
 
 from __future__ import annotations
 
+import math
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
@@ -37,6 +38,8 @@ def parse(path: Path) -> list[CaseResult]:
         try:
             t = float(tc.get("time") or 0)
         except ValueError:
+            t = 0.0
+        if not math.isfinite(t):  # "nan", "inf": no time a record keeps (gearfarm.formats.result)
             t = 0.0
         cases.append(CaseResult(classname=tc.get("classname", ""), name=tc.get("name", "?"),
                                 status=status, time=t, message=message.strip()[:4000]))

@@ -6,6 +6,7 @@ its catalog is the very code its nightly will run."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -354,7 +355,9 @@ def curves_of(bench: Benchmark, text: str, variant: Literal["new", "baseline"]) 
         lines: dict[str, list[tuple[float, float]]] = {}
         for obj in rows:
             x, y = obj.get(c.x), obj.get(c.y)
-            if isinstance(x, int | float) and isinstance(y, int | float) and not isinstance(x, bool):
+            # Finite numbers only: a JSON line may say NaN or Infinity, which no record keeps.
+            if isinstance(x, int | float) and isinstance(y, int | float) and not isinstance(x, bool) \
+                    and math.isfinite(x) and math.isfinite(y):
                 key = str(obj.get(c.split, "")) if c.split else ""
                 pts = lines.setdefault(key, [])
                 if len(pts) < MAX_POINTS:
@@ -370,8 +373,8 @@ def instructions(callgrind_out: Path | None, bench: str) -> float:
     the job's directory)."""
     try:
         for line in (callgrind_out.read_text() if callgrind_out is not None else "").splitlines():
-            if line.startswith("summary:"):
-                return float(line.split()[1])
+            if line.startswith("summary:") and math.isfinite(count := float(line.split()[1])):
+                return count
     except (OSError, IndexError, ValueError):
         pass
     raise BenchmarkFailed("failed", f"benchmark {bench}: callgrind wrote no instruction count "

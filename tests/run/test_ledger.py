@@ -19,8 +19,8 @@ from sqlalchemy import update
 from gearfarm.db.results import LeaseRow, ResultsDB
 from gearfarm.formats.job import JobId
 from gearfarm.formats.lease import TAKEOVER, Lease, seal_lease
-from gearfarm.formats.result import CaseResult, ResultRecord, pack_file, seal_record
-from gearfarm.formats.seal import Signer
+from gearfarm.formats.result import CaseResult, ResultRecord, Sample, pack_file, seal_record
+from gearfarm.formats.seal import Signer, seal
 from gearfarm.run.ledger import Ledger, farm_record
 from tests.farmkit import claim
 
@@ -495,3 +495,71 @@ def test_the_files_a_record_carries_are_kept_with_its_jobs_row_and_go_with_it(db
     assert db.job_file(str(unit), "log.txt") is None
     stored = db.job_files([str(unit)])[str(unit)]
     assert stored.made == (3, 1000.0) and stored.carried == {}
+
+
+def test_a_record_the_database_cannot_store_is_answered_at_once_never_retried(db_url: str) -> None:
+    """What a project prints or a worker host sends reaches the results database; the database
+    refuses some of it (a NaN or infinity in a JSON column, a NUL in a text column, a value
+    longer than its column). The collector takes the database's errors for an outage and holds
+    the record until it answers, so before this each such record held one of the collector's
+    threads for ever, and as many of them its every thread: the farm took no result again. Now
+    the text a record carries is stored with its NULs replaced, a record that says a number is
+    not finite is rejected as invalid, and any other value the database refuses rejects the
+    record, each with its reason in the deliveries table."""
+    import math
+
+    from gearfarm.db.results import DeliveryRow
+
+    db = ResultsDB(db_url)
+    ledger = Ledger(db)
+    steps = ["test-nul", "test-nan", "test-inf", "test-long", "test-lease", "test-banner", "perf-long"]
+    jids = dict(zip(steps, new_run(db, "rn", steps), strict=True))
+    db.set_live("rn", {str(j): ("queued", 1) for j in jids.values()})
+    host = Signer.generate()
+    ledger.registry.add("h", host.public_text, ["test", "perf"], [T])
+    for step in steps[:4] + steps[5:]:
+        assert claim(ledger, host, str(jids[step]), 1, "h", worker="w1") == "granted"
+
+    def offered(step: str, **fields: object) -> str:
+        # As a worker host sends it: the values in the sealed body, whatever this side's model
+        # would make of them.
+        r = rec(jids[step], "failed").model_copy(update={"worker": "w1"})
+        body = r.model_copy(update={"kind": "perf", "cases": []} if step.startswith("perf") else {}) \
+            .model_dump(mode="json")
+        body.update({k: [c if isinstance(c, dict) else c.model_dump() for c in v]  # type: ignore[attr-defined]
+                     if k in ("cases", "samples") else v for k, v in fields.items()})
+        return ledger.accept(seal("result", body, host), "collect")[0]
+
+    nul = [CaseResult(classname="s\x00", name="case\x00one", status="failed", message="got \x00 here")]
+    assert offered("test-nul", cases=nul, message="m\x00", log_tail="tail \x00") == "applied"
+    got = row(db, jids["test-nul"])
+    assert (got.cases[0].classname, got.cases[0].name, got.cases[0].message) == \
+        ("s\ufffd", "case\ufffdone", "got \ufffd here")
+    assert (got.message, got.log_tail) == ("m\ufffd", "tail \ufffd")
+    assert db.cases_in(["rn"])[0][3] == "case\ufffdone"
+
+    assert offered("test-nan", cases=[CaseResult(name="c", status="passed", time=0.5)],
+                   timings={"test": math.nan}) == "rejected"
+    assert offered("test-inf", cases=[{"name": "c", "status": "passed", "time": math.inf}]) == "rejected"
+    assert offered("test-long", worker="w" * 300) == "rejected"
+    # A host's fingerprint longer than its columns is cut to them; a value no check knows the
+    # database's limit of rejects the record with the database's reason on PostgreSQL (SQLite
+    # keeps any length).
+    banner = dict(rec(jids["test-banner"], "passed").host, compiler="gcc " + "x" * 400)
+    assert offered("test-banner", host=banner) == "applied"
+    long_metric = [Sample(benchmark="b", metric="m" * 100, value=1.0)]
+    assert offered("perf-long", samples=long_metric) == ("rejected" if db.engine.dialect.name == "postgresql"
+                                                         else "applied")
+    # A claim whose worker name has a NUL is refused, not held.
+    nul_lease = dict(job_id=str(jids["test-lease"]), attempt=1, host="h", worker="w\x00", beat=0)
+    assert ledger.lease(seal("lease", nul_lease, host))[0] == "refused"
+    with db.session() as s:
+        rows = s.query(DeliveryRow).all()
+    # The deliveries table says each one's fate (a record that does not open names no job).
+    reasons = [d.reason for d in rows if d.outcome == "rejected"]
+    assert sum("timings" in r and "finite" in r for r in reasons) == 1
+    assert sum("cases" in r and "finite" in r for r in reasons) == 1
+    assert sum("worker" in r and "200" in r for r in reasons) == 1
+    if db.engine.dialect.name == "postgresql":
+        assert [d.job_id for d in rows if "cannot store it: value too long" in d.reason] == [str(jids["perf-long"])]
+    assert len(rows) == 6  # one for each record offered

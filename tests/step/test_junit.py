@@ -23,3 +23,18 @@ def test_a_skip_without_a_reason_is_shown_as_skipped_not_as_the_jobs_status(tmp_
     assert skipped["why"] is not None and skipped["why"].get("message") == "no network"
     assert skipped["ok"] is None
     assert ET.parse(out).getroot().find("testsuite").get("skipped") == "2"  # type: ignore[union-attr]
+
+
+def test_a_time_that_is_no_number_a_record_keeps_reads_as_zero(tmp_path: Path) -> None:
+    """A suite's JUnit may say any time; NaN and infinity are no time a record keeps (its model
+    refuses them: the results database does not store them), so the case keeps 0 and the
+    suite's record is made, as for a time that is not a number at all."""
+    out = tmp_path / "junit.xml"
+    out.write_text('<testsuite><testcase name="a" time="nan"/><testcase name="b" time="-inf"/>'
+                   '<testcase name="c" time="Infinity"/><testcase name="d" time="x"/>'
+                   '<testcase name="e" time="0.25"/><testcase name="f" time="1"/></testsuite>')
+    cases = junit.parse(out)
+    assert [(c.name, c.time) for c in cases] == [("a", 0.0), ("b", 0.0), ("c", 0.0), ("d", 0.0), ("e", 0.25),
+                                                  ("f", 1.0)]
+    ResultRecord(job_id="r:linux-x86_64:test-unit", run_id="r", target="linux-x86_64", kind="test",
+                 step="test-unit", name="unit", rev="a" * 40, status="passed", cases=cases)

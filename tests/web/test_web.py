@@ -420,7 +420,10 @@ def test_curves_are_read_from_the_benchmarks_json_lines_one_line_per_split_value
     out = "\n".join([
         'warming up', '{"type":"interval","phase":"prepare","rows":5,"seconds":0.1}',
         '{"type":"interval","threads":1,"second":1,"tps":100.0}', '{"type":"interval","threads":1,"second":2,"tps":90}',
-        '{"type":"interval","threads":4,"second":1,"tps":300.5}', '{not json', '{"type":"summary","tps":97}'])
+        '{"type":"interval","threads":4,"second":1,"tps":300.5}', '{not json', '{"type":"summary","tps":97}',
+        # JSON lines may say NaN and Infinity, which no record keeps: such points are left out.
+        '{"type":"interval","threads":4,"second":2,"tps":NaN}',
+        '{"type":"interval","threads":4,"second":3,"tps":-Infinity}'])
     (c,) = curves_of(bench, out, "baseline")
     assert c.variant == "baseline" and c.split_name == "threads"
     assert c.lines == {"1": [(1.0, 100.0), (2.0, 90.0)], "4": [(1.0, 300.5)]}

@@ -7,6 +7,7 @@ takes its next job."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import hashlib
@@ -22,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from botocore.exceptions import ClientError
 
@@ -114,6 +116,10 @@ class Context:
         self.uploads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="uploads")
         # An attempt's claim, asked while the slot prepares the job (Admission).
         self.claims = ThreadPoolExecutor(max_workers=1, thread_name_prefix="claim")
+        # A job's heartbeats (Heartbeat), in a thread that outlives the job: a thread started
+        # for each job was a millisecond of the job's start on a busy host (Thread.start waits
+        # until the new thread runs).
+        self.beats = ThreadPoolExecutor(max_workers=2, thread_name_prefix="heartbeat")
         # Every this many heartbeats, one signed beat of a job's lease.
         self.lease_beats = beat_every(cfg.farm.lease_timeout)
         # Checked now: a worker that cannot confine its jobs refuses to start.
@@ -177,6 +183,7 @@ class Context:
         """A stopping worker's last step: its connections go, and its owner lock with them (what
         it spooled is then any sibling's to deliver)."""
         self.claims.shutdown(wait=False, cancel_futures=True)
+        self.beats.shutdown(wait=False, cancel_futures=True)
         self.client.close()
         if self._owner_fd is not None:
             os.close(self._owner_fd)
@@ -535,13 +542,15 @@ class Attempt:
 
 def handle_job(ctx: Context, work: Work, job: Job) -> bytes:
     """One Gearman job, start to end. Completed (never WORK_FAIL) unless its payload is refused:
-    dropped when it must not run here, else with the record it delivered."""
+    dropped when it must not run here, else with the record it delivered. The job's dir goes and
+    the host lock is released once its record is posted (``tail``), not before: the record's way
+    to the ledger was the removal of the job's dir longer (docs/speed.md)."""
     t0 = time.monotonic()
     p = accept(ctx, job)
-    with Heartbeat(ctx, job, p) as beat:
+    with Heartbeat(ctx, job, p) as beat, _Tail(job) as tail:
         admission = Admission(ctx, p, job, beat, t0)
         try:
-            rec = perform_job(ctx, p, job, work, beat.cancel, admission)
+            rec = perform_job(ctx, p, job, work, beat.cancel, admission, tail)
             admission.settle()  # also for a record made before any command (a refusal, the worker's error)
         except Refused as e:
             # Completed, so it leaves the queue; no record: the run has its answer already,
@@ -550,6 +559,22 @@ def handle_job(ctx: Context, work: Work, job: Job) -> bytes:
             return f"dropped: {e}".encode()
         rec.timings["admit"] = round(admission.seconds, 4)
         return handle_result(ctx, p, rec)
+
+
+class _Tail(contextlib.ExitStack):
+    """What a job holds until its record is posted (its dir, the host lock), let go after. An
+    error in letting go is logged: the record is out, and the job must not end in a second one."""
+
+    def __init__(self, job: Job) -> None:
+        super().__init__()
+        self.job = job
+
+    def __exit__(self, *exc: Any) -> bool:
+        try:
+            return super().__exit__(*exc)
+        except Exception:
+            log.exception("job %s: cannot release its dir or host lock", self.job.handle)
+            return False
 
 
 def accept(ctx: Context, job: Job) -> Payload:
@@ -579,7 +604,7 @@ class Heartbeat:
         self.cancel = process.CancelFlag()
 
     def __enter__(self) -> Heartbeat:
-        threading.Thread(target=self._beat, daemon=True).start()
+        self.ctx.beats.submit(self._beat)
         return self
 
     def __exit__(self, *_: object) -> None:
@@ -587,6 +612,12 @@ class Heartbeat:
         self.cancel.close()
 
     def _beat(self) -> None:
+        try:
+            self._beats()
+        except Exception:  # a pool's thread: said here, or the future would keep it unread
+            log.exception("job %s: its heartbeats stopped", self.p.job_id)
+
+    def _beats(self) -> None:
         ctx, p, n = self.ctx, self.p, 0
         while not self.stop.wait(HEARTBEAT_SECONDS):
             n += 1
@@ -602,14 +633,14 @@ class Heartbeat:
 
 
 def perform_job(ctx: Context, p: Payload, job: Job, work: Work, cancel: process.CancelFlag,
-                admission: Admission) -> ResultRecord:
+                admission: Admission, tail: contextlib.ExitStack) -> ResultRecord:
     """The job's work, its commands stopped once ``cancel`` is set. Whatever escapes it becomes
     the record: `cancelled`, or `infra` (the farm failed, not the product: say so, never lose the
     job); but an attempt whose claim was refused ends here, with none."""
     cpu0, began = _cpu(), time.time()
     token = process.CANCEL.set(cancel)
     try:
-        rec = _under_host_lock(ctx, p, work, admission)
+        rec = _under_host_lock(ctx, p, work, admission, tail)
     except Refused:
         raise
     except process.Cancelled as e:
@@ -627,26 +658,29 @@ def perform_job(ctx: Context, p: Payload, job: Job, work: Work, cancel: process.
     return rec
 
 
-def _under_host_lock(ctx: Context, p: Payload, work: Work, admission: Admission) -> ResultRecord:
+def _under_host_lock(ctx: Context, p: Payload, work: Work, admission: Admission,
+                     tail: contextlib.ExitStack) -> ResultRecord:
     """Builds and tests run under the host lock held shared (they wait while a benchmark
-    measures); a perf job takes it exclusive itself, only around its measurement."""
+    measures), until ``tail`` ends; a perf job takes it exclusive itself, only around its
+    measurement."""
     if ctx.role == "perf":
-        return run_step(ctx, p, work, admission)
-    with ctx.hostlock.shared(f"{ctx.name} {p.job_id}") as waited:
-        rec = run_step(ctx, p, work, admission)
+        return run_step(ctx, p, work, admission, tail)
+    waited = tail.enter_context(ctx.hostlock.shared(f"{ctx.name} {p.job_id}"))
+    rec = run_step(ctx, p, work, admission, tail)
     rec.timings["host_wait"] = round(waited, 3)
     return rec
 
 
-def run_step(ctx: Context, p: Payload, work: Work, admission: Admission) -> ResultRecord:
+def run_step(ctx: Context, p: Payload, work: Work, admission: Admission,
+             tail: contextlib.ExitStack) -> ResultRecord:
     """The kind's work, given the job's catalog and target (checked by the payload's sha256) and
-    a job dir that is removed after it."""
+    a job dir that is removed when ``tail`` ends."""
     started = time.time()
     cat = snapshot.fetch_catalog(ctx.store, p.catalog_sha256)
     target = cat.target(p.target)
     # Under the worker's own work dir, so a worker killed mid-job has it swept on restart.
-    with process.job_dir(ctx.work, ctx.role) as tmpd:
-        return work(Attempt(ctx, p, cat, target, tmpd, started, admission))
+    tmpd = tail.enter_context(process.job_dir(ctx.work, ctx.role))
+    return work(Attempt(ctx, p, cat, target, tmpd, started, admission))
 
 
 def handle_result(ctx: Context, p: Payload, rec: ResultRecord) -> bytes:

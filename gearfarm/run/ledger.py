@@ -60,6 +60,7 @@ from typing import Literal
 from sqlalchemy import (
     Float,
     Insert,
+    Integer,
     Select,
     String,
     bindparam,
@@ -69,6 +70,7 @@ from sqlalchemy import (
     func,
     insert,
     literal_column,
+    or_,
     select,
     tuple_,
     update,
@@ -101,6 +103,9 @@ _CASE_COLUMNS = ("classname", "name", "status", "time", "message")
 # record applied in one statement (_Sql._at_once): the job's columns, the run's facts, the
 # cases, the delivery.
 _CASE_KEYS = ("p_job", "p_run", "target", "suite", "c_rows")
+# A claim's, in one statement (_Sql._claim_at_once): the facts' keys, then the lease's columns.
+_CLAIM_KEYS = ("p_run", "p_job", "p_attempt", "job_id", "attempt", "run_id", "claimed_at", "beats", "done", "kid",
+               "host", "worker", "beat_at")
 _AT_ONCE_KEYS = (*(c.name for c in JobRow.__table__.c), *_CASE_KEYS, "p_attempt", "p_host", "at", "source")
 Channel = Literal["collect", "reconcile", "nightly", "rule"]
 # Runs whose expected jobs a ledger keeps in memory (the newest used).
@@ -175,6 +180,28 @@ class _Sql:
         self.cases_unnest = db.compiled(_cases_from_json(), _CASE_KEYS) if pg else None
         self.logged = DeliveryRow.__table__.insert()
         self.at_once = db.compiled(self._at_once(db, facts, lease_key), _AT_ONCE_KEYS) if pg else None
+        self.claim_at_once = db.compiled(self._claim_at_once(db, self.claim_facts), _CLAIM_KEYS) if pg else None
+
+    @staticmethod
+    def _claim_at_once(db: ResultsDB, claim_facts: Select) -> Select:
+        """A claim in one statement (Ledger._lease): the run's and the job's facts, and the lease
+        inserted if they let it be granted (rule 8's attempt submitted, the run not reported, the
+        job not recorded cancelled) and nobody holds it; with the facts, whether it was. Two
+        statements, each its own round trip and the collector's Python, were most of a claim's
+        time in the collector, and a job's start waits for its claim."""
+        leases = LeaseRow.__table__
+        got = claim_facts.cte("facts")
+        attempt = bindparam("attempt", type_=Integer)
+        may = select(got.c.submitted).where(
+            got.c.reported_at.is_(None), got.c.submitted >= attempt,
+            or_(func.coalesce(got.c.status, literal_column("''")) != literal_column("'cancelled'"),
+                got.c.recorded < attempt))
+        names = list(_CLAIM_KEYS[3:])
+        new = db.insert(leases).from_select(names, select(*(bindparam(n, type_=leases.c[n].type) for n in names))
+                                            .where(exists(may))) \
+            .on_conflict_do_nothing(index_elements=["job_id", "attempt"]).returning(leases.c.job_id).cte("new")
+        return select(got.c.reported_at, got.c.submitted, got.c.status, got.c.recorded,
+                      exists(select(new)).label("granted"))
 
     @staticmethod
     def _at_once(db: ResultsDB, facts: Select, lease_key: ColumnElement[bool]) -> Select:
@@ -288,25 +315,33 @@ class Ledger:
     def _lease(self, lease: Lease, kid: str, jid: JobId) -> tuple[Answer, str]:
         now = time.time()
         sql, key = self.sql, {"p_job": lease.job_id, "p_attempt": lease.attempt}
+        mine = dict(kid=kid, host=lease.host, worker=lease.worker, beat_at=now)
+        # A first claim (or a beat of an attempt nobody holds) takes it with its first beat.
+        new = dict(job_id=lease.job_id, attempt=lease.attempt, run_id=jid.run_id, claimed_at=now, beats=1,
+                   done=False, **mine)
         # Each statement its own (ResultsDB.committing): the facts' read locks nothing, and the
         # lease's insert is the database's own upsert, which two claims cannot both win.
         with self.db.committing() as conn:
-            run = conn.execute(sql.claim_facts, {"p_run": jid.run_id, **key}).first()
+            expected = lease.job_id in self._expects(conn, jid.run_id)[1]
+            tried = sql.claim_at_once is not None and expected
+            if tried:  # on PostgreSQL a claim of an expected job: the facts and the insert at once
+                run = conn.execute(sql.claim_at_once, {"p_run": jid.run_id, **key, **new}).first()
+                if run is not None and run.granted:
+                    return "granted", ""
+            else:
+                run = conn.execute(sql.claim_facts, {"p_run": jid.run_id, **key}).first()
             if run is not None and run.reported_at is not None:
                 # Not an error: a job left in a queue after its run's report (gearmand keeps its
                 # queue across restarts) is dropped by the worker that finds it.
                 return "refused", f"run {jid.run_id} was reported and closed"
-            if run is None or lease.job_id not in self._expects(conn, jid.run_id)[1]:
+            if run is None or not expected:
                 return self._refuse_lease(f"{lease.job_id}: " + ("its run is unknown" if run is None else
                                           "its run expects no such job"))
             if lease.attempt > (run.submitted or 0):
                 return self._refuse_lease(f"attempt {lease.attempt} of {lease.job_id} was never submitted")
             if run.status == "cancelled" and run.recorded >= lease.attempt:
                 return "refused", "it was cancelled"
-            mine = dict(kid=kid, host=lease.host, worker=lease.worker, beat_at=now)
-            # A first claim (or a beat of an attempt nobody holds) takes it with its first beat.
-            if conn.execute(sql.lease_new, dict(job_id=lease.job_id, attempt=lease.attempt, run_id=jid.run_id,
-                                                claimed_at=now, beats=1, done=False, **mine)).first():
+            if not tried and conn.execute(sql.lease_new, new).first():
                 return "granted", ""
             held = conn.execute(sql.lease_row, key).one()
             if held.done:

@@ -329,11 +329,12 @@ def test_concurrent_accepts_on_postgresql_lose_duplicate_and_deadlock_nothing(pg
     assert len(setup.cases_in(["cacc"])) == len(jobs)  # one case per job: replaced, never doubled
 
 
-def test_the_ledger_refuses_the_claims_of_a_closed_runs_and_a_cancelled_jobs_attempts(tmp_path: Path) -> None:
+def test_the_ledger_refuses_the_claims_of_a_closed_runs_and_a_cancelled_jobs_attempts(db_url: str) -> None:
     """Who a worker asks whether a job may run: the ledger. A job left in a queue after its run's
     report, and one the nightly recorded cancelled, are refused (the worker then drops them,
-    asking S3 nothing); the cancelled job's next attempt (a re-run) may run."""
-    db = ResultsDB(f"sqlite:///{tmp_path / 'r.db'}")
+    asking S3 nothing); the cancelled job's next attempt (a re-run) may run, one never
+    submitted may not. On PostgreSQL each is asked in one statement (_Sql._claim_at_once)."""
+    db = ResultsDB(db_url)
     ledger = Ledger(db)
     unit, model = new_run(db, "r3", ["test-unit", "test-model"])
     db.set_live("r3", {str(unit): ("queued", 1), str(model): ("queued", 1)})
@@ -343,7 +344,9 @@ def test_the_ledger_refuses_the_claims_of_a_closed_runs_and_a_cancelled_jobs_att
     lease = Lease(job_id=str(unit), attempt=1, host="h", worker="w", beat=0)
     assert ledger.lease(seal_lease(lease, host)) == ("refused", "it was cancelled")
     db.set_live("r3", {str(unit): ("queued", 2)})
+    assert claim(ledger, host, str(unit), 3, "h") == "refused"  # never submitted
     assert claim(ledger, host, str(unit), 2, "h") == "granted"
+    assert claim(ledger, host, str(unit), 2, "h", worker="w2") == "held"
     ledger.close("r3")
     late = Lease(job_id=str(model), attempt=1, host="h", worker="w", beat=0)
     assert ledger.lease(seal_lease(late, host)) == ("refused", "run r3 was reported and closed")
@@ -377,7 +380,7 @@ def test_a_claim_and_a_record_compile_no_statement_afresh(db_url: str) -> None:
         assert ledger.lease(seal_lease(beat, host)) == ("granted", "")
         r = rec(jid, "passed").model_copy(update={"host": {"hostname": "h", "cpu": "c", "cores": "2"}})
         assert ledger.accept(seal_record(r, host), "collect")[0] == "applied"
-    assert len(seen) >= 2 * (7 if db.engine.dialect.name == "postgresql" else 10)
+    assert len(seen) >= 2 * (5 if db.engine.dialect.name == "postgresql" else 10)
     afresh = [s for hit, s in seen if not hit.endswith("CACHE_HIT")]
     assert not afresh, f"compiled again at a later job: {afresh}"
 
@@ -415,8 +418,9 @@ def test_a_claim_and_a_polls_read_on_postgresql_are_sent_outside_a_transaction(t
     """Every job waits for its claim's answer before its first command, and a claim was a
     transaction: BEGIN, the facts, the lease's insert, COMMIT, four round trips to PostgreSQL
     from a collector thread on a busy machine. Its read locks nothing and its insert is the
-    database's own upsert, so each statement commits on its own now (ResultsDB.committing): two
-    round trips, as libpq's own trace of the connection shows. So is the nightly's read of what
+    database's own upsert, so each statement commits on its own now (ResultsDB.committing), and
+    the two are one (_Sql._claim_at_once): one round trip, as libpq's own trace of the
+    connection shows. So is the nightly's read of what
     changed, five times a second, one statement without the BEGIN and ROLLBACK around it; and a
     worker's record that is news, which was seven (BEGIN, the facts, the lease, the job's row,
     its cases, the delivery, COMMIT): one statement (Ledger._apply_at_once)."""
@@ -448,7 +452,7 @@ def test_a_claim_and_a_polls_read_on_postgresql_are_sent_outside_a_transaction(t
                 if line.split("\t")[1:2] == ["F"]]
 
     record = seal_record(rec(second, "passed"), host)
-    for sent, statements in ((traced(lambda: claim(ledger, host, str(second), 1, "h", "w")), 2),
+    for sent, statements in ((traced(lambda: claim(ledger, host, str(second), 1, "h", "w")), 1),
                              (traced(lambda: db.job_states_since("rt", 0.0)), 1),  # the nightly's poll
                              (traced(lambda: ledger.accept(record, "collect")), 1)):  # the lease then done
         queries = [text for kind, text, *_ in sent if kind == "Query"]

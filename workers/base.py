@@ -639,6 +639,8 @@ def perform_job(ctx: Context, p: Payload, job: Job, work: Work, cancel: process.
     job); but an attempt whose claim was refused ends here, with none."""
     cpu0, began = _cpu(), time.time()
     token = process.CANCEL.set(cancel)
+    # A benchmark's commands measure the host: the job dirs left for later wait for another's.
+    tidying = process.TIDY.set(ctx.role != "perf")
     try:
         rec = _under_host_lock(ctx, p, work, admission, tail)
     except Refused:
@@ -652,6 +654,7 @@ def perform_job(ctx: Context, p: Payload, job: Job, work: Work, cancel: process.
                          finished_at=time.time())
     finally:
         process.CANCEL.reset(token)
+        process.TIDY.reset(tidying)
     # CPU seconds of the job: its commands (every descendant reaped) and this process's
     # own work for it (packing, checksums). The farm's lower bound counts work in it.
     rec.timings["cpu"] = round(_cpu() - cpu0, 3)
@@ -678,8 +681,9 @@ def run_step(ctx: Context, p: Payload, work: Work, admission: Admission,
     started = time.time()
     cat = snapshot.fetch_catalog(ctx.store, p.catalog_sha256)
     target = cat.target(p.target)
-    # Under the worker's own work dir, so a worker killed mid-job has it swept on restart.
-    tmpd = tail.enter_context(process.job_dir(ctx.work, ctx.role))
+    # Under the worker's own work dir, so a worker killed mid-job has it swept on restart. A
+    # build's or test's goes when the next command starts (process.job_dir's ``later``).
+    tmpd = tail.enter_context(process.job_dir(ctx.work, ctx.role, later=ctx.role != "perf"))
     return work(Attempt(ctx, p, cat, target, tmpd, started, admission))
 
 
@@ -713,6 +717,7 @@ def serve(cfg: Config, functions: list[tuple[str, str, Work]], stop: threading.E
         log.info("removed %s, left by a worker that died mid-job", gone)
     stop = stop or threading.Event()
     worker = gearman_worker(cfg, f"{socket.gethostname()}-{'+'.join(ctxs)}-{os.getpid()}", prefer)
+    worker.idle = functools.partial(_tidy, first)  # the last job's dir, when no next command came for it
     worker.stop_on_signals(stop)
     for role, fn, h in functions:
         worker.register(fn, functools.partial(handle_job, ctxs[role], h))
@@ -731,6 +736,14 @@ def serve(cfg: Config, functions: list[tuple[str, str, Work]], stop: threading.E
                 log.warning("results still being published at stop; they wait in %s", ctx.spool)
             ctx.close()
         process.release_work_dir(first.work)
+
+
+def _tidy(ctx: Context) -> None:
+    """Remove the job dirs left for later, under the host lock held shared as a job holds it:
+    not while a benchmark of this host measures."""
+    if process.untidy():
+        with ctx.hostlock.shared(f"{ctx.name} tidying"):
+            process.tidy()
 
 
 def _flush_loop(ctx: Context, stop: threading.Event) -> None:

@@ -168,6 +168,10 @@ class Worker:
             raise ValueError(f"client_id must be non-empty without whitespace: {client_id!r}")
         self.client_id = client_id
         self.poll_interval = poll_interval
+        # Called when the worker found no job twice in a row (it slept a poll_interval, or was
+        # woken for a job another worker took), before it sleeps again: chores that wait for
+        # time nobody's job needs.
+        self.idle: Callable[[], None] | None = None
         self.max_backoff = max_backoff
         self._io_timeout = io_timeout
         self._prefer = prefer
@@ -552,6 +556,8 @@ class Worker:
                     if self._grab_and_run(stop):
                         ran = True
                         continue
+                    if not ran and self.idle is not None:
+                        self.idle()
                     self._sleep(self.poll_interval, stop, eager=ran)
                     ran = False
                 except Exception:

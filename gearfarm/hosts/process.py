@@ -421,7 +421,7 @@ def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | 
                 os.close(out_w)
             pump.start()
             try:
-                report, wedged = _supervise(reaper, job, timeout, status_r, CANCEL.get())
+                report, wedged = _supervise(reaper, job, timeout, status_r, CANCEL.get(), TIDY.get())
             finally:
                 pump.over.set()
                 pump.join()
@@ -464,10 +464,11 @@ def _ended(code: int) -> str:
 
 
 def _supervise(reaper: subprocess.Popen[bytes], job: bytes, timeout: float, status_r: int,
-               cancel: CancelFlag | None = None) -> tuple[bytes, bool]:
+               cancel: CancelFlag | None = None, tidying: bool = False) -> tuple[bytes, bool]:
     """Hand the job to the reaper, wait for its report; (report, True if it had to be stopped
     as wedged). Waits on the report pipe and the job's cancel flag, not with
-    Popen.wait(timeout), which polls with sleeps of up to 50 ms and would add them to every job."""
+    Popen.wait(timeout), which polls with sleeps of up to 50 ms and would add them to every job.
+    ``tidying``: the job dirs left for later are removed once the command is on its way."""
     assert reaper.stdin is not None
     wedged = False
     try:
@@ -476,6 +477,8 @@ def _supervise(reaper: subprocess.Popen[bytes], job: bytes, timeout: float, stat
             reaper.stdin.close()
         except BrokenPipeError:
             pass  # it died at once; its missing report says so
+        if tidying:
+            tidy()
         deadline = time.monotonic() + timeout + REAPER_GRACE
         poller = select.poll()
         poller.register(status_r, select.POLLIN)
@@ -594,21 +597,53 @@ def _owner() -> str:
 
 
 @contextmanager
-def job_dir(root: Path, prefix: str) -> Iterator[Path]:
-    """A fresh directory for one job under ``root/<owner>/``, removed on exit. What a worker
-    killed in the middle of a job leaves behind, sweep_work_dirs() removes."""
+def job_dir(root: Path, prefix: str, later: bool = False) -> Iterator[Path]:
+    """A fresh directory for one job under ``root/<owner>/``, removed on exit, or with
+    ``later`` when the next command starts (TIDY) or the worker is idle (tidy). What a worker
+    killed in the middle of a job, or before it removed one, leaves behind, sweep_work_dirs()
+    removes."""
     owner = root / _owner()
     owner.mkdir(parents=True, exist_ok=True)
     path = Path(tempfile.mkdtemp(prefix=prefix, dir=owner))
     try:
         yield path
     finally:
+        if later:
+            with _LATER_LOCK:
+                _LATER.append(path)
+        else:
+            _rmtree(path)
+
+
+# Job dirs to remove later (job_dir's ``later``): a test job's dir took 2 ms to remove, on the
+# way from one job's end to the next one's start, where the next command's first seconds, or an
+# idle worker, have the time (as Jenkins' workspace cleanup deletes asynchronously).
+_LATER: list[Path] = []
+_LATER_LOCK = threading.Lock()
+# Whether a command started in this context removes them meanwhile: not a benchmark's, which
+# measures the host.
+TIDY: ContextVar[bool] = ContextVar("tidy", default=True)
+
+
+def untidy() -> bool:
+    """Whether job dirs are left for later."""
+    with _LATER_LOCK:
+        return bool(_LATER)
+
+
+def tidy() -> None:
+    """Remove now the job dirs left for later."""
+    with _LATER_LOCK:
+        paths = _LATER[:]
+        _LATER.clear()
+    for path in paths:
         _rmtree(path)
 
 
 def release_work_dir(root: Path) -> None:
     """On a clean exit: remove this process's owner directory (empty by then: every job_dir
-    removes itself), so stopped workers leave nothing for the next sweep."""
+    removes itself, or is removed here), so stopped workers leave nothing for the next sweep."""
+    tidy()
     with suppress(OSError):
         (root / _owner()).rmdir()
 

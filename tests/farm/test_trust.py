@@ -29,6 +29,7 @@ from gearfarm.formats.job import JobId
 from gearfarm.formats.lease import Lease, seal_lease
 from gearfarm.formats.result import ResultRecord, peek_record, seal_record
 from gearfarm.gearman import Client, admin
+from gearfarm.hosts import process
 from gearfarm.run.farm import EmbeddedFarm
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore
@@ -229,8 +230,17 @@ def test_kill_9_of_a_worker_mid_suite_leaves_no_process_of_that_suite(repo: Path
         def busy(pid: int) -> list[Path]:
             return [d for d in work.iterdir() if d.name.startswith(f"{pid}-") and any(d.iterdir())]
 
-        # The slot running the suite: the one whose job directory is in use.
-        worker = next(p for n, p in f.procs.items() if n.startswith("slot-") and busy(p.pid))  # type: ignore[attr-defined]
+        def ancestors(pid: int) -> set[int]:
+            seen = set()
+            while pid > 1 and (st := process.proc_stat(pid)) is not None:
+                seen.add(pid)
+                pid = st.ppid
+            return seen
+
+        # The slot running the suite: the suite's ancestor (the other slot may hold its last
+        # job's dir still, left for later).
+        running = set().union(*(ancestors(pid) for pid in _suite_pids(marker)))
+        worker = next(p for n, p in f.procs.items() if n.startswith("slot-") and p.pid in running)  # type: ignore[attr-defined]
         mine = busy(worker.pid)
         assert mine and any(mine[0].iterdir()), "the job's directory should exist while it runs"
         before = set(_suite_pids(marker))
@@ -252,7 +262,6 @@ def test_an_older_attempt_delivered_after_a_newer_one_changes_nothing(tmp_path: 
     """Through real gearmand and a real collector process: attempt 2's record, then attempt
     1's (a cut-off host reporting late); the row keeps attempt 2 whatever the order."""
     from gearfarm.config import Config, DatabaseConfig, FarmConfig, GearmanConfig
-    from gearfarm.hosts import process
     from gearfarm.hosts.gearmand import Gearmand
 
     with Gearmand(tmp_path / "gm") as gm:

@@ -380,6 +380,29 @@ def test_sleeping_worker_is_woken_by_noop(gearmand: Gearmand) -> None:
     assert elapsed < 1.0, f"worker needed {elapsed:.2f}s to notice a job (NOOP wake-up broken?)"
 
 
+def test_an_idle_worker_does_its_chores_between_jobs_never_right_after_one(gearmand: Gearmand) -> None:
+    """``idle`` runs when the worker found no job twice in a row, not when the grab after a job
+    finds none (the next job may be a moment away: chores then would delay it), and a job that
+    comes while it is idle is still taken."""
+    calls: list[tuple[float, int]] = []
+    done: list[float] = []
+    worker = Worker([gearmand.address], "chores", poll_interval=0.2, max_backoff=0.3)
+    worker.idle = lambda: calls.append((time.monotonic(), len(done)))
+    worker.register("job", lambda job: done.append(time.monotonic()) or b"")
+    with Client([gearmand.address]) as client, running(worker):
+        deadline = time.monotonic() + 5
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert calls and calls[0][1] == 0  # idle from the start
+        client.submit("job", b"", "chores-1", timeout=10)
+        deadline = time.monotonic() + 5
+        while not [c for c in calls if c[1] == 1] and time.monotonic() < deadline:
+            time.sleep(0.02)
+    after = [t for t, n in calls if n == 1]
+    assert after, "no chores after the job"
+    assert after[0] - done[0] >= 0.15  # a poll_interval after it, not at once
+
+
 def test_late_result_of_timed_out_job_is_not_returned_to_next_submit(gearmand: Gearmand) -> None:
     def handler(job: Job) -> bytes:
         if job.function == "slow":

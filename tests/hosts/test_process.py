@@ -292,6 +292,38 @@ def test_sweep_removes_the_job_dirs_of_dead_workers_only(tmp_path: Path) -> None
     assert not (root / me).exists()
 
 
+def test_a_job_dir_left_for_later_goes_when_the_next_command_starts_not_a_benchmarks(tmp_path: Path) -> None:
+    """A finished job's dir left for later (the record goes first: workers.base) is removed once
+    the next command is on its way; not by a benchmark's command, which measures the host, but
+    by the worker's idle chores (tidy) or its clean exit, which leaves nothing behind."""
+    root, log = tmp_path / "work", tmp_path / "log.txt"
+    with process.job_dir(root, "first-", later=True) as first:
+        (first / "sub").mkdir()
+        (first / "sub" / "f").write_text("x")
+    assert first.is_dir() and process.untidy()  # left for later
+    token = process.TIDY.set(False)
+    try:
+        assert process.run_logged(["sh", "-c", f"test -d {first}"], log, 30) == (0, False)  # a benchmark's
+    finally:
+        process.TIDY.reset(token)
+    assert first.is_dir()
+    # The next command runs while the dir goes, and sees it go.
+    gone = f"for i in $(seq 100); do test -d {first} || exit 0; sleep 0.05; done; exit 1"
+    assert process.run_logged(["sh", "-c", gone], log, 30) == (0, False)
+    assert not first.exists() and not process.untidy()
+    with process.job_dir(root, "second-", later=True) as second:
+        pass
+    with process.job_dir(root, "now-") as now:
+        pass
+    assert second.is_dir() and not now.exists()
+    process.tidy()
+    assert not second.exists()
+    with process.job_dir(root, "third-", later=True) as third:
+        pass
+    process.release_work_dir(root)
+    assert not third.exists() and not third.parent.exists()
+
+
 def test_stop_from_state_kills_only_the_processes_it_started(marker: str, tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir()

@@ -640,6 +640,11 @@ def tidy() -> None:
         _rmtree(path)
 
 
+def jobs_root(job: Path) -> Path:
+    """Where the job dir ``job`` (job_dir's) and this host's other jobs' dirs are: ``root``."""
+    return job.parent.parent
+
+
 def release_work_dir(root: Path) -> None:
     """On a clean exit: remove this process's owner directory (empty by then: every job_dir
     removes itself, or is removed here), so stopped workers leave nothing for the next sweep."""

@@ -211,7 +211,7 @@ def run_suite(cat: Catalog, target: Target, suite: Suite, tree: Path, scratch: P
             prepared = ctestfile.prepare(cwd, tree, target.runner)
         except OutcomeError as e:
             return SuiteRun("failed", f"suite {suite.name}: {e}", [], None, 0.0)
-    _note(log_path, _relinked(tree) if relink else [])
+    _note(log_path, _relinked(tree, process.jobs_root(scratch.parent)) if relink else [])
     loader = scratch.parent / f"{scratch.name}-loader"
     t0 = time.monotonic()
     rc, timed_out = _run(sandbox, argv, log_path, suite.timeout, cwd, env, [scratch, out, loader, tree], wine_prefix,
@@ -244,8 +244,8 @@ def run_suite(cat: Catalog, target: Target, suite: Suite, tree: Path, scratch: P
     return SuiteRun("failed", message, cases_found, results, seconds)
 
 
-def _relinked(tree: Path) -> list[str]:
-    done, notes = runpath.relink(tree)
+def _relinked(tree: Path, others: Path) -> list[str]:
+    done, notes = runpath.relink(tree, others)
     return [f"RUNPATH of {r.path}: {r.before} -> {r.after}" for r in done] + notes
 
 

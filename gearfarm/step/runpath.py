@@ -81,10 +81,16 @@ def _parse(data: bytearray) -> _Elf | None:
         return None
 
 
-def _target(entry: str, tree: Path, needed: list[str]) -> Path | None:
+def _target(entry: str, tree: Path, needed: list[str], others: Path | None) -> Path | None:
     """The tree's directory a dangling absolute entry meant: the one with the longest tail of
-    its path that holds a library the program needs."""
-    if not entry.startswith("/") or os.path.isdir(entry):
+    its path that holds a library the program needs. An entry in ``others`` (where this host's
+    other jobs have their dirs) dangles even while it is there: the job's sandbox does not show
+    it, and it goes when its job ends (the build's own dir may be, for a moment after its record:
+    workers.base), so a test that loaded from it would run against the host's library or race
+    its removal."""
+    if not entry.startswith("/") or _within(entry, tree):
+        return None
+    if os.path.isdir(entry) and not (others is not None and _within(entry, others)):
         return None
     parts = [p for p in entry.split("/") if p]
     for k in range(len(parts), 0, -1):
@@ -101,11 +107,13 @@ class Relinked:
     after: str
 
 
-def relink(tree: Path) -> tuple[list[Relinked], list[str]]:
+def relink(tree: Path, others: Path | None = None) -> tuple[list[Relinked], list[str]]:
     """Rewrite, in every ELF file of ``tree``, the RUNPATH/RPATH entries that name a vanished
-    directory whose place in the tree holds the libraries the file needs. Returns what was
-    rewritten, and a note for each file whose new value would not fit in place."""
+    directory (or one in ``others``: _target) whose place in the tree holds the libraries the
+    file needs. Returns what was rewritten, and a note for each file whose new value would not
+    fit in place."""
     tree = Path(os.path.abspath(tree))
+    others = Path(os.path.abspath(others)) if others is not None else None
     done: list[Relinked] = []
     notes: list[str] = []
     for top, dirs, files in os.walk(tree):
@@ -121,7 +129,7 @@ def relink(tree: Path) -> tuple[list[Relinked], list[str]]:
                 notes.append(f"{path.relative_to(tree)}: larger than {MAX_SIZE >> 20} MiB, its RUNPATH was not read")
                 continue
             try:
-                changed = _relink_file(path, tree, done, notes)
+                changed = _relink_file(path, tree, done, notes, others)
             except (ValueError, IndexError, struct.error):
                 # The build's files are the project's: a damaged ELF is its business, not a crash.
                 notes.append(f"{path.relative_to(tree)}: its dynamic section cannot be read; left as it is")
@@ -134,7 +142,12 @@ def relink(tree: Path) -> tuple[list[Relinked], list[str]]:
     return done, notes
 
 
-def _relink_file(path: Path, tree: Path, done: list[Relinked], notes: list[str]) -> bytearray | None:
+def _within(entry: str, top: Path) -> bool:
+    return os.path.commonpath([os.path.abspath(entry), str(top)]) == str(top)
+
+
+def _relink_file(path: Path, tree: Path, done: list[Relinked], notes: list[str],
+                 others: Path | None) -> bytearray | None:
     elf = _parse(bytearray(path.read_bytes()))
     if elf is None or not elf.paths:
         return None
@@ -143,7 +156,7 @@ def _relink_file(path: Path, tree: Path, done: list[Relinked], notes: list[str])
         before = elf.string(offset)
         entries = before.split(":")
         for i, entry in enumerate(entries):
-            where = _target(entry, tree, elf.needed)
+            where = _target(entry, tree, elf.needed, others)
             if where is not None:
                 rel = os.path.relpath(where, path.parent)
                 entries[i] = "$ORIGIN" if rel == "." else f"$ORIGIN/{rel}"

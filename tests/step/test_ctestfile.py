@@ -170,3 +170,33 @@ def test_a_runpath_pointing_past_the_string_table_is_noted_not_a_crash(tmp_path:
     prog.write_bytes(bytes(data))
     done, notes = runpath.relink(tree)
     assert done == [] and notes == ["prog: its dynamic section cannot be read; left as it is"]
+
+
+def test_a_runpath_into_another_jobs_dir_is_pointed_at_the_tree_while_that_dir_is_still_there(tmp_path: Path) -> None:
+    """A build's RUNPATH names its job dir; the test of its artifact runs in a job dir of its
+    own, on this host or another. That the build's dir is still there (the build's slot removes
+    it once its record is out, or when its next command starts) must not keep the RUNPATH: the
+    test's sandbox does not show another job's dir, so the program would load the host's
+    library, and the chance of a moment decided whether the suite tested what was built."""
+    import shutil
+    import subprocess
+
+    from gearfarm.step import runpath
+
+    work = tmp_path / "work"
+    build = work / "111-1-boot" / "buildabc" / "root" / "build"
+    build.mkdir(parents=True)
+    (build / "z.c").write_text("int zv(void) { return 7; }\n")
+    (build / "p.c").write_text("int zv(void);\nint main(void) { return zv() == 7 ? 0 : 1; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(build / "libzv.so"), str(build / "z.c")], check=True)
+    subprocess.run(["gcc", "-o", str(build / "prog"), str(build / "p.c"), f"-L{build}", "-lzv",
+                    f"-Wl,-rpath,{build}"], check=True)
+    tree = work / "222-1-boot" / "testdef" / "root"
+    (tree / "build").mkdir(parents=True)
+    for name in ("libzv.so", "prog"):
+        shutil.copy2(build / name, tree / "build" / name)
+    assert runpath.relink(tree) == ([], [])  # the build's dir is there: as before, left alone
+    done, notes = runpath.relink(tree, work)
+    assert [(d.path, d.before, d.after) for d in done] == [("build/prog", str(build), "$ORIGIN")] and not notes
+    shutil.rmtree(build.parent.parent)
+    assert subprocess.run([str(tree / "build" / "prog")]).returncode == 0  # loads the tree's own

@@ -165,10 +165,11 @@ class ReaperError(RuntimeError):
     """The job supervisor could not be built: no command can run on this host."""
 
 
-def _cache() -> Path:
-    """Where the farm keeps what it builds for this host: $GEARFARM_CACHE (as make setup's MinIO),
-    else the user's cache directory's gearfarm/ (as probe.py's), which a systemd unit gives with
-    CacheDirectory= and XDG_CACHE_HOME (docker/systemd/gearfarm-worker@.service: it has no home)."""
+def cache_dir() -> Path:
+    """Where the farm keeps what it builds for this host (the job supervisor, the report's compiled
+    templates): $GEARFARM_CACHE (as make setup's MinIO), else the user's cache directory's
+    gearfarm/ (as probe.py's), which a systemd unit gives with CacheDirectory= and XDG_CACHE_HOME
+    (docker/systemd/gearfarm-worker@.service: it has no home)."""
     if os.environ.get("GEARFARM_CACHE"):
         return Path(os.environ["GEARFARM_CACHE"])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gearfarm"
@@ -182,7 +183,7 @@ def reaper_command() -> list[str]:
     place. Every host that runs jobs has a C compiler (make setup-worker's build-essential);
     ReaperError, saying so, where none is."""
     digest = hashlib.sha256(REAPER.read_bytes() + " ".join(REAPER_CC).encode()).hexdigest()[:16]
-    binary = _cache() / "bin" / f"gearfarm-reaper-{digest}"
+    binary = cache_dir() / "bin" / f"gearfarm-reaper-{digest}"
     if not binary.is_file():
         try:
             binary.parent.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,12 @@
 """The run's report document (gearfarm.report.document): what its matrix says of a cell that
-has no result, and the test cases it counts."""
+has no result, the test cases it counts, and its templates kept compiled."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
+
+import pytest
 
 from gearfarm.db.results import Run
 from gearfarm.formats.result import ResultRecord
@@ -63,3 +66,33 @@ def test_the_report_and_the_mail_count_test_cases_per_suite_and_target() -> None
     builds = Run(run_id="r1", rev="a" * 40, created_at=0.0, finished_at=3.0, expected=expected[::2],
                  targets=[LINUX, WINDOWS], state="finished", notes={}, parent_run_id=None, project="engine")
     assert document.build(builds, records[:2]).headline == "all green: 2 jobs on 2 targets passed"
+
+
+def _rendered(rep: document.Report) -> str:
+    document._env.cache.clear()  # type: ignore[union-attr]  # a new process: no template loaded yet
+    return document.render_text(rep) + document.render_html(rep)
+
+
+def test_a_nightly_compiles_the_report_templates_once_and_a_damaged_cache_loses_no_report(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compiling them was half of a 100-job night's report (docs/speed.md, thirty-first round),
+    paid again by every nightly process; kept compiled, a broken cache must never cost a report."""
+    monkeypatch.setenv("GEARFARM_CACHE", str(tmp_path / "cache"))
+    compiled: list[str] = []
+    real = document._env.compile
+    monkeypatch.setattr(document._env, "compile", lambda source, name=None, *a, **k: compiled.append(name)
+                        or real(source, name, *a, **k))
+    run = Run(run_id="r1", rev="a" * 40, created_at=0.0, finished_at=3.0, expected=[f"r1:{LINUX}:build"],
+              targets=[LINUX], state="finished", notes={}, parent_run_id=None, project="engine")
+    rep = document.build(run, [_record(LINUX, "build")])
+    first = _rendered(rep)
+    kept = sorted((tmp_path / "cache" / "templates").iterdir())
+    assert compiled and len(kept) == len(set(compiled)), (compiled, kept)
+    compiled.clear()
+    assert _rendered(rep) == first and compiled == [], f"compiled again: {compiled}"
+    for f in kept:  # cut short, as by a full disk or a crash: Jinja's own reader raises on it
+        f.write_bytes(f.read_bytes()[:20])
+    assert _rendered(rep) == first and compiled, "a damaged cache failed the report or was read as code"
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("GEARFARM_CACHE", str(tmp_path / "file" / "cache"))  # no directory can be made there
+    assert _rendered(rep) == first

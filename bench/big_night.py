@@ -4,8 +4,9 @@ suite 40 JUnit cases, a few of them failing: some for nights, some new tonight, 
 then) written straight into a throw-away PostgreSQL, the last night's job files (log, JUnit)
 into a real MinIO, then
 
-* the last night's report built as `gearfarm report` does (scale.build_report: publisher.publish
-  on the records the database holds), timed, then its job files' copies to disk;
+* the last night's report built as the nightly builds it (scale.build_report: publisher.publish
+  on the records the database holds, read before the clock starts, as the nightly has them),
+  timed, then its job files' copies to disk;
 * `gearfarm web` asked for that night's pages (scale.dashboard): the first look (a fresh
   dashboard makes what it keeps of an ended night) and then the worst of three each.
 

@@ -10,12 +10,13 @@ client survive a gearmand restart without any help from the caller.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import ssl
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -50,6 +51,20 @@ _FG_COMMANDS = {
 # Pipelined submissions are sent in chunks so neither side's socket buffers can fill
 # up while the other is still writing (a classic pipelining deadlock).
 _PIPELINE_CHUNK = 256
+
+
+def _chunks(jobs: Iterable[BackgroundJob]) -> Iterator[list[BackgroundJob]]:
+    """``jobs`` in chunks of 1, 2, 4, ... up to _PIPELINE_CHUNK, taken from ``jobs`` as each
+    is sent. gearmand hands out none of a pipelined chunk's jobs before it has queued the
+    whole chunk, and with its persistent queue each job queued is a committed sqlite write
+    (an fsync): a target's 49 suites sent as one chunk held the first of them 50-100 ms, while
+    idle workers waited (docs/speed.md). Doubling, the n-th job waits for about n commits
+    and a handful of round trips, and the caller's next jobs are made (signed) meanwhile."""
+    it = iter(jobs)
+    size = 1
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
+        size = min(2 * size, _PIPELINE_CHUNK)
 
 # Errors that mean "this connection is unusable", as opposed to an answer from the server.
 _CONNECTION_ERRORS = (OSError, ProtocolError)
@@ -218,25 +233,32 @@ class Client:
     def submit_background_many(self, jobs: Iterable[BackgroundJob], priority: str = "normal") -> list[str]:
         """Queue many background jobs, pipelined; return their handles in input order.
 
-        Much faster than one-by-one submission (no round trip per job).  If a server
-        dies mid-batch the whole remaining chunk is resubmitted elsewhere; unique ids
-        make the already-queued ones coalesce instead of duplicating.
+        Much faster than one-by-one submission (no round trip per job).  The jobs go in
+        chunks of 1, 2, 4, ... 256 (``_chunks``), each taken from ``jobs`` when it is
+        sent: the first are handed out while the rest are still made and sent.  If a
+        server dies mid-batch the whole remaining chunk is resubmitted elsewhere; unique
+        ids make the already-queued ones coalesce instead of duplicating.
 
         If the server answers a submission with an ERROR packet (e.g. ``QUEUE_ERROR``
         when a ``maxqueue`` limit is reached) this raises :class:`ServerError` at once,
         naming the server, the error and the submission (``index``), without trying
         another server: the server is up and said no.  The jobs before the failing one
         stay queued (their handles are in the exception's ``submitted``).  The rest of
-        its chunk (up to 256 jobs) was already sent and may or may not have been
-        queued, since their replies are discarded with the connection; later chunks are
-        not sent.  Resubmitting the whole batch is safe: the unique ids coalesce.
+        its chunk was already sent and may or may not have been queued, since their
+        replies are discarded with the connection; later chunks are not sent (nor taken
+        from ``jobs``).  Resubmitting the whole batch is safe: the unique ids coalesce.
+        A job the protocol cannot carry (a function name or unique id it refuses, data
+        that is not bytes) raises ValueError or TypeError when its chunk is made, the
+        chunks before it queued.
         """
-        batch = list(jobs)
+        total = f" of {len(jobs)}" if isinstance(jobs, Sized) else ""
+        batch: list[BackgroundJob] = []
         command = _command(_BG_COMMANDS, priority)
-        encoded = [_submit_packet(command, j.function, j.data, j.unique) for j in batch]
         handles: list[str] = []
-        for start in range(0, len(encoded), _PIPELINE_CHUNK):
-            chunk = encoded[start : start + _PIPELINE_CHUNK]
+        for part in _chunks(jobs):
+            start = len(batch)
+            batch.extend(part)
+            chunk = [_submit_packet(command, j.function, j.data, j.unique) for j in part]
 
             def operation(conn: Connection, chunk: list[bytes] = chunk, start: int = start) -> list[str]:
                 conn.send_raw(b"".join(chunk))
@@ -255,7 +277,7 @@ class Client:
                             conn.address,
                             reply.text(0),
                             reply.text(1),
-                            request=f"answering submission {index + 1} of {len(batch)} in the batch: "
+                            request=f"answering submission {index + 1}{total} in the batch: "
                             f"function {job.function!r}, unique {job.unique!r}",
                             index=index,
                             submitted=handles + created,

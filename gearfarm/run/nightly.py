@@ -311,11 +311,13 @@ def send_all(db: ResultsDB, client: Client, signer: Signer, payloads: list[Paylo
     (one per job made releasing a target's suites cost a database round trip each), and the
     payloads pipelined to gearmand: one at a time, each waiting for its JOB_CREATED, a 5,000-job
     night's nightly spent 230 of its 520 s submitting (46 ms a job on a busy machine) while
-    every target's suites waited to be released."""
+    every target's suites waited to be released. Each is signed as the client takes it
+    (Client.submit_background_many's growing chunks): the first are out while the rest are
+    signed."""
     if not payloads:
         return
     db.set_live(payloads[0].run_id, {p.job_id: ("queued", p.attempt) for p in payloads})
-    client.submit_background_many([BackgroundJob(p.function, sign(p, signer), p.unique) for p in payloads])
+    client.submit_background_many(BackgroundJob(p.function, sign(p, signer), p.unique) for p in payloads)
 
 
 def reconcile(ledger: Ledger, store: ArtifactStore, run_id: str, seen: set[str], prefix: str | None = None) -> int:

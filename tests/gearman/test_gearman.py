@@ -768,6 +768,39 @@ def test_pipelined_background_submission(gearmand: Gearmand) -> None:
     assert done == {j.unique for j in jobs}
 
 
+def test_a_pipelined_batch_hands_out_its_first_job_while_the_rest_are_still_made(tmp_path: Path) -> None:
+    """A nightly releases a target's suites as one batch while the lab's slots wait. gearmand
+    hands out none of a pipelined chunk's jobs before it has queued the whole chunk, with its
+    persistent queue a committed write each, so the first suite waited until the last was
+    signed, sent and committed (50-100 ms for 49, docs/speed.md). The batch goes in growing
+    chunks, each taken from the caller's iterable as it is sent: a sleeping worker runs the
+    first job before the second is even made, and every job of the batch runs once."""
+    first = threading.Event()
+    ran: list[str] = []
+    first_out_before_second_made: list[bool] = []
+
+    def handler(job: Job) -> bytes:
+        ran.append(job.unique)
+        first.set()
+        return b""
+
+    def jobs() -> Iterator[BackgroundJob]:
+        for n in range(49):
+            if n == 1:
+                first_out_before_second_made.append(first.wait(10))
+            yield BackgroundJob("release", b"", f"suite-{n}")
+
+    with Gearmand(tmp_path / "gm", queue_db=tmp_path / "gm" / "queue.db") as server:
+        worker = Worker([server.address], "slot", poll_interval=2.0)  # a NOOP wakes it, not its poll
+        worker.register("release", handler)
+        with running(worker), Client([server.address]) as client:
+            wait_for(lambda: admin.status(*server.address).get("release", None) is not None, 10, "the worker")
+            handles = client.submit_background_many(jobs())
+            wait_for(lambda: len(ran) == 49, 20, "every job of the batch to run")
+    assert first_out_before_second_made == [True], "the first job waited for the rest of its batch"
+    assert len(set(handles)) == 49 and sorted(ran) == sorted(f"suite-{n}" for n in range(49))
+
+
 # -- ERROR packets and partial outages ---------------------------------------------------
 
 

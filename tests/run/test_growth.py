@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -189,7 +189,8 @@ class Submissions:
         self.trips += 1
         return f"H:{len(self.sent)}"
 
-    def submit_background_many(self, jobs: list[BackgroundJob], priority: str = "normal") -> list[str]:
+    def submit_background_many(self, jobs: Iterable[BackgroundJob], priority: str = "normal") -> list[str]:
+        jobs = list(jobs)
         self.trips += 1
         self.sent.extend(j.unique for j in jobs)
         return [f"H:{len(self.sent) - len(jobs) + n + 1}" for n in range(len(jobs))]

@@ -71,11 +71,6 @@ class Project:
 def run_night(cfg: Config, projects: Sequence[Project], seed: int, observer: Observer,
               report_dir: Path | None = None) -> int:
     """Run the night; returns its exit status. Raises NightError when nothing could run."""
-    # The report's modules (matplotlib, scipy) take about a second to import: done while the
-    # jobs run, not between the last job and the report, nor before the first submit.
-    report_modules = ("gearfarm.report.publisher", "gearfarm.report.document", "gearfarm.perf.changepoint",
-                      "gearfarm.perf.plot")
-    later = threading.Thread(target=lambda: [importlib.import_module(m) for m in report_modules], daemon=True)
     try:
         cfg.nightly_signer()  # every payload is signed with it: without it, nothing is submitted
     except ConfigError as e:
@@ -83,6 +78,9 @@ def run_night(cfg: Config, projects: Sequence[Project], seed: int, observer: Obs
     db = ResultsDB(cfg.database.url)
     store = ArtifactStore(cfg.s3, retry_for=60)
     plans = _plan(cfg, store, projects, seed, observer)
+    # The report's modules take a while to import: done while the jobs run, not between the
+    # last job and the report, nor before the first submit.
+    later = threading.Thread(target=lambda: [importlib.import_module(m) for m in report_modules(plans)], daemon=True)
     # The job files' copies on disk are made as the jobs end, not all after the report.
     copier = joblog.Copier(store, db, cfg.runs_dir())
     with gearman_client(cfg) as client:
@@ -103,6 +101,18 @@ def run_night(cfg: Config, projects: Sequence[Project], seed: int, observer: Obs
     problems: list[str] = []
     runs = [_closed(cfg, db, p, by_run, unclosed, problems) for p in plans]
     return _publish(cfg, db, store, plans, runs, by_run, problems, seed, observer, report_dir, copier.close())
+
+
+def report_modules(plans: Sequence[nightly.Plan]) -> list[str]:
+    """The modules the night's report loads: the change-point detector (scipy) and the plots
+    (matplotlib) only when a run measures benchmarks (gearfarm.perf.analysis loads them where a
+    series is). Loaded in every night, they were 1-1.5 s of the nightly's CPU while its first
+    jobs ran, on the cores those jobs ran on: on one host, a tenth of a 100-job night's CPU
+    (docs/speed.md)."""
+    modules = ["gearfarm.report.publisher", "gearfarm.report.document"]
+    if any(any(p.benchmarks.values()) for p in plans):
+        modules += ["gearfarm.perf.changepoint", "gearfarm.perf.plot"]
+    return modules
 
 
 def _plan(cfg: Config, store: ArtifactStore, projects: Sequence[Project], seed: int,

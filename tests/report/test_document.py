@@ -1,16 +1,22 @@
 """The run's report document (gearfarm.report.document): what its matrix says of a cell that
-has no result, the test cases it counts, and its templates kept compiled."""
+has no result, the test cases it counts, its templates kept compiled, and the modules a night
+loads for it."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from gearfarm.db.results import Run
+from gearfarm.formats.job import Source
 from gearfarm.formats.result import ResultRecord
+from gearfarm.night.sequence import report_modules
 from gearfarm.report import document
+from gearfarm.run.nightly import Plan
 
 LINUX, WINDOWS = "linux-x86_64", "windows-x86_64"
 
@@ -96,3 +102,25 @@ def test_a_nightly_compiles_the_report_templates_once_and_a_damaged_cache_loses_
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("GEARFARM_CACHE", str(tmp_path / "file" / "cache"))  # no directory can be made there
     assert _rendered(rep) == first
+
+
+def test_a_night_without_benchmarks_never_loads_the_plotting_and_statistics_modules() -> None:
+    """The nightly loads its report's modules while the jobs run, on the cores they run on.
+    scipy and matplotlib (the change points and the plots) were 1-1.5 s of that CPU in every
+    night, needed only by a night that measures benchmarks. What a night without them loads
+    leaves both out, checked in a fresh interpreter (a module of the report importing either at
+    its top would bring it back); a night with a benchmark still loads them early."""
+    def plan(benchmarks: list[str]) -> Plan:
+        return Plan("r1", Source("engine", "a" * 40, "5" * 64, "6" * 64), [LINUX], {LINUX: ["unit"]},
+                    {LINUX: benchmarks})
+
+    tests_only = report_modules([plan([])])
+    code = ("import importlib, sys\n"
+            f"for m in {tests_only!r}: importlib.import_module(m)\n"
+            "print(sorted({n.split('.')[0] for n in sys.modules} & {'scipy', 'matplotlib'}))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            cwd=Path(__file__).resolve().parents[2]).stdout.strip()
+    assert loaded == "[]", f"a night without benchmarks loads {loaded}"
+    assert {"gearfarm.report.publisher", "gearfarm.report.document"} <= set(tests_only)
+    with_benchmarks = report_modules([plan([]), plan(["btree"])])
+    assert {"gearfarm.perf.changepoint", "gearfarm.perf.plot"} <= set(with_benchmarks)

@@ -6,6 +6,8 @@ that cannot be read is set aside and never blocks the others."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -158,6 +160,50 @@ def test_a_sibling_worker_leaves_a_live_workers_spooled_record_to_it_and_deliver
         assert list(one.spool.glob("*.json")) == [] and len(got.records) == 1
         assert list(one.spool.glob("owners/*")) == [], "the gone worker's lock file is left"
     two.close()
+
+
+def test_a_flush_of_an_empty_spool_asks_no_sibling_s_lock_after_the_first(
+        lab: tuple[Config, Gearmand, MinioServer], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every slot flushes its host's spool every 5 s. It asked every sibling's owner lock each
+    time, which on a state directory shared by many slots (a big host, or bench/scale.py's lab
+    of 128) was slots x slots lock checks every 5 s. Now a dead sibling's lock file goes at the
+    first flush of each process, or when a record it left is found: later flushes of an empty
+    spool ask none, and nothing a dead sibling left is lost."""
+    cfg, gm, _ = lab
+    ctx = Context(cfg, "test")
+    owners = ctx.spool / "owners"
+    owners.mkdir(parents=True, exist_ok=True)
+    held = []
+    for n in range(40):  # live siblings: their lock files held as their processes hold them
+        fd = os.open(owners / f"live-{n}", os.O_CREAT | os.O_RDWR, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        held.append(fd)
+    (owners / "dead-0").touch()  # a sibling gone without its lock file
+    asked: list[str] = []
+    alive = ctx._alive
+    monkeypatch.setattr(ctx, "_alive", lambda owner: asked.append(owner) or alive(owner))
+    try:
+        ctx.flush_spool()
+        assert len(asked) == 41 and not (owners / "dead-0").exists(), "the first flush sweeps every lock"
+        asked.clear()
+        for _ in range(5):
+            ctx.flush_spool()
+        assert asked == [], f"later flushes of an empty spool asked {len(asked)} locks"
+        # A record a sibling left when it died is still delivered by the next flush, and its lock goes.
+        gone = Context(cfg, "test")
+        gm.stop()
+        gone.post(rec("test-unit"))
+        assert gone.drain(30) and len(list(ctx.spool.glob("*.json"))) == 1, "its outbox could not send it"
+        gm.start()
+        gone.close()
+        with collector(cfg) as got:
+            ctx.flush_spool()
+            assert list(ctx.spool.glob("*.json")) == [] and len(got.records) == 1
+            assert asked == [gone.owner] and not (owners / gone.owner).exists()
+    finally:
+        for fd in held:
+            os.close(fd)
+        ctx.close()
 
 
 def test_a_slot_takes_no_job_while_its_outbox_is_more_than_a_record_behind(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -22,6 +23,7 @@ from gearfarm.gearman import Client, admin
 from gearfarm.run import nightly
 from gearfarm.run.ledger import Ledger
 from gearfarm.run.nightly import Plan
+from gearfarm.run.outbox import Outbox
 from gearfarm.s3.store import ArtifactStore
 
 
@@ -60,6 +62,12 @@ class Executor:
     store: ArtifactStore
     client: Client
 
+    @cached_property
+    def outbox(self) -> Outbox:
+        """One for the executor's life: what gearmand did not take for one plan (or an inner
+        execute's, the re-run's) goes at the next poll of any."""
+        return Outbox(self.db, self.client, self.cfg.nightly_signer())
+
     def execute(self, plans: Sequence[Plan], watcher: Watcher | None = None,
                 settle: Callable[[Plan, list[ResultRecord]], None] | None = None,
                 unclosed: Callable[[Plan, SQLAlchemyError], None] | None = None,
@@ -71,10 +79,11 @@ class Executor:
         what is not terminal."""
         watcher = watcher or Quiet()
         for p in plans:
-            watcher.submitted(p, nightly.submit(self.cfg, self.db, self.client, p))
+            watcher.submitted(p, nightly.submit(self.cfg, self.db, self.outbox, p))
         for p in plans:
             records = nightly.wait(self.cfg, self.db, self.ledger, self.store, self.client, p,
-                                   lambda states, fns, p=p: watcher.progress(p, states, fns), poll=poll)  # type: ignore[misc]
+                                   lambda states, fns, p=p: watcher.progress(p, states, fns),  # type: ignore[misc]
+                                   poll=poll, outbox=self.outbox)
             watcher.waited(p, records)
             if settle is not None:
                 settle(p, records)

@@ -3,7 +3,8 @@ one background build job per target (or, for a re-run, the test jobs themselves)
 target's test and perf jobs once the ledger has applied its passed build (with the artifact's
 sha256 from that signed record), then watch until every job is terminal — resubmitting jobs that
 lost their lease, recording "no worker" and deadline expiries through the ledger instead of
-hanging — and close the run. Every payload is signed here, with the nightly's own key: no
+hanging — and close the run. Every payload is signed with the nightly's own key as it is
+sent (gearfarm.run.outbox, which also keeps what no gearmand took for the next poll): no
 worker host holds it, so no worker host can make a job.
 
 This is the one wait loop: gearfarm.run.execution runs every plan (the nightly's, the re-run's,
@@ -33,17 +34,16 @@ from gearfarm.formats.job import (
     SignedBuild,
     Source,
     make_payload,
-    sign,
     step_name,
 )
 from gearfarm.formats.lease import beat_seconds
 from gearfarm.formats.marker import Marker, sealed
 from gearfarm.formats.result import ResultRecord
-from gearfarm.formats.seal import Signer
-from gearfarm.gearman import BackgroundJob, Client, GearmanError, JobStatus, StatusUnknown, admin
+from gearfarm.gearman import Client, GearmanError, JobStatus, StatusUnknown, admin
 from gearfarm.hosts.connection import ssl_context
 from gearfarm.run import snapshot
 from gearfarm.run.ledger import Ledger, farm_record
+from gearfarm.run.outbox import Outbox
 from gearfarm.run.states import Pending, RunStates
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError
@@ -258,10 +258,11 @@ def preflight(cfg: Config) -> dict[str, admin.FunctionStatus]:
         board.close()
 
 
-def submit(cfg: Config, db: ResultsDB, client: Client, p: Plan) -> bool:
-    """Record the run and submit its first jobs. False when the run existed already: a
-    resubmission then only re-sends jobs that are not terminal (gearmand dedupes queued ones
-    by unique id), under the deadline the run was first given."""
+def submit(cfg: Config, db: ResultsDB, outbox: Outbox, p: Plan) -> bool:
+    """Record the run and submit its first jobs (those no gearmand takes now go with the
+    outbox's next flush). False when the run existed already: a resubmission then only
+    re-sends jobs that are not terminal (gearmand dedupes queued ones by unique id), under the
+    deadline the run was first given."""
     if not p.rerun:
         # A baseline set by the caller stays (a bisection's probe measures against its known-good build).
         for t in p.targets:
@@ -284,10 +285,8 @@ def submit(cfg: Config, db: ResultsDB, client: Client, p: Plan) -> bool:
     assert run is not None
     p.deadline = run.deadline or run.created_at + cfg.farm.run_deadline
     done = db.terminal_ids(p.run_id)
-    signer = cfg.nightly_signer()
-    for jid in p.first_jobs():
-        if str(jid) not in done:
-            send(db, client, signer, build_payload(db, p, jid) if jid.kind == "build" else p.payload(jid))
+    outbox.send([build_payload(db, p, jid) if jid.kind == "build" else p.payload(jid)
+                 for jid in p.first_jobs() if str(jid) not in done])
     return created
 
 
@@ -298,26 +297,6 @@ def build_payload(db: ResultsDB, p: Plan, jid: JobId, attempt: int = 1) -> Paylo
                           manifest_sha256=r.manifest_sha256)
               for r in db.signed_builds(p.project, p.rev, jid.target)]
     return p.payload(jid, attempt, signed_builds=signed)
-
-
-def send(db: ResultsDB, client: Client, signer: Signer, payload: Payload) -> None:
-    """Sign and submit one payload. The attempt is recorded first: the ledger applies a worker's
-    record only for an attempt the farm submitted."""
-    send_all(db, client, signer, [payload])
-
-
-def send_all(db: ResultsDB, client: Client, signer: Signer, payloads: list[Payload]) -> None:
-    """Sign and submit payloads of one run, their attempts recorded first in one transaction
-    (one per job made releasing a target's suites cost a database round trip each), and the
-    payloads pipelined to gearmand: one at a time, each waiting for its JOB_CREATED, a 5,000-job
-    night's nightly spent 230 of its 520 s submitting (46 ms a job on a busy machine) while
-    every target's suites waited to be released. Each is signed as the client takes it
-    (Client.submit_background_many's growing chunks): the first are out while the rest are
-    signed."""
-    if not payloads:
-        return
-    db.set_live(payloads[0].run_id, {p.job_id: ("queued", p.attempt) for p in payloads})
-    client.submit_background_many(BackgroundJob(p.function, sign(p, signer), p.unique) for p in payloads)
 
 
 def reconcile(ledger: Ledger, store: ArtifactStore, run_id: str, seen: set[str], prefix: str | None = None) -> int:
@@ -364,7 +343,7 @@ class Watchdog:
     next attempt's unique id, within the run's budget."""
 
     def __init__(self, cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, client: Client, p: Plan,
-                 seen: set[str]) -> None:
+                 seen: set[str], outbox: Outbox | None = None) -> None:
         self.cfg, self.db, self.ledger, self.store, self.client, self.plan = cfg, db, ledger, store, client, p
         self.seen = seen
         self.attempts: dict[JobId, int] = {}
@@ -376,6 +355,7 @@ class Watchdog:
         # Cancel requests whose S3 marker is written.
         self.marked: set[int] = set()
         self.signer = cfg.nightly_signer()
+        self.outbox = outbox if outbox is not None else Outbox(db, client, self.signer)
         self._lease_view: tuple[float, dict[tuple[str, int], tuple[str, int]]] | None = None
         run = db.get_run(p.run_id)
         self.created_at = run.created_at if run is not None else time.time()
@@ -402,7 +382,9 @@ class Watchdog:
     def check(self, pending: Collection[JobId], states: dict[str, str], now: float,
               table: dict[str, admin.FunctionStatus], changed: dict[str, str] | None = None) -> None:
         """One poll's look at the pending jobs: every one (``changed`` None: after a whole read),
-        or those _focus picks from what ``changed`` since the last poll."""
+        or those _focus picks from what ``changed`` since the last poll. Called when gearmand
+        answered the poll: what no server took before is sent first."""
+        self.outbox.flush()
         seen: dict[str, tuple[str, int]] = {}
         try:
             if changed is None:
@@ -572,8 +554,7 @@ class Watchdog:
                 for jid in mine:
                     expire(self.ledger, self.plan, [jid], "infra", "its build passed but left no artifact on record")
             else:
-                send_all(self.db, self.client, self.signer,
-                         [self.plan.payload(jid, self.attempt(jid), artifact) for jid in mine])
+                self.outbox.send([self.plan.payload(jid, self.attempt(jid), artifact) for jid in mine])
             self.released.update(mine)
             self.sweep.extendleft(mine)  # never asked about: first
 
@@ -609,7 +590,7 @@ class Watchdog:
         payload = (build_payload(self.db, self.plan, jid, attempt + 1) if jid.kind == "build"
                    else self.plan.payload(jid, attempt + 1, artifact))
         log.warning("%s: %s; submitting attempt %d", jid, why, attempt + 1)
-        send(self.db, self.client, self.signer, payload)
+        self.outbox.send([payload])
 
 
 def _collector_keeps_up(table: dict[str, admin.FunctionStatus]) -> bool:
@@ -620,13 +601,13 @@ def _collector_keeps_up(table: dict[str, admin.FunctionStatus]) -> bool:
 
 
 def wait(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, client: Client, p: Plan,
-         progress: Progress | None = None, poll: float = 0.2) -> list[ResultRecord]:
+         progress: Progress | None = None, poll: float = 0.2, outbox: Outbox | None = None) -> list[ResultRecord]:
     """Block until every expected job is terminal; returns the run's records. The results
     database may be away for a while (a restart): the loop waits for it rather than fail."""
     no_worker_since: dict[str, float] = {}
     seen: set[str] = set()
     last_reconcile = time.monotonic()
-    watchdog = Watchdog(cfg, db, ledger, store, client, p, seen)
+    watchdog = Watchdog(cfg, db, ledger, store, client, p, seen, outbox)
     db_down_since: float | None = None
     pending = watchdog.pending  # made once, then kept from the changes (not at every poll: jobs × polls)
     run_states = RunStates(db, p.run_id)

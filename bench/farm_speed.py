@@ -508,7 +508,7 @@ def lab(n_hosts: int, base: Path, targets: list[str], *, repo: Path = ROOT, slot
     """A lab of n simulated hosts sharing this machine's cores: ``servers`` gearmand, MinIO and
     the collector here, ``slots`` build-and-test worker processes per host (the first host also
     runs the perf worker when ``perf``), each host with its own key registered for what it
-    serves, its own config and its own host lock. Yields once every worker slot is registered
+    serves, its own config, state directory and host lock. Yields once every worker slot is registered
     with every gearmand for ``wait_for`` (default: every target); stops every process and
     removes every namespace on the way out. ``cli`` runs the workers' and the collector's
     `gearfarm` another way (default: python -m gearfarm.cli), ``collector_cli`` the collector's
@@ -537,6 +537,12 @@ def lab(n_hosts: int, base: Path, targets: list[str], *, repo: Path = ROOT, slot
         db_url = db_url or f"sqlite:///{base / 'results.db'}"
         registry = Registry(ResultsDB(db_url))
 
+        def state_of(name: str) -> Path:
+            # Each host its own state directory, as real hosts have: its spool, artifact cache,
+            # durations and logs. One shared by every slot of the lab made each slot's spool flush
+            # look at every other slot's owner lock, and one download serve every host.
+            return base / "state" if name == "farm" else base / "hosts" / name / "state"
+
         def config(addr: str, name: str) -> Path:
             host_key = base / "keys" / f"{name}.key"
             signer = Signer.generate()
@@ -545,7 +551,7 @@ def lab(n_hosts: int, base: Path, targets: list[str], *, repo: Path = ROOT, slot
             cfg = Config(gearman=GearmanConfig(servers=[f"{addr}:{gm.address[1]}" for gm in gms]),
                          s3=s3.model_copy(update={"endpoint": f"http://{addr}:{port}"}),
                          database=DatabaseConfig(url=db_url),
-                         farm=FarmConfig(repo=str(repo), state_dir=str(base / "state"), host_name=name,
+                         farm=FarmConfig(repo=str(repo), state_dir=str(state_of(name)), host_name=name,
                                          host_key=str(host_key), signing_key=str(nightly_key),
                                          nightly_keys=[Signer.load(nightly_key).public_text], **(farm or {})))
             path = base / f"{name}.toml"

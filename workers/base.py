@@ -31,7 +31,7 @@ from gearfarm.config import Config
 from gearfarm.formats import marker
 from gearfarm.formats.catalog import Catalog, Target
 from gearfarm.formats.job import COLLECT_FUNCTION, Payload, PayloadError, unique_id, verify
-from gearfarm.formats.lease import HEARTBEAT_SECONDS, Lease, beat_every, seal_lease
+from gearfarm.formats.lease import HEARTBEAT_SECONDS, Answer, Lease, beat_every, seal_lease
 from gearfarm.formats.lease import answer as lease_answer
 from gearfarm.formats.marker import Marker
 from gearfarm.formats.result import (
@@ -384,22 +384,27 @@ class Context:
             stop.wait(delay)
             delay = min(delay * 2, 10.0)
 
-    def renew(self, p: Payload, beat: int) -> None:
+    def renew(self, p: Payload, beat: int) -> Answer | None:
         """A signed heartbeat of the held lease: what tells the nightly the job is alive
-        (WORK_STATUS can be sent by whatever holds the Gearman job). One waits per attempt."""
+        (WORK_STATUS can be sent by whatever holds the Gearman job), and the ledger's answer,
+        which says `cancelled` once the nightly recorded the job or its run cancelled; None when
+        no answer came within a heartbeat (the collector away or behind). One waits per attempt
+        (its unique id): a beat sent while the last one waits joins it."""
         unique = "beat-" + hashlib.sha256(f"{p.unique}|{self.name}".encode()).hexdigest()[:40]
         try:
-            self.client.submit_background(COLLECT_FUNCTION, self._lease(p, beat), unique=unique, priority="high")
-        except GearmanError as e:
-            log.warning("cannot send the heartbeat of %s: %s", p.job_id, e)
+            word, _ = lease_answer(self.client.submit(COLLECT_FUNCTION, self._lease(p, beat), unique=unique,
+                                                      timeout=HEARTBEAT_SECONDS, priority="high"))
+        except (GearmanError, TimeoutError) as e:
+            log.warning("no answer to the heartbeat of %s: %s", p.job_id, e)
+            return None
+        return word
 
     def cancelled(self, p: Payload) -> bool:
-        """Whether a person cancelled the job or its run: the nightly's signed marker. Asked at
-        each heartbeat, without waiting out an outage (quick_store), as one LIST of the run's
-        markers, which on a night nobody cancels is empty: a GET of each of the two keys was
-        twice the requests, and twice boto3's CPU (its 404 is an exception), at every beat of
-        every running job (docs/speed.md). Only a marker listed at the job's or the run's key
-        is read and its seal checked."""
+        """Whether a person cancelled the job or its run, by the nightly's signed marker in S3:
+        asked only at a beat the ledger did not answer (Heartbeat), since the ledger's answer
+        says it otherwise, without waiting out an outage (quick_store), as one LIST of the run's
+        markers, which on a night nobody cancels is empty. Only a marker listed at the job's or
+        the run's key is read and its seal checked."""
         mine = {m.key: m for m in (Marker("cancel", p.run_id, p.target, p.step), Marker("cancel", p.run_id))}
         listed = [k for k in self.quick_store.list(keys.cancels(p.run_id)) if k in mine]
         return any(self.marked(self.quick_store, mine[k], p) for k in listed)
@@ -602,9 +607,12 @@ def accept(ctx: Context, job: Job) -> Payload:
 class Heartbeat:
     """The lease: the farm sees a live job by its signed beats (gearmand's WORK_STATUS is for
     gearmand's own status), sent once ``leased`` is set and until the ``with`` ends, once the
-    record is in the spool (its publish cannot be lost, and the Gearman job ends with it). At
-    each beat it also looks whether the job was cancelled and sets ``cancel``: the job's
-    commands stop within a beat."""
+    record is in the spool (its publish cannot be lost, and the Gearman job ends with it). The
+    ledger's answer to each signed beat says whether the job was cancelled, and sets ``cancel``:
+    the job's commands stop within a signed beat of the nightly recording it (10 s by default).
+    Only a beat the ledger did not answer looks in S3 for the nightly's marker instead: a LIST
+    at every heartbeat of every running job was half of a slot's own work on a long job, and
+    of MinIO's (docs/speed.md)."""
 
     def __init__(self, ctx: Context, job: Job, p: Payload) -> None:
         self.ctx, self.job, self.p = ctx, job, p
@@ -630,10 +638,13 @@ class Heartbeat:
         while not self.stop.wait(HEARTBEAT_SECONDS):
             n += 1
             self.job.status(n, 0)
-            if self.leased.is_set() and n % ctx.lease_beats == 0:
-                ctx.renew(p, n)
+            if not self.leased.is_set() or n % ctx.lease_beats:
+                continue
+            word = ctx.renew(p, n)
+            if self.cancel.is_set() or self.stop.is_set():
+                continue
             try:
-                if not self.cancel.is_set() and ctx.cancelled(p):
+                if word == "cancelled" or (word is None and ctx.cancelled(p)):
                     log.warning("job %s (%s) was cancelled: stopping it", self.job.handle, p.job_id)
                     self.cancel.set()
             except StoreError as e:

@@ -67,7 +67,11 @@ class Lease(BaseModel):
         return text
 
 
-Answer = Literal["granted", "held", "done", "refused"]
+# The ledger's answer to a claim or a beat. `cancelled` is a refusal a running attempt obeys:
+# the nightly recorded its job (or run) cancelled, and the answer to the job's next signed
+# beat is how its worker learns it (workers/base.py Heartbeat).
+Answer = Literal["granted", "held", "done", "refused", "cancelled"]
+ANSWERS: tuple[Answer, ...] = ("granted", "held", "done", "refused", "cancelled")
 
 
 def seal_lease(lease: Lease, signer: Signer) -> bytes:
@@ -86,8 +90,8 @@ def open_lease(data: bytes, lookup: Lookup) -> tuple[Lease, str]:
 
 
 def answer(text: bytes) -> tuple[Answer, str]:
-    """The collector's answer to a claim: (granted | held | done | refused, why)."""
+    """The collector's answer to a claim or beat: (granted | held | done | refused | cancelled, why)."""
     word, _, why = text.decode(errors="replace").partition(" ")
-    if word not in ("granted", "held", "done", "refused"):
+    if word not in ANSWERS:
         return "refused", f"unexpected answer {text[:100]!r}"
     return word, why  # type: ignore[return-value]

@@ -1,6 +1,8 @@
 """The nightly's markers in S3, what workers obey without asking anyone: a person cancelled a run
-or one of its jobs (gearfarm.s3.keys.cancel), so a running job stops within a heartbeat (a job not
-yet started is refused by the ledger when it claims it). Only the nightly that owns the run writes them,
+or one of its jobs (gearfarm.s3.keys.cancel). A job not yet started is refused by the ledger when
+it claims it, and a running one learns it from the ledger's answer to its signed beat; a marker
+is what a running job looks at when the ledger does not answer its beat (workers/base.py
+Heartbeat), so a cancel reaches it without the collector. Only the nightly that owns the run writes them,
 sealed with its key (gearfarm.formats.seal, purpose "marker"; the dashboard records a cancel in the
 database and the nightly writes its marker within a poll). A worker obeys a marker only when
 the seal verifies against [farm] nightly_keys and the marker names the run and job at whose

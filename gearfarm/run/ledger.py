@@ -295,10 +295,12 @@ class Ledger:
     def lease(self, data: bytes) -> tuple[Answer, str]:
         """A worker's signed claim of an attempt (beat 0) or heartbeat (beat n): ``granted`` (run
         it; beats renewed), ``held`` (another live worker holds it: try again later), ``done``
-        (it delivered its record already: drop the copy) or ``refused`` (never: forged, not
-        registered for it, not submitted, its run reported and closed, the job cancelled), with
-        the reason. The ledger is who a worker asks whether a job may run: a job of a closed run
-        or one the nightly recorded cancelled is dropped here, without a look of its own in S3."""
+        (it delivered its record already: drop the copy), ``cancelled`` (the nightly recorded the
+        job cancelled: do not start it, or stop it) or ``refused`` (never: forged, not
+        registered for it, not submitted, its run reported and closed), with the reason. The
+        ledger is who a worker asks whether a job may run and whether a running one goes on: a
+        job of a closed run or one the nightly recorded cancelled is dropped or stopped here,
+        without a look of the worker's own in S3."""
         try:
             lease, kid = open_lease(data, self.registry.public_key)
             jid = JobId.parse(lease.job_id)
@@ -330,6 +332,10 @@ class Ledger:
                     return "granted", ""
             else:
                 run = conn.execute(sql.claim_facts, {"p_run": jid.run_id, **key}).first()
+            if run is not None and run.status == "cancelled" and run.recorded >= lease.attempt:
+                # Before the run's close: a cancel often ends the run, and its running job
+                # learns it from this answer (workers/base.py Heartbeat).
+                return "cancelled", "it was cancelled"
             if run is not None and run.reported_at is not None:
                 # Not an error: a job left in a queue after its run's report (gearmand keeps its
                 # queue across restarts) is dropped by the worker that finds it.
@@ -339,8 +345,6 @@ class Ledger:
                                           "its run expects no such job"))
             if lease.attempt > (run.submitted or 0):
                 return self._refuse_lease(f"attempt {lease.attempt} of {lease.job_id} was never submitted")
-            if run.status == "cancelled" and run.recorded >= lease.attempt:
-                return "refused", "it was cancelled"
             if not tried and conn.execute(sql.lease_new, new).first():
                 return "granted", ""
             held = conn.execute(sql.lease_row, key).one()

@@ -64,8 +64,8 @@ SWEEP_SECONDS = 5.0
 # How often the nightly looks in S3 for records the collector never got, while the collector
 # keeps up (every 30 s while it does not).
 RECONCILE_CALM = 300.0
-# How often the nightly looks for a person's cancel requests: a job's own heartbeat finds the
-# marker within a beat anyway, and a look at every 0.2 s poll was a fifth of the nightly's CPU.
+# How often the nightly looks for a person's cancel requests: a running job learns one at its
+# next signed beat (10 s) anyway, and a look at every 0.2 s poll was a fifth of the nightly's CPU.
 CANCEL_LOOK = 1.0
 
 

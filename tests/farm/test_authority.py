@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -384,7 +386,9 @@ def test_a_cancel_marker_the_nightly_did_not_sign_is_ignored(auth: Farm) -> None
     """The test role cannot write a cancel marker at all; and where a marker does get written
     without the nightly (the farm's own S3 keys stand for a leaked key or a store with looser
     policies), a marker signed by a worker host's key, or a genuine one of another run copied
-    here, is ignored, said in the log, and the job completes."""
+    here, is ignored, said in the log, and the job completes. A worker looks at the markers
+    only when the ledger does not answer its heartbeat (otherwise the answer says whether the
+    job was cancelled), so the collector is stopped for a few beats meanwhile."""
     rogue = config_mod.load(auth.rogue)
     s3, farm_s3 = s3_client(rogue), s3_client(auth.cfg)
     nightly = auth.start_nightly("uncancelled", "--suites", "slow")
@@ -401,6 +405,12 @@ def test_a_cancel_marker_the_nightly_did_not_sign_is_ignored(auth: Farm) -> None
         farm_s3.put_object(Bucket=rogue.s3.bucket, Key=keys.cancel("uncancelled", T, "test-slow"), Body=forged)
         copied = sealed(auth.cfg.nightly_signer(), Marker("cancel", "another-run", who="carol", at=1.0))
         farm_s3.put_object(Bucket=rogue.s3.bucket, Key=keys.cancel("uncancelled"), Body=copied)
+        collector = auth.farm.procs["collector"].pid  # type: ignore[attr-defined]
+        os.killpg(collector, signal.SIGSTOP)
+        try:
+            wait_for("a heartbeat's look at the markers", lambda: "IGNORED cancel marker" in auth.logs(), 60)
+        finally:
+            os.killpg(collector, signal.SIGCONT)
         out, _ = nightly.communicate(timeout=300)
     finally:
         if nightly.poll() is None:

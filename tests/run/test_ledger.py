@@ -332,7 +332,8 @@ def test_concurrent_accepts_on_postgresql_lose_duplicate_and_deadlock_nothing(pg
 def test_the_ledger_refuses_the_claims_of_a_closed_runs_and_a_cancelled_jobs_attempts(db_url: str) -> None:
     """Who a worker asks whether a job may run: the ledger. A job left in a queue after its run's
     report, and one the nightly recorded cancelled, are refused (the worker then drops them,
-    asking S3 nothing); the cancelled job's next attempt (a re-run) may run, one never
+    asking S3 nothing), and a running attempt's beat after its cancel is answered `cancelled`
+    (its worker stops it); the cancelled job's next attempt (a re-run) may run, one never
     submitted may not. On PostgreSQL each is asked in one statement (_Sql._claim_at_once)."""
     db = ResultsDB(db_url)
     ledger = Ledger(db)
@@ -342,12 +343,20 @@ def test_the_ledger_refuses_the_claims_of_a_closed_runs_and_a_cancelled_jobs_att
     ledger.registry.add("h", host.public_text, ["test"], [T])
     assert ledger.apply(farm_record(unit, REV, "cancelled", "the job was cancelled by carol"), "nightly") == "applied"
     lease = Lease(job_id=str(unit), attempt=1, host="h", worker="w", beat=0)
-    assert ledger.lease(seal_lease(lease, host)) == ("refused", "it was cancelled")
+    assert ledger.lease(seal_lease(lease, host)) == ("cancelled", "it was cancelled")
     db.set_live("r3", {str(unit): ("queued", 2)})
     assert claim(ledger, host, str(unit), 3, "h") == "refused"  # never submitted
     assert claim(ledger, host, str(unit), 2, "h") == "granted"
     assert claim(ledger, host, str(unit), 2, "h", worker="w2") == "held"
+    # Cancelled while it runs: the holder's next signed beat is answered so (how it learns).
+    beat = Lease(job_id=str(unit), attempt=2, host="h", worker="w", beat=1)
+    assert ledger.lease(seal_lease(beat, host)) == ("granted", "")
+    cancel = farm_record(unit, REV, "cancelled", "the job was cancelled by carol", 2)
+    assert ledger.apply(cancel, "nightly") == "applied"
+    assert ledger.lease(seal_lease(beat.model_copy(update={"beat": 2}), host)) == ("cancelled", "it was cancelled")
     ledger.close("r3")
+    # A cancel that ended the run: the run is closed, and the beat still says why to stop.
+    assert ledger.lease(seal_lease(beat.model_copy(update={"beat": 3}), host)) == ("cancelled", "it was cancelled")
     late = Lease(job_id=str(model), attempt=1, host="h", worker="w", beat=0)
     assert ledger.lease(seal_lease(late, host)) == ("refused", "run r3 was reported and closed")
     assert not [k for k in db.leases("r3") if k[0] == str(model)]

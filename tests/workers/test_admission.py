@@ -46,9 +46,14 @@ argv = ["sh", "-c", "echo 'ok 1 - ran'"]
 format = "tap"
 timeout = 60
 
+[suites.slow]
+argv = ["sh", "-c", "sleep 30; echo 'ok 1 - slept'"]
+format = "tap"
+timeout = 60
+
 [targets.linux-x86_64]
 tools = ["sh"]
-suites = ["unit"]
+suites = ["unit", "slow"]
 """
 
 
@@ -89,18 +94,25 @@ def farm(tmp_path: Path):  # noqa: ANN201 - the lab's parts
         yield cfg, tmp_path
 
 
-def test_a_job_is_prepared_while_its_claim_is_asked_and_nothing_of_a_refused_one_runs_or_is_kept(
-        farm: tuple[Config, Path], caplog: pytest.LogCaptureFixture) -> None:
-    cfg, tmp_path = farm
+def stored(cfg: Config, tmp_path: Path, rev: str = REV) -> tuple[str, Artifact]:
+    """CATALOG and a build's artifact of ``rev`` in S3: the catalog's sha256 and the artifact."""
     store = ArtifactStore(cfg.s3)
     cat_sha, _ = snapshot.publish_catalog(store, CATALOG)
     out = tmp_path / "out"
     out.mkdir()
     (out / "gfe").write_bytes(b"#!/bin/sh\necho engine\n")
     archive = tmp_path / "build.tar.zst"
-    artifact.pack(out, ["gfe"], {"rev": REV, "target": TARGET}, archive)
-    art = Artifact("artifacts/admission/build.tar.zst", hashlib.sha256(archive.read_bytes()).hexdigest())
+    artifact.pack(out, ["gfe"], {"rev": rev, "target": TARGET}, archive)
+    art = Artifact(f"artifacts/{rev[:12]}/build.tar.zst", hashlib.sha256(archive.read_bytes()).hexdigest())
     store.put_file(art.key, archive)
+    return cat_sha, art
+
+
+def test_a_job_is_prepared_while_its_claim_is_asked_and_nothing_of_a_refused_one_runs_or_is_kept(
+        farm: tuple[Config, Path], caplog: pytest.LogCaptureFixture) -> None:
+    cfg, tmp_path = farm
+    store = ArtifactStore(cfg.s3)
+    cat_sha, art = stored(cfg, tmp_path)
     nightly = cfg.nightly_signer()
     collector = Collector(cfg, tmp_path / "state" / "work", cfg.host_signer())  # claims are the host's
     collector.thread.start()

@@ -29,24 +29,31 @@ def fetch_artifact(ctx: Context, p: Payload, tree: Path, timings: dict[str, floa
         snapshot.fetch_source(ctx.store, p.rev, p.source_sha256, tree, tmp)
     archive = tmp / f"{tree.name}{artifact.ARCHIVE_SUFFIX}"
     cached = ctx.archives.take(p.artifact_sha256, archive)
+    manifest = None
     if not cached:
-        ctx.store.get_file(p.artifact_key, archive)
-    timings["download"] = timings.get("download", 0.0) + time.monotonic() - t0
-    t0 = time.monotonic()
-    try:
-        manifest = artifact.unpack(archive, tree, p.artifact_sha256)
-    except artifact.ArtifactError as e:
-        if not cached:
-            raise
-        # The cached copy is damaged: what the payload names is fetched again, and checked again.
-        log.warning("cached artifact %s did not verify (%s); downloading it", p.artifact_sha256[:12], e)
-        ctx.archives.drop(p.artifact_sha256)
-        archive.unlink(missing_ok=True)
-        ctx.store.get_file(p.artifact_key, archive)
-        cached = False
-        manifest = artifact.unpack(archive, tree, p.artifact_sha256)
-    if not cached:
-        ctx.archives.add(p.artifact_sha256, archive)
+        # One download of an archive a host: its slots start suites of one build together (a
+        # build's release starts many), and each fetched it where one fetch would have served all.
+        with ctx.archives.fetching(p.artifact_sha256):
+            cached = ctx.archives.take(p.artifact_sha256, archive)  # a sibling fetched it meanwhile
+            if not cached:
+                ctx.store.get_file(p.artifact_key, archive)
+                timings["download"] = timings.get("download", 0.0) + time.monotonic() - t0
+                t0 = time.monotonic()
+                manifest = artifact.unpack(archive, tree, p.artifact_sha256)
+                ctx.archives.add(p.artifact_sha256, archive)
+    if manifest is None:
+        timings["download"] = timings.get("download", 0.0) + time.monotonic() - t0
+        t0 = time.monotonic()
+        try:
+            manifest = artifact.unpack(archive, tree, p.artifact_sha256)
+        except artifact.ArtifactError as e:
+            # The cached copy is damaged: what the payload names is fetched again, and checked again.
+            log.warning("cached artifact %s did not verify (%s); downloading it", p.artifact_sha256[:12], e)
+            ctx.archives.drop(p.artifact_sha256)
+            archive.unlink(missing_ok=True)
+            ctx.store.get_file(p.artifact_key, archive)
+            manifest = artifact.unpack(archive, tree, p.artifact_sha256)
+            ctx.archives.add(p.artifact_sha256, archive)
     archive.unlink()
     if manifest.get("rev") != p.rev or manifest.get("target") != p.target:
         raise artifact.ArtifactError(

@@ -6,14 +6,18 @@ requests and the whole transfer each), the largest share of MinIO's work per job
 Content-addressed, so an entry is never stale. Nothing here is trusted: every use is checked
 again against the sha256 the nightly signed into the payload, when the archive is unpacked
 (s3.artifact.safe_extract), and an entry that fails is dropped and fetched again. Entries are
-read-only files written by rename, never changed in place; the newest ``keep`` stay."""
+read-only files written by rename, never changed in place; the newest ``keep`` stay. A host's
+slots fetch an archive one at a time (``fetching``), so the first fetch serves the others."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -43,6 +47,20 @@ class ArchiveCache:
         except OSError:
             pass  # trimmed by a sibling meanwhile: dest holds its own link
         return True
+
+    @contextlib.contextmanager
+    def fetching(self, sha256: str) -> Iterator[None]:
+        """Held while this host fetches, checks and keeps ``sha256``'s archive: a sibling slot
+        (another process) asking for it meanwhile waits and then takes it from the cache. The
+        lock files are 16, by the digest's first hex digit, so none piles up: two archives that
+        share one wait for each other, which costs a download's time, never a job."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / f".fetch-{self._entry(sha256).name[0]}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def add(self, sha256: str, archive: Path) -> None:
         """Keep ``archive``, whose sha256 was just verified, for the next job."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -71,6 +73,34 @@ def test_a_hosts_suites_fetch_a_build_once_and_a_changed_cached_copy_never_runs(
     with pytest.raises((StoreError, ClientError)):  # the worker records it as `infra`
         job(4)
     assert not (tmp_path / "job4" / "root" / "gfe").exists() and not entry.exists()
+
+
+def test_a_hosts_slots_starting_suites_of_one_build_together_fetch_it_once(tmp_path: Path, minio: MinioServer) -> None:
+    """A build's release starts many of its suites at once, on every slot of a host: the slot
+    that fetches the archive holds the others off until it is cached, and they take it there."""
+    store = ArtifactStore(minio.s3_config(), retry_for=0.0, attempts=1)
+    key, sha = _build(tmp_path, store)
+    gets: list[str] = []
+
+    def slow_get(**_: object) -> None:  # the first GET takes a while, as under a burst
+        gets.append("get")
+        time.sleep(0.5)
+
+    store.s3.meta.events.register("before-send.s3.GetObject", slow_get)
+    p = SimpleNamespace(artifact_key=key, artifact_sha256=sha, rev=REV, target=T, source_sha256=None)
+    slots = [SimpleNamespace(store=store, archives=ArchiveCache(tmp_path / "state" / "cache" / "artifacts"))
+             for _ in range(3)]  # a slot each, one host's state directory
+
+    def job(n: int) -> bytes:
+        d = tmp_path / f"job{n}"
+        d.mkdir()
+        return (fetch_artifact(slots[n], p, d / "root", {}) / "gfe").read_bytes()  # type: ignore[arg-type]
+
+    with ThreadPoolExecutor(3) as pool:
+        got = list(pool.map(job, range(3)))
+    assert got == [b"#!/bin/sh\necho engine\n"] * 3
+    assert len(gets) == 1, gets
+    assert sorted(p.name for p in slots[0].archives.root.iterdir() if not p.name.startswith(".fetch-")) == [sha]
 
 
 def test_the_cache_keeps_the_newest_entries_and_refuses_names_that_are_not_digests(tmp_path: Path) -> None:

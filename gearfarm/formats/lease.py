@@ -15,7 +15,7 @@ and send WORK_STATUS for it forever; only a registered host can sign a claim. So
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -71,7 +71,7 @@ class Lease(BaseModel):
 # the nightly recorded its job (or run) cancelled, and the answer to the job's next signed
 # beat is how its worker learns it (workers/base.py Heartbeat).
 Answer = Literal["granted", "held", "done", "refused", "cancelled"]
-ANSWERS: tuple[Answer, ...] = ("granted", "held", "done", "refused", "cancelled")
+ANSWERS: tuple[Answer, ...] = get_args(Answer)
 
 
 def seal_lease(lease: Lease, signer: Signer) -> bytes:

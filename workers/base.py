@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,15 @@ PUBLISH_WAIT = 5.0
 LOG_TAIL_LINES = 40
 
 
+@dataclass
+class _Posted:
+    """A posted record's two ways out, taken at once (Context.post): its spool file written, and
+    its publish. Whichever ends second lets it go: the file goes if the record was published."""
+
+    written: bool = False
+    sent: bool | None = None  # None until the outbox tried; then whether the collector took it
+
+
 class Context:
     """One worker process's connections and identity."""
 
@@ -105,7 +115,7 @@ class Context:
         self._swept = False  # whether this process's flush looked at every owner lock in the spool
         # Records posted and not yet published (post): the flush loop leaves their spool files.
         self._outbox: queue.SimpleQueue[tuple[ResultRecord, bytes, Path]] = queue.SimpleQueue()
-        self._posted: set[Path] = set()
+        self._posted: dict[Path, _Posted] = {}
         self._posted_lock = threading.Condition()
         # This process's mark on the records it posts (their spool names carry it), held locked
         # for its life: a sibling worker of this host and role leaves them to its outbox, and
@@ -155,30 +165,59 @@ class Context:
             log.warning("result of %s spooled to %s (%s); will deliver when possible", rec.job_id, path, e)
 
     def post(self, rec: ResultRecord) -> None:
-        """Report a result without waiting for it to arrive: sealed and written to the spool
-        (fsync'd, under a millisecond), then published by the outbox's thread while this slot
-        takes its next job. The publish was a third of a slot's wait between two jobs (an S3 PUT
-        and a submit, docs/speed.md). Nothing is lost by not waiting: a worker killed before the
-        publish leaves the record in the spool, and the next worker of this host and role
-        delivers it (flush_spool); should S3 or the collector be away, it waits there the same."""
+        """Report a result without waiting for it to arrive: sealed, handed to the outbox's
+        thread, which publishes it while this slot takes its next job, and written to the spool
+        (fsync'd) meanwhile; post returns once it is there. The publish was a third of a slot's
+        wait between two jobs (an S3 PUT and a submit), and waiting for the spool's write (a
+        new file's fsync, 1.6-1.8 ms on this farm's disks) before the publish was a quarter of
+        a record's way to the ledger (docs/speed.md). Nothing is lost by not waiting: a worker
+        killed before the publish leaves the record in the spool, and the next worker of this
+        host and role delivers it (flush_spool); should S3 or the collector be away, it waits
+        there the same. Killed before the spool's write too, it had not completed its Gearman
+        job, which gearmand hands to another worker."""
         rec, body, blob = self._sealed(rec)
+        path = self.spool / f"{rec.digest[:24]}.{self.owner}.json"
         try:
             if blob is not None:
-                self._spool_write(rec, blob, self._spooled_cases(rec))  # first: a spooled record finds them
+                # First: the outbox puts a record's cases to S3 from the spool before the record.
+                self._spool_write(rec, blob, self._spooled_cases(rec))
             self._own()
-            path = self._spool_write(rec, body, self.spool / f"{rec.digest[:24]}.{self.owner}.json")
         except OSError as e:  # a full or broken disk: then it is delivered now, as it was before
             log.warning("cannot spool the result of %s (%s); delivering it now", rec.job_id, e)
             self._deliver_sealed(rec, body, blob)
             return
+        posted = _Posted()
         with self._posted_lock:
-            self._posted.add(path)
+            self._posted[path] = posted
             self._outbox.put((rec, body, path))
+        try:
+            self._spool_write(rec, body, path)
+        except OSError as e:
+            # Not in the spool: its publish (or, failing that, the error) is the answer.
+            log.warning("cannot spool the result of %s (%s); waiting for its publish", rec.job_id, e)
+            with self._posted_lock:
+                self._posted_lock.wait_for(lambda: posted.sent is not None)
+                self._let_go(path, posted)
+            if not posted.sent:
+                raise
+            return
+        with self._posted_lock:
+            posted.written = True
+            if posted.sent is not None:
+                self._let_go(path, posted)
             # Not more than OUTBOX_MAX records behind: on a host short of CPU an unbounded outbox
             # falls behind its slot without end (with a record's files in it too, it fell
             # minutes behind at 64 hosts), and the nightly takes jobs whose records wait there
             # for lost.
             self._posted_lock.wait_for(lambda: len(self._posted) <= OUTBOX_MAX)
+
+    def _let_go(self, path: Path, posted: _Posted) -> None:
+        """A posted record both written (or not writable) and tried, under _posted_lock: its
+        spool file goes if it was published; else it stays for the flush loop."""
+        if posted.sent and posted.written:
+            path.unlink(missing_ok=True)
+        del self._posted[path]
+        self._posted_lock.notify_all()
 
     def close(self) -> None:
         """A stopping worker's last step: its connections go, and its owner lock with them (what
@@ -231,16 +270,21 @@ class Context:
     def _send_posted(self) -> None:
         while True:
             rec, body, path = self._outbox.get()
+            sent = False
             try:
                 self._publish(rec, body)
-                path.unlink(missing_ok=True)
+                sent = True
             except Exception as e:  # it stays in the spool: the flush loop delivers it later
                 log.warning("result of %s stays in the spool at %s (%s); will deliver when possible",
                             rec.job_id, path, e)
             finally:
                 with self._posted_lock:
-                    self._posted.discard(path)
-                    self._posted_lock.notify_all()
+                    posted = self._posted[path]
+                    posted.sent = sent
+                    if posted.written:
+                        self._let_go(path, posted)
+                    else:
+                        self._posted_lock.notify_all()
 
     def _spooled_cases(self, rec: ResultRecord) -> Path:
         """Where the cases of a spooled record wait (not *.json: flush_spool reads records only)."""

@@ -9,7 +9,7 @@ import contextlib
 import fcntl
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -124,6 +124,42 @@ def test_a_posted_record_is_spooled_at_once_and_published_from_there(
         ctx.post(rec("test-recovery"))
         assert len(got.records) == 3 and copies(ctx) == 1
     ctx.client.close()
+
+
+def test_a_records_publish_does_not_wait_for_its_spool_write(
+        lab: tuple[Config, Gearmand, MinioServer], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record goes to the collector while its spool file is written, not after: the write (a
+    new file's fsync) was a quarter of a record's way to the ledger. Here the disk is slow: the
+    spool's write waits up to 10 s for the collector to have the record, which it has only if
+    the publish did not wait for the write; post still returns only once the record is in the
+    spool, and the file written after the publish goes."""
+    cfg, _, _ = lab
+    ctx = Context(cfg, "test")
+    write = ctx._spool_write
+    arrived: list[bool] = []
+    with collector(cfg) as got:
+        def slow_disk(r: ResultRecord, body: bytes, path: Path | None = None) -> Path:
+            arrived.append(wait_for_quietly(lambda: len(got.records) == 1, 10.0))
+            return write(r, body, path)
+
+        monkeypatch.setattr(ctx, "_spool_write", slow_disk)
+        t0 = time.monotonic()
+        ctx.post(rec("test-unit"))
+        assert arrived == [True], "the collector had not the record while its spool file was written"
+        assert time.monotonic() - t0 < 10.0
+        assert ctx.drain(30) and list(ctx.spool.glob("*.json")) == [], "the file written after the publish stays"
+        assert len(got.records) == 1 and copies(ctx) == 0
+    ctx.close()
+
+
+def wait_for_quietly(cond: Callable[[], bool], timeout: float) -> bool:
+    """Whether ``cond`` held within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def test_with_the_collector_answering_an_s3_outage_holds_no_record_back(

@@ -283,7 +283,8 @@ class Night:
     drawn: dict[tuple[str, str], float] = field(default_factory=dict)  # (target, step) -> its sleep's seconds
     stolen: float = 0.0  # CPU seconds the hypervisor gave other guests while the night ran (/proc/stat)
     probe: list[float] = field(default_factory=list)  # CPU ms of one fixed piece of work, each second (speed_probe)
-    idle: list[tuple[float, float]] = field(default_factory=list)  # (epoch, the cores' idle share), each second
+    # (epoch, the cores' idle share, the share some task waited for a core), each second
+    idle: list[tuple[float, float, float]] = field(default_factory=list)
 
 
 def steal_seconds() -> float:
@@ -340,26 +341,43 @@ def speed_probe(into: list[float]) -> contextlib.AbstractContextManager[None]:
 SATURATED = 0.05
 
 
-def idle_sampler(into: list[tuple[float, float]]) -> contextlib.AbstractContextManager[None]:
-    """Each second while in the block, (its end, the share of it the machine's cores were idle)
-    from /proc/stat. At 64 hosts the lab's 128 slots share two cores: when a target's build
-    releases its suites, every idle slot starts a job in the same second, and for some seconds
-    no core is idle (vmstat: 30-70 runnable, 0 % idle), while between those bursts half of them
-    are. What a job's farm time is made of differs by which of the two it met, so the report
-    gives both (``saturated_split``)."""
-    def read() -> tuple[int, int]:
+# A second in which some task waited for a core this share of it or more met a queue for the
+# cores (idle_sampler, the kernel's pressure stall information).
+CONTENDED = 0.10
+
+
+def psi_cpu_us() -> int | None:
+    """Microseconds since boot in which at least one runnable task waited for a core
+    (/proc/pressure/cpu, `some total`); None where the kernel has no PSI."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            return int(f.readline().rsplit("total=", 1)[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def idle_sampler(into: list[tuple[float, float, float]]) -> contextlib.AbstractContextManager[None]:
+    """Each second while in the block, (its end, the share of it the machine's cores were idle
+    (/proc/stat), the share of it some task waited for a core (PSI; 0 without it)). At 64 hosts
+    the lab's 128 slots share two cores: when a target's build releases its suites, every idle
+    slot starts a job in the same second, and for some seconds no core is idle (vmstat: 30-70
+    runnable, 0 % idle), while between those bursts half of them are. A burst of 16 starts (8
+    hosts) is over within a second, and leaves cores idle in it, but its starts waited for the
+    cores all the same: the stall share sees it, the idle share does not. What a job's farm time
+    is made of differs by which it met, so the report gives each (``saturated_split``)."""
+    def read() -> tuple[int, int, int]:
         with open("/proc/stat") as f:
             v = [int(x) for x in f.readline().split()[1:]]
-        return sum(v[:8]), v[3] + v[4]  # user..steal; idle + iowait
+        return sum(v[:8]), v[3] + v[4], psi_cpu_us() or 0  # user..steal; idle + iowait; stalled µs
 
-    last = [read()]
+    last = [read(), time.monotonic()]
 
     def sample() -> None:
-        total, idle = read()
-        dt, di = total - last[0][0], idle - last[0][1]
-        last[0] = (total, idle)
-        if dt > 0:
-            into.append((time.time(), di / dt))
+        (total, idle, stall), now = read(), time.monotonic()
+        (t0, i0, s0), m0 = last
+        last[:] = [(total, idle, stall), now]
+        if total > t0:
+            into.append((time.time(), (idle - i0) / (total - t0), (stall - s0) / 1e6 / max(now - m0, 1e-3)))
 
     return every_second(sample)
 
@@ -554,7 +572,7 @@ def measure(hosts: int, jobs: int, slots: int, scale: float, per_target: int, tm
         queue: list[int] = []
         probe: list[float] = []
         stolen = steal_seconds()
-        idle: list[tuple[float, float]] = []
+        idle: list[tuple[float, float, float]] = []
         with queue_sampler([gm.address for gm in lb.gearmands], queue), speed_probe(probe), idle_sampler(idle):
             wall, code, nightly_usage, began = run_nightly(lb.config, profile, RUN_ID)
         night = Night(hosts, slots, jobs, wall, code, earlier, began=began, collect_queue=queue,
@@ -657,7 +675,10 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
     spans = [(free_at[r.job_id], applied[r.job_id],
               (r.started_at - free_at[r.job_id], s, o, applied[r.job_id] - r.finished_at))
              for r, s, o in zip(ran, s3, other, strict=True) if r.job_id in applied]
-    calm, busy_jobs, saturated = saturated_split(spans, night.idle)
+    saturated = [t for t, f, _ in night.idle if f < SATURATED]
+    contended = [t for t, _, w in night.idle if w >= CONTENDED]
+    calm, busy_jobs = saturated_split(spans, saturated)
+    quiet, queued = saturated_split(spans, contended)
     print(f"\n## {night.hosts} hosts × {night.slots} slots, {n} jobs ({targets} targets × (build + {suites} suites), "
           f"{CASES} cases a suite, time scale {scale})\n")
     print("| figure | value |\n|---|---|")
@@ -682,12 +703,20 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
     rows += [(f"farm cost: {k}, ms per job", f"{v:.1f}") for k, v in parts.items()]
     share = parts["report (build time ÷ jobs)"]
     rows += [("seconds of the night the cores were saturated (idle < 5 %)",
-              f"{saturated} of {len(night.idle)}" if night.idle else "-")]
-    rows += [(f"farm cost of the jobs that {k}, ms per job (jobs)",
-              f"{sum(statistics.fmean(c) for c in zip(*v, strict=True)) * 1000 + share:.1f} "
-              f"({' + '.join(f'{1000 * statistics.fmean(c):.1f}' for c in zip(*v, strict=True))} + {share:.1f}; "
-              f"{len(v)})" if v else "- (0)")
-             for k, v in (("met no saturated second", calm), ("met one", busy_jobs))]
+              f"{len(saturated)} of {len(night.idle)}" if night.idle else "-"),
+             (f"seconds in which some task waited for a core ≥ {CONTENDED:.0%} of it (PSI cpu some); "
+              "the night's mean share", f"{len(contended)} of {len(night.idle)}; "
+              f"{statistics.fmean(w for _, _, w in night.idle):.1%}" if night.idle else "-")]
+
+    def split(v: list[tuple[float, ...]]) -> str:
+        if not v:
+            return "- (0)"
+        means = [1000 * statistics.fmean(c) for c in zip(*v, strict=True)]
+        return f"{sum(means) + share:.1f} ({' + '.join(f'{m:.1f}' for m in means)} + {share:.1f}; {len(v)})"
+
+    rows += [(f"farm cost of the jobs that {k}, ms per job (jobs)", split(v))
+             for k, v in (("met no saturated second", calm), ("met one", busy_jobs),
+                          ("met no second of tasks waiting for a core", quiet), ("met one", queued))]
     rows += [(f"{k}: CPU s / peak RSS MiB", f"{u.cpu:.1f} / {u.rss:.0f}") for k, u in night.usage.items()]
     busy = sum(u.cpu for u in night.usage.values())
     rows += [("CPU of all of the above ÷ (cores × wall)",
@@ -709,20 +738,19 @@ def report(night: Night, db_url: str, targets: int, suites: int, scale: float) -
     print(f"\nfarm cost: {cost:.1f} ms per job")
 
 
-def saturated_split(spans: list[tuple[float, float, tuple[float, ...]]], idle: list[tuple[float, float]]
-                    ) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]], int]:
+def saturated_split(spans: list[tuple[float, float, tuple[float, ...]]], seconds: list[float]
+                    ) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]]]:
     """Each job's farm time (``spans``: from the moment it and its slot were free, to its record
-    applied, and its parts: dispatch, S3, other in-job, lag) split by whether it met a second of
-    saturated cores (idle_sampler), and how many seconds were saturated. On two cores a burst of
-    128 job starts is a queue for the cores that a lab's 64 hosts, each with its own, would not
-    have; the jobs that met none cost what the farm's own work does."""
-    busy = [t for t, f in idle if f < SATURATED]
+    applied, and its parts: dispatch, S3, other in-job, lag) split by whether it met one of
+    ``seconds`` (the ends of seconds of saturated or contended cores: idle_sampler). On two
+    cores a burst of 128 job starts is a queue for the cores that a lab's 64 hosts, each with its
+    own, would not have; the jobs that met none cost what the farm's own work does."""
     calm: list[tuple[float, ...]] = []
     met: list[tuple[float, ...]] = []
     for a, z, parts in spans:
         # A sample at t covers the second (t - 1, t].
-        (met if any(a < t and t - 1 < z for t in busy) else calm).append(parts)
-    return calm, met, len(busy)
+        (met if any(a < t and t - 1 < z for t in seconds) else calm).append(parts)
+    return calm, met
 
 
 def main() -> None:

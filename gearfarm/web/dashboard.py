@@ -299,12 +299,15 @@ def _target_timings(timings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     per job): jobs, time, each stage, "other", and how many neither passed nor were skipped."""
     out: dict[str, dict[str, Any]] = {}
     for j in timings:
-        t = out.setdefault(j["target"], {"target": j["target"], "jobs": 0, "not_passed": 0})
+        # The columns every row shows, None (an empty cell) where no job of the target had any:
+        # a job's "other" under 5 ms is None, and so was every job's of a quick target.
+        t = out.setdefault(j["target"], {"target": j["target"], "jobs": 0, "not_passed": 0, "duration": None,
+                                         "other": None})
         t["jobs"] += 1
         t["not_passed"] += j["status"] not in ("passed", "skipped")
         for k, v in j.items():
             if isinstance(v, float | int) and not isinstance(v, bool):
-                t[k] = t.get(k, 0.0) + v
+                t[k] = (t.get(k) or 0.0) + v
     return list(out.values())
 
 

@@ -123,6 +123,25 @@ def test_a_big_nights_timings_are_summed_per_target_and_a_targets_jobs_listed_wh
     assert len(client.get(f"/api/run/{RID}").get_json()["job_timings"]) == 5  # the JSON has every job's
 
 
+def test_a_big_nights_page_shows_a_target_whose_jobs_spent_nothing_outside_their_stages(
+        farm: tuple[Any, ResultsDB, Ledger, Config], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job's "other" (its time in no stage) under 5 ms is not shown; when that was every job of
+    a target, its summed row had no "other" at all, and the big night's page answered 500
+    (`bench/scale.py` at one host, whose jobs' farm part became that short)."""
+    client, _db, ledger, _cfg = farm
+    monkeypatch.setattr(dashboard, "TIMING_ROWS", 3)  # five jobs: a "big" night
+    for s in ("build", "test-one"):
+        quick = record("linux-b", s, attempt=2).model_copy(update={"timings": {"test": 3.0}})
+        assert ledger.apply(quick, "collect") == "applied"
+    got = client.get(f"/run/{RID}")
+    assert got.status_code == 200, got.get_data(as_text=True)[-500:]
+    summed = got.get_data(as_text=True)
+    summed = summed[summed.index('<table id="target-timings">'):]
+    row = summed[summed.index("linux-b</a>"):]
+    assert row.startswith("linux-b</a></td><td>2</td><td>0</td><td>6.0 s</td>"), row[:200]
+    assert row[:row.index("</tr>")].endswith("<td></td>"), "linux-b's jobs had no time outside their stages"
+
+
 def test_a_kept_page_decodes_only_what_it_shows_and_the_api_writes_its_big_parts_unread(
         farm: tuple[Any, ResultsDB, Ledger, Config], monkeypatch: pytest.MonkeyPatch) -> None:
     """A 5,000-job night's /api/run decoded and encoded its 7 MB again at every look, 0.1-0.2 s

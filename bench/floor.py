@@ -40,6 +40,8 @@ the cores' speed (scale.probe_ms: compare runs at like speeds).
     .venv/bin/python bench/floor.py [--jobs 500] [--slots 2] [--command-ms 60]
     .venv/bin/python bench/floor.py --files-in-record --confined --release --slots 128 --jobs 100 \
         --command-ms 3000       # 64 simulated hosts, a 100-job night's release
+    ... --confined --release --spread --slots 128 --jobs 5000 --command-ms 16000
+                                # 64 hosts, 5,000 jobs at the rate of bench/scale.py's night
 """
 
 from __future__ import annotations
@@ -51,8 +53,10 @@ import io
 import json
 import multiprocessing
 import os
+import random
 import resource
 import shutil
+import signal
 import statistics
 import sys
 import tarfile
@@ -207,7 +211,8 @@ def collector(port: int, db: str, keys: dict[str, bytes], out: Path, ready: Any,
 
 
 def slot(n: int, port: int, s3: dict[str, str], key_pem: bytes, nightly_pem: bytes, cache: Path, sha256: str,
-         work: Path, command: float, inline: bool, confined: bool, out: Path, ready: Any, stop: Any) -> None:
+         work: Path, command: float, spread: bool, inline: bool, confined: bool, out: Path, ready: Any,
+         stop: Any) -> None:
     from cryptography.hazmat.primitives.serialization import load_pem_private_key, load_pem_public_key
 
     from gearfarm.step.sandbox import Sandbox
@@ -238,11 +243,12 @@ def slot(n: int, port: int, s3: dict[str, str], key_pem: bytes, nightly_pem: byt
             raise RuntimeError(f"claim of {p['job_id']} not granted")
         started = time.time()
         log = tmpd / "test.log"
+        secs = command * random.Random(p["seed"]).uniform(0.5, 1.5) if spread else command
         if box is None:
-            time.sleep(command)
+            time.sleep(secs)
         else:
             box.give([tmpd / "root"])
-            rc, _ = box.run(["sh", "out/suite.sh", repr(command)], log, 60, tmpd / "root", box.environment(),
+            rc, _ = box.run(["sh", "out/suite.sh", repr(secs)], log, 600, tmpd / "root", box.environment(),
                             [tmpd / "root"])
             if rc != 0:
                 raise RuntimeError(f"the confined command failed: {log.read_text()}")
@@ -276,7 +282,8 @@ def slot(n: int, port: int, s3: dict[str, str], key_pem: bytes, nightly_pem: byt
         path.unlink()
         shutil.rmtree(tmpd)
         ended = time.time()
-        rows.append(dict(job=p["job_id"], got=got, started=started, ran=ran, finished=finished, ended=ended))
+        rows.append(dict(job=p["job_id"], got=got, started=started, ran=ran, finished=finished, ended=ended,
+                         secs=secs))
         return b"passed"
 
     worker = Worker([("127.0.0.1", port)], f"floor-slot-{n}", poll_interval=IDLE_POLL)
@@ -288,6 +295,19 @@ def slot(n: int, port: int, s3: dict[str, str], key_pem: bytes, nightly_pem: byt
     worker.work(done)
     worker.close()
     out.write_text(json.dumps({"rows": rows, "cpu": _cpu() - cpu0}))
+
+
+def ended(procs: list[Any]) -> None:
+    """No process of the bench outlives it: whatever did not stop when asked is killed."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        if p.pid is not None:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
 
 
 def _cpu() -> float:
@@ -320,12 +340,16 @@ def main() -> None:
     ap.add_argument("--confined", action="store_true",
                     help="the command runs in the farm's sandbox (supervisor, setpriv, bubblewrap), its start "
                          "and end counted")
+    ap.add_argument("--spread", action="store_true",
+                    help="each job's command from 0.5 to 1.5 times --command-ms (drawn by its seed), so that the "
+                         "slots end apart, as a night's suites do")
     ap.add_argument("--release", action="store_true",
                     help="every slot idle first, then the jobs submitted at once (a build's release)")
     ap.add_argument("--files-in-record", action="store_true",
                     help="the log and JUnit travel in the record and the collector stores them in PostgreSQL, "
                          "in the same statement: no PUT on a job's path")
     a = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(2))  # stopped, it still stops what it started
 
     import psycopg
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -354,10 +378,11 @@ def main() -> None:
         keys = {f"floor-host-{n}": pem(k)[1] for n, k in enumerate(hosts)}
         ready = [spawn.Event()]
         procs = [spawn.Process(target=collector, args=(gm.port, db, keys, base / "collector.json", ready[0], stop))]
+        stack.callback(ended, procs)  # also when the bench fails or is interrupted
         for n, k in enumerate(hosts):
             ready.append(spawn.Event())
             procs.append(spawn.Process(target=slot, args=(n, gm.port, s3, pem(k)[0], pem(nightly)[1], cache, sha256,
-                                                          base, a.command_ms / 1000, a.files_in_record,
+                                                          base, a.command_ms / 1000, a.spread, a.files_in_record,
                                                           a.confined, base / f"slot-{n}.json",
                                                           ready[-1], stop)))
 
@@ -416,15 +441,18 @@ def main() -> None:
         # still takes the cores from everything else a release starts.
         return row["ran"] - row["started"]
 
+    first, rest = [], []  # each job's floor: a slot's first job of a release, the others
     for s in slots:
         rows = s["rows"]
         if released is not None and a.release and rows:
             # A slot's first job: it and the slot were both free from the release on.
             cycle.append(rows[0]["finished"] - released - command(rows[0]))
             parts["hand-over"].append(rows[0]["got"] - released)
+            first.append(cycle[-1] + applied[rows[0]["job"]] - rows[0]["finished"])
         for prev, row in zip(rows, rows[1:], strict=False):
             cycle.append(row["finished"] - prev["finished"] - command(row))
             parts["hand-over"].append(row["got"] - prev["ended"])
+            rest.append(cycle[-1] + applied[row["job"]] - row["finished"])
         for row in rows:
             parts["seal, spool, submit, job dir"].append(row["ended"] - row["finished"])
             parts["payload, unpack, claim"].append(row["started"] - row["got"])
@@ -434,7 +462,7 @@ def main() -> None:
     cost = 1000 * statistics.fmean(cycle) + ms["record finish → applied"]
     n = a.jobs
     how = ("files in the record" if a.files_in_record else "files PUT") + (", confined" if a.confined else "") + (
-        ", released at once to idle slots" if a.release else "")
+        ", released at once to idle slots" if a.release else "") + (", commands spread ±50 %" if a.spread else "")
     print(f"| {n} jobs, {a.slots} slots, command {a.command_ms:.0f} ms, {how} | |\n|---|---|")
     for k, v in ms.items():
         print(f"| {k}, ms a job (mean) | {v:.1f} |")
@@ -443,9 +471,13 @@ def main() -> None:
     print(f"| all of them, CPU ms a job | {1000 * sum(cpu.values()) / n:.1f} |")
     print(f"| the machine's cores busy, ms a job (the probe of the cores' speed included) | {1000 * busy / n:.1f} |")
     if a.confined:
-        beyond = [r["ran"] - r["started"] - a.command_ms / 1000 for sl in slots for r in sl["rows"]]
+        beyond = [r["ran"] - r["started"] - r["secs"] for sl in slots for r in sl["rows"]]
         print(f"| the command's seconds beyond its sleep (supervisor, sandbox), mean ms | "
               f"{1000 * statistics.fmean(beyond):.1f} |")
+    if first and rest:
+        print(f"| floor of a slot's first job of the release / of the others, ms a job (jobs) | "
+              f"{1000 * statistics.fmean(first):.1f} ({len(first)}) / {1000 * statistics.fmean(rest):.1f} "
+              f"({len(rest)}) |")
     print(f"| wall s | {wall:.1f} |")
     print(f"| the cores' speed: CPU ms of scale.py's fixed work, p50 | {statistics.median(speeds):.2f} |")
     print(f"\nfloor: {cost:.1f} ms per job")

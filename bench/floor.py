@@ -30,16 +30,16 @@ first, then the jobs submitted at once. At 64 simulated hosts on two cores (benc
 release of 49 suites lands on 128 idle slots; the floor of that burst is what no farm built of
 these parts could beat on this machine, whatever its own code (issue #38).
 
-What gearfarm does beyond these (its checks, logging, heartbeats,
-the host lock, the nightly's poll, the report, SQLAlchemy and pydantic) is what its cost has
-above this floor. The cost per job is counted as `bench/scale.py` counts it: a slot's time from
-one job's end (its files stored) to the next one's, less the command, plus the
-record's finish → applied. Printed beside it: each part's mean, the processes' CPU a job and
-the cores' speed (scale.probe_ms: compare runs at like speeds).
+What gearfarm does beyond these (its checks, logging, heartbeats, the host lock, the nightly's
+poll, the report, SQLAlchemy and pydantic) is what its cost has above this floor. The cost per
+job is counted as `bench/scale.py` counts it: a slot's time from one job's end (its files
+stored) to the next one's, less the command, plus the record's finish → applied (a slot's
+first job of a release: from the release on). Printed beside it: each part's mean, the
+processes' CPU a job and the cores' speed (scale.probe_ms: compare runs at like speeds).
 
     .venv/bin/python bench/floor.py [--jobs 500] [--slots 2] [--command-ms 60]
-    .venv/bin/python bench/floor.py --files-in-record --confined --release --slots 128 --jobs 100 \
-        --command-ms 3000       # 64 simulated hosts, a 100-job night's release
+    .venv/bin/python bench/floor.py --files-in-record --confined --release --slots 128 --jobs 98 \
+        --command-ms 3000       # 64 simulated hosts, a 100-job night's release of 98 suites
     ... --confined --release --spread --slots 128 --jobs 5000 --command-ms 16000
                                 # 64 hosts, 5,000 jobs at the rate of bench/scale.py's night
 """
@@ -338,8 +338,8 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=2)
     ap.add_argument("--command-ms", type=float, default=60.0, help="each job's command (a sleep), not counted")
     ap.add_argument("--confined", action="store_true",
-                    help="the command runs in the farm's sandbox (supervisor, setpriv, bubblewrap), its start "
-                         "and end counted")
+                    help="the command runs in the farm's sandbox (supervisor, setpriv, bubblewrap): its seconds "
+                         "the job's, as the farm's records count them, its CPU on the cores")
     ap.add_argument("--spread", action="store_true",
                     help="each job's command from 0.5 to 1.5 times --command-ms (drawn by its seed), so that the "
                          "slots end apart, as a night's suites do")

@@ -1,0 +1,146 @@
+"""One project's bad catalog costs that project only (issue #76, case 4). One night of an
+innocent project beside three whose commits broke their catalogs: an array nested 5,000 deep
+(which made the whole nightly die of a RecursionError, exit 1, nothing submitted for anyone),
+an env that sets WINEPREFIX (refused, rightly, but it stopped every other project's night), and a
+suite timeout of a year (above `[farm] max_timeout`). Real gearmand, MinIO, workers and
+collector on the embedded farm: the innocent project's jobs all run and pass; each bad project
+has its run recorded and closed as failed, with its error, in the report (HTML, JSON, text,
+JUnit) and in the mail; the nightly exits 1 (a project failed), with no traceback."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from email import policy
+from email.parser import BytesParser
+from pathlib import Path
+
+import pytest
+
+from tests import projects
+from tests.farm.test_projects_file import nightly_bash
+from tests.farmkit import ROOT
+from tests.projects import _init
+
+PROJECTS_TOML = """# One innocent project and three whose catalogs cannot run.
+[[projects]]
+name = "tapkv"
+repo = "tapkv"
+catalog = ".gearfarm/catalog.toml"
+
+[[projects]]
+name = "deep"
+repo = "deep"
+
+[[projects]]
+name = "wine"
+repo = "wine"
+
+[[projects]]
+name = "forever"
+repo = "forever"
+
+[farm]
+slots = 2
+"""
+
+BASE = """schema = 2
+
+[build]
+argv = ["sh", "-c", "echo built > out.txt"]
+outputs = ["out.txt"]
+
+[suites.unit]
+argv = ["sh", "-c", "exit 0"]
+format = "exit-code"
+{suite}
+
+[targets.linux-x86_64]
+tools = ["sh"]
+suites = ["unit"]
+"""
+
+BAD = {
+    "deep": "deep = " + "[" * 5000 + "]" * 5000 + "\n" + BASE.format(suite=""),
+    "wine": BASE.format(suite='env = { WINEPREFIX = "/home" }'),
+    "forever": BASE.format(suite="timeout = 31536000"),
+}
+SAID = {
+    "deep": "deep@{rev}:jobs/catalog.toml: arrays or tables nested too deeply to read",
+    "wine": "[suites.unit] env.WINEPREFIX: WINEPREFIX is set by the worker for every job",
+    "forever": "[suites.unit.timeout] 31536000 s is above the farm's limit, [farm] max_timeout = 21600 s: set "
+               "suites.unit.timeout to 21600 or less",
+}
+
+
+@pytest.fixture(scope="module")
+def night(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object, dict[str, str]]:
+    top = tmp_path_factory.mktemp("badcat")
+    projects.tapkv(top / "tapkv")
+    revs = {name: _init(top / name, {"jobs/catalog.toml": text}) for name, text in BAD.items()}
+    (top / "projects.toml").write_text(PROJECTS_TOML)
+    p = nightly_bash("--projects", str(top / "projects.toml"), "--state-dir", str(top / "state"),
+                     "--targets", "linux-x86_64", "--benchmarks", "none", cwd=ROOT)
+    return top / "state", p, revs
+
+
+def _runs(state: Path) -> dict[str, tuple[str, str, dict]]:
+    with sqlite3.connect(state / "results.db") as db:
+        return {project: (run_id, st, json.loads(notes)) for run_id, project, st, notes in
+                db.execute("SELECT run_id, project, state, notes FROM runs WHERE parent_run_id IS NULL")}
+
+
+def test_bad_catalogs_fail_their_own_projects_and_the_innocent_one_passes(night) -> None:  # type: ignore[no-untyped-def]
+    state, p, revs = night
+    out = p.stdout + p.stderr
+    # Exit 1 (a project failed; 2 is the farm's own trouble), said, with no traceback.
+    assert p.returncode == 1, out[-6000:]
+    assert "Traceback" not in out and "RecursionError" not in out, out[-6000:]
+    runs = _runs(state)
+    assert sorted(runs) == ["deep", "forever", "tapkv", "wine"], runs
+    # The innocent project's jobs all ran and passed.
+    run_id, st, _ = runs["tapkv"]
+    assert st == "finished"
+    with sqlite3.connect(state / "results.db") as db:
+        jobs = dict(db.execute("SELECT job_id, status FROM jobs WHERE run_id = ?", (run_id,)))
+    assert jobs and set(jobs.values()) == {"passed"}, jobs
+    assert {j.split(":", 1)[1] for j in jobs} == {"linux-x86_64:build", "linux-x86_64:test-tap"}, jobs
+    # Each bad project: its run recorded and closed as failed, with the error and its fix.
+    for name, said in SAID.items():
+        run_id, st, notes = runs[name]
+        assert st == "failed", (name, st)
+        assert said.format(rev=revs[name][:12]) in notes["error"], (name, notes)
+        assert f"project {name} does not run tonight" in p.stderr, p.stderr[-4000:]
+        with sqlite3.connect(state / "results.db") as db:
+            assert db.execute("SELECT COUNT(*) FROM jobs WHERE run_id = ?", (run_id,)).fetchone()[0] == 0
+
+
+def test_each_bad_project_has_its_error_in_every_report_and_the_mail(night) -> None:  # type: ignore[no-untyped-def]
+    state, p, revs = night
+    runs = _runs(state)
+    for name, said in SAID.items():
+        said = said.format(rev=revs[name][:12])
+        out = state / "runs" / runs[name][0]
+        report = json.loads((out / "report.json").read_text())
+        assert said in report["not_run"] and not report["all_green"], report
+        assert report["headline"].startswith("could not run: project " + name), report["headline"]
+        html = (out / "report.html").read_text()
+        assert "Not run tonight" in html and said.replace("'", "&#39;") in html, html[:3000]
+        text = (out / "report.txt").read_text()
+        assert "NOT RUN TONIGHT" in text and said in text, text[:3000]
+        junit = (out / "junit.xml").read_text()
+        assert 'type="not_run"' in junit and f'classname="{name}"' in junit, junit
+        # Printed with the night's reports too.
+        assert f"{name}: could not run: project {name}" in p.stdout
+    innocent = json.loads((state / "runs" / runs["tapkv"][0] / "report.json").read_text())
+    assert innocent["all_green"] and "not_run" not in innocent, innocent["headline"]
+    # One mail for the night, beside the first run's report: every project's section in it.
+    (eml,) = list((state / "runs").glob("*/report.eml"))
+    msg = BytesParser(policy=policy.default).parsebytes(eml.read_bytes())
+    subject = str(msg["subject"])
+    for name in SAID:
+        assert f"{name} could not run: project {name}" in subject, subject
+    assert "tapkv passed" in subject, subject
+    body = msg.get_body(("plain",)).get_content()  # type: ignore[union-attr]
+    for name, said in SAID.items():
+        assert said.format(rev=revs[name][:12]) in body, body[:4000]

@@ -442,6 +442,7 @@ class EmbeddedSettings(_Section):
 
     slots: int = Field(default=0, ge=0, le=256)
     ccache: str | None = None
+    max_timeout: float = Field(default=FarmConfig.model_fields["max_timeout"].default, gt=0)
     sandbox_readonly: list[str] = Field(default_factory=list)
     sandbox_shared: list[str] = Field(default_factory=list)
     sandbox_env: list[str] = Field(default_factory=list)

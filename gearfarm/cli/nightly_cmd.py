@@ -90,8 +90,10 @@ def nightly_cmd(config_path: str | None, projects_file: Path | None, project_nam
              "worker processes it runs (docs/lab.md)")
     default_repo = (repo or (cfg.path(cfg.farm.repo) if cfg else None) or repo_root()).resolve()
     # Before the embedded farm exists, its config is only where projects and paths come from.
+    # (with the projects file's [farm]: the catalogs are checked against its max_timeout)
     base = cfg or Config(farm=FarmConfig(repo=str(default_repo),
-                                         state_dir=str(farm_state_dir(state_dir, default_repo))),
+                                         state_dir=str(farm_state_dir(state_dir, default_repo)),
+                                         **(settings.farm.model_dump(exclude={"slots"}) if settings else {})),
                          projects=settings.projects if settings else [])
     if repo is not None and not base.projects:
         base.farm.repo = str(default_repo)

@@ -19,7 +19,7 @@ import pytest
 
 from tests import projects
 from tests.farm.test_projects_file import nightly_bash
-from tests.farmkit import ROOT
+from tests.farmkit import ROOT, gearfarm
 from tests.projects import _init
 
 PROJECTS_TOML = """# One innocent project and three whose catalogs cannot run.
@@ -144,3 +144,49 @@ def test_each_bad_project_has_its_error_in_every_report_and_the_mail(night) -> N
     body = msg.get_body(("plain",)).get_content()  # type: ignore[union-attr]
     for name, said in SAID.items():
         assert said.format(rev=revs[name][:12]) in body, body[:4000]
+
+
+STRICT = BASE.format(suite="timeout = 200").replace('outputs = ["out.txt"]', 'outputs = ["out.txt"]\ntimeout = 60')
+FINE = BASE.format(suite="timeout = 30").replace('outputs = ["out.txt"]', 'outputs = ["out.txt"]\ntimeout = 60')
+
+
+def test_a_worker_stricter_than_the_nightly_refuses_the_catalog_and_its_slot_goes_on(tmp_path: Path) -> None:
+    """A lab's worker host may be stricter than its nightly's host: the catalog passed the
+    nightly (max_timeout 6 h) but not the worker (100 s). The job ends `infra` saying why, the
+    slot (one) takes the next night's job of another project, which passes."""
+    from gearfarm import config as config_mod
+    from gearfarm.config import EmbeddedSettings, ProjectConfig
+    from gearfarm.formats import catalog as catalog_mod
+    from gearfarm.run.farm import EmbeddedFarm
+
+    for name, text in (("strict", STRICT), ("fine", FINE)):
+        _init(tmp_path / name, {"jobs/catalog.toml": text})
+    state = tmp_path / "state"
+    farm = EmbeddedFarm(state, tmp_path / "no-repo", slots=1, settings=EmbeddedSettings(max_timeout=100),
+                        projects=[ProjectConfig(name=n, repo=str(tmp_path / n)) for n in ("strict", "fine")])
+    try:
+        cfg = farm.start(catalog_mod.parse(FINE, "fine"))
+        assert cfg.farm.max_timeout == 100  # the workers' config
+        lax = cfg.model_copy(deep=True)
+        lax.farm.max_timeout = 21600
+        config_mod.dump(lax, tmp_path / "nightly.toml")
+        (tmp_path / "nightly.toml").chmod(0o600)
+        args = ("nightly", "--config", str(tmp_path / "nightly.toml"), "--benchmarks", "none")
+        strict = gearfarm(*args, "--project", "strict", timeout=600)
+        fine = gearfarm(*args, "--project", "fine", timeout=600)
+    finally:
+        farm.stop()
+    assert strict.returncode == 1, strict.stdout[-3000:] + strict.stderr[-3000:]
+    assert "Traceback" not in strict.stdout + strict.stderr
+    with sqlite3.connect(state / "results.db") as db:
+        rows = {(project, job_id.split(":", 1)[1]): (status, json.loads(rec)["message"])
+                for project, job_id, status, rec in
+                db.execute("SELECT r.project, j.job_id, j.status, j.record FROM jobs j JOIN runs r USING (run_id)")}
+    status, message = rows["strict", "linux-x86_64:build"]
+    assert status == "infra", rows
+    assert message.startswith("catalog refused on this worker: catalogs/") and \
+        "[suites.unit.timeout] 200 s is above the farm's limit, [farm] max_timeout = 100 s" in message, message
+    assert rows["strict", "linux-x86_64:test-unit"][0] == "skipped", rows
+    # The same (only) slot ran the next night's jobs.
+    assert fine.returncode == 0, fine.stdout[-3000:] + fine.stderr[-3000:]
+    assert rows["fine", "linux-x86_64:build"][0] == "passed" and rows["fine", "linux-x86_64:test-unit"][0] == "passed"

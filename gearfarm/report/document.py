@@ -147,9 +147,11 @@ class Report(BaseModel):
         """The report with its one-line titles made from its headline."""
         fixed = len(self.fixed)
         green = "passed" + (f", {fixed} fixed" if fixed else "")
+        # (a project that could not run is one short part of a night's subject: its section says why)
+        state = "could not run" if self.not_run else green if self.all_green else self.headline
         return self.model_copy(update={
             "subject": f"[gearfarm] {self.project} {self.run_id} at {self.rev[:12]}: {self.headline}",
-            "summary": f"{self.project} {green if self.all_green else self.headline}"})
+            "summary": f"{self.project} {state}"})
 
     def with_performance(self, entries: list[Item], figures: Sequence[Item] = ()) -> Report:
         """The performance section: the changes (``entries``; regressions also go into the

@@ -177,18 +177,24 @@ def load_project(cfg: Config, project: ProjectConfig, rev: str | None = None) ->
         repo = snapshot.repository(cfg, project)
         full = snapshot.resolve(repo, rev or project.branch)
     except snapshot.SourceError as e:
-        raise ProjectError(project.name, rev or project.branch, f"project {project.name}: {e}") from e
+        raise ProjectError(project.name, rev or project.branch, _named(project.name, e)) from e
     try:
         text, origin = snapshot.catalog_text(cfg, project, repo, full)
         cat = catalog_mod.parse(text, origin, cfg.farm.max_timeout)
     except catalog_mod.CatalogError as e:
-        raise ProjectError(project.name, full, f"project {project.name}: {e}") from e
+        raise ProjectError(project.name, full, _named(project.name, e)) from e
     for t in project.targets or []:
         try:
             cat.target(t)
         except catalog_mod.CatalogError as e:
             raise ProjectError(project.name, full, f"project {project.name}: [[projects]] targets: {e}") from e
     return Loaded(project.name, repo, full, cat, text, project.targets, snapshot.module_mirrors(cfg, project))
+
+
+def _named(project: str, e: Exception) -> str:
+    """``e``'s message, starting with the project's name (once)."""
+    text = str(e)
+    return text if text.startswith(f"project {project}: ") else f"project {project}: {text}"
 
 
 def prepare(store: ArtifactStore, loaded: Loaded) -> tuple[Source, int]:

@@ -117,9 +117,9 @@ def run_night(cfg: Config, projects: Sequence[Project], seed: int, observer: Obs
         except nightly.RunError as e:
             copier.close()
             raise NightError(str(e)) from e
-    problems: list[str] = [f"{n.error}" for n in failed if n.farm]
+    problems = [n.error for n in failed if n.farm]
     # The projects that could not run first: they are the night's news.
-    runs = [_not_run(cfg, db, n, seed, by_run, problems) for n in failed]
+    runs = [_not_run(db, n, seed, by_run, problems) for n in failed]
     runs += [_closed(cfg, db, p, by_run, unclosed, problems) for p in plans]
     return _publish(cfg, db, store, plans, runs, by_run, problems, seed, observer, report_dir, copier.close())
 
@@ -149,7 +149,7 @@ def _plan(cfg: Config, store: ArtifactStore, projects: Sequence[Project], seed: 
             try:
                 source, moved = nightly.prepare(store, lp)
             except nightly.ProjectError as e:
-                observer.warn(f"{e}: project {lp.name} does not run tonight")
+                observer.warn(f"project {lp.name} does not run tonight: {e}")
                 failed.append(NotRun(lp.name, lp.rev, pr.run_id, str(e), e.farm))
                 continue
             observer.say(f"project {lp.name}: revision {lp.rev[:12]}, source snapshot "
@@ -208,16 +208,16 @@ def _closed(cfg: Config, db: ResultsDB, p: nightly.Plan, by_run: dict[str, list[
                parent_run_id=None, project=p.project)
 
 
-def _not_run(cfg: Config, db: ResultsDB, n: NotRun, seed: int, by_run: dict[str, list[ResultRecord]],
-             problems: list[str]) -> Run:
-    """The run of a project that could not run, recorded and closed as failed with its error;
-    when the database fails, the run as it would be recorded, with the problem said."""
+def _not_run(db: ResultsDB, n: NotRun, seed: int, by_run: dict[str, list[ResultRecord]], problems: list[str]) -> Run:
+    """The run of a project that could not run, recorded and closed as failed with its error.
+    When the database fails, or a run of that id exists already (a --run-id given again, which
+    is left as it was), the run as it would be recorded: its report still says why."""
     by_run[n.run_id] = []
     try:
-        nightly.record_not_run(db, n.run_id, n.project, n.rev, n.error, seed)
-        run = db.get_run(n.run_id)
-        assert run is not None
-        return run
+        if nightly.record_not_run(db, n.run_id, n.project, n.rev, n.error, seed):
+            run = db.get_run(n.run_id)
+            assert run is not None
+            return run
     except SQLAlchemyError as e:
         problems.append(f"results database unavailable: the failed run {n.run_id} of project {n.project} is not "
                         f"recorded ({str(e).splitlines()[0]}); its report says why it did not run")

@@ -213,12 +213,15 @@ def prepare(store: ArtifactStore, loaded: Loaded) -> tuple[Source, int]:
     return Source(loaded.name, loaded.rev, snap.sha256, sha), snap.uploaded_bytes + cat_bytes
 
 
-def record_not_run(db: ResultsDB, run_id: str, project: str, rev: str, error: str, seed: int) -> None:
+def record_not_run(db: ResultsDB, run_id: str, project: str, rev: str, error: str, seed: int) -> bool:
     """Record the run of a project that cannot run tonight (ProjectError), closed at once as
-    failed with its error: the report, the mail and the dashboard show it beside the others."""
-    db.create_run(run_id, rev[:40], [], [], notes={"seed": seed, "error": error}, deadline=time.time(),
-                  project=project)
+    failed with its error: the report, the mail and the dashboard show it beside the others.
+    False when a run of that id exists already: it is left as it was."""
+    if not db.create_run(run_id, rev[:40], [], [], notes={"seed": seed, "error": error}, deadline=time.time(),
+                         project=project):
+        return False
     db.finish_run(run_id, NOT_RUN)
+    return True
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from markupsafe import escape
 
+from tests.farm.test_jenkins import schema, validate  # noqa: F401 (schema: a fixture)
 from tests.farm.test_projects_file import nightly_bash
 from tests.farmkit import GIT, ROOT, gearfarm, make_repo
 from tests.projects import _init
@@ -146,7 +147,8 @@ def test_bad_projects_fail_their_own_nights_and_the_engine_passes(night) -> None
             assert db.execute("SELECT COUNT(*) FROM jobs WHERE run_id = ?", (run_id,)).fetchone()[0] == 0
 
 
-def test_each_bad_project_has_its_error_in_every_report_and_the_mail(night) -> None:  # type: ignore[no-untyped-def]
+def test_each_bad_project_has_its_error_in_every_report_and_the_mail(  # type: ignore[no-untyped-def]
+        night, schema: Path) -> None:  # noqa: F811 (the schema fixture)
     state, p, revs = night
     runs = _runs(state)
     for name, said in _said(revs).items():
@@ -160,6 +162,8 @@ def test_each_bad_project_has_its_error_in_every_report_and_the_mail(night) -> N
         assert "NOT RUN TONIGHT" in text and said in text, text[:3000]
         junit = (out / "junit.xml").read_text()
         assert 'type="not_run"' in junit and f'classname="{name}"' in junit, junit
+        checked = validate(schema, out / "junit.xml")  # as Jenkins' xUnit plugin reads it
+        assert checked.returncode == 0, checked.stderr
         # Printed with the night's reports too.
         assert f"{name}: could not run: project {name}" in p.stdout
     innocent = json.loads((state / "runs" / runs["engine"][0] / "report.json").read_text())

@@ -187,7 +187,10 @@ def load_project(cfg: Config, project: ProjectConfig, rev: str | None = None) ->
         try:
             cat.target(t)
         except catalog_mod.CatalogError as e:
-            raise ProjectError(project.name, full, f"project {project.name}: [[projects]] targets: {e}") from e
+            # The farm's config and the project's catalog disagree: the operator's to look at
+            # too (exit status 2), whichever side changed.
+            raise ProjectError(project.name, full, f"project {project.name}: [[projects]] targets: {e}",
+                               farm=True) from e
     return Loaded(project.name, repo, full, cat, text, project.targets, snapshot.module_mirrors(cfg, project))
 
 

@@ -7,6 +7,7 @@ timeout above the farm's `[farm] max_timeout` is refused naming the key and the 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -182,3 +183,31 @@ def _with(extra: str) -> str:
         else:
             out += f"\n{head}\n{body}\n"
     return out
+
+
+def test_a_committed_catalog_too_big_or_not_utf8_is_refused_naming_the_project(tmp_path: Path) -> None:
+    """The nightly reads a project's catalog from git: one of 2 MiB is refused by its size
+    (`git cat-file -s`), before the nightly reads it; bytes that are not UTF-8 are named as such."""
+    from gearfarm.config import Config, ProjectConfig
+    from gearfarm.run import snapshot
+    from tests.farmkit import commit
+    from tests.projects import _init
+
+    cfg = Config(farm=FarmConfig(state_dir=str(tmp_path / "state")))
+    for name, data, said in (
+            ("huge", (GOOD + "#" * (2 * MAX_BYTES) + "\n").encode(), f"is {len(GOOD) + 2 * MAX_BYTES + 1} bytes, more "
+                                                                     f"than the {MAX_BYTES} a catalog may have"),
+            ("latin", GOOD.encode() + b"# caf\xe9\n", "not UTF-8 text")):
+        _init(tmp_path / name, {"README": "x"})
+        (tmp_path / name / "jobs").mkdir()
+        (tmp_path / name / "jobs" / "catalog.toml").write_bytes(data)
+        rev = commit(tmp_path / name, "catalog")
+        project = ProjectConfig(name=name, repo=str(tmp_path / name))
+        with pytest.raises(CatalogError) as e:
+            snapshot.catalog_text(cfg, project, tmp_path / name, rev)
+        assert str(e.value).startswith(f"{name}@{rev[:12]}:jobs/catalog.toml: ") and said in str(e.value), e.value
+        # The same from a catalog_file beside the config.
+        (tmp_path / f"{name}.toml").write_bytes(data)
+        beside = project.model_copy(update={"catalog_file": str(tmp_path / f"{name}.toml")})
+        with pytest.raises(CatalogError, match=said):
+            snapshot.catalog_text(cfg, beside, tmp_path / name, rev)

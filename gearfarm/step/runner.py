@@ -55,6 +55,10 @@ def collect_outputs(root: Path, patterns: list[str]) -> list[str]:
             matched = sorted(root.glob(pattern)) if pattern not in ("", ".") else [root]
         except (NotImplementedError, ValueError):  # pathlib's answer to an absolute pattern
             matched = [Path(pattern)]
+        except RecursionError:  # Python 3.11's "**" recurses: a tree a thousand deep is the build's doing
+            raise OutputsUnsafe(f"build output {pattern!r} (catalog key build.outputs): the tree under it is too "
+                                "deep to search (over a thousand directories): name the outputs without `**`, or "
+                                "keep the build's tree shallower") from None
         if not matched and os.path.islink(root / pattern):
             matched = [root / pattern]  # a dangling link: glob skips it, but it is what the build left
         if not matched:

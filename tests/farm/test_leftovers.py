@@ -17,7 +17,6 @@ where it would be, and a farm started again registers its workers and runs a nig
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from gearfarm.formats import catalog as catalog_mod
 from gearfarm.hosts import jobtree
 from gearfarm.run.farm import EmbeddedFarm
 from tests.farmkit import gearfarm
+from tests.hosts.test_jobtree import deep
 from tests.projects import _init
 
 T = "linux-x86_64"
@@ -181,13 +181,7 @@ def nights(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     dead = state / "work" / "1-1-000000000000" / "testxyz"
     (dead / "scratch").mkdir(parents=True)
     (dead / "test.log").write_text(f"gearfarm test-deep of hostile for {T} at abc on a-killed-worker\n")
-    fd = os.open(dead / "scratch", os.O_RDONLY)
-    for _ in range(3000):
-        os.mkdir("d", dir_fd=fd)
-        sub = os.open("d", os.O_RDONLY, dir_fd=fd)
-        os.close(fd)
-        fd = sub
-    os.close(fd)
+    deep(dead / "scratch")
     (dead / "scratch" / "locked").mkdir(mode=0o000)
     try:
         t0 = time.monotonic()

@@ -12,6 +12,7 @@ import pytest
 
 from gearfarm.hosts import jobtree
 from gearfarm.step import hostlib
+from tests.hosts.test_jobtree import deep
 
 
 @pytest.mark.timeout(60)
@@ -39,13 +40,7 @@ def test_a_tree_3000_deep_does_not_stop_the_check(tmp_path: Path) -> None:
     """A relative program name is looked for in the tree: Path.rglob recursed and raised."""
     tree, out = tmp_path / "tree", tmp_path / "loader"
     tree.mkdir()
-    fd = os.open(tree, os.O_RDONLY)
-    for _ in range(1200):  # deeper than the recursion limit, shallower than PATH_MAX
-        os.mkdir("d", dir_fd=fd)
-        sub = os.open("d", os.O_RDONLY, dir_fd=fd)
-        os.close(fd)
-        fd = sub
-    os.close(fd)
+    deep(tree, 1200)  # deeper than the recursion limit, shallower than PATH_MAX
     (tree / "libz.so.1").write_bytes(b"\x7fELF")
     hostlib.environment(out)
     (out / "ld.9").write_text("     9:\t  trying file=/usr/lib/libz.so.1\n     9:\n"

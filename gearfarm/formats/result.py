@@ -312,7 +312,7 @@ CASES_MAX_BYTES = 1024 * 1024 * 1024
 # The most cases a suite's record keeps one by one: each costs its worker about 1 KB while the
 # record is made, and a results file of tiny cases can hold millions. Past it the rest are
 # counted into one case (gearfarm.step.junit.Overflow), failures named, so none is lost.
-CASES_MAX = 100_000
+CASES_MAX = 50_000
 CASES_CONTENT_TYPE = "application/zstd"
 _CASES = TypeAdapter(list[CaseResult])
 

@@ -9,8 +9,9 @@ in the same night, twice, on the same slots:
   shutil.rmtree raised RecursionError when the next command started (that job, another
   project's, was `infra`), and at every later start sweep_work_dirs raised ("workers did not
   register");
-* a suite that writes a 400 MiB JUnit file. Before: the worker went from 86 MB to 1.34 GB
-  (ElementTree read it whole), and it was stored whole.
+* suites that write a 400 MiB JUnit file, of 4,100 cases with 100 KiB of output each, and of 7
+  million tiny cases. Before: the worker went from 80 MB to 489 MB on the first (ElementTree read
+  it whole; 1.34 GB in the issue's file), and it was stored whole.
 
 Then the farm is stopped, a tree such a job would leave when its worker is killed mid-job is put
 where it would be, and a farm started again registers its workers and runs a night."""
@@ -29,6 +30,7 @@ from gearfarm import config as config_mod
 from gearfarm.config import ProjectConfig
 from gearfarm.db.results import ResultsDB
 from gearfarm.formats import catalog as catalog_mod
+from gearfarm.formats.result import CASES_MAX
 from gearfarm.hosts import jobtree
 from gearfarm.run.farm import EmbeddedFarm
 from tests.farmkit import gearfarm
@@ -42,7 +44,7 @@ HOSTILE = """schema = 2
 
 [build]
 argv = ["sh", "-c", "echo built > built.txt"]
-outputs = ["built.txt", "fifo.sh", "deep.py", "big.py"]
+outputs = ["built.txt", "fifo.sh", "deep.py", "big.py", "tiny.py"]
 timeout = 120
 
 [suites.fifo]
@@ -70,9 +72,15 @@ argv = ["python3", "{root}/big.py", "{junit}"]
 format = "junit"
 timeout = 600
 
+[suites.tinyjunit]
+description = "a 400 MiB JUnit file of 7 million cases"
+argv = ["python3", "{root}/tiny.py", "{junit}"]
+format = "junit"
+timeout = 600
+
 [targets.linux-x86_64]
 tools = ["sh", "python3"]
-suites = ["fifo", "tapfifo", "deep", "bigjunit"]
+suites = ["fifo", "tapfifo", "deep", "bigjunit", "tinyjunit"]
 """
 
 FIFO = 'mkfifo "$LD_DEBUG_OUTPUT.fifo" && mkfifo "$1" && exit 0\n'
@@ -101,6 +109,16 @@ with open(sys.argv[1], "w") as f:
     for i in range(4100):  # 410 MB
         f.write(f'<testcase classname="big" name="case {i}" time="0.01"><system-out>{out}</system-out></testcase>\\n')
     f.write("</testsuite></testsuites>\\n")
+"""
+
+TINY = """import sys
+with open(sys.argv[1], "w") as f:
+    f.write('<testsuite name="tiny">\\n')
+    n = 0
+    while f.tell() < 400 * 1024 * 1024:
+        f.write("".join(f'<testcase classname="c" name="case {n + i}" time="0.001"/>\\n' for i in range(10000)))
+        n += 10000
+    f.write("</testsuite>\\n")
 """
 
 INNOCENT = """schema = 2
@@ -155,7 +173,8 @@ def nights(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     repos = {"hostile": base / "hostile", "innocent": base / "innocent"}
     for repo in repos.values():
         repo.mkdir()
-    _init(repos["hostile"], {"jobs/catalog.toml": HOSTILE, "fifo.sh": FIFO, "deep.py": DEEP, "big.py": BIG})
+    _init(repos["hostile"], {"jobs/catalog.toml": HOSTILE, "fifo.sh": FIFO, "deep.py": DEEP, "big.py": BIG,
+                                  "tiny.py": TINY})
     _init(repos["innocent"], {"jobs/catalog.toml": INNOCENT})
     farm = EmbeddedFarm(state, base / "no-repo", slots=2,
                         projects=[ProjectConfig(name=n, repo=str(r)) for n, r in repos.items()])
@@ -264,6 +283,12 @@ def test_a_400mib_junit_file_is_capped_with_a_note_and_the_worker_stays_small(ni
             assert b"(results capped at 64 MiB: [farm] result_limit)" in f.read()
         log = (run / "logs" / T / "test-bigjunit" / "log.txt").read_text()
         assert "results capped at 64 MiB: [farm] result_limit" in log
+        # Of tiny cases, the first CASES_MAX are recorded, the rest within the cap counted in one.
+        tiny = next(r for r in db.jobs(run.name) if r.step == "test-tinyjunit")
+        assert tiny.status == "passed" and len(tiny.cases) == CASES_MAX + 1, (tiny.status, len(tiny.cases))
+        summed = [c for c in tiny.cases if c.name == f"(cases past {CASES_MAX})"]
+        assert len(summed) == 1 and re.fullmatch(rf"\d{{6,7}} more cases past the {CASES_MAX} a record keeps one by "
+                                                 r"one: \d+ passed", summed[0].message), summed
     peak = max(nights["hwm_kib"].values())
     print(f"worker VmHWM at start {nights['baseline_kib']} KiB, after two nights {nights['hwm_kib']} KiB; nights took "
           f"{nights['first']['seconds']:.0f} s and {nights['second']['seconds']:.0f} s")

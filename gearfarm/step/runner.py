@@ -251,11 +251,12 @@ def run_suite(cat: Catalog, target: Target, suite: Suite, tree: Path, scratch: P
     return SuiteRun("failed", "; ".join(m for m in (message, capped) if m), cases_found, results, seconds)
 
 
-def _results_copy(suite: Suite, results: Path, roots: list[Path], copy: Path, limit: int
+def _results_copy(suite: Suite, results: Path, roots: list[Path], where: Path, limit: int
                   ) -> tuple[Path | None, str, jobtree.Copied | None]:
     """The suite's results file as the worker reads and stores it: its own copy of at most
     ``limit`` bytes ([farm] result_limit), made through jobtree.open_file (a regular file inside
-    the job's directories, never a link out, a FIFO, a socket or a device). Returns the path to
+    the job's directories, never a link out, a FIFO, a socket or a device), under the same name in
+    the worker's directory ``where`` (errors name the file as the suite wrote it). Returns the path to
     read (the copy; the job's path when there is no file, for the error that names it), a
     message when it must not be read, and what the copy kept."""
     inside = within(results, roots)
@@ -265,7 +266,9 @@ def _results_copy(suite: Suite, results: Path, roots: list[Path], copy: Path, li
                       "directories; the worker reads only files inside them: write the results there"), None
     if not os.path.lexists(inside):
         return inside, "", None
+    copy = where / inside.name
     try:
+        where.mkdir(exist_ok=True)
         copied = jobtree.copy_capped(inside, copy, limit)
     except jobtree.NotAFile as e:
         return None, f"suite {suite.name}: its results file {e.strerror}; make the suite write a file there", None

@@ -235,8 +235,13 @@ class FarmConfig(_Section):
     # were dropped between (gearfarm.hosts.process.CappedLog). A worker holds that quarter in memory
     # while a command runs.
     log_limit: int = Field(default=64 * 1024 * 1024, ge=64 * 1024)
+    # The most of a suite's results file (JUnit, TAP) the worker reads and stores, a size as
+    # log_limit: past it the rest is dropped with a note in the job's log, its record's message and
+    # the stored file (gearfarm.step.runner). The worker reads it streaming: its memory does not grow
+    # with this.
+    result_limit: int = Field(default=64 * 1024 * 1024, ge=64 * 1024)
 
-    @field_validator("log_limit", mode="before")
+    @field_validator("log_limit", "result_limit", mode="before")
     @classmethod
     def _size(cls, v: Any) -> Any:
         if not isinstance(v, str):

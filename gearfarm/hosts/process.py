@@ -12,10 +12,10 @@ from __future__ import annotations
 import fcntl
 import functools
 import hashlib
+import logging
 import os
 import re
 import select
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -26,6 +26,8 @@ from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
+
+from gearfarm.hosts import jobtree
 
 # A daemon's log (a farm's worker, its collector, MinIO) is appended to by every process started
 # on it: the embedded farm's state directory keeps the same logs/<name>.log night after night.
@@ -657,36 +659,63 @@ def release_work_dir(root: Path) -> None:
 def sweep_work_dirs(root: Path) -> list[Path]:
     """Remove the owner directories under ``root`` of processes that are gone (a dead pid,
     the pid now another process, or an earlier boot); returns what was removed. Directories
-    of live owners, and names that are not owner directories, are left alone."""
+    of live owners, and names that are not owner directories, are left alone.
+    Never raises: what cannot be removed is quarantined (_rmtree), and a start goes on.
+    What earlier removals quarantined is tried once more (a mount gone since, say)."""
     removed: list[Path] = []
-    if not root.is_dir():
-        return removed
-    boot = boot_id()[:12]
-    for d in sorted(root.iterdir()):
-        m = _OWNER.fullmatch(d.name)
-        if m is None or d.is_symlink() or not d.is_dir():
-            continue
-        if m.group(3) == boot and start_time(int(m.group(1))) == int(m.group(2)):
-            continue
-        _rmtree(d)
-        if not d.exists():
-            removed.append(d)
+    try:
+        if not root.is_dir():
+            return removed
+        boot = boot_id()[:12]
+        for d in sorted(root.iterdir()):
+            m = _OWNER.fullmatch(d.name)
+            if m is None or d.is_symlink() or not d.is_dir():
+                continue
+            if m.group(3) == boot and start_time(int(m.group(1))) == int(m.group(2)):
+                continue
+            _rmtree(d)
+            if not os.path.lexists(d):
+                removed.append(d)
+        kept = quarantine_dir(root)
+        for q in sorted(kept.iterdir()) if kept.is_dir() else []:
+            jobtree.remove(q, None, "quarantined earlier")
+            if not os.path.lexists(q):
+                removed.append(q)
+    except Exception:
+        logging.getLogger(__name__).exception("sweeping %s", root)
     return removed
 
 
+def quarantine_dir(root: Path) -> Path:
+    """Where what a job left and no removal could take is moved (jobtree.remove), beside the
+    jobs root ``root`` and on its filesystem: out of every slot's way, kept for a look."""
+    return root.parent / "quarantine"
+
+
+def _job_named(path: Path) -> str:
+    """The job a job dir was made for, from the first line of the worker's log in it
+    ("gearfarm test-x of engine for linux-x86_64 at <rev> on <worker>"); else the dir's owner."""
+    with suppress(OSError, StopIteration):
+        log = next(p for p in (path / f"{role}.log" for role in ("build", "test", "perf")) if p.is_file())
+        head, _ = jobtree.read_capped(log, 1024)
+        first = head.decode("utf-8", "replace").split("\n", 1)[0].strip()
+        if first:
+            return first
+    owner = path.parent.name if _OWNER.fullmatch(path.parent.name) else path.name
+    return f"a job of worker process {owner}"
+
+
 def _rmtree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-    if not path.exists():
-        return
-    # Jobs leave read-only and unreadable directories (suites testing error paths): a worker
-    # that is not root must open them up to empty them. Symlinks are not followed: chmod on
-    # one would change its target, which may be anything.
-    with suppress(OSError):
-        os.chmod(path, 0o700)
-    for d, dirs, _ in os.walk(path):
-        for sub in dirs:
-            p = os.path.join(d, sub)
-            if not os.path.islink(p):
-                with suppress(OSError):
-                    os.chmod(p, 0o700)
-    shutil.rmtree(path, ignore_errors=True)
+    """Remove a job dir (or an owner dir of them) whatever its job left there; what cannot go is
+    quarantined and logged, naming the job. Never raises: a job's leftovers stop no slot."""
+    try:
+        if _OWNER.fullmatch(path.name):
+            for job in sorted(path.iterdir()) if path.is_dir() and not path.is_symlink() else []:
+                jobtree.remove(job, quarantine_dir(path.parent), _job_named(job))
+            what = f"worker process {path.name}'s job dirs"
+            root = path.parent
+        else:
+            what, root = _job_named(path), jobs_root(path)
+        jobtree.remove(path, quarantine_dir(root), what)
+    except Exception:  # nothing a job left may stop the slot or the worker's start
+        logging.getLogger(__name__).exception("cannot remove %s", path)

@@ -17,7 +17,7 @@ from typing import Literal
 from gearfarm.formats import catalog as catalog_mod
 from gearfarm.formats.catalog import Benchmark, Catalog, Suite, Target
 from gearfarm.formats.result import CaseResult, CurveRecord
-from gearfarm.hosts import process
+from gearfarm.hosts import jobtree, process
 from gearfarm.s3.artifact import ArtifactError, link_target
 from gearfarm.step import ctestfile, hostlib, outcome, runpath
 from gearfarm.step.outcome import OutcomeError
@@ -55,6 +55,10 @@ def collect_outputs(root: Path, patterns: list[str]) -> list[str]:
             matched = sorted(root.glob(pattern)) if pattern not in ("", ".") else [root]
         except (NotImplementedError, ValueError):  # pathlib's answer to an absolute pattern
             matched = [Path(pattern)]
+        except RecursionError:  # Python 3.11's "**" recurses: a tree a thousand deep is the build's doing
+            raise OutputsUnsafe(f"build output {pattern!r} (catalog key build.outputs): the tree under it is too "
+                                "deep to search (over a thousand directories): name the outputs without `**`, or "
+                                "keep the build's tree shallower") from None
         if not matched and os.path.islink(root / pattern):
             matched = [root / pattern]  # a dangling link: glob skips it, but it is what the build left
         if not matched:
@@ -87,7 +91,7 @@ def _outputs_at(root: Path, match: Path, pattern: str) -> list[str]:
     if not path.is_dir():
         return []  # a fifo, socket or device: not an output, as before
     out: list[str] = []
-    for d, dirs, names in os.walk(path):  # os.walk lists links to directories but never enters them
+    for d, dirs, names in jobtree.walk(path):  # never enters a link (listed among the names)
         for name in dirs + names:
             p = Path(d) / name
             r = str(p.relative_to(root))
@@ -218,30 +222,59 @@ def run_suite(cat: Catalog, target: Target, suite: Suite, tree: Path, scratch: P
                          inner=hostlib.environment(loader))
     seconds = time.monotonic() - t0
     cases_found: list[CaseResult] = []
-    message = ""
+    message, copied = "", None
+    asked = results
     if results is not None:
-        inside = within(results, [tree, scratch, out])
-        if inside is None:
-            # Read nothing through it: the suite made its results file a link out of the job.
-            message = (f"suite {suite.name}: its results file {results} is a link leading outside the job's "
-                       "directories; the worker reads only files inside them: write the results there")
-        results = inside
+        results, message, copied = _results_copy(suite, results, [tree, scratch, out], log_path.parent / (
+            f"{scratch.name}-results"), sandbox.result_limit or process.LOG_LIMIT)
     try:
         if not message:
             cases_found = outcome.cases(suite.format, suite.name, rc=rc if rc is not None else -1, output=log_path,
-                                        results=results)
+                                        results=results, capped=bool(copied and copied.dropped))
     except OutcomeError as e:
         message = f"suite {suite.name}: {e}"
+    capped = ""
+    if copied is not None and copied.dropped and results is not None:
+        capped = f"suite {suite.name}: {copied.note(asked or results)}"
+        _note(log_path, [capped])
+        with results.open("a") as f:  # the stored copy says where it was cut, as a capped log does
+            f.write(f"\n<!-- {capped} -->\n" if suite.format in ("junit", "ctest") else f"\n# {capped}\n")
     cases_found = _judged(cases_found, suite, loader, tree, prepared, target.runner, log_path)
     if timed_out:
         return SuiteRun("timed_out", f"suite {suite.name} timed out after {suite.timeout:.0f}s and was killed",
                         cases_found, results, seconds)
     if rc == 0 and cases_found and all(c.status in ("passed", "skipped") for c in cases_found):
-        return SuiteRun("passed", "", cases_found, results, seconds)
+        return SuiteRun("passed", capped, cases_found, results, seconds)
     bad = [c.name for c in cases_found if c.status in ("failed", "error")]
     message = message or (f"{len(bad)} failed: {', '.join(bad[:10])}" if bad
                           else f"suite exited {rc} with {len(cases_found)} test results")
-    return SuiteRun("failed", message, cases_found, results, seconds)
+    return SuiteRun("failed", "; ".join(m for m in (message, capped) if m), cases_found, results, seconds)
+
+
+def _results_copy(suite: Suite, results: Path, roots: list[Path], where: Path, limit: int
+                  ) -> tuple[Path | None, str, jobtree.Copied | None]:
+    """The suite's results file as the worker reads and stores it: its own copy of at most
+    ``limit`` bytes ([farm] result_limit), made through jobtree.open_file (a regular file inside
+    the job's directories, never a link out, a FIFO, a socket or a device), under the same name in
+    the worker's directory ``where`` (errors name the file as the suite wrote it). Returns the path to
+    read (the copy; the job's path when there is no file, for the error that names it), a
+    message when it must not be read, and what the copy kept."""
+    inside = within(results, roots)
+    if inside is None:
+        # Read nothing through it: the suite made its results file a link out of the job.
+        return None, (f"suite {suite.name}: its results file {results} is a link leading outside the job's "
+                      "directories; the worker reads only files inside them: write the results there"), None
+    if not os.path.lexists(inside):
+        return inside, "", None
+    copy = where / inside.name
+    try:
+        where.mkdir(exist_ok=True)
+        copied = jobtree.copy_capped(inside, copy, limit)
+    except jobtree.NotAFile as e:
+        return None, f"suite {suite.name}: its results file {e.strerror}; make the suite write a file there", None
+    except OSError as e:
+        return None, f"suite {suite.name}: cannot read its results file {inside}: {e.strerror or e}", None
+    return copy, "", copied
 
 
 def _relinked(tree: Path, others: Path) -> list[str]:
@@ -368,13 +401,19 @@ def curves_of(bench: Benchmark, text: str, variant: Literal["new", "baseline"]) 
     return out
 
 
+MAX_LINE = 64 * 1024
+
+
 def instructions(callgrind_out: Path | None, bench: str) -> float:
     """Total instructions executed, from callgrind's "summary:" line (None: no such file inside
     the job's directory)."""
     try:
-        for line in (callgrind_out.read_text() if callgrind_out is not None else "").splitlines():
-            if line.startswith("summary:") and math.isfinite(count := float(line.split()[1])):
-                return count
+        if callgrind_out is not None:
+            # Streamed, a line (at most MAX_LINE) at a time: a count file is as large as the program.
+            with jobtree.open_file(callgrind_out) as (fh, _):
+                while line := fh.readline(MAX_LINE):
+                    if line.startswith(b"summary:") and math.isfinite(count := float(line.split()[1])):
+                        return count
     except (OSError, IndexError, ValueError):
         pass
     raise BenchmarkFailed("failed", f"benchmark {bench}: callgrind wrote no instruction count "

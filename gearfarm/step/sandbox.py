@@ -97,6 +97,8 @@ class Sandbox:
     uid: int | None = None
     # The most of a command's output its job's log keeps ([farm] log_limit; None: process's default).
     log_limit: int | None = None
+    # The most of a suite's results file (JUnit, TAP) the worker reads and stores ([farm] result_limit).
+    result_limit: int | None = None
     # The builds' compiler cache ([farm] ccache): each project's builds write only its own part.
     ccache: Path | None = None
 
@@ -289,7 +291,7 @@ def for_config(cfg: Config) -> Sandbox:
     box = Sandbox(cfg.farm.sandbox, tuple(cfg.secret_files()),
                   tuple(cfg.path(p) for p in cfg.farm.sandbox_readonly),
                   tuple(cfg.path(p) for p in cfg.farm.sandbox_shared), tuple(cfg.farm.sandbox_env),
-                  uid if cfg.farm.sandbox != "none" else None, cfg.farm.log_limit,
+                  uid if cfg.farm.sandbox != "none" else None, cfg.farm.log_limit, cfg.farm.result_limit,
                   cfg.path(os.path.expanduser(cfg.farm.ccache)) if cfg.farm.ccache else None)
     box.check()
     try:

@@ -169,6 +169,7 @@ def load_project(cfg: Config, project: ProjectConfig, rev: str | None = None) ->
         raise RunError(f"project {project.name}: {e}") from e
     text, origin = snapshot.catalog_text(cfg, project, repo, full)
     cat = catalog_mod.parse(text, origin)
+    catalog_mod.check_limits(cat, origin, cfg.farm.job_limits_max())
     for t in project.targets or []:
         try:
             cat.target(t)

@@ -223,7 +223,7 @@ class Tree:
         try:
             for key, owner in self._mine().items():
                 if not owner.is_dir():
-                    owner.mkdir()
+                    owner.mkdir(parents=True)
                     if self.version == 2:
                         _enable(owner)
                 d = owner / name
@@ -306,9 +306,9 @@ def detect(version: int | None = None) -> Tree:
     if version != 2 and any(c in v1 and c in own for c in CONTROLLERS) and version in (None, 1):
         roots = {c: _place(v1[c], own[c]) / TOP for c in CONTROLLERS if c in v1 and c in own}
         try:
+            # Made when the first group is (Tree.group), gone with the last worker (release).
             for root in roots.values():
-                root.mkdir(exist_ok=True)
-                probe = root / f".probe-{os.getpid()}"
+                probe = root.parent / f".gearfarm-probe-{os.getpid()}"
                 probe.mkdir(exist_ok=True)
                 probe.rmdir()
         except OSError as e:

@@ -382,6 +382,16 @@ def host_cgroups(version: int | None = None) -> cgroup.Tree | str:
     return tree
 
 
+_said: set[str] = set()
+
+
+def _once(level: int, text: str) -> None:
+    """Log ``text`` once in this process's life: a worker of several roles makes a sandbox each."""
+    if text not in _said:
+        _said.add(text)
+        log.log(level, text)
+
+
 def release() -> None:
     """A stopping worker's own job cgroups go."""
     if host_cgroups.cache_info().currsize:
@@ -406,17 +416,18 @@ def for_config(cfg: Config) -> Sandbox:
     gid = uid
     if uid is not None and cfg.farm.sandbox != "none":
         uid = slot_uid(uid, cfg.farm.job_uids)
-        log.info("this slot runs its jobs as uid %d (group %d)", uid, gid)
+        _once(logging.INFO, f"this slot runs its jobs as uid {uid} (group {gid})")
     tree = host_cgroups()
     if isinstance(tree, str):
         if cfg.farm.job_limits == "required":
             raise SandboxError(f"[farm] job_limits = \"required\", and {tree}")
-        log.warning("jobs run without process, memory and CPU limits: %s", tree)
+        _once(logging.WARNING, f"jobs run without process, memory and CPU limits: {tree}")
         tree = None
     else:
-        log.info("each job command runs in a cgroup (v%d: %s) of at most %s processes and %s of memory, CPU weight %d",
-                 tree.version, ", ".join(tree.controllers()) or "no controller", cfg.farm.job_pids_max or "any",
-                 size_text(cfg.farm.job_memory_max) if cfg.farm.job_memory_max else "any", cfg.farm.job_cpu_weight)
+        _once(logging.INFO, f"each job command runs in a cgroup (v{tree.version}: "
+              f"{', '.join(tree.controllers()) or 'no controller'}) of at most {cfg.farm.job_pids_max or 'any'} "
+              f"processes and {size_text(cfg.farm.job_memory_max) if cfg.farm.job_memory_max else 'any'} of memory, "
+              f"CPU weight {cfg.farm.job_cpu_weight}")
     keys = [Path(cfg.source) if cfg.source else None, cfg.path(cfg.gearman.tls_key) if cfg.gearman.tls_key else None]
     exposed = [f for f in keys if f is not None and f.is_file() and f.stat().st_mode & 0o004]
     if exposed:

@@ -214,6 +214,10 @@ def test_a_fork_bomb_stops_at_the_jobs_process_limit_and_names_it(night: Night) 
     assert job.status == "failed", (job.status, job.message)
     assert "process limit 64 reached" in job.message
     assert 0 < night.most.get("bomb", 0) <= 64, night.most
+    # The kernel's own count of the group's most processes at once, which its log ends with.
+    peak = re.search(r"process limit 64 reached \(at most (\d+) processes", job.log_tail)
+    assert peak is not None and int(peak.group(1)) <= 64, job.log_tail
+    print("fork bomb: the kernel counted at most", peak.group(1), "processes")
     # The host kept answering: the test's own process started `true` promptly all along.
     assert night.forks > 20
     assert night.slowest_fork < 5.0, f"a fork of the test's took {night.slowest_fork:.1f} s"

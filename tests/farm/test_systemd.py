@@ -386,6 +386,16 @@ def test_the_installed_units_run_a_farm_under_a_real_systemd(tmp_path: Path) -> 
                   "print(r.status, 'linux-aarch64' in r.read().decode())")
         assert page.split() == ["200", "True"], page
         assert rev[:12] in out, out
+        # Each slot ran its jobs as a uid of its own, and said at its start whether its jobs run in
+        # cgroups of their own, under its unit's delegated group (docs/security.md, "Limits per
+        # job"): in this container on a cgroup v1 host, podman mounts the controllers read-only,
+        # so each says they do not, and why.
+        said = sh("journalctl --no-pager -o cat -u 'gearfarm-worker@*'", check=False)
+        (tmp_path / "workers.txt").write_text(said)
+        assert len(set(re.findall(r"this slot runs its jobs as uid (\d+)", said))) == len(workers), said[-3000:]
+        starts = re.findall(r"each job command runs in a cgroup \(v|jobs run without process, memory and CPU limits: "
+                            r"cannot make job cgroups under /sys/fs/cgroup/\S+ \(Read-only file system\)", said)
+        assert len(starts) == len(workers), said[-3000:]
 
         # Nothing was restarted, and every unit stops cleanly.
         for unit in services:

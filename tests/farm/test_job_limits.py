@@ -118,7 +118,8 @@ def _watch(farm: EmbeddedFarm, night: Night, stop: threading.Event) -> None:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     args = f.read().split(b"\0")
                 probe = next((a.decode() for a in args if a.startswith(MARKER.encode())), None)
-                if probe is None:
+                # setpriv carries the job's argv while, still root, it switches to the job's uid.
+                if probe is None or os.path.basename(args[0]) == b"setpriv":
                     continue
                 with open(f"/proc/{pid}/status") as f:
                     uid = int(next(line for line in f if line.startswith("Uid:")).split()[1])

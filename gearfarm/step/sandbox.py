@@ -221,14 +221,15 @@ class Sandbox:
 
     def share(self, paths: Iterable[Path]) -> None:
         """Hand directories every slot's jobs write to the jobs' group: setgid and group-writable,
-        so what one slot's uid makes there stays the group's (ccache: CCACHE_UMASK=002)."""
+        so what one slot's uid makes there stays the group's (ccache: CCACHE_UMASK=002). The tops
+        stay the worker's: no slot's job can take them from the others (chmod)."""
         if self.uid is None or self.mode == "none":
             return
         gid = self.uid if self.gid is None else self.gid
         for top in paths:
             if not top.is_dir() or top.is_symlink():
                 continue
-            os.lchown(top, gid, gid)
+            os.lchown(top, os.geteuid(), gid)
             os.chmod(top, 0o2770)
             for d, dirs, files in os.walk(top):
                 for name in dirs + files:

@@ -136,8 +136,14 @@ class Group:
         return sorted(pids)
 
     def close(self) -> None:
-        """Kill whatever is left in the group and remove it (CgroupError if it cannot be)."""
+        """Kill whatever is left in the group and remove it (CgroupError if it cannot be), and
+        its worker's directory and (v1) the top when nothing else is in them: a process that
+        never releases its tree (a test's) leaves nothing between its commands."""
         empty(list(self.dirs.values()))
+        for d in self.dirs.values():
+            for up in (d.parent, d.parent.parent) if self.version == 1 else (d.parent,):
+                with suppress(OSError):
+                    up.rmdir()
 
 
 def empty(dirs: list[Path]) -> None:
@@ -222,13 +228,7 @@ class Tree:
         dirs: dict[str, Path] = {}
         try:
             for key, owner in self._mine().items():
-                if not owner.is_dir():
-                    owner.mkdir(parents=True)
-                    if self.version == 2:
-                        _enable(owner)
-                d = owner / name
-                d.mkdir()
-                dirs[key] = d
+                dirs[key] = _make(owner / name, self.version)
             g = Group(self.version, dirs, limits)
             self._limit(g)
         except OSError as e:
@@ -289,6 +289,28 @@ class Tree:
         for root in self.roots.values():
             with suppress(OSError):
                 root.rmdir()
+
+
+def _make(d: Path, version: int) -> Path:
+    """Make group ``d`` (<top>/<owner>/<n>) with what is missing above it; again if another
+    worker's close removed an empty parent meanwhile (Group.close)."""
+    owner, top = d.parent, d.parent.parent
+    for attempt in range(10):
+        try:
+            if version == 1:
+                top.mkdir(exist_ok=True)
+            try:
+                owner.mkdir()
+                if version == 2:
+                    _enable(owner)
+            except FileExistsError:
+                pass
+            d.mkdir()
+            return d
+        except FileNotFoundError:
+            if attempt == 9:
+                raise
+    return d
 
 
 def _enable(d: Path) -> None:

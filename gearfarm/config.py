@@ -215,6 +215,11 @@ class FarmConfig(_Section):
     no_worker_wait: float = 120.0
     # A run ends by this many seconds after submission, every job terminal.
     run_deadline: float = 3 * 3600.0
+    # The longest timeout a catalog may give a step (a build, a suite, a benchmark), in seconds:
+    # a catalog with a longer one is refused, naming the key (the nightly fails that project's
+    # night; a worker, whose own config may be stricter, refuses the job). A catalog may lower
+    # the farm's limits, never raise them.
+    max_timeout: float = Field(default=6 * 3600.0, gt=0)
     # A payload older than this is refused as a replay.
     payload_max_age: float = 24 * 3600.0
     # A running job whose lease has had no signed heartbeat for this long (its worker died or was
@@ -448,6 +453,7 @@ class EmbeddedSettings(_Section):
 
     slots: int = Field(default=0, ge=0, le=256)
     ccache: str | None = None
+    max_timeout: float = Field(default=FarmConfig.model_fields["max_timeout"].default, gt=0)
     sandbox_readonly: list[str] = Field(default_factory=list)
     sandbox_shared: list[str] = Field(default_factory=list)
     sandbox_env: list[str] = Field(default_factory=list)

@@ -30,7 +30,7 @@ from botocore.exceptions import ClientError
 
 from gearfarm.config import Config
 from gearfarm.formats import marker
-from gearfarm.formats.catalog import Catalog, Target
+from gearfarm.formats.catalog import Catalog, CatalogError, Target
 from gearfarm.formats.job import COLLECT_FUNCTION, Payload, PayloadError, unique_id, verify
 from gearfarm.formats.lease import HEARTBEAT_SECONDS, Answer, Lease, beat_every, seal_lease
 from gearfarm.formats.lease import answer as lease_answer
@@ -742,8 +742,14 @@ def run_step(ctx: Context, p: Payload, work: Work, admission: Admission,
     """The kind's work, given the job's catalog and target (checked by the payload's sha256) and
     a job dir that is removed when ``tail`` ends."""
     started = time.time()
-    cat = snapshot.fetch_catalog(ctx.store, p.catalog_sha256)
-    target = cat.target(p.target)
+    try:
+        cat = snapshot.fetch_catalog(ctx.store, p.catalog_sha256, ctx.cfg.farm.max_timeout)
+        target = cat.target(p.target)
+    except CatalogError as e:
+        # Nothing of the project's runs: the catalog is not one this worker runs (unreadable,
+        # or beyond this host's limits, which may be stricter than the nightly's).
+        return ctx.record(p, "infra", message=f"catalog refused on this worker: {e}", started_at=started,
+                          finished_at=time.time())
     # Under the worker's own work dir, so a worker killed mid-job has it swept on restart. A
     # build's or test's goes when the next command starts (process.job_dir's ``later``).
     tmpd = tail.enter_context(process.job_dir(ctx.work, ctx.role, later=ctx.role != "perf"))

@@ -504,8 +504,69 @@ def _check_templates(cat: Catalog, origin: str) -> None:
                                    "shell's ${x} in `sh -c`, a C block), write them doubled: {{ and }}")
 
 
-def parse(text: str, origin: str) -> Catalog:
-    """Validate a catalog; CatalogError naming ``origin``, the key and the fix."""
+# The largest catalog read: the engine's is 5 KiB, and a catalog is read by the nightly and by
+# every worker of its project, whole, into memory.
+MAX_BYTES = 1024 * 1024
+
+
+def parse(text: str | bytes, origin: str, max_timeout: float | None = None) -> Catalog:
+    """Validate a catalog; CatalogError naming ``origin``, the key and the fix, and nothing else
+    whatever the input (any size, any nesting, any bytes): a catalog is a project's commit, and
+    one project's commit must never stop the farm's night. ``max_timeout``: the farm's bound
+    on every timeout (`[farm] max_timeout`); a catalog may lower it, never raise it."""
+    try:
+        cat = _parse(text_of(text, origin) if isinstance(text, bytes) else _sized(text, origin), origin)
+        if max_timeout is not None:
+            _check_timeouts(cat, origin, max_timeout)
+        return cat
+    except CatalogError:
+        raise
+    except RecursionError:
+        raise CatalogError(f"{origin}: arrays or tables nested too deeply to read: a catalog's values are at "
+                           "most a few levels deep; remove the nesting") from None
+    except Exception as e:  # any other failure of the reader or the validation is the input's
+        raise CatalogError(f"{origin}: cannot be read as a catalog ({type(e).__name__}: {str(e)[:300]}); "
+                           "check it against docs/projects.md") from None
+
+
+def check_size(size: int, origin: str) -> None:
+    """CatalogError when a catalog of ``size`` bytes is larger than one may be (MAX_BYTES)."""
+    if size > MAX_BYTES:
+        raise CatalogError(f"{origin}: the catalog is {size} bytes, more than the {MAX_BYTES} a catalog may have: "
+                           "a catalog lists targets, a build, suites and benchmarks; keep data files in the "
+                           "repository and name them in argv")
+
+
+def text_of(data: bytes, origin: str) -> str:
+    """A catalog file's text: within MAX_BYTES and UTF-8, else CatalogError saying which."""
+    check_size(len(data), origin)
+    try:
+        return data.decode()
+    except UnicodeDecodeError as e:
+        raise CatalogError(f"{origin}: not UTF-8 text ({e}): save the catalog as UTF-8") from None
+
+
+def _sized(text: str, origin: str) -> str:
+    check_size(len(text.encode(errors="surrogatepass")), origin)
+    return text
+
+
+def _check_timeouts(cat: Catalog, origin: str, max_timeout: float) -> None:
+    """Every timeout a step of the catalog runs with (its own, or the default it leaves) is at
+    most the farm's ``max_timeout``: the farm's bound, which a catalog may lower, never raise."""
+    steps: list[tuple[str, float]] = [(cat.build_key(t, "timeout"), cat.build_for(t).timeout)
+                                      for t in cat.targets.values()]
+    steps += [(f"suites.{n}.timeout", s.timeout) for n, s in cat.suites.items()]
+    steps += [(f"benchmarks.{n}.timeout", b.timeout) for n, b in cat.benchmarks.items()]
+    for key, value in steps:
+        if value > max_timeout:
+            limit = f"{max_timeout:.15g}"
+            raise CatalogError(f"{origin}: [{key}] {value:.15g} s is above the farm's limit, [farm] max_timeout = "
+                               f"{limit} s: set {key} to {limit} or less (a catalog may lower the farm's limits, "
+                               "never raise them)")
+
+
+def _parse(text: str, origin: str) -> Catalog:
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -577,7 +638,7 @@ def digest(text: str) -> str:
 
 def load_file(path: Path) -> Catalog:
     try:
-        return parse(path.read_text(), str(path))
+        return parse(path.read_bytes(), str(path))
     except FileNotFoundError as e:
         raise CatalogError(f"job catalog not found at {path}") from e
 

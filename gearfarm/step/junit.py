@@ -79,18 +79,24 @@ def _attr(value: str) -> str:
 _KIND = {"failed": "failure", "error": "error", "skipped": "skipped"}
 
 
-def write_run(records: list[ResultRecord], path: Path, cases: Mapping[str, Sequence[Sequence[Any]]] | None = None
-              ) -> None:
+def write_run(records: list[ResultRecord], path: Path, cases: Mapping[str, Sequence[Sequence[Any]]] | None = None,
+              not_run: tuple[str, str] | None = None) -> None:
     """One JUnit file for a whole run: a testsuite per (target, step), in the shape Jenkins'
     JUnit and xUnit plugins read (validated against the xUnit plugin's junit-10.xsd in the
     tests): failures and errors apart, skipped counted, times in seconds. ``cases``: job id ->
     its cases as (job id, classname, name, status, seconds, message) (gearfarm.db.cases.RunCases.every;
-    default: each record's own).
+    default: each record's own). ``not_run``: (project, why) of a run whose project could not run
+    at all, one error of its own (a CI job marked unstable must show why).
 
     Written as text, element by element, not through ElementTree: a 5,000-job night has
     200,000 cases, and building them as a tree and serialising it took 6 s (docs/speed.md)."""
     with path.open("w", encoding="utf-8") as out:
         out.write("<?xml version='1.0' encoding='utf-8'?>\n<testsuites>")
+        if not_run is not None:
+            project, why = not_run
+            out.write(f'<testsuite name={_attr(project)} tests="1" failures="0" errors="1" skipped="0" time="0.000">'
+                      f'<testcase classname={_attr(project)} name="not run" time="0.000"><error '
+                      f'message={_attr(why[:200])} type="not_run">{escape(_text(why))}</error></testcase></testsuite>')
         for rec in sorted(records, key=lambda r: r.job_id):
             own = ([(rec.job_id, c.classname, c.name, c.status, c.time, c.message) for c in rec.cases]
                    if cases is None else cases.get(rec.job_id, []))

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gearfarm.formats.seal import Lookup, SealError, Signer, keyring, parse_public
+from gearfarm.formats.words import parse_size
 from gearfarm.s3.settings import S3Config, S3Keys  # noqa: F401  (the [s3] section; S3Keys for callers)
 
 ENV_VAR = "GEARFARM_CONFIG"
@@ -241,21 +242,31 @@ class FarmConfig(_Section):
     # with this.
     result_limit: int = Field(default=64 * 1024 * 1024, ge=64 * 1024)
 
-    @field_validator("log_limit", "result_limit", mode="before")
+    @field_validator("log_limit", "result_limit", "job_memory_max", mode="before")
     @classmethod
     def _size(cls, v: Any) -> Any:
-        if not isinstance(v, str):
-            return v
-        text = v.strip()
-        for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024), ("B", 1)):
-            if text.endswith(unit):
-                text, factor = text[: -len(unit)].strip(), scale
-                break
-        else:
-            factor = 1
-        if not text.isdigit():
-            raise ValueError('not a size: give a number of bytes, or a number with KiB, MiB or GiB, e.g. "64 MiB"')
-        return int(text) * factor
+        return parse_size(v) if isinstance(v, str) else v
+
+    # What each job command may use at most, bounded by the host's kernel in a cgroup of its own
+    # (gearfarm/hosts/cgroup.py): its processes (threads count), its memory with swap, in bytes
+    # or as a size ("4 GiB"), and its CPU weight against the host's other jobs (cgroup v2's
+    # cpu.weight: 100 an equal share). A catalog may lower them, never raise them ([limits]: a
+    # value above these is a catalog error). A job that reaches one fails, naming it. 0: none.
+    job_pids_max: int = Field(default=4096, ge=0)
+    job_memory_max: int = Field(default=8 * 1024**3, ge=0)
+    job_cpu_weight: int = Field(default=100, ge=1, le=10000)
+    # "if-available": a worker whose host does not let it make job cgroups (not root, no cgroup
+    # delegated to it) says so in its log and runs jobs without those limits; "required": it
+    # refuses to start (docs/security.md).
+    job_limits: str = Field(default="if-available", pattern=r"^(if-available|required)$")
+    # How many uids from job_uid on a host's slots take, one each, never two slots of any farm on
+    # the host at once (a lock per uid in /run/gearfarm/job-uids: gearfarm/step/sandbox.py).
+    job_uids: int = Field(default=256, ge=1, le=65536)
+
+    def job_limits_max(self) -> dict[str, int | None]:
+        """The farm's bounds by the catalog's [limits] key they bound (None: unbounded)."""
+        return {"processes": self.job_pids_max or None, "memory": self.job_memory_max or None,
+                "cpu_weight": self.job_cpu_weight}
     # Build and test jobs the embedded farm's host runs at once (its worker slots); 0: one per
     # core. More oversubscribes the cores: measured on 2 cores, ten workers made every job slower
     # and the nightly no shorter.
@@ -451,6 +462,15 @@ class EmbeddedSettings(_Section):
     sandbox_readonly: list[str] = Field(default_factory=list)
     sandbox_shared: list[str] = Field(default_factory=list)
     sandbox_env: list[str] = Field(default_factory=list)
+    job_pids_max: int = Field(default=FarmConfig.model_fields["job_pids_max"].default, ge=0)
+    job_memory_max: int = Field(default=FarmConfig.model_fields["job_memory_max"].default, ge=0)
+    job_cpu_weight: int = Field(default=FarmConfig.model_fields["job_cpu_weight"].default, ge=1, le=10000)
+    job_limits: str = Field(default="if-available", pattern=r"^(if-available|required)$")
+
+    @field_validator("job_memory_max", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        return parse_size(v) if isinstance(v, str) else v
 
 
 class ProjectsFile(_Section):

@@ -805,6 +805,7 @@ def serve(cfg: Config, functions: list[tuple[str, str, Work]], stop: threading.E
                 log.warning("results still being published at stop; they wait in %s", ctx.spool)
             ctx.close()
         process.release_work_dir(first.work)
+        sandbox.release()
 
 
 def _tidy(ctx: Context) -> None:

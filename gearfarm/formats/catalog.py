@@ -20,7 +20,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gearfarm.formats.words import parse_size, size_text
 
 SCHEMA = 2
 TARGET_RE = re.compile(r"^[a-z0-9]+-[a-z0-9_]+$")
@@ -66,6 +68,45 @@ def _inside_the_job(key: str, template: str | None) -> None:
     if template is not None and (template.startswith("/") or ".." in Path(template).parts):
         raise ValueError(f"{key} {template!r} names a path outside the job: give it relative to the step's cwd or "
                          "under {root}, {scratch} or {junit}, without '..'")
+
+
+# -- limits: what a command may use, at most the farm's ([farm] job_pids_max, ...) ---------------
+
+class StepLimits(_Strict):
+    """[limits] (every command of the catalog) or a suite's or benchmark's own `limits`: lower
+    than the farm's bounds, never higher (check_limits); None: the farm's."""
+
+    processes: int | None = Field(default=None, ge=1)
+    memory: int | None = Field(default=None, ge=1024 * 1024)
+    cpu_weight: int | None = Field(default=None, ge=1, le=10000)
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        return parse_size(v) if isinstance(v, str) else v
+
+
+def limits_for(cat: Catalog, step: Step | None) -> dict[str, int]:
+    """A command's limits as the catalog sets them: the step's own over [limits]."""
+    out: dict[str, int] = {}
+    for layer in (cat.limits, getattr(step, "limits", None)):
+        out.update({k: v for k, v in (layer.model_dump() if layer is not None else {}).items() if v is not None})
+    return out
+
+
+def check_limits(cat: Catalog, origin: str, bounds: dict[str, int | None]) -> None:
+    """CatalogError naming the key of a limit above the farm's ``bounds`` (FarmConfig.job_limits_max)."""
+    layers = [("limits", cat.limits)] + [(f"suites.{n}.limits", s.limits) for n, s in cat.suites.items()]
+    layers += [(f"benchmarks.{n}.limits", b.limits) for n, b in cat.benchmarks.items()]
+    for where, layer in layers:
+        for key, value in (layer.model_dump() if layer is not None else {}).items():
+            most = bounds.get(key)
+            if value is not None and most is not None and value > most:
+                said = size_text if key == "memory" else str
+                farm = {"processes": "job_pids_max", "memory": "job_memory_max", "cpu_weight": "job_cpu_weight"}[key]
+                raise CatalogError(f"{origin}: [{where}] {key} = {said(value)} is above this farm's [farm] {farm} "
+                                   f"({said(most)}): a catalog may lower a job's limits, not raise them; lower it "
+                                   "or remove it")
 
 
 class Step(_Strict):
@@ -197,6 +238,8 @@ class Suite(Step):
     # items appended once per case, with {case} the case's name, e.g. ["--only", "{case}"].
     # A suite without it runs whole, and the case is read from its results.
     only: list[str] = Field(default_factory=list, max_length=8)
+    # This suite's own limits, lower than [limits] and the farm's (StepLimits).
+    limits: StepLimits | None = None
 
     @model_validator(mode="after")
     def _only_names_the_case(self) -> Suite:
@@ -279,6 +322,8 @@ class Benchmark(Step):
     # Curves kept with the run (the first pair's, tonight's build and the baseline's) for the
     # dashboard: iiBench's insert rate against rows inserted, OLTP's throughput per second.
     curves: list[Curve] = Field(default_factory=list, max_length=8)
+    # This benchmark's own limits, lower than [limits] and the farm's (StepLimits).
+    limits: StepLimits | None = None
 
     @property
     def most_pairs(self) -> int:
@@ -333,6 +378,8 @@ class Catalog(_Strict):
     targets: dict[str, Target]
     suites: dict[str, Suite] = Field(default_factory=dict)
     benchmarks: dict[str, Benchmark] = Field(default_factory=dict)
+    # What every command may use, lower than the farm's bounds (StepLimits).
+    limits: StepLimits | None = None
 
     def target(self, name: str) -> Target:
         if name not in self.targets:

@@ -355,23 +355,29 @@ class _Pump(threading.Thread):
                     self.error = e
 
 
-def reaper_input(argv: Sequence[str], env: Mapping[str, str], stage: tuple[str, Sequence[str]] | None = None) -> bytes:
-    """What the reaper reads on its stdin: the command, its whole environment, its stage, as
-    NUL-terminated strings (none of them can hold a NUL): the argv's count and items, the
-    environment's count and KEY=VALUE items, then "0", or "1", the stage's top, the count of its
-    directories and each of them."""
+def reaper_input(argv: Sequence[str], env: Mapping[str, str], stage: tuple[str, Sequence[str]] | None = None,
+                 cgroup: Sequence[str] = ()) -> bytes:
+    """What the reaper reads on its stdin: the command, its whole environment, its stage, its
+    cgroup, as NUL-terminated strings (none of them can hold a NUL): the argv's count and items,
+    the environment's count and KEY=VALUE items, then "0", or "1", the stage's top, the count of
+    its directories and each of them; then the count of the cgroup.procs files the command joins
+    and each of them."""
     items = [str(len(argv)), *argv, str(len(env)), *(f"{k}={v}" for k, v in env.items())]
     items += ["0"] if stage is None else ["1", stage[0], str(len(stage[1])), *stage[1]]
+    items += [str(len(cgroup)), *cgroup]
     return b"".join(os.fsencode(i) + b"\0" for i in items)
 
 
 def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | None = None,
                env: Mapping[str, str] | None = None, shown: Sequence[str] | None = None,
-               limit: int | None = None, stage: tuple[str, Sequence[str]] | None = None) -> tuple[int | None, bool]:
+               limit: int | None = None, stage: tuple[str, Sequence[str]] | None = None,
+               cgroup: Sequence[str] = ()) -> tuple[int | None, bool]:
     """Run a catalog command with its output appended to ``log_path``, at most ``limit`` bytes
     of the log (default LOG_LIMIT, the worker's [farm] log_limit) kept: see CappedLog.
     ``stage``: (where, directories) the command's supervisor binds in a mount namespace of the
     command's own before it starts it (reaper.c's stage(); the sandbox's, for a root worker's job uid).
+    ``cgroup``: the cgroup.procs files the command joins before it stages or execs anything, so
+    it and all it starts are in its job's cgroups (gearfarm.hosts.cgroup) from the first instruction.
 
     Returns (exit code, timed_out); the exit code is Popen's returncode (negative: killed by
     that signal). Whatever happens -- the command exits, the timeout passes, or the worker
@@ -401,7 +407,7 @@ def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | 
         log.flush()
         # argv and env go through a pipe, not the reaper's own argv and environment: the command
         # must get exactly the environment it was given, and an argv or environment of any size.
-        job = reaper_input(argv, dict(env) if env is not None else dict(os.environ), stage)
+        job = reaper_input(argv, dict(env) if env is not None else dict(os.environ), stage, cgroup)
         capped = CappedLog(log, limit or LOG_LIMIT)
         status_r, status_w = os.pipe()
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
@@ -591,12 +597,25 @@ _owner_cache: tuple[int, str] | None = None
 
 def _owner() -> str:
     """This process's owner directory name: pid, start time and boot, so that no other
-    process -- a later one with the recycled pid, or one of another boot -- is taken for it."""
+    process -- a later one with the recycled pid, or one of another boot -- is taken for it
+    (its job dirs, its jobs' cgroups: gearfarm.hosts.cgroup)."""
     global _owner_cache
     pid = os.getpid()
     if _owner_cache is None or _owner_cache[0] != pid:  # recomputed in a forked child
         _owner_cache = (pid, f"{pid}-{start_time(pid)}-{boot_id()[:12]}")
     return _owner_cache[1]
+
+
+owner_name = _owner
+
+
+def owner_gone(name: str) -> bool:
+    """Whether ``name`` is an owner name (_owner's) of a process that is gone: a dead pid, the
+    pid now another process, or an earlier boot. Other names are not owners: False."""
+    m = _OWNER.fullmatch(name)
+    if m is None:
+        return False
+    return m.group(3) != boot_id()[:12] or start_time(int(m.group(1))) != int(m.group(2))
 
 
 @contextmanager
@@ -666,12 +685,8 @@ def sweep_work_dirs(root: Path) -> list[Path]:
     try:
         if not root.is_dir():
             return removed
-        boot = boot_id()[:12]
         for d in sorted(root.iterdir()):
-            m = _OWNER.fullmatch(d.name)
-            if m is None or d.is_symlink() or not d.is_dir():
-                continue
-            if m.group(3) == boot and start_time(int(m.group(1))) == int(m.group(2)):
+            if not owner_gone(d.name) or d.is_symlink() or not d.is_dir():
                 continue
             _rmtree(d)
             if not os.path.lexists(d):

@@ -181,6 +181,7 @@ def load_project(cfg: Config, project: ProjectConfig, rev: str | None = None) ->
     try:
         text, origin = snapshot.catalog_text(cfg, project, repo, full)
         cat = catalog_mod.parse(text, origin, cfg.farm.max_timeout)
+        catalog_mod.check_limits(cat, origin, cfg.farm.job_limits_max())
     except catalog_mod.CatalogError as e:
         raise ProjectError(project.name, full, _named(project.name, e)) from e
     for t in project.targets or []:

@@ -18,10 +18,11 @@ from gearfarm.formats import catalog as catalog_mod
 from gearfarm.formats.catalog import Benchmark, Catalog, Suite, Target
 from gearfarm.formats.result import CaseResult, CurveRecord
 from gearfarm.hosts import jobtree, process
+from gearfarm.hosts.cgroup import Limits
 from gearfarm.s3.artifact import ArtifactError, link_target
 from gearfarm.step import ctestfile, hostlib, outcome, runpath
 from gearfarm.step.outcome import OutcomeError
-from gearfarm.step.sandbox import Sandbox, within
+from gearfarm.step.sandbox import Ran, Sandbox, within
 
 
 class OutputsMissing(RuntimeError):
@@ -118,28 +119,39 @@ class BuildRun:
     timed_out: bool
     outputs: list[str] = field(default_factory=list)
     error: str = ""
+    # The limit of its cgroup the build reached ("": none): the build failed for it, whatever its
+    # exit status (a fork or an allocation of it failed) and timed out or not.
+    reached: str = ""
 
     @property
     def status(self) -> str:
+        if self.reached:
+            return "failed"
         if self.timed_out:
             return "timed_out"
         return "passed" if self.rc == 0 and not self.error else "failed"
 
     def message(self, timeout: float) -> str:
+        if self.reached:
+            return f"build failed: {self.reached}" + (f" (then timed out after {timeout:.0f}s)" if self.timed_out
+                                                      else f" (exit {self.rc})")
         if self.timed_out:
             return f"build timed out after {timeout:.0f}s"
         return self.error or ("" if self.rc == 0 else f"build failed (exit {self.rc})")
 
 
-def _run(sandbox: Sandbox, argv: list[str], log_path: Path, timeout: float, cwd: Path, env: dict[str, str],
-         writable: list[Path], wine_prefix: Path | None = None,
-         shared: list[Path] | None = None, inner: dict[str, str] | None = None) -> tuple[int | None, bool]:
+def _run(sandbox: Sandbox, cat: Catalog, step: catalog_mod.Step | None, argv: list[str], log_path: Path,
+         timeout: float, cwd: Path, env: dict[str, str], writable: list[Path], wine_prefix: Path | None = None,
+         shared: list[Path] | None = None, inner: dict[str, str] | None = None) -> Ran:
     """Every catalog command starts here: confined by the worker's sandbox, writing only to
     the job's own directories, which are handed to the job's uid first, and to ``shared`` ones
-    (already the job uid's). The log is the worker's: it lives beside those directories, never
-    in one the job writes. ``inner``: environment of the command alone (Sandbox.command)."""
+    (already the jobs' group's), within the farm's limits as ``step`` and the catalog lower them.
+    The log is the worker's: it lives beside those directories, never in one the job writes.
+    ``inner``: environment of the command alone (Sandbox.command)."""
     sandbox.give(writable)
-    return sandbox.run(argv, log_path, timeout, cwd, env, writable + (shared or []), wine_prefix, inner)
+    lowered = catalog_mod.limits_for(cat, step)
+    limits = Limits(lowered.get("processes"), lowered.get("memory"), lowered.get("cpu_weight"))
+    return sandbox.run(argv, log_path, timeout, cwd, env, writable + (shared or []), wine_prefix, inner, limits)
 
 
 def run_build(cat: Catalog, target: Target, root: Path, scratch: Path, log_path: Path, sandbox: Sandbox,
@@ -159,10 +171,11 @@ def run_build(cat: Catalog, target: Target, root: Path, scratch: Path, log_path:
         started()
     cache = sandbox.compiler_cache(project) if project else None
     if cache is not None:
-        env["CCACHE_DIR"] = str(cache)
-    rc, timed_out = _run(sandbox, argv, log_path, build.timeout, cwd, env, [scratch, root],
-                         shared=[cache] if cache is not None else None)
-    run = BuildRun(rc, timed_out)
+        # Shared by every slot's uid through the jobs' group (Sandbox.share).
+        env.update(CCACHE_DIR=str(cache), CCACHE_UMASK="002")
+    rc, timed_out, reached, _ = _run(sandbox, cat, None, argv, log_path, build.timeout, cwd, env, [scratch, root],
+                                     shared=[cache] if cache is not None else None)
+    run = BuildRun(rc, timed_out, reached=reached)
     if rc == 0 and not timed_out:
         try:
             run.outputs = collect_outputs(root, [o.format_map(vals) for o in build.outputs])
@@ -218,8 +231,8 @@ def run_suite(cat: Catalog, target: Target, suite: Suite, tree: Path, scratch: P
     _note(log_path, _relinked(tree, process.jobs_root(scratch.parent)) if relink else [])
     loader = scratch.parent / f"{scratch.name}-loader"
     t0 = time.monotonic()
-    rc, timed_out = _run(sandbox, argv, log_path, suite.timeout, cwd, env, [scratch, out, loader, tree], wine_prefix,
-                         inner=hostlib.environment(loader))
+    rc, timed_out, reached, _ = _run(sandbox, cat, suite, argv, log_path, suite.timeout, cwd, env,
+                                     [scratch, out, loader, tree], wine_prefix, inner=hostlib.environment(loader))
     seconds = time.monotonic() - t0
     cases_found: list[CaseResult] = []
     message, copied = "", None
@@ -240,6 +253,11 @@ def run_suite(cat: Catalog, target: Target, suite: Suite, tree: Path, scratch: P
         with results.open("a") as f:  # the stored copy says where it was cut, as a capped log does
             f.write(f"\n<!-- {capped} -->\n" if suite.format in ("junit", "ctest") else f"\n# {capped}\n")
     cases_found = _judged(cases_found, suite, loader, tree, prepared, target.runner, log_path)
+    if reached:
+        # The cause, whatever the cases say: the kernel stopped the suite, or refused it, at its limit.
+        then = f", then timed out after {suite.timeout:.0f}s" if timed_out else ""
+        return SuiteRun("failed", f"suite {suite.name}: {reached}{then}" + (f"; {message}" if message else ""),
+                        cases_found, results, seconds)
     if timed_out:
         return SuiteRun("timed_out", f"suite {suite.name} timed out after {suite.timeout:.0f}s and was killed",
                         cases_found, results, seconds)
@@ -336,10 +354,13 @@ def run_benchmark(cat: Catalog, target: Target, bench: Benchmark, tree: Path, wo
         argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={counted}", *argv]
     env = catalog_mod.environment(sandbox.environment(), target, bench, vals)
     cwd = tree / bench.cwd.format_map(vals)
-    rc, timed_out = _run(sandbox, argv, out_path, bench.timeout, cwd, env, [scratch, count_dir, tree])
+    rc, timed_out, reached, _ = _run(sandbox, cat, bench, argv, out_path, bench.timeout, cwd, env,
+                                     [scratch, count_dir, tree])
     # Into the job's log within its cap, streamed (the run's output was capped as it came).
     process.append_capped(out_path, log_path, sandbox.log_limit, header=f"--- {tag} ---\n")
     text = out_path.read_text(errors="replace")
+    if reached:
+        raise BenchmarkFailed("failed", f"benchmark {bench.name} ({tag}): {reached}")
     if timed_out or rc != 0:
         raise BenchmarkFailed("timed_out" if timed_out else "failed",
                               f"benchmark {bench.name} ({tag}) " + ("timed out" if timed_out else f"exited {rc}"))

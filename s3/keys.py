@@ -136,15 +136,29 @@ def cancels(run_id: str) -> str:
 
 # -- who may touch what: each worker role's MinIO user gets exactly this (s3/minio.py) ----
 
-# Object patterns under the bucket ('*' spans '/'), {target} being each target a user serves
-# ('*' for all). Every worker role reads the whole bucket (sources, catalogs, artifacts, the
-# nightly's markers); each writes only its own steps' files of its own targets, and only builds
-# write artifacts. The collector takes results over Gearman and may read the runs' files. The
-# nightly and the dashboard use the farm's own [s3] keys.
+def _job_keys(step: str, *names: str) -> tuple[str, ...]:
+    """The keys a job of steps ``step`` writes under its own prefix: its files by name (job_file),
+    its sealed records (result) and, for a suite, its offloaded cases (cases)."""
+    own = f"runs/*/{{target}}/{step}/"
+    return (*(own + n for n in names), own + "results/*.json",
+            *((own + "cases/*.json.zst",) if step.startswith("test") else ()))
+
+
+# Object patterns under the bucket, {target} being each target a user serves ('*' for all). Each
+# names whole keys of the layout above, one key kind a pattern, and role_policy denies any key in
+# which a '*' (which in IAM matches '/' too) would stand for more than one component: so a role
+# writes only its own kind of key, of its own targets, at the place the layout gives it. Every
+# worker role reads the whole bucket (sources, catalogs, artifacts, the nightly's markers); only
+# builds write artifacts. The collector takes results over Gearman and may read the runs' files.
+# The nightly and the dashboard use the farm's own [s3] keys. Which run a key is of, no static
+# policy can know: a test host can write the files of its targets' test jobs of any run, and
+# what makes that harmless is the sha256 each record gives its files (docs/security.md, "Files
+# in S3").
 ROLE_WRITES: dict[str, tuple[str, ...]] = {
-    "build": ("artifacts/*/{target}/*", "runs/*/{target}/build/*"),
-    "test": ("runs/*/{target}/test-*",),
-    "perf": ("runs/*/{target}/perf-*",),
+    "build": ("artifacts/*/{target}/*/artifact.tar.zst", "artifacts/*/{target}/*/manifest.json",
+              "artifacts/*/{target}/*/provenance.intoto.json", *_job_keys("build", "log.txt")),
+    "test": _job_keys("test-*", "log.txt", "junit.xml"),
+    "perf": _job_keys("perf-*", "log.txt"),
     "collector": (),
 }
 ROLE_READS: dict[str, tuple[str, ...]] = {"build": ("*",), "test": ("*",), "perf": ("*",), "collector": ("runs/*",)}
@@ -164,7 +178,21 @@ def role_policy(bucket: str, role: str, targets: tuple[str, ...] = ALL_TARGETS) 
         {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [f"{arn}/{p}" for p in ROLE_READS[role]]},
     ]
     if ROLE_WRITES[role]:
+        writes = [p.format(target=t) for p in ROLE_WRITES[role] for t in targets]
         statements.append({"Effect": "Allow", "Action": ["s3:PutObject", "s3:AbortMultipartUpload",
                                                            "s3:ListMultipartUploadParts"],
-                           "Resource": [f"{arn}/{p.format(target=t)}" for p in ROLE_WRITES[role] for t in targets]})
+                           "Resource": [f"{arn}/{p}" for p in writes]})
+        # A Deny wins over any Allow: the keys that match a write pattern only through a '*'
+        # standing for several components (runs/R/T/build/results/T/test-x.json). (A '*' standing
+        # for nothing makes an empty component, which MinIO refuses in any key.)
+        statements.append({"Effect": "Deny", "Action": ["s3:PutObject"],
+                           "Resource": [f"{arn}/{d}" for p in writes for d in spanning(p)]})
     return {"Version": "2012-10-17", "Statement": statements}
+
+
+def spanning(pattern: str) -> list[str]:
+    """The patterns of the keys that match ``pattern`` only when one of its '*' takes in a '/':
+    each '*' in turn made '*/*'. A key of the layout has exactly as many '/' as the pattern of its
+    kind, so it matches none of these; a key with more matches one."""
+    at = [i for i, c in enumerate(pattern) if c == "*"]
+    return [f"{pattern[:i]}*/*{pattern[i + 1:]}" for i in at]

@@ -42,6 +42,7 @@ from gearfarm.formats.result import (
     JOB_FILES,
     RecordError,
     ResultRecord,
+    file_sum,
     fit,
     pack_file,
     peek_record,
@@ -568,10 +569,12 @@ class Attempt:
         the record, at once. Not before the claim was granted: the log's key is the job's,
         whichever attempt writes it."""
         self.admission.settle()
-        carried, puts = {}, []
+        carried, puts, sums = {}, [], {}
         room = 0 if self.p.kind == "perf" else FILES_MAX
         for key, (path, kind) in {self.log_key: (self.log_path, "text/plain; charset=utf-8"), **(files or {})}.items():
             name = key.rsplit("/", 1)[-1]
+            if name in JOB_FILES:  # what every reader checks the file against (formats.result.check_file)
+                sums[name] = file_sum(path)
             # A file many times the room is not read in to learn that it does not fit.
             packed = pack_file(path.read_bytes()) if name in JOB_FILES and path.stat().st_size <= 16 * room else ""
             if packed and len(packed) <= room:
@@ -587,7 +590,7 @@ class Attempt:
         tail = "" if status == "passed" else process.log_tail(self.log_path, LOG_TAIL_LINES)
         return self.ctx.record(self.p, status, started_at=self.started, finished_at=time.time(),
                                timings=self.timings, log_key=self.log_key, message=message, log_tail=tail,
-                               files=carried, **fields)
+                               files=carried, file_sums=sums, **fields)
 
     def refuse(self, message: str, **fields: object) -> ResultRecord:
         """An `infra` record naming no log, for work that must not run or go on (a host without

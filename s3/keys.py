@@ -7,7 +7,7 @@ sources/<rev>/source.tar.zst                            the tree at a commit (th
 sources/<rev>/manifest.json                            its sha256 and size
 catalogs/<sha256>.toml                                 a catalog the nightly validated, by content
 projects/<project>/latest.json                         the project's newest catalog (worker probing)
-runs/<run>/<target>/<step>/log.txt | junit.xml           a job's files, when too large for its record to carry
+runs/<run>/<target>/<step>/files/<sha256>/log.txt | junit.xml   a job's files, when too large for its record to carry
 runs/<run>/<target>/<step>/results/<attempt>-<digest>.json   one sealed result record each
 runs/<run>/<target>/<step>/cases/<sha256>.json.zst          a record's cases, when too many for the record
 cancels/<run>/run.json | cancels/<run>/<target>/<step>.json   a person cancelled the run / the job (a marker)
@@ -78,8 +78,22 @@ def project_latest(project: str) -> str:
     return f"projects/{part(project)}/latest.json"
 
 
-def job_file(run_id: str, target: str, step: str, name: str) -> str:
-    return f"runs/{part(run_id)}/{part(target)}/{part(step)}/{part(name)}"
+def job_file(run_id: str, target: str, step: str, name: str, sha256: str | None = None) -> str:
+    """Where a job's file is in S3, by the sha256 of its bytes, which its record gives
+    (gearfarm.formats.result.FileSum): two attempts of a job (one taken over while the other
+    still ran) never write one key, and no key of a file is known before the file is. Without
+    ``sha256``: the key records from before files were named by content give (read, never
+    written: no role may write there)."""
+    own = f"runs/{part(run_id)}/{part(target)}/{part(step)}/"
+    if sha256 is None:
+        return own + part(name)
+    return f"{own}files/{_sha256(sha256, 'file')}/{part(name)}"
+
+
+def _sha256(value: str, what: str) -> str:
+    if len(value) != 64 or value.strip("0123456789abcdef"):
+        raise ValueError(f"{what} digest {value[:80]!r} is not a sha256 (64 hex digits)")
+    return value
 
 
 def result(run_id: str, target: str, step: str, attempt: int, digest: str) -> str:
@@ -102,9 +116,7 @@ def cases(run_id: str, target: str, step: str, sha256: str) -> str:
     """A result record's test cases when they would make it too large (gearfarm.formats.result.offload_cases):
     under the job's own prefix, which its role may write and the collector may read (ROLE_WRITES,
     ROLE_READS); named by the sha256 of the object, which the record is sealed with."""
-    if len(sha256) != 64 or sha256.strip("0123456789abcdef"):
-        raise ValueError(f"cases digest {sha256[:80]!r} is not a sha256 (64 hex digits)")
-    return f"runs/{part(run_id)}/{part(target)}/{part(step)}/cases/{sha256}.json.zst"
+    return f"runs/{part(run_id)}/{part(target)}/{part(step)}/cases/{_sha256(sha256, 'cases')}.json.zst"
 
 
 def is_result(key: str) -> bool:
@@ -137,10 +149,10 @@ def cancels(run_id: str) -> str:
 # -- who may touch what: each worker role's MinIO user gets exactly this (s3/minio.py) ----
 
 def _job_keys(step: str, *names: str) -> tuple[str, ...]:
-    """The keys a job of steps ``step`` writes under its own prefix: its files by name (job_file),
-    its sealed records (result) and, for a suite, its offloaded cases (cases)."""
+    """The keys a job of steps ``step`` writes under its own prefix: its files by content and name
+    (job_file), its sealed records (result) and, for a suite, its offloaded cases (cases)."""
     own = f"runs/*/{{target}}/{step}/"
-    return (*(own + n for n in names), own + "results/*.json",
+    return (*(f"{own}files/*/{n}" for n in names), own + "results/*.json",
             *((own + "cases/*.json.zst",) if step.startswith("test") else ()))
 
 

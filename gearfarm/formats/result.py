@@ -100,16 +100,20 @@ def file_sum(path: Path) -> FileSum:
     return FileSum(sha256=h.hexdigest(), size=size)
 
 
-def check_file(want: FileSum, sha256: str, size: int, name: str, where: str) -> str:
+def check_file(want_sha256: str, want_size: int | None, sha256: str, size: int, name: str, where: str) -> str:
     """"" when a file's bytes found ``where`` (the store, the results database, the copy on disk)
-    are those its signed record names, else what a reader says in their place. The one wording
-    of the refusal: the dashboard's pages, the report's copies and the problems list say it."""
-    if sha256 == want.sha256 and size == want.size:
+    are those its signed record names (its sha256, and its size when the record gives one), else
+    what a reader says in their place. The one wording of the refusal: the dashboard's pages,
+    downloads, the report's copies and its problems list say it."""
+    if sha256 == want_sha256 and size == (size if want_size is None else want_size):
         return ""
-    what = "log" if name == "log.txt" else name
+    what = _FILE_WORDS.get(name, name)
+    says = f"{want_size} bytes, sha256 {want_sha256[:16]}…" if want_size is not None else f"sha256 {want_sha256[:16]}…"
     return (f"this {what} in the {where} does not match the sha256 its signed record gives ({size} bytes, "
-            f"sha256 {sha256[:16]}…; the record says {want.size} bytes, sha256 {want.sha256[:16]}…): it was "
-            "changed after the job; not shown")
+            f"sha256 {sha256[:16]}…; the record says {says}): it was changed after the job; not shown")
+
+
+_FILE_WORDS = {"log.txt": "log", "junit.xml": "JUnit file", "artifact.tar.zst": "build archive"}
 
 
 # What replaces a NUL in a record's text (PostgreSQL's text holds none).
@@ -280,7 +284,7 @@ class ResultRecord(_Stored):
             want = self.file_sums.get(name)
             if want is not None:
                 data = unpack_file(carried)
-                why = check_file(want, hashlib.sha256(data).hexdigest(), len(data), name, "record")
+                why = check_file(want.sha256, want.size, hashlib.sha256(data).hexdigest(), len(data), name, "record")
                 if why:
                     raise ValueError(why)
         return self

@@ -14,6 +14,7 @@ the copy on disk holds that sentence instead), and never served as the job's."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import queue
@@ -93,18 +94,18 @@ def copy_all(store: ArtifactStore, db: JobFiles, records: list[ResultRecord], ru
 
     def copy(item: tuple[ResultRecord, str, StoredFiles]) -> str:
         r, name, files = item
-        return _place(store, files, name, runs_dir / r.run_id / relative(r.target, r.step, name),
-                      f"{r.target}/{r.step} {name}")
+        return _place(store, files, JobId(r.run_id, r.target, r.step), name,
+                      runs_dir / r.run_id / relative(r.target, r.step, name), f"{r.target}/{r.step} {name}")
 
     with ThreadPoolExecutor(COPIERS, thread_name_prefix="joblog-copy") as pool:
         return [p for p in pool.map(copy, todo) if p]
 
 
-def _place(store: ArtifactStore, files: StoredFiles, name: str, dest: Path, what: str) -> str:
+def _place(store: ArtifactStore, files: StoredFiles, jid: JobId, name: str, dest: Path, what: str) -> str:
     """One of a job's files to disk, as its row knows it (carried, or at a key in the store),
     checked against its record: "" when it is there or it has none, else the problem. A file that
     does not match its record is not copied: the copy says so instead, where the report links."""
-    carried, key, want = files.carried.get(name), files.keys.get(name), files.sums.get(name)
+    carried, key, want = files.carried.get(name), _named(files, name, jid), files.sums.get(name)
     if carried is None:
         return _copy(store, key, want, name, dest, what) if key else ""
     try:
@@ -112,8 +113,8 @@ def _place(store: ArtifactStore, files: StoredFiles, name: str, dest: Path, what
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.tmp")
         tmp.write_bytes(data)
-        why = "" if want is None else check_file(want, hashlib.sha256(data).hexdigest(), len(data), name,
-                                                  "results database")
+        why = "" if want is None else check_file(want.sha256, want.size, hashlib.sha256(data).hexdigest(),
+                                                  len(data), name, "results database")
         return _keep(tmp, dest, why, what)
     except (ValueError, OSError) as e:  # a row changed since it was applied; the disk full or not writable
         return f"{what} not copied to disk: {e}"
@@ -128,14 +129,15 @@ def _copy(store: ArtifactStore, key: str, want: FileSum | None, name: str, dest:
         store.get_file(key, tmp)
         got = file_sum(tmp) if want is not None else None
         return _keep(tmp, dest, "" if got is None or want is None else
-                     check_file(want, got.sha256, got.size, name, "store"), what)
+                     check_file(want.sha256, want.size, got.sha256, got.size, name, "store"), what)
     except ClientError as e:
         if _code(e) not in ("NoSuchKey", "404"):
             return f"{what} not copied to disk: {e}"
     except (StoreError, OSError) as e:  # the store away; the disk full or not writable
         return f"{what} not copied to disk: {e}"
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # gone once kept; its directory perhaps not one
+            tmp.unlink(missing_ok=True)
     return ""
 
 
@@ -199,11 +201,29 @@ class Copier:
                 if self._stop.is_set():
                     return
                 jid = JobId.parse(job_id)
-                problems = [_place(self.store, stored, name,
+                problems = [_place(self.store, stored, jid, name,
                                    self.runs_dir / jid.run_id / relative(jid.target, jid.step, name),
                                    f"{jid.target}/{jid.step} {name}") for name in FILES]
                 if not any(problems):
                     self.made[job_id] = stored.made
+
+
+def _named(files: StoredFiles, name: str, jid: JobId) -> str | None:
+    """The key in the store where the job's record says its file ``name`` is: the one the layout
+    gives it (by the sha256 the record gives, or the key of records from before files were named
+    by content), else None (a record names another key only when its signer chose to point
+    elsewhere: logged, and not read)."""
+    key = files.keys.get(name)
+    if not key:
+        return None
+    want = files.sums.get(name)
+    own = {keys.job_file(jid.run_id, jid.target, jid.step, name)}
+    if want is not None:
+        own.add(keys.job_file(jid.run_id, jid.target, jid.step, name, want.sha256))
+    if key not in own:
+        log.error("the record of %s names %s for its %s, not a key of the job's: not read", jid, key[:200], name)
+        return None
+    return key
 
 
 def _code(e: ClientError) -> str:
@@ -221,7 +241,8 @@ def stream(db: JobFiles | None, store: ArtifactStore | None, run_dir: Path, run_
     if name not in FILES:
         raise ValueError(f"{name!r} is not a job file ({', '.join(FILES)})")
     key = keys.job_file(run_id, target, step, name)  # ValueError for a name that is not a safe component
-    jid = str(JobId(run_id, target, step))
+    job = JobId(run_id, target, step)
+    jid = str(job)
     files: StoredFiles | None = None
     if db is not None:
         try:
@@ -240,9 +261,10 @@ def stream(db: JobFiles | None, store: ArtifactStore | None, run_dir: Path, run_
             return _checked(iter([data]), want, name, "results database")
     # Only a file a record names is read from the store: anyone with a worker role's keys can
     # put one where no record does.
-    if store is not None and (files is None and db is None or files is not None and files.keys.get(name)):
+    named = _named(files, name, job) if files is not None else key if db is None else None
+    if store is not None and named:
         try:
-            return _checked(store.stream(key, CHUNK), want, name, "store")
+            return _checked(store.stream(named, CHUNK), want, name, "store")
         except StoreError as e:
             log.info("%s not read from the store (%s); trying the copy on disk", key, e)
     path = run_dir / relative(target, step, name)
@@ -252,25 +274,32 @@ def stream(db: JobFiles | None, store: ArtifactStore | None, run_dir: Path, run_
 
 
 def _checked(chunks: Iterator[bytes], want: FileSum | None, name: str, where: str) -> Iterator[bytes]:
-    """``chunks`` once they are all read and match ``want`` (held in a spool meanwhile, in memory up
-    to SPOOL_IN_MEMORY), else Altered; as they come when there is nothing to check them against.
-    Reading stops at the first byte past the record's size."""
-    if want is None:
-        return chunks
-    h, size = hashlib.sha256(), 0
+    """``chunks`` checked against ``want`` (checked), or as they come when there is nothing to
+    check them against."""
+    return chunks if want is None else checked(chunks, want.sha256, want.size, name, where)
+
+
+def checked(chunks: Iterator[bytes], sha256: str, size: int | None, name: str, where: str) -> Iterator[bytes]:
+    """``chunks`` once they are all read and have this sha256 (and size, when given), else
+    Altered saying so (formats.result.check_file). Held in a spool meanwhile, in memory up to
+    SPOOL_IN_MEMORY and on disk beyond; reading stops at the first byte past ``size``."""
+    h, got = hashlib.sha256(), 0
     spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY)  # noqa: SIM115 - handed to _replay
     try:
         for chunk in chunks:
             h.update(chunk)
-            size += len(chunk)
-            if size > want.size:
+            got += len(chunk)
+            if size is not None and got > size:
                 break
             spool.write(chunk)
+    except BaseException:
+        spool.close()
+        raise
     finally:
         close = getattr(chunks, "close", None)
         if close is not None:
             close()
-    why = check_file(want, h.hexdigest(), size, name, where)
+    why = check_file(sha256, size, h.hexdigest(), got, name, where)
     if why:
         spool.close()
         raise Altered(why)

@@ -10,6 +10,7 @@ keys, the log and the JUnit file of that finished, passed job are rewritten in S
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -127,3 +128,20 @@ def test_a_log_rewritten_in_s3_with_the_test_roles_keys_is_refused_and_said_so(n
     # With the store away, the dashboard reads that copy on disk: it too is refused, saying so.
     with pytest.raises(joblog.Altered, match=said):
         joblog.stream(db, None, run_dir, run_id, T, "test-big", "log.txt")
+
+
+def test_a_build_replaced_in_s3_is_not_downloaded_as_the_job_s(night: dict[str, Any]) -> None:
+    """The dashboard's download of a build checks the sha256 its record gives (the archive's
+    own replacement, with the build role's keys, is the farm's case 10: here only the download)."""
+    cfg, db, run_dir = night["cfg"], night["db"], night["run_dir"]
+    build = next(r for r in db.jobs(run_dir.name) if r.step == "build")
+    assert build.status == "passed" and build.artifact_key and build.artifact_sha256
+    web = cfg.model_copy(update={"web": cfg.web.model_copy(update={"public_artifacts": True})})
+    client = create_app(web, db).test_client()
+    url = f"/run/{run_dir.name}/artifact/{T}/build"
+    genuine = client.get(url)
+    assert genuine.status_code == 200 and hashlib.sha256(genuine.data).hexdigest() == build.artifact_sha256
+    ArtifactStore(cfg.s3.for_role("build"), retry_for=0, attempts=1).put_bytes(build.artifact_key, b"a replaced build")
+    resp = client.get(url)
+    assert b"a replaced build" not in resp.data, "the dashboard handed out the replaced build as the job's"
+    assert resp.status_code == 409 and b"does not match the sha256 its signed record gives" in resp.data

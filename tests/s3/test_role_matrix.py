@@ -11,6 +11,7 @@ makes such a write harmless (tests/farm/test_log_binding.py; docs/security.md, "
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from gearfarm.hosts.minio_server import MinioServer
@@ -105,3 +106,12 @@ def test_every_role_writes_only_its_own_kind_of_key_of_its_own_targets(tmp_path:
     wrong = sorted(k for k in want if got[k] != want[k])
     assert not wrong, (f"{len(wrong)} role x key cells are not what the layout allows "
                        "(W written, . refused, ! unexpected):\n" + "\n".join(lines))
+
+
+def test_a_role_policy_for_a_host_of_forty_targets_fits_what_minio_takes() -> None:
+    """MinIO refuses a policy over 20 KiB (maxBucketPolicySize, also for IAM policies): the denies
+    are made once for every target, so a host's policy grows only by its allowed patterns."""
+    many = tuple(f"linux-t{i:02d}" for i in range(40))
+    for role in ("build", "test", "perf"):
+        size = len(json.dumps(keys.role_policy("gearfarm-bucket", role, many)))
+        assert size < 20 * 1024, f"the {role} role's policy for 40 targets is {size} bytes"

@@ -814,6 +814,8 @@ def step_log(db: ResultsDB, run_id: str, target: str, step: str, text: str | Non
         "commands": [(n, line[2:]) for n, line in enumerate(shown, 1) if line.startswith("$ ")],
         "capped": [n for n, line in enumerate(shown, 1) if _DROPPED.match(line)],
         "lines": shown, "more_lines": len(lines) - len(shown), "has_log": text is not None, "refused": refused,
+        # A record from before files were bound to records gives no sha256: its log is shown unchecked.
+        "unchecked": text is not None and rec is not None and "log.txt" not in rec.file_sums,
         "siblings": [{"step": r.step, "status": r.status}
                      for r in sorted(records, key=lambda r: step_key(r.step)) if r.step != step]}
 

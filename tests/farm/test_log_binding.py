@@ -116,7 +116,8 @@ def test_a_log_rewritten_in_s3_with_the_test_roles_keys_is_refused_and_said_so(n
     assert "Nothing to see here" not in html, "the step page showed the forged log as the job's"
     assert said in html and "passed" in html  # the record's own status is still shown
     # The innocent job beside it, whose log its record carried, is shown as ever.
-    assert "small-and-carried" in client.get(f"/run/{run_id}/step/{T}/test-small").get_data(as_text=True)
+    small = client.get(f"/run/{run_id}/step/{T}/test-small").get_data(as_text=True)
+    assert "small-and-carried" in small and "log-unchecked" not in small  # checked against its record
 
     # The report's copy on disk, made again from the store: it says so in place of the log, and
     # the copy is counted among the problems.

@@ -399,8 +399,14 @@ def test_a_cancel_marker_the_nightly_did_not_sign_is_ignored(auth: Farm) -> None
         with pytest.raises(ClientError) as e:
             s3.put_object(Bucket=rogue.s3.bucket, Key=keys.cancel("uncancelled", T, "test-slow"), Body=body)
         assert e.value.response["Error"]["Code"] == "AccessDenied"
-        # Where markers were before (the job's own prefix, which the test role may write): not read.
-        s3.put_object(Bucket=rogue.s3.bucket, Key=f"runs/uncancelled/{T}/test-slow/cancel.json", Body=body)
+        # Where markers were before (the job's own prefix): no role may write a name the layout
+        # does not give (tests/s3/test_role_matrix.py), and one put there with the farm's keys is
+        # not read.
+        old_place = f"runs/uncancelled/{T}/test-slow/cancel.json"
+        with pytest.raises(ClientError) as e:
+            s3.put_object(Bucket=rogue.s3.bucket, Key=old_place, Body=body)
+        assert e.value.response["Error"]["Code"] == "AccessDenied"
+        farm_s3.put_object(Bucket=rogue.s3.bucket, Key=old_place, Body=body)
         forged = sealed(rogue.host_signer(), Marker("cancel", "uncancelled", T, "test-slow", "intruder", 1.0))
         farm_s3.put_object(Bucket=rogue.s3.bucket, Key=keys.cancel("uncancelled", T, "test-slow"), Body=forged)
         copied = sealed(auth.cfg.nightly_signer(), Marker("cancel", "another-run", who="carol", at=1.0))

@@ -11,6 +11,7 @@ runs/<run>/<target>/<step>/log.txt | junit.xml           a job's files, when too
 runs/<run>/<target>/<step>/results/<attempt>-<digest>.json   one sealed result record each
 runs/<run>/<target>/<step>/cases/<sha256>.json.zst          a record's cases, when too many for the record
 cancels/<run>/run.json | cancels/<run>/<target>/<step>.json   a person cancelled the run / the job (a marker)
+quarantine/<UTC time>/artifacts/...                    a build's objects found replaced in S3, moved aside for a look
 runs/<run>/report.json | report.html
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:#-]*$")
 
@@ -58,6 +60,17 @@ def provenance_of(artifact_key: str) -> str:
     if name != "artifact.tar.zst" or not prefix.startswith("artifacts/"):
         raise ValueError(f"{artifact_key[:200]!r} is not an artifact key")
     return f"{prefix}/provenance.intoto.json"
+
+
+def quarantine(key: str, at: float) -> str:
+    """Where an artifact's object found replaced outside the farm is kept for a look: its key
+    under ``quarantine/`` and the UTC time it was moved (its second; a clash is a new copy of the
+    same object, which the move then overwrites)."""
+    if not key.startswith("artifacts/"):
+        raise ValueError(f"{key[:200]!r} is not an artifact's object")
+    for piece in key.split("/"):
+        part(piece)
+    return f"quarantine/{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(at))}/{key}"
 
 
 def source(rev: str) -> str:
@@ -142,11 +155,15 @@ def cancels(run_id: str) -> str:
 # write artifacts. The collector takes results over Gearman and may read the runs' files. The
 # nightly and the dashboard use the farm's own [s3] keys.
 ROLE_WRITES: dict[str, tuple[str, ...]] = {
-    "build": ("artifacts/*/{target}/*", "runs/*/{target}/build/*"),
+    # A build moves an artifact's objects it finds replaced aside (quarantine: a copy, then a
+    # delete) and stores its own in their place: a host that may overwrite an artifact may as
+    # well move it.
+    "build": ("artifacts/*/{target}/*", "runs/*/{target}/build/*", "quarantine/*/artifacts/*/{target}/*"),
     "test": ("runs/*/{target}/test-*",),
     "perf": ("runs/*/{target}/perf-*",),
     "collector": (),
 }
+ROLE_DELETES: dict[str, tuple[str, ...]] = {"build": ("artifacts/*/{target}/*",)}
 ROLE_READS: dict[str, tuple[str, ...]] = {"build": ("*",), "test": ("*",), "perf": ("*",), "collector": ("runs/*",)}
 ALL_TARGETS = ("*",)
 
@@ -167,4 +184,7 @@ def role_policy(bucket: str, role: str, targets: tuple[str, ...] = ALL_TARGETS) 
         statements.append({"Effect": "Allow", "Action": ["s3:PutObject", "s3:AbortMultipartUpload",
                                                            "s3:ListMultipartUploadParts"],
                            "Resource": [f"{arn}/{p.format(target=t)}" for p in ROLE_WRITES[role] for t in targets]})
+    if ROLE_DELETES.get(role):
+        statements.append({"Effect": "Allow", "Action": ["s3:DeleteObject"],
+                           "Resource": [f"{arn}/{p.format(target=t)}" for p in ROLE_DELETES[role] for t in targets]})
     return {"Version": "2012-10-17", "Statement": statements}

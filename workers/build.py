@@ -22,6 +22,7 @@ from gearfarm.formats.job import SignedBuild
 from gearfarm.formats.result import ResultRecord
 from gearfarm.run import snapshot
 from gearfarm.s3 import artifact, keys
+from gearfarm.s3.store import StoreError
 from gearfarm.step import runner
 from gearfarm.workers.base import Attempt
 
@@ -73,6 +74,7 @@ def build(attempt: Attempt) -> ResultRecord:
     art_key = keys.artifact(p.rev, p.target, tc_id)
     man_key = keys.manifest(p.rev, p.target, tc_id)
     reused = False
+    alarms: list[str] = []
     bytes_up = 0
     status = "passed"
     message = ""
@@ -108,8 +110,19 @@ def build(attempt: Attempt) -> ResultRecord:
             # Put-if-absent: a concurrent build of the same (rev, target, toolchain) cannot
             # replace the archive under a sha256 another build's tests were given; and an
             # object there that is not this build's nor one the farm signed is refused.
-            manifest = artifact.publish(ctx.store, art_key, man_key, archive, packed,
-                                        [b.artifact_sha256 for b in p.signed_builds if b.artifact_key == art_key])
+            signed_shas = [b.artifact_sha256 for b in p.signed_builds if b.artifact_key == art_key]
+            try:
+                manifest = artifact.publish(ctx.store, art_key, man_key, archive, packed, signed_shas)
+            except artifact.Replaced as e:
+                # Moved aside, kept for a look, and this build stored in its place: one alarm,
+                # not every later night of the target refused until someone removes it.
+                alarms.append(set_aside(attempt, keys.artifact_prefix(p.rev, p.target, tc_id), e))
+                try:
+                    manifest = artifact.publish(ctx.store, art_key, man_key, archive, packed, signed_shas)
+                except artifact.Replaced as again:
+                    raise artifact.ArtifactError(
+                        f"{again}, again right after this build moved what it found there aside ({alarms[-1]}): "
+                        "something with the build role's S3 keys is writing there now; find it") from again
             man_sha = str(manifest["manifest_sha256"])
             if not manifest["raced"]:
                 # What this host built, signed by it: only the host that made the archive says so.
@@ -129,10 +142,28 @@ def build(attempt: Attempt) -> ResultRecord:
             timings["upload"] = time.monotonic() - t0
 
     ok = status == "passed"
-    return attempt.record(status, message, bytes_uploaded=bytes_up, reused_artifact=reused,
+    return attempt.record(status, message, bytes_uploaded=bytes_up, reused_artifact=reused, alarms=alarms,
                        artifact_key=art_key if ok else None,
                        artifact_sha256=str(manifest["archive_sha256"]) if ok else None,
                        manifest_sha256=man_sha if ok else None)
+
+
+def set_aside(attempt: Attempt, prefix: str, found: artifact.Replaced) -> str:
+    """Move the objects at a build's keys aside (artifact.quarantine) after ``found`` one of
+    them not made by the farm; the alarm that says what was found and where it is kept."""
+    try:
+        moved = artifact.quarantine(attempt.ctx.store, prefix, time.time())
+    except StoreError as e:
+        raise artifact.ArtifactError(
+            f"{found}; moving it aside failed ({e}): the build role's S3 user needs DeleteObject on artifacts/ and "
+            "PutObject under quarantine/ (make the roles again: gearfarm store roles), or keep the object for a "
+            "look, remove it (mc rm) and build again") from e
+    where = ", ".join(f"{k} -> {v}" for k, v in sorted(moved.items()))
+    alarm = (f"{found.key} was replaced in S3 outside the farm ({found}); moved aside, kept for a look: "
+             f"{where}; built again and stored this build's")
+    attempt.note(f"ALARM: {alarm}")
+    log.error("build %s: %s", attempt.p.job_id, alarm)
+    return alarm
 
 
 def reusable(attempt: Attempt, signed: SignedBuild | None, man_key: str) -> dict[str, object] | None:

@@ -6,8 +6,9 @@ a rogue libgearman worker (tests/gearman_holder.c) on the wire and boto3 on S3:
   key, the test role's S3 keys): forged test records for its own target and another, a forged
   build record and a forged payload are rejected or dropped; a forged dashboard cookie does not
   log in;
-- a build replaced in S3 with the build role's keys is refused by digest by the next nightly and
-  by a bisection, and never runs;
+- a build replaced in S3 with the build role's keys is refused by digest and never runs; the next
+  build moves it aside (kept under quarantine/), stores its own, and its night is green and names
+  the replaced object;
 - a cancel marker written with the test role's keys is refused; one the nightly did not sign, or
   signed for another run, is ignored; the job completes;
 - a rogue worker holding a job with WORK_STATUS loses it within the lease time;
@@ -16,6 +17,8 @@ a rogue libgearman worker (tests/gearman_holder.c) on the wire and boto3 on S3:
 
 from __future__ import annotations
 
+import email
+import email.policy
 import hashlib
 import json
 import os
@@ -344,7 +347,7 @@ def _marker_anywhere(auth: Farm) -> list[str]:
     return found
 
 
-def test_a_build_replaced_in_s3_is_refused_by_digest_and_never_runs(auth: Farm) -> None:
+def test_a_build_replaced_in_s3_is_refused_by_digest_then_moved_aside_and_built_again(auth: Farm) -> None:
     rev = auth.revs[1]
     first = auth.nightly("replace-1", "--suites", "good", rev=1)
     assert first.returncode == 0, first.stdout + first.stderr
@@ -361,24 +364,35 @@ def test_a_build_replaced_in_s3_is_refused_by_digest_and_never_runs(auth: Farm) 
     assert f"artifact sha256 is {bad}, expected {good_sha}" in jobs["test-good"].message
     report = (auth.farm.state / "runs" / "replace-2" / "report.txt").read_text()
     assert f"artifact sha256 is {bad}" in report, report
-    # Archive and manifest replaced together: the build does not reuse it, builds, and refuses the
-    # object at its key, which no signed build has.
-    _replace_build(auth, rev, manifest_too=True)
+    # Archive and manifest replaced together (issue #76, case 10): the build does not reuse it,
+    # builds, finds at its key an object no signed build has, moves the build's objects aside
+    # (kept under quarantine/) and stores its own. The night is green and its report and mail
+    # name the replaced object and where it is kept. Before: `build: infra` ("remove it (mc rm),
+    # and build again") in this night and every later one of the target.
+    key, planted = _replace_build(auth, rev, manifest_too=True)
     p = auth.nightly("replace-3", "--suites", "good", rev=1)
-    assert p.returncode == 1, p.stdout + p.stderr
+    assert p.returncode == 0, p.stdout + p.stderr
     jobs = {r.step: r for r in auth.db.jobs("replace-3")}
-    assert (jobs["build"].status, jobs["test-good"].status) == ("infra", "skipped")
-    assert "replaced or planted outside the farm" in jobs["build"].message and bad in jobs["build"].message
+    assert (jobs["build"].status, jobs["test-good"].status) == ("passed", "passed"), jobs["build"].message
+    assert jobs["build"].artifact_sha256 == good_sha and not jobs["build"].reused_artifact
+    (alarm,) = jobs["build"].alarms
+    aside = alarm.split(f"{key} -> ", 1)[1].split(",")[0].split(";")[0]
+    assert aside.startswith("quarantine/") and aside.endswith(key), alarm
+    assert "replaced in S3 outside the farm" in alarm and planted in alarm
+    store = ArtifactStore(auth.cfg.s3)
+    assert hashlib.sha256(store.get_bytes(aside)).hexdigest() == planted  # kept, byte for byte
     report = (auth.farm.state / "runs" / "replace-3" / "report.txt").read_text()
-    assert "replaced or planted outside the farm" in report, report
-    # A bisection over the range probes the replaced revision the same way.
-    b = gearfarm("bisect", f"{auth.revs[0]}..{auth.revs[1]}", "--test", "good/good", "--project", "auth",
-                 "--target", T, "--confirm", "1", "--repeat", "1", "--config", str(auth.farm.config_path),
-                 timeout=600)
-    probes = [r for run in auth.db.runs(limit=100, reruns=True) if (run.parent_run_id or "").startswith("bisect-")
-              for r in auth.db.jobs(run.run_id) if r.rev == rev and r.kind == "build"]
-    assert probes and all(r.status == "infra" and "replaced or planted" in r.message for r in probes), \
-        (b.stdout + b.stderr, [(r.status, r.message) for r in probes])
+    assert "ALARMS" in report and key in report and aside in report, report
+    mail = email.message_from_bytes((auth.farm.state / "runs" / "replace-3" / "report.eml").read_bytes(),
+                                    policy=email.policy.default)
+    assert "(1 alarm)" in str(mail["Subject"]), mail["Subject"]
+    assert aside in mail.get_body(("plain",)).get_content()  # type: ignore[union-attr]
+    # The next night reuses the build stored in its place, with nothing to say.
+    p = auth.nightly("replace-4", "--suites", "good", rev=1)
+    assert p.returncode == 0, p.stdout + p.stderr
+    jobs = {r.step: r for r in auth.db.jobs("replace-4")}
+    assert jobs["build"].reused_artifact and jobs["build"].alarms == [] and jobs["test-good"].status == "passed"
+    assert "ALARMS" not in (auth.farm.state / "runs" / "replace-4" / "report.txt").read_text()
     assert _marker_anywhere(auth) == []
 
 

@@ -1,4 +1,4 @@
-"""Gearman administrative (text) protocol: ``status``, ``workers``, ``version``.
+"""Gearman administrative (text) protocol: ``status``, ``workers``, ``version``, ``maxqueue``.
 
 gearmand speaks a line protocol on the same port as the binary one (it looks at the
 first byte).  Each helper opens a short-lived connection, because admin queries are

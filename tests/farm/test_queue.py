@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -27,7 +28,7 @@ from gearfarm.config import Config, ProjectConfig
 from gearfarm.db.results import ResultsDB
 from gearfarm.formats import catalog as catalog_mod
 from gearfarm.run.farm import EmbeddedFarm
-from tests.farmkit import ROOT, gearfarm, wait_for
+from tests.farmkit import ROOT, commit, gearfarm, wait_for
 from tests.projects import _init
 
 T = "linux-x86_64"
@@ -96,6 +97,12 @@ class Queue:
         ids = self.farm.state.parent / f"{run}.ids"
         return [line.split("\t")[0] for line in ids.read_text().splitlines()] if ids.exists() else []
 
+    def change(self, project: str) -> None:
+        """A new commit of ``project``: its next night builds (a build of a known revision is reused)."""
+        repo = self.farm.state.parent / project
+        (repo / "notes.txt").write_text(f"change at {time.time()}\n")
+        commit(repo, "a change")
+
     def report(self, run_id: str) -> str:
         return (self.farm.state / "runs" / run_id / "report.txt").read_text()
 
@@ -156,6 +163,7 @@ def test_maxqueue_sent_by_a_peer_before_the_night_is_undone_and_reported(queue: 
 
 def test_maxqueue_sent_while_the_night_submits_is_undone_and_reported(queue: Queue) -> None:
     """The limit set while alpha's build runs: its three suites are submitted after it."""
+    queue.change("alpha")
     nightly = queue.start_nightly("during")
     try:
         def building() -> bool:

@@ -22,7 +22,7 @@ from gearfarm.formats.job import SignedBuild
 from gearfarm.formats.result import ResultRecord
 from gearfarm.run import snapshot
 from gearfarm.s3 import artifact, keys
-from gearfarm.s3.store import StoreError
+from gearfarm.s3.store import StoreError, sha256_file
 from gearfarm.step import runner
 from gearfarm.workers.base import Attempt
 
@@ -82,12 +82,16 @@ def build(attempt: Attempt) -> ResultRecord:
     manifest: dict[str, object] = {}
     man_sha: str | None = None
     signed = next((b for b in p.signed_builds if b.artifact_key == art_key), None)
-    stored = reusable(attempt, signed, man_key)
+    try:
+        stored = reusable(attempt, signed, man_key)
+    except artifact.Replaced as e:
+        alarms.append(set_aside(attempt, keys.artifact_prefix(p.rev, p.target, tc_id), e))
+        stored = None
     if stored is not None and signed is not None:
         manifest, man_sha = stored, signed.manifest_sha256
         reused = True
         attempt.note(f"artifact {art_key} exists (sha256 {signed.artifact_sha256}, manifest sha256 {man_sha}, "
-                  "as the farm signed them): build and upload skipped, 0 bytes moved")
+                  "as the farm signed them; the archive checked): build and upload skipped, 0 bytes uploaded")
         timings["lookup"] = time.monotonic() - t0
     else:
         root, scratch = tmpd / "root", attempt.scratch()
@@ -184,4 +188,27 @@ def reusable(attempt: Attempt, signed: SignedBuild | None, man_key: str) -> dict
         log.error("stored manifest %s has sha256 %s, the farm signed %s: replaced in S3", man_key, got,
                   signed.manifest_sha256)
         return None
-    return manifest
+    return manifest if check_archive(attempt, signed) else None
+
+
+def check_archive(attempt: Attempt, signed: SignedBuild) -> bool:
+    """Whether S3 still holds the archive the farm signed at ``signed``'s key (False: gone or
+    unreadable, build again); Replaced when it holds another: a reused build names it to its test
+    jobs, which would refuse it night after night. The one download is kept in this host's cache,
+    where the host's test jobs of the build take it."""
+    ctx, path = attempt.ctx, attempt.tmpd / f"stored{artifact.ARCHIVE_SUFFIX}"
+    with ctx.archives.fetching(signed.artifact_sha256):
+        try:
+            ctx.store.get_file(signed.artifact_key, path)
+        except Exception:  # gone (pruned) or unreadable: build again, as for its manifest
+            path.unlink(missing_ok=True)
+            return False
+        got = sha256_file(path)
+        if got == signed.artifact_sha256:
+            ctx.archives.add(got, path)
+    path.unlink(missing_ok=True)
+    if got == signed.artifact_sha256:
+        return True
+    raise artifact.Replaced(f"artifact {signed.artifact_key} in S3 has sha256 {got}, not the "
+                            f"{signed.artifact_sha256} the farm signed: it was replaced outside the farm",
+                            signed.artifact_key)

@@ -369,7 +369,7 @@ def _moved_aside(auth: Farm, run_id: str, key: str, planted: str, good_sha: str)
     return aside
 
 
-def test_a_build_replaced_in_s3_is_moved_aside_and_the_next_night_is_green(auth: Farm) -> None:
+def test_a_build_replaced_in_s3_is_moved_aside_and_the_next_night_is_green(auth: Farm, tmp_path: Path) -> None:
     """Issue #76, case 10: a build replaced in S3 with the build role's keys costs one alarm, not
     the target. Before: with the archive replaced, every later night reused the build and its
     tests refused the archive (`test: infra`, "artifact sha256 is X, expected Y"); with archive
@@ -393,7 +393,20 @@ def test_a_build_replaced_in_s3_is_moved_aside_and_the_next_night_is_green(auth:
     key, planted = _replace_build(auth, rev, manifest_too=True)
     p = auth.nightly("replace-3", "--suites", "good", rev=1)
     assert p.returncode == 0, p.stdout + p.stderr
-    _moved_aside(auth, "replace-3", key, planted, good.artifact_sha256)
+    aside = _moved_aside(auth, "replace-3", key, planted, good.artifact_sha256)
+    # The dashboard's run page says it too.
+    import html
+    import urllib.request
+
+    from gearfarm.hosts import process
+
+    proc, url = start_web(auth.farm.config_path, tmp_path / "web.log")
+    try:
+        with urllib.request.urlopen(f"{url}/run/replace-3", timeout=30) as r:
+            page = html.unescape(r.read().decode())
+    finally:
+        process.stop(proc, timeout=10)
+    assert "Alarms: done to the farm from outside" in page and aside in page
     # The next night reuses the build stored in its place, with nothing to say.
     p = auth.nightly("replace-4", "--suites", "good", rev=1)
     assert p.returncode == 0, p.stdout + p.stderr

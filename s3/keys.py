@@ -11,6 +11,7 @@ runs/<run>/<target>/<step>/files/<sha256>/log.txt | junit.xml   a job's files, w
 runs/<run>/<target>/<step>/results/<attempt>-<digest>.json   one sealed result record each
 runs/<run>/<target>/<step>/cases/<sha256>.json.zst          a record's cases, when too many for the record
 cancels/<run>/run.json | cancels/<run>/<target>/<step>.json   a person cancelled the run / the job (a marker)
+quarantine/<UTC time>/artifacts/...                    a build's objects found replaced in S3, moved aside for a look
 runs/<run>/report.json | report.html
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:#-]*$")
 
@@ -58,6 +60,17 @@ def provenance_of(artifact_key: str) -> str:
     if name != "artifact.tar.zst" or not prefix.startswith("artifacts/"):
         raise ValueError(f"{artifact_key[:200]!r} is not an artifact key")
     return f"{prefix}/provenance.intoto.json"
+
+
+def quarantine(key: str, at: float) -> str:
+    """Where an artifact's object found replaced outside the farm is kept for a look: its key
+    under ``quarantine/`` and the UTC time it was moved (its second; a clash is a new copy of the
+    same object, which the move then overwrites)."""
+    if not key.startswith("artifacts/"):
+        raise ValueError(f"{key[:200]!r} is not an artifact's object")
+    for piece in key.split("/"):
+        part(piece)
+    return f"quarantine/{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(at))}/{key}"
 
 
 def source(rev: str) -> str:
@@ -156,6 +169,11 @@ def _job_keys(step: str, *names: str) -> tuple[str, ...]:
             *((own + "cases/*.json.zst",) if step.startswith("test") else ()))
 
 
+# The objects of one build, as a role pattern.
+ARTIFACT_FILES = ("artifacts/*/{target}/*/artifact.tar.zst", "artifacts/*/{target}/*/manifest.json",
+                  "artifacts/*/{target}/*/provenance.intoto.json")
+
+
 # Object patterns under the bucket, {target} being each target a user serves ('*' for all). Each
 # names whole keys of the layout above, one key kind a pattern, and role_policy denies any key in
 # which a '*' (which in IAM matches '/' too) would stand for more than one component: so a role
@@ -167,12 +185,15 @@ def _job_keys(step: str, *names: str) -> tuple[str, ...]:
 # what makes that harmless is the sha256 each record gives its files (docs/security.md, "Files
 # in S3").
 ROLE_WRITES: dict[str, tuple[str, ...]] = {
-    "build": ("artifacts/*/{target}/*/artifact.tar.zst", "artifacts/*/{target}/*/manifest.json",
-              "artifacts/*/{target}/*/provenance.intoto.json", *_job_keys("build", "log.txt")),
+    # A build moves an artifact's objects it finds replaced aside (quarantine: a copy, then a
+    # delete) and stores its own in their place: a host that may write an artifact's keys may as
+    # well move what stands there.
+    "build": (*ARTIFACT_FILES, *(f"quarantine/*/{a}" for a in ARTIFACT_FILES), *_job_keys("build", "log.txt")),
     "test": _job_keys("test-*", "log.txt", "junit.xml"),
     "perf": _job_keys("perf-*", "log.txt"),
     "collector": (),
 }
+ROLE_DELETES: dict[str, tuple[str, ...]] = {"build": ARTIFACT_FILES}
 ROLE_READS: dict[str, tuple[str, ...]] = {"build": ("*",), "test": ("*",), "perf": ("*",), "collector": ("runs/*",)}
 ALL_TARGETS = ("*",)
 
@@ -194,12 +215,18 @@ def role_policy(bucket: str, role: str, targets: tuple[str, ...] = ALL_TARGETS) 
         statements.append({"Effect": "Allow", "Action": ["s3:PutObject", "s3:AbortMultipartUpload",
                                                            "s3:ListMultipartUploadParts"],
                            "Resource": [f"{arn}/{p}" for p in writes]})
-        # A Deny wins over any Allow: the keys that match a write pattern only through a '*'
-        # standing for several components (runs/R/T/build/results/T/test-x.json). (A '*' standing
-        # for nothing makes an empty component, which MinIO refuses in any key.) Made from the
-        # patterns of every target, once: a policy holds 20 KiB in MinIO, whatever a host serves.
-        denied = dict.fromkeys(d for p in ROLE_WRITES[role] for d in spanning(p.format(target="*")))
-        statements.append({"Effect": "Deny", "Action": ["s3:PutObject"], "Resource": [f"{arn}/{d}" for d in denied]})
+    if ROLE_DELETES.get(role):
+        statements.append({"Effect": "Allow", "Action": ["s3:DeleteObject"],
+                           "Resource": [f"{arn}/{p.format(target=t)}" for p in ROLE_DELETES[role] for t in targets]})
+    if ROLE_WRITES[role]:
+        # A Deny wins over any Allow: the keys that match a write (or delete) pattern only through
+        # a '*' standing for several components (runs/R/T/build/results/T/test-x.json). (A '*'
+        # standing for nothing makes an empty component, which MinIO refuses in any key.) Made from
+        # the patterns of every target, once: a policy holds 20 KiB in MinIO, whatever a host serves.
+        denied = dict.fromkeys(d for p in (*ROLE_WRITES[role], *ROLE_DELETES.get(role, ()))
+                               for d in spanning(p.format(target="*")))
+        statements.append({"Effect": "Deny", "Action": ["s3:PutObject", "s3:DeleteObject"],
+                           "Resource": [f"{arn}/{d}" for d in denied]})
     return {"Version": "2012-10-17", "Statement": statements}
 
 

@@ -631,6 +631,15 @@ class ResultsDB:
             if run is not None:
                 run.notes = {**(run.notes or {}), **notes}
 
+    def add_alarm(self, run_id: str, text: str) -> None:
+        """Add to a run's alarms (its notes' ``alarms``): something done to the farm from outside
+        that the farm undid, which its report and mail name loudly though the run may pass."""
+        with self.session(write=True) as s:
+            run = s.get(Run, run_id)
+            if run is not None:
+                alarms = list((run.notes or {}).get("alarms", []))
+                run.notes = {**(run.notes or {}), "alarms": [*alarms, text]}
+
     def get_run(self, run_id: str) -> Run | None:
         with self.session() as s:
             return s.get(Run, run_id)

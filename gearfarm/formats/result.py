@@ -254,6 +254,9 @@ class ResultRecord(_Stored):
     reference_rev: str | None = None
     # Perf jobs: the curves the benchmark recorded while it ran (its catalog entry's curves).
     curves: list[CurveRecord] = Field(default_factory=list)
+    # What the worker found done to the farm from outside and undid (a build's artifact replaced
+    # in S3, moved aside): said loudly in the report and the mail, whatever the job's status.
+    alarms: list[str] = Field(default_factory=list)
 
     @field_validator("files")
     @classmethod

@@ -122,8 +122,16 @@ class CancelFlag:
         self._set = threading.Event()
         self._lock = threading.Lock()
         self._fd: int | None = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        # Why the job was stopped, kept from the first set(): "cancelled" (a person), "deadline"
+        # (its run's deadline passed) or "refused" (the job is no longer this worker's), and
+        # the words the job's log and record give for it.
+        self.kind = "cancelled"
+        self.reason = ""
 
-    def set(self) -> None:
+    def set(self, kind: str = "cancelled", reason: str = "") -> None:
+        with self._lock:
+            if not self._set.is_set():
+                self.kind, self.reason = kind, reason
         self._set.set()
         with self._lock:
             if self._fd is not None:
@@ -435,8 +443,9 @@ def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | 
             raise OSError(pump.error.errno, f"cannot write the job's log {log_path}: {pump.error.strerror}")
         cancel = CANCEL.get()
         if cancel is not None and cancel.is_set():
-            log.write(b"\n*** cancelled: the command and everything it started were stopped ***\n")
-            raise Cancelled(f"{argv[0]} stopped: the job was cancelled")
+            why = cancel.reason or "cancelled"
+            log.write(f"\n*** {why}: the command and everything it started were stopped ***\n".encode())
+            raise Cancelled(f"{argv[0]} stopped: {cancel.reason or 'the job was cancelled'}")
         if reason == "error":
             log.write(f"cannot start {argv[0]}: {detail}\n".encode())
             return 127, False

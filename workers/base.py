@@ -712,12 +712,13 @@ class Heartbeat:
                           f"({time.strftime('%H:%M:%S', time.localtime(p.deadline))}), still running")
             if time.monotonic() < due:
                 continue
-            due += HEARTBEAT_SECONDS
+            due = time.monotonic() + HEARTBEAT_SECONDS
             n += 1
             self.job.status(n, 0)
             if not self.leased.is_set() or n % ctx.lease_beats:
                 continue
             said = ctx.renew(p, n)
+            due = time.monotonic() + HEARTBEAT_SECONDS  # after its answer, which may take a heartbeat
             if self.cancel.is_set() or self.stop.is_set():
                 continue
             try:

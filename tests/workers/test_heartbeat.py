@@ -184,9 +184,10 @@ def test_a_job_is_stopped_at_its_runs_deadline_and_when_its_beat_is_refused(
             t.start()
             return jid, t
 
-        # The deadline: 6 s from now, the ledger granting every beat.
+        # The deadline: 20 s from now (the suite starts well before it on a loaded machine), the
+        # ledger granting every beat.
         answers["late"] = lambda lease: b"granted "
-        deadline = time.time() + 6
+        deadline = time.time() + 20
         jid, waiting = submit("late", deadline)
         wait_for("the hanging suite's four processes", lambda: len(_hanging()) == 4, 20)
         gone = wait_for("the suite's processes gone", lambda: not _hanging() and time.time(), 60)

@@ -567,12 +567,23 @@ def cmdline(pid: int) -> list[str] | None:
     return [os.fsdecode(a) for a in raw.split(b"\0")[:-1]]
 
 
-def identity(pid: int) -> dict[str, Any] | None:
+def identity(pid: int, argv: Sequence[str] | None = None, wait: float = 5.0) -> dict[str, Any] | None:
     """What proves later that ``pid`` is still this process (JSON-ready); None if it is gone.
     The start time tells a recycled pid apart, the boot id a pid of an earlier boot, the
-    command line guards against both failing at once."""
-    st = proc_stat(pid)
+    command line guards against both failing at once.
+
+    ``argv``: what the process was just started with (Popen's), waited for up to ``wait``
+    seconds. Popen returns before the kernel shows the new command line: /proc/<pid>/cmdline
+    read at once was still the parent's or empty in 151 of 300 starts, and a process recorded
+    so is never "provably" the one started (is_same), so a stop from the state file left it
+    running (issue #76, case 11: a restarted slot outlived `gearfarm farm stop`)."""
     args = cmdline(pid)
+    if argv is not None:
+        until = time.monotonic() + wait
+        while args is not None and args != list(argv) and time.monotonic() < until:
+            time.sleep(0.001)
+            args = cmdline(pid)
+    st = proc_stat(pid)
     if st is None or st.state in ("Z", "X") or args is None:
         return None
     return {"pid": pid, "start": st.start, "boot": boot_id(), "pgid": st.pgid, "cmdline": args}

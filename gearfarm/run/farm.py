@@ -83,6 +83,8 @@ class EmbeddedFarm:
         self.missing: dict[str, dict[str, str]] = {}
         self.functions: set[str] = {"collect"}
         self.args: dict[str, list[str]] = {}
+        # What each was last started with, as the state file must record its command line.
+        self.argv: dict[str, list[str]] = {}
         self.restarts: dict[str, int] = {}
         self._stopping = threading.Event()
         self._supervisor: threading.Thread | None = None
@@ -232,6 +234,7 @@ class EmbeddedFarm:
         argv = [sys.executable, "-m", "gearfarm.cli", *args, "--config", str(self.config_path)]
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.worker_env)
         self.procs[name] = process.spawn(argv, self.state / "logs" / f"{name}.log", env=env)
+        self.argv[name] = argv
 
     def supervise(self) -> None:
         """Restart workers and the collector when they die, as systemd's Restart=always does
@@ -275,7 +278,8 @@ class EmbeddedFarm:
             pids["minio"] = self.minio.proc.pid
         if self.gearmand and self.gearmand.pid:
             pids["gearmand"] = self.gearmand.pid
-        procs = {n: ident for n, pid in pids.items() if (ident := process.identity(pid)) is not None}
+        procs = {n: ident for n, pid in pids.items()
+                 if (ident := process.identity(pid, self.argv.get(n))) is not None}
         _write_json(self.state / STATE_FILE, {"pids": pids, "procs": procs, "config": str(self.config_path)})
 
     def detach(self) -> None:

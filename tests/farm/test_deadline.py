@@ -102,6 +102,7 @@ def test_a_suite_trapping_sigterm_is_gone_within_30s_of_its_runs_deadline_and_it
         assert hang.deadline is not None
         late = gone - hang.deadline
         assert late < 30, f"the hanging suite outlived its run's deadline by {late:.0f}s"
+        print(f"\nthe hanging suite's last process was gone {late:.1f}s after its run's deadline")
 
         # The suite is the project's: timed out at the deadline, with its log kept.
         jobs = {r.step: r for r in db.jobs(hang.run_id)}

@@ -674,10 +674,10 @@ class Heartbeat:
 
     It also sets ``cancel`` when the job is no longer this worker's to run (the ledger answers a
     beat `refused`: its run was closed; `held` or `done`: another worker took its attempt over),
-    and at the run's deadline the
-    payload carries, by this host's clock: nothing of a run outlives its deadline, whatever the
-    catalog's timeout and whether or not the collector answers (a suite that traps SIGTERM held
-    its slot for good when only a `cancelled` answer stopped it)."""
+    and at the run's deadline the payload carries, by this host's clock: nothing of a run
+    outlives its deadline, whatever the catalog's timeout and whether or not the collector
+    answers (a suite that traps SIGTERM held its slot for good when only a `cancelled` answer
+    stopped it)."""
 
     def __init__(self, ctx: Context, job: Job, p: Payload) -> None:
         self.ctx, self.job, self.p = ctx, job, p

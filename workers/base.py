@@ -428,20 +428,21 @@ class Context:
             stop.wait(delay)
             delay = min(delay * 2, 10.0)
 
-    def renew(self, p: Payload, beat: int) -> Answer | None:
+    def renew(self, p: Payload, beat: int) -> tuple[Answer, str] | None:
         """A signed heartbeat of the held lease: what tells the nightly the job is alive
         (WORK_STATUS can be sent by whatever holds the Gearman job), and the ledger's answer,
-        which says `cancelled` once the nightly recorded the job or its run cancelled; None when
+        which says `cancelled` once the nightly recorded the job or its run cancelled and
+        `refused` once the attempt is no longer this worker's (its run closed, its lease taken
+        over), with the ledger's reason; None when
         no answer came within a heartbeat (the collector away or behind). One waits per attempt
         (its unique id): a beat sent while the last one waits joins it."""
         unique = "beat-" + hashlib.sha256(f"{p.unique}|{self.name}".encode()).hexdigest()[:40]
         try:
-            word, _ = lease_answer(self.client.submit(COLLECT_FUNCTION, self._lease(p, beat), unique=unique,
-                                                      timeout=HEARTBEAT_SECONDS, priority="high"))
+            return lease_answer(self.client.submit(COLLECT_FUNCTION, self._lease(p, beat), unique=unique,
+                                                   timeout=HEARTBEAT_SECONDS, priority="high"))
         except (GearmanError, TimeoutError) as e:
             log.warning("no answer to the heartbeat of %s: %s", p.job_id, e)
             return None
-        return word
 
     def cancelled(self, p: Payload) -> bool:
         """Whether a person cancelled the job or its run, by the nightly's signed marker in S3:
@@ -591,6 +592,19 @@ class Attempt:
                                timings=self.timings, log_key=named["log.txt"], junit_key=named.get("junit.xml"),
                                message=message, log_tail=tail, files=carried, file_sums=sums, **fields)
 
+    def stopped(self, flag: process.CancelFlag) -> ResultRecord:
+        """The record of work whose command was stopped (``flag`` says why), with its log: a
+        person's cancel is `cancelled`; a job still running at its run's deadline is
+        `timed_out`, the project's own (it held its slot past the night's end, whatever its
+        catalog's timeout). A job that is no longer this worker's (its run closed, its lease
+        another's) is dropped with no record (Refused): the run has its answer already."""
+        if flag.kind == "refused":
+            raise Refused(flag.reason)
+        if flag.kind == "deadline":
+            return self.record("timed_out", f"{self.p.step} {flag.reason}: it held its slot past the end of the "
+                               "night, and was stopped with everything it started")
+        return self.record("cancelled", f"cancelled while running{f' ({flag.reason})' if flag.reason else ''}")
+
     def refuse(self, message: str, **fields: object) -> ResultRecord:
         """An `infra` record naming no log, for work that must not run or go on (a host without
         the tools, an artifact that does not verify): the farm's failure, not the project's."""
@@ -658,7 +672,14 @@ class Heartbeat:
     the job's commands stop within a signed beat of the nightly recording it (10 s by default).
     Only a beat the ledger did not answer looks in S3 for the nightly's marker instead: a LIST
     at every heartbeat of every running job was half of a slot's own work on a long job, and
-    of MinIO's (docs/speed.md)."""
+    of MinIO's (docs/speed.md).
+
+    It also sets ``cancel`` when the job is no longer this worker's to run (the ledger answers a
+    beat `refused`: its run was closed; `held` or `done`: another worker took its attempt over),
+    and at the run's deadline the payload carries, by this host's clock: nothing of a run
+    outlives its deadline, whatever the catalog's timeout and whether or not the collector
+    answers (a suite that traps SIGTERM held its slot for good when only a `cancelled` answer
+    stopped it)."""
 
     def __init__(self, ctx: Context, job: Job, p: Payload) -> None:
         self.ctx, self.job, self.p = ctx, job, p
@@ -681,20 +702,40 @@ class Heartbeat:
 
     def _beats(self) -> None:
         ctx, p, n = self.ctx, self.p, 0
-        while not self.stop.wait(HEARTBEAT_SECONDS):
+        due = time.monotonic() + HEARTBEAT_SECONDS
+        while True:
+            wait = due - time.monotonic()
+            if not self.cancel.is_set():
+                wait = min(wait, p.deadline - time.time())  # woken at the deadline, not a beat after
+            if self.stop.wait(max(0.0, wait)):
+                return
+            if time.time() >= p.deadline and not self.cancel.is_set():
+                self._end("deadline", "killed at its run's deadline "
+                          f"({time.strftime('%H:%M:%S', time.localtime(p.deadline))}), still running")
+            if time.monotonic() < due:
+                continue
+            due = time.monotonic() + HEARTBEAT_SECONDS
             n += 1
             self.job.status(n, 0)
             if not self.leased.is_set() or n % ctx.lease_beats:
                 continue
-            word = ctx.renew(p, n)
+            said = ctx.renew(p, n)
+            due = time.monotonic() + HEARTBEAT_SECONDS  # after its answer, which may take a heartbeat
             if self.cancel.is_set() or self.stop.is_set():
                 continue
             try:
-                if word == "cancelled" or (word is None and ctx.cancelled(p)):
-                    log.warning("job %s (%s) was cancelled: stopping it", self.job.handle, p.job_id)
-                    self.cancel.set()
+                if said is not None and said[0] in ("refused", "held", "done"):
+                    # Its run was reported and closed, another worker holds or finished the
+                    # attempt: whatever this one did now would be late or rejected.
+                    self._end("refused", f"no longer this worker's to run ({said[0]}: {said[1]})")
+                elif (said is not None and said[0] == "cancelled") or (said is None and ctx.cancelled(p)):
+                    self._end("cancelled", "")
             except StoreError as e:
                 log.warning("cannot check whether job %s was cancelled: %s", p.job_id, e)
+
+    def _end(self, kind: str, reason: str) -> None:
+        log.warning("job %s (%s): %s: stopping it", self.job.handle, self.p.job_id, reason or "cancelled")
+        self.cancel.set(kind, reason)
 
 
 def perform_job(ctx: Context, p: Payload, job: Job, work: Work, cancel: process.CancelFlag,
@@ -755,7 +796,14 @@ def run_step(ctx: Context, p: Payload, work: Work, admission: Admission,
     # Under the worker's own work dir, so a worker killed mid-job has it swept on restart. A
     # build's or test's goes when the next command starts (process.job_dir's ``later``).
     tmpd = tail.enter_context(process.job_dir(ctx.work, ctx.role, later=ctx.role != "perf"))
-    return work(Attempt(ctx, p, cat, target, tmpd, started, admission))
+    attempt = Attempt(ctx, p, cat, target, tmpd, started, admission)
+    try:
+        return work(attempt)
+    except process.Cancelled:
+        flag = process.CANCEL.get()
+        if flag is None:
+            raise
+        return attempt.stopped(flag)
 
 
 def handle_result(ctx: Context, p: Payload, rec: ResultRecord) -> bytes:

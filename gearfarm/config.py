@@ -230,22 +230,20 @@ class FarmConfig(_Section):
     # were dropped between (gearfarm.hosts.process.CappedLog). A worker holds that quarter in memory
     # while a command runs.
     log_limit: int = Field(default=64 * 1024 * 1024, ge=64 * 1024)
+    # The most a job may keep in its sandbox's /tmp (a tmpfs: the host's memory), bytes or a size.
+    job_tmp_size: int = Field(default=1024**3, ge=1024 * 1024)
+    # The filesystem of a job's own directories (its $HOME, its tree, scratch and wine prefix): a
+    # root worker puts them on a loop-mounted ext4 image of this size per slot, so a job cannot
+    # fill the disk the farm lives on (gearfarm/hosts/jobdisk.py); bytes or a size.
+    job_disk: int = Field(default=8 * 1024**3, ge=16 * 1024 * 1024)
+    # Free space the state directory's filesystem keeps (bytes or a size): below it a worker takes
+    # no job, and ends the running job that wrote the most, as that job's failure.
+    min_free: int = Field(default=2 * 1024**3, ge=0)
 
-    @field_validator("log_limit", mode="before")
+    @field_validator("log_limit", "job_tmp_size", "job_disk", "min_free", mode="before")
     @classmethod
     def _size(cls, v: Any) -> Any:
-        if not isinstance(v, str):
-            return v
-        text = v.strip()
-        for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024), ("B", 1)):
-            if text.endswith(unit):
-                text, factor = text[: -len(unit)].strip(), scale
-                break
-        else:
-            factor = 1
-        if not text.isdigit():
-            raise ValueError('not a size: give a number of bytes, or a number with KiB, MiB or GiB, e.g. "64 MiB"')
-        return int(text) * factor
+        return parse_size(v)
     # Build and test jobs the embedded farm's host runs at once (its worker slots); 0: one per
     # core. More oversubscribes the cores: measured on 2 cores, ten workers made every job slower
     # and the nightly no shorter.
@@ -431,6 +429,22 @@ def load(path: str | os.PathLike[str]) -> Config:
     return cfg
 
 
+def parse_size(v: Any) -> Any:
+    """A size as a config says it: a number of bytes, or a number with KiB, MiB or GiB."""
+    if not isinstance(v, str):
+        return v
+    text = v.strip()
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024), ("B", 1)):
+        if text.endswith(unit):
+            text, factor = text[: -len(unit)].strip(), scale
+            break
+    else:
+        factor = 1
+    if not text.isdigit():
+        raise ValueError('not a size: give a number of bytes, or a number with KiB, MiB or GiB, e.g. "64 MiB"')
+    return int(text) * factor
+
+
 class EmbeddedSettings(_Section):
     """What a projects file may say of the embedded farm that runs it: the [farm] keys of a lab
     config that concern the one host (its slots and what its jobs may see and share)."""
@@ -440,6 +454,14 @@ class EmbeddedSettings(_Section):
     sandbox_readonly: list[str] = Field(default_factory=list)
     sandbox_shared: list[str] = Field(default_factory=list)
     sandbox_env: list[str] = Field(default_factory=list)
+    job_tmp_size: int = Field(default=FarmConfig.model_fields["job_tmp_size"].default, ge=1024 * 1024)
+    job_disk: int = Field(default=FarmConfig.model_fields["job_disk"].default, ge=16 * 1024 * 1024)
+    min_free: int = Field(default=FarmConfig.model_fields["min_free"].default, ge=0)
+
+    @field_validator("job_tmp_size", "job_disk", "min_free", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        return parse_size(v)
 
 
 class ProjectsFile(_Section):

@@ -122,8 +122,11 @@ class CancelFlag:
         self._set = threading.Event()
         self._lock = threading.Lock()
         self._fd: int | None = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        # Why, when the job is stopped for a limit it reached (its failure, not a cancel).
+        self.reason = ""
 
-    def set(self) -> None:
+    def set(self, reason: str = "") -> None:
+        self.reason = self.reason or reason
         self._set.set()
         with self._lock:
             if self._fd is not None:
@@ -603,17 +606,32 @@ def job_dir(root: Path, prefix: str, later: bool = False) -> Iterator[Path]:
     ``later`` when the next command starts (TIDY) or the worker is idle (tidy). What a worker
     killed in the middle of a job, or before it removed one, leaves behind, sweep_work_dirs()
     removes."""
-    owner = root / _owner()
+    owner = owner_dir(root)
     owner.mkdir(parents=True, exist_ok=True)
     path = Path(tempfile.mkdtemp(prefix=prefix, dir=owner))
     try:
         yield path
     finally:
         if later:
-            with _LATER_LOCK:
-                _LATER.append(path)
+            remove_later(path)
         else:
-            _rmtree(path)
+            remove(path)
+
+
+def owner_dir(root: Path) -> Path:
+    """This process's own directory under ``root``, where its job dirs are (job_dir)."""
+    return root / _owner()
+
+
+def remove_later(path: Path) -> None:
+    """Remove the job dir ``path`` when the next command starts or the worker is idle (tidy)."""
+    with _LATER_LOCK:
+        _LATER.append(path)
+
+
+def remove(path: Path) -> None:
+    """Remove a job dir now, whatever the job left in it."""
+    _rmtree(path)
 
 
 # Job dirs to remove later (job_dir's ``later``): a test job's dir took 2 ms to remove, on the
@@ -642,7 +660,11 @@ def tidy() -> None:
 
 
 def jobs_root(job: Path) -> Path:
-    """Where the job dir ``job`` (job_dir's) and this host's other jobs' dirs are: ``root``."""
+    """Where the job dir ``job`` (job_dir's, or one on its owner's job disk) and this host's other
+    jobs' dirs are: ``root``."""
+    for up in job.parents:
+        if _OWNER.fullmatch(up.name):
+            return up.parent
     return job.parent.parent
 
 
@@ -663,15 +685,21 @@ def sweep_work_dirs(root: Path) -> list[Path]:
         return removed
     boot = boot_id()[:12]
     for d in sorted(root.iterdir()):
-        m = _OWNER.fullmatch(d.name)
-        if m is None or d.is_symlink() or not d.is_dir():
-            continue
-        if m.group(3) == boot and start_time(int(m.group(1))) == int(m.group(2)):
+        if not owner_gone(d, boot):
             continue
         _rmtree(d)
         if not d.exists():
             removed.append(d)
     return removed
+
+
+def owner_gone(d: Path, boot: str | None = None) -> bool:
+    """Whether ``d`` is the owner directory of a process that is gone (a dead pid, the pid now
+    another process, or an earlier boot)."""
+    m = _OWNER.fullmatch(d.name)
+    if m is None or d.is_symlink() or not d.is_dir():
+        return False
+    return not (m.group(3) == (boot or boot_id()[:12]) and start_time(int(m.group(1))) == int(m.group(2)))
 
 
 def _rmtree(path: Path) -> None:

@@ -13,7 +13,7 @@ Its file system holds only:
     own files inside them masked: /etc/gearfarm and every file the worker's config names
     (the config itself, TLS keys and certificates, CA bundles);
   * a fresh /proc of its own PID namespace (no /proc/<worker>/environ to read), a minimal
-    /dev and an empty /tmp;
+    /dev and an empty /tmp of at most [farm] job_tmp_size;
   * the job's own directories, writable (handed to the job's uid).
 Nothing a catalog says can add to this: mounts, HOME, TMPDIR and a wine prefix (one per job,
 inside the job's directory) come from the worker only, and catalog.parse refuses an `env` that
@@ -99,6 +99,9 @@ class Sandbox:
     log_limit: int | None = None
     # The builds' compiler cache ([farm] ccache): each project's builds write only its own part.
     ccache: Path | None = None
+    # The size of the sandbox's /tmp, a tmpfs ([farm] job_tmp_size; None: the kernel's default,
+    # half the host's memory): a job that fills it finds it full, the host's memory does not.
+    tmp_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -187,7 +190,8 @@ class Sandbox:
                 "--uid", UNPRIVILEGED, "--gid", UNPRIVILEGED]
         # First: what is mounted later (a toolchain or a job directory under /tmp) must not be
         # covered by the empty /tmp.
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        args += [*(["--size", str(self.tmp_size)] if self.tmp_size else []), "--tmpfs", "/tmp"]
         trees: list[Path] = []
         for top in SYSTEM:
             p = Path(top)
@@ -290,7 +294,8 @@ def for_config(cfg: Config) -> Sandbox:
                   tuple(cfg.path(p) for p in cfg.farm.sandbox_readonly),
                   tuple(cfg.path(p) for p in cfg.farm.sandbox_shared), tuple(cfg.farm.sandbox_env),
                   uid if cfg.farm.sandbox != "none" else None, cfg.farm.log_limit,
-                  cfg.path(os.path.expanduser(cfg.farm.ccache)) if cfg.farm.ccache else None)
+                  cfg.path(os.path.expanduser(cfg.farm.ccache)) if cfg.farm.ccache else None,
+                  cfg.farm.job_tmp_size)
     box.check()
     try:
         process.reaper_command()  # built now: no command of any job runs without its supervisor

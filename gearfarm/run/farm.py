@@ -226,6 +226,7 @@ class EmbeddedFarm:
         on a lab host: a killed worker's job goes back to gearmand, and capacity comes back."""
         def loop() -> None:
             while not self._stopping.wait(1.0):
+                self._heal_gearmand()
                 for name, proc in list(self.procs.items()):
                     if proc.poll() is not None and not self._stopping.is_set():  # type: ignore[attr-defined]
                         log.warning("%s exited (%s); restarting it", name, proc.returncode)  # type: ignore[attr-defined]
@@ -235,6 +236,20 @@ class EmbeddedFarm:
 
         self._supervisor = threading.Thread(target=loop, name="farm-supervisor", daemon=True)
         self._supervisor.start()
+
+    def _heal_gearmand(self) -> None:
+        """gearmand's persistent queue failed (its disk was full) and there is room again: it is
+        restarted, as it does not recover by itself (Gearmand.heal); workers and the nightly
+        reconnect as after any restart of it."""
+        if self.gearmand is None or self._stopping.is_set():
+            return
+        try:
+            if self.gearmand.heal():
+                log.warning("gearmand's queue failed (its disk was full) and there is room again: gearmand restarted")
+                self.restarts["gearmand"] = self.restarts.get("gearmand", 0) + 1
+                self._record()
+        except Exception:  # the supervisor goes on; the next look tries again
+            log.exception("gearmand's queue failed and it cannot be restarted yet")
 
     def _record(self) -> None:
         """Write farm.json: every pid, and what proves later that it is still the process we

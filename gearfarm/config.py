@@ -238,7 +238,7 @@ class FarmConfig(_Section):
     job_disk: int = Field(default=8 * 1024**3, ge=16 * 1024 * 1024)
     # Free space the state directory's filesystem keeps (bytes or a size): below it a worker takes
     # no job, and ends the running job that wrote the most, as that job's failure.
-    min_free: int = Field(default=2 * 1024**3, ge=0)
+    min_free: int = Field(default=1024**3, ge=0)
 
     @field_validator("log_limit", "job_tmp_size", "job_disk", "min_free", mode="before")
     @classmethod

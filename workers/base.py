@@ -384,7 +384,7 @@ class Context:
     def short_of_space(self) -> str:
         """Why this host must take no job now ("" when it may): its state directory's filesystem
         has less free than [farm] min_free."""
-        free, floor = jobdisk.fs_free(self.state), self.cfg.farm.min_free
+        free, floor = jobdisk.fs_free(self.state, self.work), self.cfg.farm.min_free
         if free >= floor:
             return ""
         return (f"the disk holding the farm's state ({self.state}) has {jobdisk.size_text(free)} free, below "

@@ -76,7 +76,9 @@ def handle(attempt: Attempt) -> ResultRecord:
         return attempt.refuse(str(e), timings=attempt.timings)
     scratch = attempt.scratch()
     attempt.start()
-    prefix = wine.job_prefix(ctx.sandbox, ctx.state / "wine", target.runner, attempt.disk)
+    # Beside the job's log, not on its disk: the prefix is hard links to the host's template,
+    # which cannot cross to another filesystem.
+    prefix = wine.job_prefix(ctx.sandbox, ctx.state / "wine", target.runner, attempt.tmpd)
     run = runner.run_suite(attempt.cat, target, suite, tree, scratch, attempt.log_path, p.seed, ctx.sandbox, prefix,
                            p.cases)
     attempt.timings["test"] = run.seconds

@@ -4,7 +4,8 @@ worker's logs and spool) lives on.
 
 A root worker makes, at its start, one sparse ext4 image of [farm] job_disk bytes in its owner
 directory (``<work>/<owner>/disk.img``), loop-mounted nosuid,nodev at ``<owner>/disk``, and puts
-each job's own directories there (its tree, $HOME, scratch, wine prefix); the worker's own files
+each job's own directories there (its tree, $HOME, scratch; not a wine prefix, hard links to the
+host's template, which stays on the state directory's filesystem); the worker's own files
 of the job (its log, archives) stay beside, on the state directory's filesystem, where a full job
 disk cannot fail them. One image per slot, not per job: mkfs + mount + umount of a fresh 8 GiB
 image cost 60-75 ms (measured here: mkfs.ext4 28-42 ms, mount 20-26 ms, umount 11-17 ms), which
@@ -35,10 +36,17 @@ log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
-# Used space past an empty disk's at which a job's start first removes the last jobs' directories
-# (left for later, process.tidy) rather than leave them for its first command: else a job after
-# one that filled its disk would find too little room to unpack its tree.
-DIRTY_SHARE = 8
+# Used space past an empty disk's at which the disk is made again when a job ends (whatever it
+# left goes at once, in one unmount and mkfs, which for a large tree also costs less than its
+# removal), and at which a job's start first removes the last jobs' directories (left for later,
+# process.tidy) rather than leave them for its first command: a job after one that filled its
+# disk must find room to unpack its tree, and the state directory's filesystem its space back.
+HEAVY = 64 * MiB
+# The most of a job disk's writes the kernel may hold in memory before they reach its image (its
+# loop device's max_bytes, strict): else the state directory's filesystem learns of a job's writes
+# only at writeback, up to 30 s and gigabytes later (dirty_ratio of the host's memory), after
+# min_free could have stopped it, and an unmount writes them all out even to an image being removed.
+DIRTY_MAX = 32 * MiB
 # A job's disk with less than this free (or 1/200 of it) after a command: the job reached its limit.
 FULL_SLACK = MiB
 
@@ -93,6 +101,7 @@ class JobDisk:
             return str(e)
         self.mounted = True
         os.chmod(self.top, 0o700)
+        _bound_dirty(self.top)
         with suppress(OSError):
             (self.top / "lost+found").rmdir()
         self.empty = self.used()
@@ -102,6 +111,7 @@ class JobDisk:
     def _unmount(self) -> None:
         if not self.mounted:
             return
+        _unbound_dirty(self.top)
         try:
             _run(["umount", str(self.top)])
         except (OSError, subprocess.SubprocessError) as e:
@@ -123,6 +133,8 @@ class JobDisk:
 
     def close(self) -> None:
         """The worker stops: the disk goes, and what is on it."""
+        if not self.mounted:
+            process.tidy()  # a plain directory's jobs' dirs left for later
         self._unmount()
         with suppress(OSError):
             self.top.rmdir()
@@ -134,6 +146,10 @@ class JobDisk:
     def used(self) -> int:
         st = os.statvfs(self.top)
         return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+    def heavy(self) -> bool:
+        """Whether the disk holds too much to leave for later (HEAVY, or full)."""
+        return self.mounted and (self.used() - self.empty > HEAVY or self.full())
 
     def full(self) -> bool:
         """Whether the job disk has (next to) no room left: a job that failed now reached its limit."""
@@ -147,8 +163,10 @@ class JobDisk:
         return tree_size(self.top)
 
     def written(self) -> int:
-        """What the jobs wrote to the state directory's filesystem through this disk."""
-        return max(0, self.footprint() - self.base)
+        """What the jobs wrote to the state directory's filesystem through this disk, or will
+        have once the kernel writes back what it holds of it in memory."""
+        used = self.used() - self.empty if self.mounted else 0
+        return max(0, self.footprint() - self.base, used)
 
     def writes_most(self, floor: int) -> bool:
         """Whether this slot's jobs wrote more than ``floor`` to the state directory's filesystem,
@@ -158,9 +176,8 @@ class JobDisk:
         if mine <= floor:
             return False
         for other in self.owner.parent.glob("*/disk.img"):
-            with suppress(OSError):
-                if other != self.image and os.stat(other).st_blocks * 512 - self.base > mine:
-                    return False
+            if other != self.image and cost(other.parent) - self.base > mine:
+                return False
         return True
 
     def limit_note(self) -> str:
@@ -177,7 +194,7 @@ class JobDisk:
         try:
             yield path
         finally:
-            if self.mounted and self.used() - self.empty > self.size // DIRTY_SHARE:
+            if self.heavy():
                 # At once, whatever the job left (a full disk, gigabytes of the state directory's
                 # filesystem held by the image): made again, which cannot fail as a removal can.
                 self.remake()
@@ -189,13 +206,39 @@ class JobDisk:
     def _ready(self) -> None:
         """Room for the next job: the last jobs' directories removed if they hold much, and the
         disk made again if that did not free it."""
-        if not self.mounted or self.used() - self.empty <= self.size // DIRTY_SHARE:
+        if not self.heavy():
             return
         process.tidy()
-        if self.used() - self.empty > self.size // DIRTY_SHARE:
+        if self.heavy():
             log.warning("the job disk %s still holds %d MiB after its jobs' directories were removed: made again",
                         self.top, (self.used() - self.empty) // MiB)
             self.remake()
+
+
+def _bdi(top: Path) -> Path:
+    dev = os.stat(top).st_dev
+    return Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}")
+
+
+def _bound_dirty(top: Path) -> None:
+    """DIRTY_MAX on the loop device holding ``top`` (its backing device info), where the kernel
+    has it (max_bytes: Linux 6.2); said in the log where not. The loop device is the host's and
+    keeps the setting after it is detached: _unbound_dirty gives the kernel's defaults back."""
+    bdi = _bdi(top)
+    try:
+        (bdi / "max_bytes").write_text(str(DIRTY_MAX))
+        (bdi / "strict_limit").write_text("1")
+    except OSError as e:
+        log.warning("cannot bound the job disk %s's writes held in memory (%s): the state directory's free space "
+                    "learns of a job's writes only at writeback", top, e)
+
+
+def _unbound_dirty(top: Path) -> None:
+    """The kernel's defaults back on the loop device holding ``top``, before it is unmounted."""
+    with suppress(OSError):
+        bdi = _bdi(top)
+        (bdi / "strict_limit").write_text("0")
+        (bdi / "max_ratio").write_text("100")
 
 
 def tree_size(top: Path, limit: int = 200_000) -> int:
@@ -216,6 +259,7 @@ def release(owner: Path) -> None:
     its image removed, so the sweep removes a plain directory."""
     top = owner / "disk"
     if os.path.ismount(top):
+        _unbound_dirty(top)
         try:
             _run(["umount", str(top)])
         except (OSError, subprocess.SubprocessError):
@@ -224,9 +268,31 @@ def release(owner: Path) -> None:
     (owner / "disk.img").unlink(missing_ok=True)
 
 
-def fs_free(path: Path) -> int:
-    """Free bytes of the filesystem holding ``path``, as an unprivileged writer sees them."""
-    return shutil.disk_usage(path).free
+def cost(owner: Path) -> int:
+    """What the job disk of the slot ``owner`` takes of the state directory's filesystem, or will:
+    its image's blocks or, when more, the bytes used on it, which the kernel may hold in memory a
+    while (up to its writeback's 30 s) before they reach the image."""
+    try:
+        blocks = os.stat(owner / "disk.img").st_blocks * 512
+    except OSError:
+        return 0
+    top = owner / "disk"
+    try:
+        st = os.statvfs(top)
+    except OSError:
+        return blocks
+    return max(blocks, (st.f_blocks - st.f_bfree) * st.f_frsize) if os.path.ismount(top) else blocks
+
+
+def fs_free(path: Path, work: Path | None = None) -> int:
+    """Free bytes of the filesystem holding ``path``, as an unprivileged writer sees them; with
+    ``work`` (the job dirs' root on it), less what its slots' job disks are yet to write there."""
+    free = shutil.disk_usage(path).free
+    if work is not None and work.is_dir():
+        for image in work.glob("*/disk.img"):
+            with suppress(OSError):
+                free -= max(0, cost(image.parent) - os.stat(image).st_blocks * 512)
+    return free
 
 
 def _run(argv: list[str]) -> None:

@@ -181,13 +181,16 @@ def nights(base: Path, state_size: int, settings: EmbeddedSettings, suites: str,
                 out["nights"].append({"p": p, "lowest": low.lowest, "free_after": disk.free()})
             out["pids_same"] = pids == {name: p.pid for name, p in farm.procs.items()}  # type: ignore[attr-defined]
             out["restarts"] = dict(farm.restarts)
-            cfg = config_mod.load(farm.config_path)
-            out["db"] = ResultsDB(cfg.database.url)
-            # Each night's run of each project (not the re-runs of its new failures), oldest first.
-            out["runs"] = sorted((d for d in (disk.top / "farm" / "runs").iterdir()
-                                  if d.is_dir() and not d.name.endswith(".rerun")), key=lambda d: d.name)
+            # Each night's run of each project (not the re-runs of its new failures), oldest first,
+            # its jobs and logs read now: the state filesystem goes with the test's fixture.
+            runs = sorted((d for d in (disk.top / "farm" / "runs").iterdir()
+                           if d.is_dir() and not d.name.endswith(".rerun")), key=lambda d: d.name)
+            out["runs"] = [d.name for d in runs]
+            db = ResultsDB(config_mod.load(farm.config_path).database.url)
+            out["jobs"] = {run: {r.step: r for r in db.jobs(run)} for run in out["runs"]}
+            db.engine.dispose()
             out["logs"] = {(d.name, log.parent.name): log.read_text(errors="replace")
-                           for d in out["runs"] for log in d.glob(f"logs/{T}/*/log.txt")}
+                           for d in runs for log in d.glob(f"logs/{T}/*/log.txt")}
         finally:
             farm.stop()
     finally:
@@ -218,10 +221,9 @@ def bounded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
 def test_dd_into_home_and_tmp_stops_at_the_jobs_limits_and_fails_naming_them(bounded: dict[str, Any]) -> None:
     first, second = bounded["nights"]
     assert first["p"].returncode == 1, first["p"].stdout[-3000:] + first["p"].stderr[-3000:]
-    db: ResultsDB = bounded["db"]
-    hog_runs = [d.name for d in bounded["runs"] if "-hog-" in d.name]
-    assert hog_runs, [d.name for d in bounded["runs"]]
-    hog = {r.step: r for r in db.jobs(hog_runs[0])}
+    hog_runs = [run for run in bounded["runs"] if "-hog-" in run]
+    assert hog_runs, bounded["runs"]
+    hog = bounded["jobs"][hog_runs[0]]
     home, tmp = hog["test-home"], hog["test-tmp"]
     assert home.status == "failed" and "disk limit 64 MiB reached" in home.message, home.message
     assert tmp.status == "failed" and "64 MiB ([farm] job_tmp_size)" in tmp.message, tmp.message
@@ -244,11 +246,10 @@ def test_the_state_filesystem_lost_no_more_than_the_job_disk(bounded: dict[str, 
 
 
 def test_the_innocent_project_passes_both_nights_on_the_same_slots(bounded: dict[str, Any]) -> None:
-    db: ResultsDB = bounded["db"]
-    innocent = [d.name for d in bounded["runs"] if "-innocent-" in d.name]
-    assert len(innocent) == 2, [d.name for d in bounded["runs"]]
+    innocent = [run for run in bounded["runs"] if "-innocent-" in run]
+    assert len(innocent) == 2, bounded["runs"]
     for run in innocent:
-        got = {r.step: (r.status, r.message) for r in db.jobs(run)}
+        got = {step: (r.status, r.message) for step, r in bounded["jobs"][run].items()}
         assert got == {"build": ("passed", ""), "test-calm": ("passed", "")}, got
     assert bounded["pids_same"] and bounded["restarts"] == {}
 
@@ -262,9 +263,8 @@ def short(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 def test_a_job_filling_the_state_filesystem_is_ended_below_min_free_and_named(short: dict[str, Any]) -> None:
     first, second = short["nights"]
-    db: ResultsDB = short["db"]
-    hog_run = next(d.name for d in short["runs"] if "-hog-" in d.name)
-    slow = next(r for r in db.jobs(hog_run) if r.step == "test-slow")
+    hog_run = next(run for run in short["runs"] if "-hog-" in run)
+    slow = short["jobs"][hog_run]["test-slow"]
     print(f"state free at start {short['free_start']}, lowest {first['lowest']}, after {first['free_after']}; "
           f"{slow.message}")
     assert slow.status == "failed", (slow.status, slow.message)
@@ -275,11 +275,10 @@ def test_a_job_filling_the_state_filesystem_is_ended_below_min_free_and_named(sh
 
 
 def test_the_farm_works_on_after_a_job_was_ended_for_min_free(short: dict[str, Any]) -> None:
-    db: ResultsDB = short["db"]
-    innocent = [d.name for d in short["runs"] if "-innocent-" in d.name]
-    assert len(innocent) == 2
+    innocent = [run for run in short["runs"] if "-innocent-" in run]
+    assert len(innocent) == 2, short["runs"]
     for run in innocent:
-        got = {r.step: r.status for r in db.jobs(run)}
+        got = {step: r.status for step, r in short["jobs"][run].items()}
         assert got == {"build": "passed", "test-calm": "passed"}, got
     for night in short["nights"]:
         assert night["p"].returncode == 1, night["p"].stdout[-3000:] + night["p"].stderr[-3000:]

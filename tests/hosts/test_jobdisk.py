@@ -48,6 +48,9 @@ def test_a_job_writing_without_end_stops_at_its_disk_and_the_state_filesystem_ke
     image = disk.image
     try:
         assert disk.mounted and os.path.ismount(disk.top)
+        bdi = jobdisk._bdi(disk.top)
+        assert (bdi / "strict_limit").read_text().strip() == "1"
+        assert abs(int((bdi / "max_bytes").read_text()) - jobdisk.DIRTY_MAX) < 4 * MiB
         free_before = jobdisk.fs_free(state)
         with disk.job_dir("test", later=True) as job:
             # As the job would: dd until the disk says no.
@@ -72,6 +75,8 @@ def test_a_job_writing_without_end_stops_at_its_disk_and_the_state_filesystem_ke
     finally:
         disk.close()
     assert not os.path.ismount(disk.top) and not image.exists() and loops_of(image) == []
+    # The loop device it had is the host's again as it was: no bound on its writes held in memory.
+    assert (bdi / "strict_limit").read_text().strip() == "0" and (bdi / "max_ratio").read_text().strip() == "100"
 
 
 @root_only

@@ -18,6 +18,7 @@ suite filled the state filesystem."""
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import subprocess
@@ -116,6 +117,7 @@ class StateDisk:
             point = line.split()[1]
             if point.startswith(str(self.top) + "/"):
                 subprocess.run(["umount", "-l", point])
+        gc.collect()  # the farm's start registered its key through a database engine of this process
         for _ in range(100):  # the farm's last processes may take a moment to let go of it
             if subprocess.run(["umount", str(self.top)]).returncode == 0:
                 break
@@ -269,8 +271,9 @@ def test_a_job_filling_the_state_filesystem_is_ended_below_min_free_and_named(sh
           f"{slow.message}")
     assert slow.status == "failed", (slow.status, slow.message)
     assert "fell below [farm] min_free (320 MiB) while this job ran: it wrote" in slow.message
-    # Ended before the filesystem was full: the farm kept room for its own writes.
-    assert first["lowest"] > 64 * MiB, first["lowest"]
+    # Ended within a second of crossing min_free: the farm kept its room. (What the kernel held
+    # in memory of the job's writes once reached the state filesystem only after: it filled.)
+    assert first["lowest"] > 320 * MiB - 64 * MiB, first["lowest"]
     assert first["free_after"] > 400 * MiB
 
 

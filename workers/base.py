@@ -831,7 +831,16 @@ def run_step(ctx: Context, p: Payload, work: Work, admission: Admission,
     # build's or test's goes when the next command starts (process.job_dir's ``later``).
     tmpd = tail.enter_context(process.job_dir(ctx.work, ctx.role, later=ctx.role != "perf"))
     disk = tail.enter_context(ctx.disk.job_dir(ctx.role, later=ctx.role != "perf"))
-    return work(Attempt(ctx, p, cat, target, tmpd, started, admission, disk))
+    attempt = Attempt(ctx, p, cat, target, tmpd, started, admission, disk)
+    try:
+        return work(attempt)
+    except process.Cancelled:
+        flag = process.CANCEL.get()
+        if flag is None or not flag.reason:
+            raise
+        # Stopped for a limit it reached: its failure, with its log and the reason at its end.
+        attempt.note(f"*** {flag.reason} ***")
+        return attempt.record("failed", flag.reason)
 
 
 def handle_result(ctx: Context, p: Payload, rec: ResultRecord) -> bytes:

@@ -248,8 +248,8 @@ def slot(n: int, port: int, s3: dict[str, str], key_pem: bytes, nightly_pem: byt
             time.sleep(secs)
         else:
             box.give([tmpd / "root"])
-            rc, _ = box.run(["sh", "out/suite.sh", repr(secs)], log, 600, tmpd / "root", box.environment(),
-                            [tmpd / "root"])
+            rc = box.run(["sh", "out/suite.sh", repr(secs)], log, 600, tmpd / "root", box.environment(),
+                         [tmpd / "root"]).rc
             if rc != 0:
                 raise RuntimeError(f"the confined command failed: {log.read_text()}")
         ran = time.time()

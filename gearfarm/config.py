@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gearfarm.formats.seal import Lookup, SealError, Signer, keyring, parse_public
+from gearfarm.formats.words import parse_size
 from gearfarm.s3.settings import S3Config, S3Keys  # noqa: F401  (the [s3] section; S3Keys for callers)
 
 ENV_VAR = "GEARFARM_CONFIG"
@@ -214,6 +215,11 @@ class FarmConfig(_Section):
     no_worker_wait: float = 120.0
     # A run ends by this many seconds after submission, every job terminal.
     run_deadline: float = 3 * 3600.0
+    # The longest timeout a catalog may give a step (a build, a suite, a benchmark), in seconds:
+    # a catalog with a longer one is refused, naming the key (the nightly fails that project's
+    # night; a worker, whose own config may be stricter, refuses the job). A catalog may lower
+    # the farm's limits, never raise them.
+    max_timeout: float = Field(default=6 * 3600.0, gt=0)
     # A payload older than this is refused as a replay.
     payload_max_age: float = 24 * 3600.0
     # A running job whose lease has had no signed heartbeat for this long (its worker died or was
@@ -230,20 +236,48 @@ class FarmConfig(_Section):
     # were dropped between (gearfarm.hosts.process.CappedLog). A worker holds that quarter in memory
     # while a command runs.
     log_limit: int = Field(default=64 * 1024 * 1024, ge=64 * 1024)
+    # The most of a suite's results file (JUnit, TAP) the worker reads and stores, a size as
+    # log_limit: past it the rest is dropped with a note in the job's log, its record's message and
+    # the stored file (gearfarm.step.runner). The worker reads it streaming: its memory does not grow
+    # with this.
+    result_limit: int = Field(default=64 * 1024 * 1024, ge=64 * 1024)
+
+    @field_validator("log_limit", "result_limit", "job_memory_max", "job_tmp_size", "job_disk", "min_free",
+                     mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        return parse_size(v) if isinstance(v, str) else v
+
+    # What each job command may use at most, bounded by the host's kernel in a cgroup of its own
+    # (gearfarm/hosts/cgroup.py): its processes (threads count), its memory with swap, in bytes
+    # or as a size ("4 GiB"), and its CPU weight against the host's other jobs (cgroup v2's
+    # cpu.weight: 100 an equal share). A catalog may lower them, never raise them ([limits]: a
+    # value above these is a catalog error). A job that reaches one fails, naming it. 0: none.
+    job_pids_max: int = Field(default=4096, ge=0)
+    job_memory_max: int = Field(default=8 * 1024**3, ge=0)
+    job_cpu_weight: int = Field(default=100, ge=1, le=10000)
+    # "if-available": a worker whose host does not let it make job cgroups (not root, no cgroup
+    # delegated to it) says so in its log and runs jobs without those limits; "required": it
+    # refuses to start (docs/security.md).
+    job_limits: str = Field(default="if-available", pattern=r"^(if-available|required)$")
+    # How many uids from job_uid on a host's slots take, one each, never two slots of any farm on
+    # the host at once (a lock per uid in /run/gearfarm/job-uids: gearfarm/step/sandbox.py).
+    job_uids: int = Field(default=256, ge=1, le=65536)
+
+    def job_limits_max(self) -> dict[str, int | None]:
+        """The farm's bounds by the catalog's [limits] key they bound (None: unbounded)."""
+        return {"processes": self.job_pids_max or None, "memory": self.job_memory_max or None,
+                "cpu_weight": self.job_cpu_weight}
+
     # The most a job may keep in its sandbox's /tmp (a tmpfs: the host's memory), bytes or a size.
     job_tmp_size: int = Field(default=1024**3, ge=1024 * 1024)
-    # The filesystem of a job's own directories (its $HOME, its tree, scratch and wine prefix): a
+    # The filesystem of a job's own directories (its $HOME, its tree and scratch): a
     # root worker puts them on a loop-mounted ext4 image of this size per slot, so a job cannot
     # fill the disk the farm lives on (gearfarm/hosts/jobdisk.py); bytes or a size.
     job_disk: int = Field(default=8 * 1024**3, ge=16 * 1024 * 1024)
     # Free space the state directory's filesystem keeps (bytes or a size): below it a worker takes
     # no job, and ends the running job that wrote the most, as that job's failure.
     min_free: int = Field(default=1024**3, ge=0)
-
-    @field_validator("log_limit", "job_tmp_size", "job_disk", "min_free", mode="before")
-    @classmethod
-    def _size(cls, v: Any) -> Any:
-        return parse_size(v)
     # Build and test jobs the embedded farm's host runs at once (its worker slots); 0: one per
     # core. More oversubscribes the cores: measured on 2 cores, ten workers made every job slower
     # and the nightly no shorter.
@@ -429,39 +463,28 @@ def load(path: str | os.PathLike[str]) -> Config:
     return cfg
 
 
-def parse_size(v: Any) -> Any:
-    """A size as a config says it: a number of bytes, or a number with KiB, MiB or GiB."""
-    if not isinstance(v, str):
-        return v
-    text = v.strip()
-    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024), ("B", 1)):
-        if text.endswith(unit):
-            text, factor = text[: -len(unit)].strip(), scale
-            break
-    else:
-        factor = 1
-    if not text.isdigit():
-        raise ValueError('not a size: give a number of bytes, or a number with KiB, MiB or GiB, e.g. "64 MiB"')
-    return int(text) * factor
-
-
 class EmbeddedSettings(_Section):
     """What a projects file may say of the embedded farm that runs it: the [farm] keys of a lab
     config that concern the one host (its slots and what its jobs may see and share)."""
 
     slots: int = Field(default=0, ge=0, le=256)
     ccache: str | None = None
+    max_timeout: float = Field(default=FarmConfig.model_fields["max_timeout"].default, gt=0)
     sandbox_readonly: list[str] = Field(default_factory=list)
     sandbox_shared: list[str] = Field(default_factory=list)
     sandbox_env: list[str] = Field(default_factory=list)
+    job_pids_max: int = Field(default=FarmConfig.model_fields["job_pids_max"].default, ge=0)
+    job_memory_max: int = Field(default=FarmConfig.model_fields["job_memory_max"].default, ge=0)
+    job_cpu_weight: int = Field(default=FarmConfig.model_fields["job_cpu_weight"].default, ge=1, le=10000)
+    job_limits: str = Field(default="if-available", pattern=r"^(if-available|required)$")
     job_tmp_size: int = Field(default=FarmConfig.model_fields["job_tmp_size"].default, ge=1024 * 1024)
     job_disk: int = Field(default=FarmConfig.model_fields["job_disk"].default, ge=16 * 1024 * 1024)
     min_free: int = Field(default=FarmConfig.model_fields["min_free"].default, ge=0)
 
-    @field_validator("job_tmp_size", "job_disk", "min_free", mode="before")
+    @field_validator("job_memory_max", "job_tmp_size", "job_disk", "min_free", mode="before")
     @classmethod
     def _size(cls, v: Any) -> Any:
-        return parse_size(v)
+        return parse_size(v) if isinstance(v, str) else v
 
 
 class ProjectsFile(_Section):

@@ -30,7 +30,7 @@ from botocore.exceptions import ClientError
 
 from gearfarm.config import Config
 from gearfarm.formats import marker
-from gearfarm.formats.catalog import Catalog, Target
+from gearfarm.formats.catalog import Catalog, CatalogError, Target
 from gearfarm.formats.job import COLLECT_FUNCTION, Payload, PayloadError, unique_id, verify
 from gearfarm.formats.lease import HEARTBEAT_SECONDS, Answer, Lease, beat_every, seal_lease
 from gearfarm.formats.lease import answer as lease_answer
@@ -47,6 +47,7 @@ from gearfarm.formats.result import (
     peek_record,
 )
 from gearfarm.formats.seal import SealError
+from gearfarm.formats.words import size_text
 from gearfarm.gearman import GearmanError, Job
 from gearfarm.hosts import host, jobdisk, process
 from gearfarm.hosts.cache import ArchiveCache
@@ -387,8 +388,8 @@ class Context:
         free, floor = jobdisk.fs_free(self.state, self.work), self.cfg.farm.min_free
         if free >= floor:
             return ""
-        return (f"the disk holding the farm's state ({self.state}) has {jobdisk.size_text(free)} free, below "
-                f"[farm] min_free ({jobdisk.size_text(floor)})")
+        return (f"the disk holding the farm's state ({self.state}) has {size_text(free)} free, below "
+                f"[farm] min_free ({size_text(floor)})")
 
     def record(self, p: Payload, status: str, **fields: object) -> ResultRecord:
         return ResultRecord(job_id=p.job_id, run_id=p.run_id, target=p.target, kind=p.kind, step=p.step,
@@ -622,8 +623,8 @@ class Attempt:
         if "No space left on device" in process.log_tail(self.log_path, LOG_TAIL_LINES):
             farm = self.ctx.cfg.farm
             return (f"a filesystem of the job's was full (\"No space left on device\" in its log): its /tmp holds "
-                    f"at most {jobdisk.size_text(farm.job_tmp_size)} ([farm] job_tmp_size), its $HOME and tree "
-                    f"{jobdisk.size_text(farm.job_disk)} ([farm] job_disk)")
+                    f"at most {size_text(farm.job_tmp_size)} ([farm] job_tmp_size), its $HOME and tree "
+                    f"{size_text(farm.job_disk)} ([farm] job_disk)")
         return ""
 
     def refuse(self, message: str, **fields: object) -> ResultRecord:
@@ -740,7 +741,7 @@ class Heartbeat:
                 if ctx.disk.writes_most(floor):
                     wrote = ctx.disk.written()
                     reason = (f"the disk holding the farm's state fell below [farm] min_free "
-                              f"({jobdisk.size_text(ctx.cfg.farm.min_free)}) while this job ran: it wrote "
+                              f"({size_text(ctx.cfg.farm.min_free)}) while this job ran: it wrote "
                               f"{wrote / jobdisk.GiB:.2f} GiB")
                     log.warning("job %s stopped: %s", self.p.job_id, reason)
                     self.cancel.set(reason)
@@ -825,8 +826,14 @@ def run_step(ctx: Context, p: Payload, work: Work, admission: Admission,
     """The kind's work, given the job's catalog and target (checked by the payload's sha256) and
     a job dir that is removed when ``tail`` ends."""
     started = time.time()
-    cat = snapshot.fetch_catalog(ctx.store, p.catalog_sha256)
-    target = cat.target(p.target)
+    try:
+        cat = snapshot.fetch_catalog(ctx.store, p.catalog_sha256, ctx.cfg.farm.max_timeout)
+        target = cat.target(p.target)
+    except CatalogError as e:
+        # Nothing of the project's runs: the catalog is not one this worker runs (unreadable,
+        # or beyond this host's limits, which may be stricter than the nightly's).
+        return ctx.record(p, "infra", message=f"catalog refused on this worker: {e}", started_at=started,
+                          finished_at=time.time())
     # Under the worker's own work dir, so a worker killed mid-job has it swept on restart. A
     # build's or test's goes when the next command starts (process.job_dir's ``later``).
     tmpd = tail.enter_context(process.job_dir(ctx.work, ctx.role, later=ctx.role != "perf"))
@@ -897,6 +904,7 @@ def serve(cfg: Config, functions: list[tuple[str, str, Work]], stop: threading.E
             ctx.close()
         disk.close()
         process.release_work_dir(first.work)
+        sandbox.release()
 
 
 def _tidy(ctx: Context) -> None:

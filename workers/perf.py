@@ -18,7 +18,7 @@ from gearfarm.formats.catalog import Benchmark, Catalog, Target
 from gearfarm.formats.job import Payload
 from gearfarm.formats.result import CurveRecord, ResultRecord, Sample
 from gearfarm.formats.words import counted
-from gearfarm.hosts import host
+from gearfarm.hosts import host, jobtree
 from gearfarm.perf.pairs import Paired
 from gearfarm.s3.artifact import MANIFEST, ArtifactError
 from gearfarm.step import runner
@@ -26,10 +26,14 @@ from gearfarm.step.sandbox import Sandbox
 from gearfarm.workers.base import Attempt
 from gearfarm.workers.test import fetch_artifact
 
+# A manifest lists every file of a build; more than this is not one the farm packed.
+MANIFEST_MAX = 256 * 1024 * 1024
+
 
 def _files(tree: Path) -> dict[str, str] | None:
     try:
-        files = json.loads((tree / MANIFEST).read_text())["files"]
+        # Through jobtree: the tree was the benchmark's to write while it ran.
+        files = json.loads(jobtree.read_capped(tree / MANIFEST, MANIFEST_MAX)[0])["files"]
         # A link's identity is where it points (s3.artifact records links, not contents).
         return {name: info.get("sha256") or f"link:{info.get('link')}" for name, info in files.items()}
     except (OSError, ValueError, KeyError, TypeError):

@@ -3,9 +3,11 @@ farm or an embedded one started for it, shown on the terminal as it goes."""
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -88,8 +90,10 @@ def nightly_cmd(config_path: str | None, projects_file: Path | None, project_nam
              "worker processes it runs (docs/lab.md)")
     default_repo = (repo or (cfg.path(cfg.farm.repo) if cfg else None) or repo_root()).resolve()
     # Before the embedded farm exists, its config is only where projects and paths come from.
+    # (with the projects file's [farm]: the catalogs are checked against its max_timeout)
     base = cfg or Config(farm=FarmConfig(repo=str(default_repo),
-                                         state_dir=str(farm_state_dir(state_dir, default_repo))),
+                                         state_dir=str(farm_state_dir(state_dir, default_repo)),
+                                         **(settings.farm.model_dump(exclude={"slots"}) if settings else {})),
                          projects=settings.projects if settings else [])
     if repo is not None and not base.projects:
         base.farm.repo = str(default_repo)
@@ -98,8 +102,8 @@ def nightly_cmd(config_path: str | None, projects_file: Path | None, project_nam
         if len(projects) > 1 and (rev or run_id):
             raise nightly.RunError(f"--rev and --run-id name one project's run: add --project (configured: "
                                    f"{', '.join(p.name for p in projects)})")
-        loaded = [nightly.load_project(base, p, rev) for p in projects]
         stamp = time.strftime("%Y%m%d-%H%M%S")
+        loaded, not_run = _load(base, projects, rev, lambda name, r: run_id or f"{stamp}-{name}-{_id_part(r)}")
         # Checked now, before anything starts; planned once the sources are in S3.
         todo: list[tuple[nightly.Loaded, str, nightly.Selection]] = []
         wanted = csv(targets)
@@ -114,8 +118,9 @@ def nightly_cmd(config_path: str | None, projects_file: Path | None, project_nam
             else:
                 console.print(f"[yellow]project {lp.name}: none of --targets {targets} is in its catalog; "
                               "not built tonight[/]", highlight=False)
-        _check_known(loaded, csv(targets), csv(suites), csv(benchmarks))
-        if not todo:
+        if loaded:
+            _check_known(loaded, csv(targets), csv(suites), csv(benchmarks))
+        if not todo and not not_run:
             raise nightly.RunError("no project has anything to build with these --targets")
     except (CatalogError, nightly.RunError, ConfigError, ValueError) as e:
         fail(str(e))
@@ -144,7 +149,7 @@ def nightly_cmd(config_path: str | None, projects_file: Path | None, project_nam
     if deadline is not None:
         cfg.farm.run_deadline = deadline
     try:
-        code = _run_nightly(cfg, todo, seed, report_dir, run_id_file)
+        code = _run_nightly(cfg, todo, seed, report_dir, run_id_file, not_run)
     finally:
         if farm is not None and not keep:
             farm.stop()
@@ -152,6 +157,24 @@ def nightly_cmd(config_path: str | None, projects_file: Path | None, project_nam
             console.print(f"farm left running (config {farm.config_path}); stop it with: gearfarm farm stop")
     exit_now(code)
 
+
+
+def _load(cfg: Config, projects: list[ProjectConfig], rev: str | None, run_id: Callable[[str, str], str]
+          ) -> tuple[list[nightly.Loaded], list[tuple[nightly.ProjectError, str]]]:
+    """Each project at tonight's revision, and those that cannot be loaded (their revision, their
+    catalog), each with its run's id (``run_id(project, rev)``): such a project fails its own
+    night only (its run is recorded as failed and reported), and every other project runs."""
+    from gearfarm.run import nightly
+
+    loaded, not_run = [], []
+    for p in projects:
+        try:
+            loaded.append(nightly.load_project(cfg, p, rev))
+        except nightly.ProjectError as e:
+            console.print(f"[bold red]project {escape(p.name)} does not run tonight:[/] {escape(str(e))}",
+                          highlight=False)
+            not_run.append((e, run_id(p.name, e.rev)))
+    return loaded, not_run
 
 
 def _select_projects(cfg: Config, names: str | None) -> list[ProjectConfig]:
@@ -272,13 +295,21 @@ def _table(plan: nightly.Plan, order: dict[str, int], states: dict[str, str],
     return t
 
 
+def _id_part(rev: str) -> str:
+    """A revision as a part of a run id: its first 12 characters, or "unresolved" for a name
+    that resolved to no commit (any character a branch name may have made safe)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", rev[:12]) or "unresolved"
+
+
 def _run_nightly(cfg: Config, todo: list[tuple[nightly.Loaded, str, nightly.Selection]], seed: int,
-                 report_dir: Path | None = None, run_id_file: Path | None = None) -> int:
-    from gearfarm.night.sequence import NightError, Project, run_night
+                 report_dir: Path | None = None, run_id_file: Path | None = None,
+                 not_run: list[tuple[nightly.ProjectError, str]] | None = None) -> int:
+    from gearfarm.night.sequence import NightError, NotRun, Project, run_night
 
     observer = _ConsoleObserver(run_id_file, cfg.web.url)
+    failed = [NotRun(e.project, e.rev, rid, str(e), e.farm) for e, rid in not_run or []]
     try:
-        return run_night(cfg, [Project(lp, rid, sel) for lp, rid, sel in todo], seed, observer, report_dir)
+        return run_night(cfg, [Project(lp, rid, sel) for lp, rid, sel in todo], seed, observer, report_dir, failed)
     except NightError as e:
         observer.close()  # the live table stops before the error is printed under it
         fail(str(e))

@@ -90,6 +90,12 @@ class CatalogRow(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
 
+# A run's state: "running", then "finished" once closed; NOT_RUN for a run whose project could
+# not run at all (its revision, catalog or source snapshot), closed at once, its notes' "error"
+# saying why (gearfarm.run.nightly.record_not_run).
+NOT_RUN = "failed"
+
+
 class Run(Base):
     __tablename__ = "runs"
     # A project's runs newest first, and the nightly runs (not re-runs or probes) newest first,

@@ -20,7 +20,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gearfarm.formats.words import parse_size, size_text
 
 SCHEMA = 2
 TARGET_RE = re.compile(r"^[a-z0-9]+-[a-z0-9_]+$")
@@ -66,6 +68,45 @@ def _inside_the_job(key: str, template: str | None) -> None:
     if template is not None and (template.startswith("/") or ".." in Path(template).parts):
         raise ValueError(f"{key} {template!r} names a path outside the job: give it relative to the step's cwd or "
                          "under {root}, {scratch} or {junit}, without '..'")
+
+
+# -- limits: what a command may use, at most the farm's ([farm] job_pids_max, ...) ---------------
+
+class StepLimits(_Strict):
+    """[limits] (every command of the catalog) or a suite's or benchmark's own `limits`: lower
+    than the farm's bounds, never higher (check_limits); None: the farm's."""
+
+    processes: int | None = Field(default=None, ge=1)
+    memory: int | None = Field(default=None, ge=1024 * 1024)
+    cpu_weight: int | None = Field(default=None, ge=1, le=10000)
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        return parse_size(v) if isinstance(v, str) else v
+
+
+def limits_for(cat: Catalog, step: Step | None) -> dict[str, int]:
+    """A command's limits as the catalog sets them: the step's own over [limits]."""
+    out: dict[str, int] = {}
+    for layer in (cat.limits, getattr(step, "limits", None)):
+        out.update({k: v for k, v in (layer.model_dump() if layer is not None else {}).items() if v is not None})
+    return out
+
+
+def check_limits(cat: Catalog, origin: str, bounds: dict[str, int | None]) -> None:
+    """CatalogError naming the key of a limit above the farm's ``bounds`` (FarmConfig.job_limits_max)."""
+    layers = [("limits", cat.limits)] + [(f"suites.{n}.limits", s.limits) for n, s in cat.suites.items()]
+    layers += [(f"benchmarks.{n}.limits", b.limits) for n, b in cat.benchmarks.items()]
+    for where, layer in layers:
+        for key, value in (layer.model_dump() if layer is not None else {}).items():
+            most = bounds.get(key)
+            if value is not None and most is not None and value > most:
+                said = size_text if key == "memory" else str
+                farm = {"processes": "job_pids_max", "memory": "job_memory_max", "cpu_weight": "job_cpu_weight"}[key]
+                raise CatalogError(f"{origin}: [{where}] {key} = {said(value)} is above this farm's [farm] {farm} "
+                                   f"({said(most)}): a catalog may lower a job's limits, not raise them; lower it "
+                                   "or remove it")
 
 
 class Step(_Strict):
@@ -197,6 +238,8 @@ class Suite(Step):
     # items appended once per case, with {case} the case's name, e.g. ["--only", "{case}"].
     # A suite without it runs whole, and the case is read from its results.
     only: list[str] = Field(default_factory=list, max_length=8)
+    # This suite's own limits, lower than [limits] and the farm's (StepLimits).
+    limits: StepLimits | None = None
 
     @model_validator(mode="after")
     def _only_names_the_case(self) -> Suite:
@@ -279,6 +322,8 @@ class Benchmark(Step):
     # Curves kept with the run (the first pair's, tonight's build and the baseline's) for the
     # dashboard: iiBench's insert rate against rows inserted, OLTP's throughput per second.
     curves: list[Curve] = Field(default_factory=list, max_length=8)
+    # This benchmark's own limits, lower than [limits] and the farm's (StepLimits).
+    limits: StepLimits | None = None
 
     @property
     def most_pairs(self) -> int:
@@ -333,6 +378,8 @@ class Catalog(_Strict):
     targets: dict[str, Target]
     suites: dict[str, Suite] = Field(default_factory=dict)
     benchmarks: dict[str, Benchmark] = Field(default_factory=dict)
+    # What every command may use, lower than the farm's bounds (StepLimits).
+    limits: StepLimits | None = None
 
     def target(self, name: str) -> Target:
         if name not in self.targets:
@@ -457,8 +504,69 @@ def _check_templates(cat: Catalog, origin: str) -> None:
                                    "shell's ${x} in `sh -c`, a C block), write them doubled: {{ and }}")
 
 
-def parse(text: str, origin: str) -> Catalog:
-    """Validate a catalog; CatalogError naming ``origin``, the key and the fix."""
+# The largest catalog read: the engine's is 5 KiB, and a catalog is read by the nightly and by
+# every worker of its project, whole, into memory.
+MAX_BYTES = 1024 * 1024
+
+
+def parse(text: str | bytes, origin: str, max_timeout: float | None = None) -> Catalog:
+    """Validate a catalog; CatalogError naming ``origin``, the key and the fix, and nothing else
+    whatever the input (any size, any nesting, any bytes): a catalog is a project's commit, and
+    one project's commit must never stop the farm's night. ``max_timeout``: the farm's bound
+    on every timeout (`[farm] max_timeout`); a catalog may lower it, never raise it."""
+    try:
+        cat = _parse(text_of(text, origin) if isinstance(text, bytes) else _sized(text, origin), origin)
+        if max_timeout is not None:
+            _check_timeouts(cat, origin, max_timeout)
+        return cat
+    except CatalogError:
+        raise
+    except RecursionError:
+        raise CatalogError(f"{origin}: arrays or tables nested too deeply to read: a catalog's values are at "
+                           "most a few levels deep; remove the nesting") from None
+    except Exception as e:  # any other failure of the reader or the validation is the input's
+        raise CatalogError(f"{origin}: cannot be read as a catalog ({type(e).__name__}: {str(e)[:300]}); "
+                           "check it against docs/projects.md") from None
+
+
+def check_size(size: int, origin: str) -> None:
+    """CatalogError when a catalog of ``size`` bytes is larger than one may be (MAX_BYTES)."""
+    if size > MAX_BYTES:
+        raise CatalogError(f"{origin}: the catalog is {size} bytes, more than the {MAX_BYTES} a catalog may have: "
+                           "a catalog lists targets, a build, suites and benchmarks; keep data files in the "
+                           "repository and name them in argv")
+
+
+def text_of(data: bytes, origin: str) -> str:
+    """A catalog file's text: within MAX_BYTES and UTF-8, else CatalogError saying which."""
+    check_size(len(data), origin)
+    try:
+        return data.decode()
+    except UnicodeDecodeError as e:
+        raise CatalogError(f"{origin}: not UTF-8 text ({e}): save the catalog as UTF-8") from None
+
+
+def _sized(text: str, origin: str) -> str:
+    check_size(len(text.encode(errors="surrogatepass")), origin)
+    return text
+
+
+def _check_timeouts(cat: Catalog, origin: str, max_timeout: float) -> None:
+    """Every timeout a step of the catalog runs with (its own, or the default it leaves) is at
+    most the farm's ``max_timeout``: the farm's bound, which a catalog may lower, never raise."""
+    steps: list[tuple[str, float]] = [(cat.build_key(t, "timeout"), cat.build_for(t).timeout)
+                                      for t in cat.targets.values()]
+    steps += [(f"suites.{n}.timeout", s.timeout) for n, s in cat.suites.items()]
+    steps += [(f"benchmarks.{n}.timeout", b.timeout) for n, b in cat.benchmarks.items()]
+    for key, value in steps:
+        if value > max_timeout:
+            limit = f"{max_timeout:.15g}"
+            raise CatalogError(f"{origin}: [{key}] {value:.15g} s is above the farm's limit, [farm] max_timeout = "
+                               f"{limit} s: set {key} to {limit} or less (a catalog may lower the farm's limits, "
+                               "never raise them)")
+
+
+def _parse(text: str, origin: str) -> Catalog:
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -530,7 +638,7 @@ def digest(text: str) -> str:
 
 def load_file(path: Path) -> Catalog:
     try:
-        return parse(path.read_text(), str(path))
+        return parse(path.read_bytes(), str(path))
     except FileNotFoundError as e:
         raise CatalogError(f"job catalog not found at {path}") from e
 

@@ -309,6 +309,10 @@ LOG_TAIL_MAX = 4000
 # What the cases of one record may decompress to: far above any suite (50,000 cases are ~4 MB),
 # a bound on what a reader allocates for a record it has not yet looked into.
 CASES_MAX_BYTES = 1024 * 1024 * 1024
+# The most cases a suite's record keeps one by one: each costs its worker about 1 KB while the
+# record is made, and a results file of tiny cases can hold millions. Past it the rest are
+# counted into one case (gearfarm.step.junit.Overflow), failures named, so none is lost.
+CASES_MAX = 50_000
 CASES_CONTENT_TYPE = "application/zstd"
 _CASES = TypeAdapter(list[CaseResult])
 

@@ -29,3 +29,32 @@ def counted(n: float, noun: str, plural_form: str | None = None) -> str:
     "1.5 days". ``plural_form`` where the rule does not know the word."""
     number = f"{n:g}" if isinstance(n, float) else str(n)
     return f"{number} {noun if n == 1 else plural_form or plural(noun)}"
+
+
+# Units a size may be written in, the largest first: the one definition a config's and a
+# catalog's sizes ("64 MiB", "4 GiB") are read and said by.
+SIZE_UNITS = (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024), ("B", 1))
+
+
+def parse_size(value: object) -> int:
+    """A size as a person writes it: a number of bytes, or a number with GiB, MiB, KiB or B
+    ("64 MiB"); ValueError saying so for anything else."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    text = value.strip() if isinstance(value, str) else ""
+    factor = 1
+    for unit, scale in SIZE_UNITS:
+        if text.endswith(unit):
+            text, factor = text[: -len(unit)].strip(), scale
+            break
+    if not text.isdigit():
+        raise ValueError('not a size: give a number of bytes, or a number with KiB, MiB or GiB, e.g. "64 MiB"')
+    return int(text) * factor
+
+
+def size_text(n: int) -> str:
+    """A size as parse_size reads it, in the largest unit it is a whole number of: "4 GiB"."""
+    for unit, scale in SIZE_UNITS:
+        if n and n % scale == 0:
+            return f"{n // scale} {unit}" if unit != "B" else f"{n} bytes"
+    return f"{n} bytes"

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from gearfarm.formats.words import size_text
 from gearfarm.hosts import process
 
 log = logging.getLogger(__name__)
@@ -49,14 +50,6 @@ HEAVY = 64 * MiB
 DIRTY_MAX = 32 * MiB
 # A job's disk with less than this free (or 1/200 of it) after a command: the job reached its limit.
 FULL_SLACK = MiB
-
-
-def size_text(n: int) -> str:
-    """A size as the config says it: "8 GiB", "64 MiB", or bytes."""
-    for unit, scale in (("GiB", 1024**3), ("MiB", MiB), ("KiB", 1024)):
-        if n % scale == 0:
-            return f"{n // scale} {unit}"
-    return f"{n} bytes"
 
 
 class JobDisk:
@@ -306,5 +299,5 @@ def sweep(root: Path) -> None:
     """Before process.sweep_work_dirs: the disks of the workers that are gone, released."""
     if root.is_dir():
         for owner in sorted(root.iterdir()):
-            if process.owner_gone(owner):
+            if process.owner_gone(owner.name) and not owner.is_symlink() and owner.is_dir():
                 release(owner)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import fcntl
 import functools
 import hashlib
+import logging
 import os
 import re
 import select
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -26,6 +26,8 @@ from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
+
+from gearfarm.hosts import jobtree
 
 # A daemon's log (a farm's worker, its collector, MinIO) is appended to by every process started
 # on it: the embedded farm's state directory keeps the same logs/<name>.log night after night.
@@ -356,23 +358,29 @@ class _Pump(threading.Thread):
                     self.error = e
 
 
-def reaper_input(argv: Sequence[str], env: Mapping[str, str], stage: tuple[str, Sequence[str]] | None = None) -> bytes:
-    """What the reaper reads on its stdin: the command, its whole environment, its stage, as
-    NUL-terminated strings (none of them can hold a NUL): the argv's count and items, the
-    environment's count and KEY=VALUE items, then "0", or "1", the stage's top, the count of its
-    directories and each of them."""
+def reaper_input(argv: Sequence[str], env: Mapping[str, str], stage: tuple[str, Sequence[str]] | None = None,
+                 cgroup: Sequence[str] = ()) -> bytes:
+    """What the reaper reads on its stdin: the command, its whole environment, its stage, its
+    cgroup, as NUL-terminated strings (none of them can hold a NUL): the argv's count and items,
+    the environment's count and KEY=VALUE items, then "0", or "1", the stage's top, the count of
+    its directories and each of them; then the count of the cgroup.procs files the command joins
+    and each of them."""
     items = [str(len(argv)), *argv, str(len(env)), *(f"{k}={v}" for k, v in env.items())]
     items += ["0"] if stage is None else ["1", stage[0], str(len(stage[1])), *stage[1]]
+    items += [str(len(cgroup)), *cgroup]
     return b"".join(os.fsencode(i) + b"\0" for i in items)
 
 
 def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | None = None,
                env: Mapping[str, str] | None = None, shown: Sequence[str] | None = None,
-               limit: int | None = None, stage: tuple[str, Sequence[str]] | None = None) -> tuple[int | None, bool]:
+               limit: int | None = None, stage: tuple[str, Sequence[str]] | None = None,
+               cgroup: Sequence[str] = ()) -> tuple[int | None, bool]:
     """Run a catalog command with its output appended to ``log_path``, at most ``limit`` bytes
     of the log (default LOG_LIMIT, the worker's [farm] log_limit) kept: see CappedLog.
     ``stage``: (where, directories) the command's supervisor binds in a mount namespace of the
     command's own before it starts it (reaper.c's stage(); the sandbox's, for a root worker's job uid).
+    ``cgroup``: the cgroup.procs files the command joins before it stages or execs anything, so
+    it and all it starts are in its job's cgroups (gearfarm.hosts.cgroup) from the first instruction.
 
     Returns (exit code, timed_out); the exit code is Popen's returncode (negative: killed by
     that signal). Whatever happens -- the command exits, the timeout passes, or the worker
@@ -402,7 +410,7 @@ def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | 
         log.flush()
         # argv and env go through a pipe, not the reaper's own argv and environment: the command
         # must get exactly the environment it was given, and an argv or environment of any size.
-        job = reaper_input(argv, dict(env) if env is not None else dict(os.environ), stage)
+        job = reaper_input(argv, dict(env) if env is not None else dict(os.environ), stage, cgroup)
         capped = CappedLog(log, limit or LOG_LIMIT)
         status_r, status_w = os.pipe()
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
@@ -592,12 +600,25 @@ _owner_cache: tuple[int, str] | None = None
 
 def _owner() -> str:
     """This process's owner directory name: pid, start time and boot, so that no other
-    process -- a later one with the recycled pid, or one of another boot -- is taken for it."""
+    process -- a later one with the recycled pid, or one of another boot -- is taken for it
+    (its job dirs, its jobs' cgroups: gearfarm.hosts.cgroup)."""
     global _owner_cache
     pid = os.getpid()
     if _owner_cache is None or _owner_cache[0] != pid:  # recomputed in a forked child
         _owner_cache = (pid, f"{pid}-{start_time(pid)}-{boot_id()[:12]}")
     return _owner_cache[1]
+
+
+owner_name = _owner
+
+
+def owner_gone(name: str) -> bool:
+    """Whether ``name`` is an owner name (_owner's) of a process that is gone: a dead pid, the
+    pid now another process, or an earlier boot. Other names are not owners: False."""
+    m = _OWNER.fullmatch(name)
+    if m is None:
+        return False
+    return m.group(3) != boot_id()[:12] or start_time(int(m.group(1))) != int(m.group(2))
 
 
 @contextmanager
@@ -679,42 +700,59 @@ def release_work_dir(root: Path) -> None:
 def sweep_work_dirs(root: Path) -> list[Path]:
     """Remove the owner directories under ``root`` of processes that are gone (a dead pid,
     the pid now another process, or an earlier boot); returns what was removed. Directories
-    of live owners, and names that are not owner directories, are left alone."""
+    of live owners, and names that are not owner directories, are left alone.
+    Never raises: what cannot be removed is quarantined (_rmtree), and a start goes on.
+    What earlier removals quarantined is tried once more (a mount gone since, say)."""
     removed: list[Path] = []
-    if not root.is_dir():
-        return removed
-    boot = boot_id()[:12]
-    for d in sorted(root.iterdir()):
-        if not owner_gone(d, boot):
-            continue
-        _rmtree(d)
-        if not d.exists():
-            removed.append(d)
+    try:
+        if not root.is_dir():
+            return removed
+        for d in sorted(root.iterdir()):
+            if not owner_gone(d.name) or d.is_symlink() or not d.is_dir():
+                continue
+            _rmtree(d)
+            if not os.path.lexists(d):
+                removed.append(d)
+        kept = quarantine_dir(root)
+        for q in sorted(kept.iterdir()) if kept.is_dir() else []:
+            jobtree.remove(q, None, "quarantined earlier")
+            if not os.path.lexists(q):
+                removed.append(q)
+    except Exception:
+        logging.getLogger(__name__).exception("sweeping %s", root)
     return removed
 
 
-def owner_gone(d: Path, boot: str | None = None) -> bool:
-    """Whether ``d`` is the owner directory of a process that is gone (a dead pid, the pid now
-    another process, or an earlier boot)."""
-    m = _OWNER.fullmatch(d.name)
-    if m is None or d.is_symlink() or not d.is_dir():
-        return False
-    return not (m.group(3) == (boot or boot_id()[:12]) and start_time(int(m.group(1))) == int(m.group(2)))
+def quarantine_dir(root: Path) -> Path:
+    """Where what a job left and no removal could take is moved (jobtree.remove), beside the
+    jobs root ``root`` and on its filesystem: out of every slot's way, kept for a look."""
+    return root.parent / "quarantine"
+
+
+def _job_named(path: Path) -> str:
+    """The job a job dir was made for, from the first line of the worker's log in it
+    ("gearfarm test-x of engine for linux-x86_64 at <rev> on <worker>"); else the dir's owner."""
+    with suppress(OSError, StopIteration):
+        log = next(p for p in (path / f"{role}.log" for role in ("build", "test", "perf")) if p.is_file())
+        head, _ = jobtree.read_capped(log, 1024)
+        first = head.decode("utf-8", "replace").split("\n", 1)[0].strip()
+        if first:
+            return first
+    owner = path.parent.name if _OWNER.fullmatch(path.parent.name) else path.name
+    return f"a job of worker process {owner}"
 
 
 def _rmtree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-    if not path.exists():
-        return
-    # Jobs leave read-only and unreadable directories (suites testing error paths): a worker
-    # that is not root must open them up to empty them. Symlinks are not followed: chmod on
-    # one would change its target, which may be anything.
-    with suppress(OSError):
-        os.chmod(path, 0o700)
-    for d, dirs, _ in os.walk(path):
-        for sub in dirs:
-            p = os.path.join(d, sub)
-            if not os.path.islink(p):
-                with suppress(OSError):
-                    os.chmod(p, 0o700)
-    shutil.rmtree(path, ignore_errors=True)
+    """Remove a job dir (or an owner dir of them) whatever its job left there; what cannot go is
+    quarantined and logged, naming the job. Never raises: a job's leftovers stop no slot."""
+    try:
+        if _OWNER.fullmatch(path.name):
+            for job in sorted(path.iterdir()) if path.is_dir() and not path.is_symlink() else []:
+                jobtree.remove(job, quarantine_dir(path.parent), _job_named(job))
+            what = f"worker process {path.name}'s job dirs"
+            root = path.parent
+        else:
+            what, root = _job_named(path), jobs_root(path)
+        jobtree.remove(path, quarantine_dir(root), what)
+    except Exception:  # nothing a job left may stop the slot or the worker's start
+        logging.getLogger(__name__).exception("cannot remove %s", path)

@@ -4,9 +4,13 @@ report), close them, publish the reports and the mail, bisect what they found, a
 exit status. Everything a person should see goes through the caller's `Observer`; nothing here
 prints, so the same night runs under the command line, a test or a service.
 
-The exit status: 0 all passed, 1 a job failed or is missing, 2 the farm itself had a problem
-(`NightError` before anything ran; a problem after the runs, such as a mail not sent, still
-lets every report be written first)."""
+One project's failure costs that project only: a project whose revision, catalog or source
+snapshot cannot be had (`NotRun`, `nightly.ProjectError`) has its run recorded and closed as
+failed with the error, reported and mailed with the others, while every other project runs.
+
+The exit status: 0 all passed, 1 a job failed or is missing, or a project could not run, 2 the
+farm itself had a problem (`NightError` before anything ran; a problem after the runs, such as
+a mail not sent, still lets every report be written first)."""
 
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from gearfarm.bisection import driver as bisection
 from gearfarm.bisection.subject import BisectionError
 from gearfarm.config import Config, ConfigError
-from gearfarm.db.results import ResultsDB, Run
+from gearfarm.db.results import NOT_RUN, ResultsDB, Run
 from gearfarm.formats.exitcode import EXIT_FAILED, EXIT_FARM, EXIT_OK
 from gearfarm.formats.result import ResultRecord
 from gearfarm.formats.words import counted
@@ -68,16 +72,31 @@ class Project:
     selection: nightly.Selection
 
 
+@dataclass
+class NotRun:
+    """A project of the night that cannot run (nightly.ProjectError: its revision, its catalog,
+    its snapshot): its run is recorded and closed as failed with ``error``, and reported."""
+
+    project: str
+    rev: str
+    run_id: str
+    error: str
+    # The farm's own part failed (S3 would not take the snapshot): also a farm problem.
+    farm: bool = False
+
+
 def run_night(cfg: Config, projects: Sequence[Project], seed: int, observer: Observer,
-              report_dir: Path | None = None) -> int:
-    """Run the night; returns its exit status. Raises NightError when nothing could run."""
+              report_dir: Path | None = None, not_run: Sequence[NotRun] = ()) -> int:
+    """Run the night; returns its exit status. Raises NightError when nothing could run.
+    ``not_run``: the projects that could not be loaded, reported with the others."""
     try:
         cfg.nightly_signer()  # every payload is signed with it: without it, nothing is submitted
     except ConfigError as e:
         raise NightError(str(e)) from e
     db = ResultsDB(cfg.database.url)
     store = ArtifactStore(cfg.s3, retry_for=60)
-    plans = _plan(cfg, store, projects, seed, observer)
+    failed = list(not_run)
+    plans = _plan(cfg, store, projects, seed, observer, failed)
     # The report's modules take a while to import: done while the jobs run, not between the
     # last job and the report, nor before the first submit.
     later = threading.Thread(target=lambda: [importlib.import_module(m) for m in report_modules(plans)], daemon=True)
@@ -98,8 +117,10 @@ def run_night(cfg: Config, projects: Sequence[Project], seed: int, observer: Obs
         except nightly.RunError as e:
             copier.close()
             raise NightError(str(e)) from e
-    problems: list[str] = []
-    runs = [_closed(cfg, db, p, by_run, unclosed, problems) for p in plans]
+    problems = [n.error for n in failed if n.farm]
+    # The projects that could not run first: they are the night's news.
+    runs = [_not_run(db, n, seed, by_run, problems) for n in failed]
+    runs += [_closed(cfg, db, p, by_run, unclosed, problems) for p in plans]
     return _publish(cfg, db, store, plans, runs, by_run, problems, seed, observer, report_dir, copier.close())
 
 
@@ -116,15 +137,21 @@ def report_modules(plans: Sequence[nightly.Plan]) -> list[str]:
 
 
 def _plan(cfg: Config, store: ArtifactStore, projects: Sequence[Project], seed: int,
-          observer: Observer) -> list[nightly.Plan]:
-    """Each project's source snapshot in S3 and its plan; the functions no worker serves."""
+          observer: Observer, failed: list[NotRun]) -> list[nightly.Plan]:
+    """Each project's source snapshot in S3 and its plan; the functions no worker serves. A
+    project whose snapshot cannot be made joins ``failed``; the others go on."""
     plans = []
     try:
         store.check()
         table = nightly.preflight(cfg)
         for pr in projects:
             lp = pr.loaded
-            source, moved = nightly.prepare(store, lp)
+            try:
+                source, moved = nightly.prepare(store, lp)
+            except nightly.ProjectError as e:
+                observer.warn(f"project {lp.name} does not run tonight: {e}")
+                failed.append(NotRun(lp.name, lp.rev, pr.run_id, str(e), e.farm))
+                continue
             observer.say(f"project {lp.name}: revision {lp.rev[:12]}, source snapshot "
                          f"{'uploaded, ' + str(moved) + ' bytes' if moved else 'already in S3, 0 bytes uploaded'}")
             plans.append(nightly.plan(pr.run_id, source, pr.selection, seed, lp.catalog_text, moved))
@@ -181,6 +208,24 @@ def _closed(cfg: Config, db: ResultsDB, p: nightly.Plan, by_run: dict[str, list[
                parent_run_id=None, project=p.project)
 
 
+def _not_run(db: ResultsDB, n: NotRun, seed: int, by_run: dict[str, list[ResultRecord]], problems: list[str]) -> Run:
+    """The run of a project that could not run, recorded and closed as failed with its error.
+    When the database fails, or a run of that id exists already (a --run-id given again, which
+    is left as it was), the run as it would be recorded: its report still says why."""
+    by_run[n.run_id] = []
+    try:
+        if nightly.record_not_run(db, n.run_id, n.project, n.rev, n.error, seed):
+            run = db.get_run(n.run_id)
+            assert run is not None
+            return run
+    except SQLAlchemyError as e:
+        problems.append(f"results database unavailable: the failed run {n.run_id} of project {n.project} is not "
+                        f"recorded ({str(e).splitlines()[0]}); its report says why it did not run")
+    now = time.time()
+    return Run(run_id=n.run_id, rev=n.rev[:40], created_at=now, finished_at=now, expected=[], targets=[],
+               state=NOT_RUN, notes={"seed": seed, "error": n.error}, parent_run_id=None, project=n.project)
+
+
 def _publish(cfg: Config, db: ResultsDB, store: ArtifactStore, plans: list[nightly.Plan], runs: list[Run],
              by_run: dict[str, list[ResultRecord]], problems: list[str], seed: int, observer: Observer,
              report_dir: Path | None, copied: dict[str, joblog.Made]) -> int:
@@ -215,7 +260,8 @@ def _publish(cfg: Config, db: ResultsDB, store: ArtifactStore, plans: list[night
         return EXIT_FARM
     bad = [r for recs in by_run.values() for r in recs if r.status not in ("passed", "skipped")]
     missing = any(pub.reports[r.run_id].missing for r in runs)
-    return EXIT_FAILED if bad or missing else EXIT_OK
+    not_run = any(pub.reports[r.run_id].not_run for r in runs)
+    return EXIT_FAILED if bad or missing or not_run else EXIT_OK
 
 
 def _bisect_after(cfg: Config, db: ResultsDB, store: ArtifactStore, runs: list[Run],

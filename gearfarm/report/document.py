@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from gearfarm.bisection import search as bisect
 from gearfarm.db.cases import RunCases
 from gearfarm.db.history import CaseVerdict
-from gearfarm.db.results import Run
+from gearfarm.db.results import NOT_RUN, Run
 from gearfarm.formats.job import JobId
 from gearfarm.formats.result import PRODUCT_FAILURES, ResultRecord
 from gearfarm.formats.words import counted
@@ -134,6 +134,9 @@ class Report(BaseModel):
     bisections: list[Item] | None = None
     late: list[Item] | None = None
     problems: list[str] | None = None
+    # Why the project could not run at all tonight (its revision, its catalog, its snapshot:
+    # gearfarm.run.nightly.ProjectError); set only for such a run, which has no jobs.
+    not_run: str | None = None
 
     def absent(self, target: str, step: str) -> str:
         """What a matrix cell without a result means: "missing" (the job was expected and has no
@@ -144,9 +147,11 @@ class Report(BaseModel):
         """The report with its one-line titles made from its headline."""
         fixed = len(self.fixed)
         green = "passed" + (f", {fixed} fixed" if fixed else "")
+        # (a project that could not run is one short part of a night's subject: its section says why)
+        state = "could not run" if self.not_run else green if self.all_green else self.headline
         return self.model_copy(update={
             "subject": f"[gearfarm] {self.project} {self.run_id} at {self.rev[:12]}: {self.headline}",
-            "summary": f"{self.project} {green if self.all_green else self.headline}"})
+            "summary": f"{self.project} {state}"})
 
     def with_performance(self, entries: list[Item], figures: Sequence[Item] = ()) -> Report:
         """The performance section: the changes (``entries``; regressions also go into the
@@ -263,6 +268,10 @@ def build(run: Run, records: list[ResultRecord], links: Links | None = None,
     headline = _headline(green, lead, fixed, infra, missing, len(records), len(by_target), total)
     if cancelled:
         headline = ", ".join(x for x in (headline, f"{len(cancelled)} cancelled") if x)
+    # A run whose project could not run (its notes say why): nothing of it ran, and that is its news.
+    not_run = run.notes.get("error") if run.state == NOT_RUN and isinstance(run.notes, dict) else None
+    if not_run:
+        green, headline = False, f"could not run: {_first_line(not_run)}"
     return Report(**{
         "run_id": run.run_id, "project": run.project, "rev": run.rev, "created_at": run.created_at,
         "finished_at": finished, "wall_seconds": round(finished - run.created_at, 3), "headline": headline,
@@ -281,7 +290,14 @@ def build(run: Run, records: list[ResultRecord], links: Links | None = None,
         # on a 5,000-job night made report.json 60 MB and the dashboard's JSON of the run 7 s.
         "jobs": [r.model_dump(mode="json", exclude={"log_tail", "cases"}) for r in records],
         "reruns": [r.model_dump(mode="json", exclude={"log_tail", "cases"}) for r in reruns or []],
+        **({"not_run": not_run} if not_run else {}),
     }).titled()
+
+
+def _first_line(text: str, most: int = 200) -> str:
+    """A headline's part of a message: its first line, cut to ``most`` characters."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= most else line[: most - 1] + "…"
 
 
 def _target_spans(records: list[ResultRecord]) -> dict[str, float]:
@@ -425,7 +441,8 @@ def write(report: Report, records: list[ResultRecord], out_dir: Path, cases: Run
     paths["json"].write_text(json.dumps(plain, sort_keys=True, default=str, separators=(",", ":")))
     paths["html"].write_text(render_html(report))
     paths["txt"].write_text(render_text(report))
-    junit.write_run(records, paths["junit"], (cases or RunCases.of_records(records)).every())
+    junit.write_run(records, paths["junit"], (cases or RunCases.of_records(records)).every(),
+                    (report.project, report.not_run) if report.not_run else None)
     return paths
 
 

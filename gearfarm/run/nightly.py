@@ -23,7 +23,7 @@ from pathlib import Path
 from sqlalchemy.exc import SQLAlchemyError
 
 from gearfarm.config import Config, ProjectConfig
-from gearfarm.db.results import ResultsDB
+from gearfarm.db.results import NOT_RUN, ResultsDB
 from gearfarm.formats import catalog as catalog_mod
 from gearfarm.formats.catalog import Catalog
 from gearfarm.formats.job import (
@@ -71,6 +71,17 @@ CANCEL_LOOK = 1.0
 
 class RunError(RuntimeError):
     """The farm itself cannot run (exit status 2)."""
+
+
+class ProjectError(RunError):
+    """One project cannot run tonight: its revision cannot be fetched, its catalog does not
+    parse or validate, its source snapshot cannot be made or stored. That project's night fails
+    with this message (its run recorded and closed as failed: record_not_run); every other
+    project's night goes on. ``farm``: the farm's own part failed (S3), not the project's."""
+
+    def __init__(self, project: str, rev: str, message: str, farm: bool = False) -> None:
+        super().__init__(message)
+        self.project, self.rev, self.farm = project, rev, farm
 
 
 @dataclass
@@ -161,20 +172,33 @@ class Loaded:
 
 def load_project(cfg: Config, project: ProjectConfig, rev: str | None = None) -> Loaded:
     """Fetch the project, resolve ``rev`` (default: its configured branch) and validate its
-    catalog. RunError or CatalogError saying what to fix."""
+    catalog (its timeouts within `[farm] max_timeout`). ProjectError saying what to fix."""
     try:
         repo = snapshot.repository(cfg, project)
         full = snapshot.resolve(repo, rev or project.branch)
     except snapshot.SourceError as e:
-        raise RunError(f"project {project.name}: {e}") from e
-    text, origin = snapshot.catalog_text(cfg, project, repo, full)
-    cat = catalog_mod.parse(text, origin)
+        raise ProjectError(project.name, rev or project.branch, _named(project.name, e)) from e
+    try:
+        text, origin = snapshot.catalog_text(cfg, project, repo, full)
+        cat = catalog_mod.parse(text, origin, cfg.farm.max_timeout)
+        catalog_mod.check_limits(cat, origin, cfg.farm.job_limits_max())
+    except catalog_mod.CatalogError as e:
+        raise ProjectError(project.name, full, _named(project.name, e)) from e
     for t in project.targets or []:
         try:
             cat.target(t)
         except catalog_mod.CatalogError as e:
-            raise RunError(f"project {project.name}: [[projects]] targets: {e}") from e
+            # The farm's config and the project's catalog disagree: the operator's to look at
+            # too (exit status 2), whichever side changed.
+            raise ProjectError(project.name, full, f"project {project.name}: [[projects]] targets: {e}",
+                               farm=True) from e
     return Loaded(project.name, repo, full, cat, text, project.targets, snapshot.module_mirrors(cfg, project))
+
+
+def _named(project: str, e: Exception) -> str:
+    """``e``'s message, starting with the project's name (once)."""
+    text = str(e)
+    return text if text.startswith(f"project {project}: ") else f"project {project}: {text}"
 
 
 def prepare(store: ArtifactStore, loaded: Loaded) -> tuple[Source, int]:
@@ -185,10 +209,23 @@ def prepare(store: ArtifactStore, loaded: Loaded) -> tuple[Source, int]:
         sha, cat_bytes = snapshot.publish_catalog(store, loaded.catalog_text)
         snapshot.publish_latest(store, loaded.name, loaded.rev, sha)
     except snapshot.SourceError as e:  # the project's side: a submodule, git archive
-        raise RunError(f"project {loaded.name}: cannot make the source snapshot of {loaded.rev[:12]}: {e}") from e
+        raise ProjectError(loaded.name, loaded.rev, f"project {loaded.name}: cannot make the source snapshot of "
+                           f"{loaded.rev[:12]}: {e}") from e
     except StoreError as e:
-        raise RunError(f"project {loaded.name}: cannot store the source of {loaded.rev[:12]} in S3: {e}") from e
+        raise ProjectError(loaded.name, loaded.rev, f"project {loaded.name}: cannot store the source of "
+                           f"{loaded.rev[:12]} in S3: {e}", farm=True) from e
     return Source(loaded.name, loaded.rev, snap.sha256, sha), snap.uploaded_bytes + cat_bytes
+
+
+def record_not_run(db: ResultsDB, run_id: str, project: str, rev: str, error: str, seed: int) -> bool:
+    """Record the run of a project that cannot run tonight (ProjectError), closed at once as
+    failed with its error: the report, the mail and the dashboard show it beside the others.
+    False when a run of that id exists already: it is left as it was."""
+    if not db.create_run(run_id, rev[:40], [], [], notes={"seed": seed, "error": error}, deadline=time.time(),
+                         project=project):
+        return False
+    db.finish_run(run_id, NOT_RUN)
+    return True
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 import subprocess
 import tarfile
@@ -90,18 +91,25 @@ def resolve(repo: Path, rev: str) -> str:
 
 def catalog_text(cfg: Config, project: ProjectConfig, repo: Path, rev: str) -> tuple[str, str]:
     """(text, origin) of the project's catalog for ``rev``: the file beside the config when the
-    project names one, else the path in the repository at that revision (never the work tree)."""
+    project names one, else the path in the repository at that revision (never the work tree).
+    A file larger than a catalog may be (catalog.MAX_BYTES) is refused before it is read."""
     if project.catalog_file:
         path = cfg.path(project.catalog_file)
         try:
-            return path.read_text(), str(path)
+            with path.open("rb") as f:
+                catalog_mod.check_size(os.fstat(f.fileno()).st_size, str(path))
+                return catalog_mod.text_of(f.read(catalog_mod.MAX_BYTES + 1), str(path)), str(path)
         except OSError as e:
             raise CatalogError(f"project {project.name}: catalog_file {path} cannot be read: {e}") from e
-    proc = _git(["show", f"{rev}:{project.catalog_path}"], cwd=repo)
+    origin, spec = f"{project.name}@{rev[:12]}:{project.catalog_path}", f"{rev}:{project.catalog_path}"
+    size = _git(["cat-file", "-s", spec], cwd=repo)
+    if size.returncode == 0:
+        catalog_mod.check_size(int(size.stdout), origin)
+    proc = _git(["show", spec], cwd=repo)
     if proc.returncode != 0:
         raise CatalogError(f"project {project.name}: no catalog at {project.catalog_path} in {repo} at {rev[:12]} "
                            f"({_err(proc)}); commit one there, or set catalog / catalog_file in [[projects]]")
-    return proc.stdout.decode(), f"{project.name}@{rev[:12]}:{project.catalog_path}"
+    return catalog_mod.text_of(proc.stdout, origin), origin
 
 
 def modules(repo: Path, rev: str, mirrors: Path) -> list[Module]:
@@ -205,14 +213,15 @@ def publish_latest(store: ArtifactStore, project: str, rev: str, catalog_sha256:
 
 # ------------------------------------------------------------------------------- worker side
 
-_catalogs: dict[str, Catalog] = {}
+_catalogs: dict[tuple[str, float | None], Catalog] = {}
 
 
-def fetch_catalog(store: ArtifactStore, sha256: str) -> Catalog:
-    """The catalog with this sha256, checked; cached per process (content-addressed, so a
-    cached entry can never be stale)."""
-    if sha256 in _catalogs:
-        return _catalogs[sha256]
+def fetch_catalog(store: ArtifactStore, sha256: str, max_timeout: float | None = None) -> Catalog:
+    """The catalog with this sha256, checked (against this worker's ``max_timeout`` too: its
+    config may be stricter than the nightly's); cached per process (content-addressed, so a
+    cached entry can never be stale). CatalogError saying why it cannot be run."""
+    if (sha256, max_timeout) in _catalogs:
+        return _catalogs[sha256, max_timeout]
     try:
         data = store.get_bytes(keys.catalog(sha256))
     except (StoreError, ClientError) as e:
@@ -220,8 +229,8 @@ def fetch_catalog(store: ArtifactStore, sha256: str) -> Catalog:
     actual = hashlib.sha256(data).hexdigest()
     if actual != sha256:
         raise CatalogError(f"catalog {keys.catalog(sha256)} in S3 has sha256 {actual}, not {sha256}: tampered")
-    cat = catalog_mod.parse(data.decode(), keys.catalog(sha256))
-    _catalogs[sha256] = cat
+    cat = catalog_mod.parse(data, keys.catalog(sha256), max_timeout)
+    _catalogs[sha256, max_timeout] = cat
     return cat
 
 

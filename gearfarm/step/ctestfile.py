@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gearfarm.hosts import jobtree
 from gearfarm.step.outcome import OutcomeError
 
 TESTFILE = "CTestTestfile.cmake"
@@ -116,7 +117,8 @@ def prepare(build_dir: Path, root: Path, runner: list[str]) -> Prepared:
 def _testfiles(build_dir: Path) -> list[Path]:
     """The tree's CTestTestfile.cmake files that are files: one that is a link (even inside the
     tree) is neither read nor written, so no rewrite lands anywhere but in a file of the tree."""
-    return [p for p in sorted(build_dir.rglob(TESTFILE)) if not p.is_symlink() and p.is_file()]
+    return sorted(Path(top, TESTFILE) for top, _, names in jobtree.walk(build_dir)
+                  if TESTFILE in names and Path(top, TESTFILE).is_file() and not Path(top, TESTFILE).is_symlink())
 
 
 def _working_directories(lines: list[str]) -> dict[str, str]:
@@ -146,8 +148,10 @@ def _program(command: str, where: Path, tree: Path, runner: list[str]) -> tuple[
         real = Path(os.path.realpath(candidate))
         if not real.is_relative_to(tree):
             return None, f"its command {command} is a program of the host ({real}), not of the build tree"
-        with open(real, "rb") as fh:
-            head = fh.read(4)
+        try:
+            head, _ = jobtree.read_capped(real, 4)
+        except OSError as e:
+            return None, f"its command {command} cannot be read ({e.strerror or e})"
         if not head.startswith(_MAGIC):
             return None, (f"its command {command} is not a program but a script ({head[:2]!r}...), so the farm "
                           f"cannot put the target's runner `{' '.join(runner)}` in front of it")

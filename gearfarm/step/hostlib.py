@@ -14,11 +14,12 @@ This is the loader's own account, read after the run: nothing is injected into t
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from gearfarm.hosts import jobtree
 
 _LINE = re.compile(r"^\s*\d+:\s?(.*)$")
 # Enough for a test suite's processes; past these the rest is not read (and a note says so).
@@ -48,9 +49,8 @@ class HostCopy:
 def built_libraries(tree: Path) -> dict[str, str]:
     """Shared libraries the build left in the tree, by file name (libz.so.1 -> its path)."""
     out: dict[str, str] = {}
-    for top, dirs, files in os.walk(tree):
-        dirs.sort()
-        for name in sorted(files):
+    for top, _, files in jobtree.walk(tree):
+        for name in files:
             if _LIBRARY.search(name) and name not in out:
                 out[name] = os.path.join(top, name)
     return out
@@ -82,15 +82,26 @@ def _blocks(text: str) -> list[tuple[str, list[str]]]:
     return out
 
 
-def _in_tree(program: str, tree: Path, seen: dict[str, bool]) -> bool:
+def _in_tree(program: str, tree: Path, seen: dict[str, bool], paths: list[str]) -> bool:
+    """Whether ``program`` is one of the tree's, whose entries (relative) are ``paths``."""
     if program not in seen:
         if os.path.isabs(program):
             seen[program] = Path(os.path.abspath(program)).is_relative_to(tree)
         else:
             # Started by a relative path from a directory we do not know: a file of the tree ending so.
             tail = os.path.normpath(program)
-            seen[program] = not tail.startswith("..") and not glob.has_magic(tail) and any(tree.rglob(tail))
+            seen[program] = not tail.startswith("..") and any(p == tail or p.endswith("/" + tail) for p in paths)
     return seen[program]
+
+
+def _entries(tree: Path) -> list[str]:
+    """Every entry of the tree, relative to it (walked without recursion: a suite may leave a
+    tree thousands of directories deep)."""
+    out = []
+    for top, dirs, files in jobtree.walk(tree):
+        rel = os.path.relpath(top, tree)
+        out += [name if rel == "." else f"{rel}/{name}" for name in dirs + files]
+    return out
 
 
 def findings(out_dir: Path, tree: Path) -> tuple[list[HostCopy], list[str]]:
@@ -105,17 +116,24 @@ def findings(out_dir: Path, tree: Path) -> tuple[list[HostCopy], list[str]]:
         return [], [f"the loader's account directory {out_dir} was replaced by a link; it was not read"]
     files = sorted(out_dir.glob("ld.*")) if out_dir.is_dir() else []
     seen: dict[str, bool] = {}
+    paths: list[str] | None = None
     if len(files) > MAX_FILES:
         notes.append(f"{len(files)} processes wrote loader accounts; the first {MAX_FILES} were read")
     for path in files[:MAX_FILES]:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            data, _ = jobtree.read_capped(path, MAX_BYTES)
+        except jobtree.NotAFile as e:
+            # A FIFO's open would wait for a writer for good: refused, never opened for reading.
+            notes.append(f"the loader's account {e.strerror}; it was not read")
+            continue
         except OSError:
             continue
-        with os.fdopen(fd, "rb") as fh:
-            text = fh.read(MAX_BYTES).decode("utf-8", "replace")
-        for program, loaded in _blocks(text):
-            if not built or not _in_tree(program, tree, seen):
+        for program, loaded in _blocks(data.decode("utf-8", "replace")):
+            if not built:
+                continue
+            if paths is None and not os.path.isabs(program):
+                paths = _entries(tree)
+            if not _in_tree(program, tree, seen, paths or []):
                 continue
             for lib in loaded:
                 name = os.path.basename(lib)

@@ -12,7 +12,6 @@ import json
 import math
 import re
 import signal
-import xml.etree.ElementTree as ET
 from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -22,7 +21,8 @@ from tap.line import Result
 from tap.parser import Parser
 
 from gearfarm.formats.catalog import compile_pattern
-from gearfarm.formats.result import CaseResult
+from gearfarm.formats.result import CASES_MAX, CaseResult
+from gearfarm.hosts import jobtree
 from gearfarm.step import junit
 
 
@@ -45,19 +45,21 @@ _YAML_START = re.compile(r"^(\s+)---\s*$")
 _CTEST_SKIP = re.compile(r"^SKIP_")
 
 
-def cases(fmt: str, suite: str, *, rc: int, output: Path, results: Path | None) -> list[CaseResult]:
+def cases(fmt: str, suite: str, *, rc: int, output: Path, results: Path | None,
+          capped: bool = False) -> list[CaseResult]:
     """The test cases of one suite run, read as its catalog `format` says (see FORMATS).
 
-    `output` is the step's captured stdout+stderr; `results` the file the suite writes, if any.
+    `output` is the step's captured stdout+stderr; `results` the file the suite writes, if any
+    (the worker's capped copy of it: gearfarm.step.runner; ``capped``: the head of a longer file).
     A nonzero exit status is never lost: when no case explains it, a failed "<suite> (exit status)"
     case does (a crash after the last test, a sanitizer report, a coverage threshold).
     """
     if fmt == "exit-code":
         return [_exit_case(suite, suite, rc, output)]
     if fmt == "junit":
-        found = _junit_cases(suite, rc, results, ctest=False)
+        found = _junit_cases(suite, rc, results, ctest=False, capped=capped)
     elif fmt == "ctest":
-        found = _junit_cases(suite, rc, results, ctest=True)
+        found = _junit_cases(suite, rc, results, ctest=True, capped=capped)
     elif fmt == "tap":
         found = _tap_cases(suite, rc, output, results)
     else:
@@ -100,7 +102,7 @@ def _exit_case(classname: str, name: str, rc: int, output: Path) -> CaseResult:
 # -- JUnit and ctest ----------------------------------------------------------------------------
 
 
-def _junit_cases(suite: str, rc: int, results: Path | None, *, ctest: bool) -> list[CaseResult]:
+def _junit_cases(suite: str, rc: int, results: Path | None, *, ctest: bool, capped: bool) -> list[CaseResult]:
     if results is None:
         raise OutcomeError(f"suite {suite!r} has format {'ctest' if ctest else 'junit'} but no results file: "
                            f"set its `results` key in the catalog (default \"{{junit}}\")")
@@ -112,12 +114,13 @@ def _junit_cases(suite: str, rc: int, results: Path | None, *, ctest: bool) -> l
         raise OutcomeError(f"suite {suite!r} wrote no JUnit file at {results} ({_exited(rc)}): check the catalog's "
                            f"`results` key of the suite and that its argv writes the file there "
                            f"(e.g. pytest --junitxml={{junit}})")
+    statuses: list[str] = []
     try:
-        found = junit.parse(results)
+        found = junit.parse(results, statuses=statuses, truncated=capped)
     except junit.JUnitError as e:
         raise OutcomeError(f"suite {suite!r}: {e}: the suite must write JUnit XML to its `results` file") from e
     if ctest:
-        found = _ctest_verdicts(results, found)
+        found = _ctest_verdicts(statuses, found)
         if not found:
             raise OutcomeError(f"ctest found no tests for suite {suite!r} ({results} has no test cases): is `cwd` "
                                f"of the suite the CMake build directory, and do the build outputs include its "
@@ -127,10 +130,10 @@ def _junit_cases(suite: str, rc: int, results: Path | None, *, ctest: bool) -> l
     return [c if c.classname and not ctest else c.model_copy(update={"classname": suite}) for c in found]
 
 
-def _ctest_verdicts(results: Path, found: list[CaseResult]) -> list[CaseResult]:
-    """ctest's own verdicts where its JUnit says otherwise: a test it could not run (executable or
-    required file missing) counts as failed, a DISABLED test has no <skipped> but did not run."""
-    statuses = [tc.get("status", "") for tc in ET.parse(results).getroot().iter("testcase")]
+def _ctest_verdicts(statuses: list[str], found: list[CaseResult]) -> list[CaseResult]:
+    """ctest's own verdicts (each case's ``status`` attribute) where its JUnit says otherwise: a
+    test it could not run (executable or required file missing) counts as failed, a DISABLED
+    test has no <skipped> but did not run."""
     out = []
     for case, status in zip(found, statuses, strict=True):
         if status == "disabled":
@@ -172,6 +175,7 @@ def _tap_cases(suite: str, rc: int, output: Path, results: Path | None) -> list[
     current: _Test | None = None  # the test that following diagnostics belong to
     yaml_indent: str | None = None
     just_tested = False
+    overflow, ran = junit.Overflow(), 0
     for line in _tap_lines(source):
         if yaml_indent is not None:
             if line.strip() == "...":
@@ -191,6 +195,12 @@ def _tap_cases(suite: str, rc: int, output: Path, results: Path | None) -> list[
             continue  # not TAP: the program's other output
         parsed = parser.parse_line(line)
         if isinstance(parsed, Result):
+            ran += 1
+            if len(tests) >= CASES_MAX:  # counted, not kept: each kept case costs the worker ~1 KB
+                over = _tap_case(suite, _Test(parsed, ran))
+                overflow.add(parsed.description or f"test {ran}", over.status)
+                current = None
+                continue
             current = _Test(parsed, parsed.number if parsed.number is not None else len(tests) + 1)
             tests.append(current)
             just_tested = True
@@ -210,14 +220,16 @@ def _tap_cases(suite: str, rc: int, output: Path, results: Path | None) -> list[
                            f"({_exited(rc)}) (format = \"tap\"): make the suite print TAP there, or pick the "
                            f"format that fits it ({', '.join(f for f in FORMATS if f != 'tap')})")
     found = _named([_tap_case(suite, t) for t in tests], tests)
+    if (more := overflow.case(suite)) is not None:
+        found.append(more)
     problems = []
     if bail is not None:
         problems.append(f"Bail out! {bail}".rstrip())
     expected = sum(plans)
-    if plans and expected != len(tests):
+    if plans and expected != ran:
         # Several plans: a driver ran several TAP programs into one log; their plans add up.
         plan = " + ".join(f"1..{n}" for n in plans)
-        problems.append(f"plan {plan} but {len(tests)} test{'' if len(tests) == 1 else 's'} ran")
+        problems.append(f"plan {plan} but {ran} test{'' if ran == 1 else 's'} ran")
     if problems:
         message = problems[0] + (f" ({problems[1]})" if len(problems) > 1 else "")
         found.append(CaseResult(classname=suite, name=f"{suite} (plan)", status="error", message=message))
@@ -282,18 +294,30 @@ def _number(value: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
+# A metrics file holds a few named numbers: more than this is not one (and JSON's objects cost
+# the worker many times their bytes).
+METRICS_MAX = 1024 * 1024
+
+
 def metrics_from_file(path: Path, declared: Iterable[str]) -> dict[str, float]:
     """The declared metrics from a benchmark's JSON file: {"name": number, ...}, at top level or
     under "metrics"."""
     wanted = list(dict.fromkeys(declared))
     shape = '{"metrics": {"<name>": <number>, ...}} or {"<name>": <number>, ...}'
     try:
-        text = path.read_text(encoding="utf-8")
+        data, dropped = jobtree.read_capped(path, METRICS_MAX)
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise OutcomeError(f"the benchmark wrote no metrics file {path}: check the catalog's `metrics_file` "
                            f"and that the benchmark's argv writes it there") from None
+    except jobtree.NotAFile as e:
+        raise OutcomeError(f"the metrics file {e.strerror}: write the metrics to a file") from None
     except (OSError, UnicodeDecodeError) as e:
         raise OutcomeError(f"cannot read the metrics file {path}: {e}") from e
+    if dropped:
+        raise OutcomeError(f"the metrics file {path} is {len(data) + dropped} bytes, more than the "
+                           f"{METRICS_MAX >> 10} KiB a file of named numbers needs: it was not read; write only "
+                           f"{shape}")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:

@@ -2,7 +2,8 @@
  * `gearfarm-reaper WORKER_PID STATUS_FD TIMEOUT`, with the command's argv, environment and stage
  * on stdin (process.reaper_input, the one definition of that format: NUL-terminated strings,
  * the argv's count and items, the environment's count and KEY=VALUE items, then "0", or "1",
- * the stage's top, the count of its sources and each source; see stage()). It runs the command
+ * the stage's top, the count of its sources and each source; see stage(); then the count of the
+ * cgroup.procs files the command joins and each file, see join()). It runs the command
  * and, when the command exits, when the timeout passes, when it is told to stop
  * (SIGTERM/SIGINT/SIGHUP) or when the worker dies (even by kill -9), kills every process the
  * command started -- grandchildren that left the process group or were daemonised included --
@@ -136,6 +137,24 @@ static int stage(const char *top, char **sources, int n, char *what, size_t what
     return 0;
 }
 
+/* Move this process (the command, before it stages or execs) into each of the job's cgroups
+ * (gearfarm/hosts/cgroup.py): the command and everything it starts are bounded from their first
+ * instruction, and the reaper itself stays outside them, so a job at its process or memory limit
+ * cannot keep its supervisor from killing it. "0" is the writing process, in v1 and v2. */
+static int join(char **procs, int n, char *what, size_t whatlen) {
+    for (int i = 0; i < n; i++) {
+        int fd = open(procs[i], O_WRONLY | O_CLOEXEC);
+        if (fd < 0 || write(fd, "0", 1) != 1) {
+            int err = errno;
+            if (fd >= 0) close(fd);
+            snprintf(what, whatlen, "joining the job's cgroup %s: %s", procs[i], strerror(err));
+            return err;
+        }
+        close(fd);
+    }
+    return 0;
+}
+
 /* execve through the command's own PATH (glibc's execvpe searches the reaper's); the first
  * error other than "not there" wins, as in Popen. Returns only on failure, errno set. */
 static void exec_path(char **argv, char **envp) {
@@ -159,10 +178,10 @@ static void exec_path(char **argv, char **envp) {
 
 /* fork+exec the command in its own process group (inside our session), so that killpg() spares
  * us, with the signal mask and dispositions it would have had under Popen (SIGPIPE and SIGXFSZ
- * at their defaults), staged first if top says where (stage()). A failure to stage or exec
+ * at their defaults), in its cgroups (join()), staged first if top says where (stage()). A failure to stage or exec
  * comes back through a close-on-exec pipe ("errno what"; EOF means the exec succeeded). */
 static pid_t spawn(char **argv, char **envp, const sigset_t *mask, const char *top, char **sources, int n,
-                   char *err, size_t errlen) {
+                   char **procs, int nprocs, char *err, size_t errlen) {
     int p[2];
     if (pipe2(p, O_CLOEXEC) != 0) { snprintf(err, errlen, "%d pipe", errno); return -1; }
     pid_t pid = fork();
@@ -174,7 +193,8 @@ static pid_t spawn(char **argv, char **envp, const sigset_t *mask, const char *t
         signal(SIGPIPE, SIG_DFL);
         signal(SIGXFSZ, SIG_DFL);
         sigprocmask(SIG_SETMASK, mask, NULL);
-        int code = top ? stage(top, sources, n, what, sizeof what) : 0;
+        int code = join(procs, nprocs, what, sizeof what);
+        if (code == 0 && top) code = stage(top, sources, n, what, sizeof what);
         if (code == 0) { exec_path(argv, envp); code = errno; what[0] = 0; }
         char msg[8300];
         int len = snprintf(msg, sizeof msg, "%d %s", code, what);
@@ -328,8 +348,8 @@ int main(int argc, char **argv) {
         perror("prctl"); return 1; }
     if (getppid() != worker) return 0;  /* the worker died before the signal was armed: run nothing */
     if (read_all(0) != 0) return 0;  /* the worker died while handing the job over: run nothing */
-    int cargc, envc, nsrc = 0;
-    char **cargv = next_strs(&cargc), **envp = cargv ? next_strs(&envc) : NULL, **sources = NULL;
+    int cargc, envc, nsrc = 0, nprocs = 0;
+    char **cargv = next_strs(&cargc), **envp = cargv ? next_strs(&envc) : NULL, **sources = NULL, **procs;
     const char *staged = envp ? next_str() : NULL, *top = NULL;
     if (!staged || cargc < 1) return 0;
     if (strcmp(staged, "0") != 0) {
@@ -337,18 +357,21 @@ int main(int argc, char **argv) {
         sources = top ? next_strs(&nsrc) : NULL;
         if (!sources) return 0;
     }
+    if (!(procs = next_strs(&nprocs))) return 0;
     int devnull = open("/dev/null", O_RDONLY);  /* the command's stdin */
     dup2(devnull, 0);
     close(devnull);
     fcntl(status_fd, F_SETFD, FD_CLOEXEC);
     char err[8400];
-    pid_t cmd = spawn(cargv, envp, &mask, top, sources, nsrc, err, sizeof err);
+    pid_t cmd = spawn(cargv, envp, &mask, top, sources, nsrc, procs, nprocs, err, sizeof err);
     if (cmd < 0) {
         char msg[8500];
         int code = atoi(err);
         const char *what = strchr(err, ' ');
         what = what ? what + 1 : "";
-        if (*what) snprintf(msg, sizeof msg, "error [Errno %d] cannot stage the job's directories: %s", code, what);
+        if (*what) snprintf(msg, sizeof msg, "error [Errno %d] cannot %s: %s", code,
+                            strncmp(what, "joining", 7) == 0 ? "start the job in its cgroup" : "stage the job's directories",
+                            what);
         else snprintf(msg, sizeof msg, "error [Errno %d] %s: '%s'", code, strerror(code), cargv[0]);
         report(status_fd, msg);
         return 0;

@@ -17,11 +17,12 @@ from typing import Literal
 from gearfarm.formats import catalog as catalog_mod
 from gearfarm.formats.catalog import Benchmark, Catalog, Suite, Target
 from gearfarm.formats.result import CaseResult, CurveRecord
-from gearfarm.hosts import process
+from gearfarm.hosts import jobtree, process
+from gearfarm.hosts.cgroup import Limits
 from gearfarm.s3.artifact import ArtifactError, link_target
 from gearfarm.step import ctestfile, hostlib, outcome, runpath
 from gearfarm.step.outcome import OutcomeError
-from gearfarm.step.sandbox import Sandbox, within
+from gearfarm.step.sandbox import Ran, Sandbox, within
 
 
 class OutputsMissing(RuntimeError):
@@ -55,6 +56,10 @@ def collect_outputs(root: Path, patterns: list[str]) -> list[str]:
             matched = sorted(root.glob(pattern)) if pattern not in ("", ".") else [root]
         except (NotImplementedError, ValueError):  # pathlib's answer to an absolute pattern
             matched = [Path(pattern)]
+        except RecursionError:  # Python 3.11's "**" recurses: a tree a thousand deep is the build's doing
+            raise OutputsUnsafe(f"build output {pattern!r} (catalog key build.outputs): the tree under it is too "
+                                "deep to search (over a thousand directories): name the outputs without `**`, or "
+                                "keep the build's tree shallower") from None
         if not matched and os.path.islink(root / pattern):
             matched = [root / pattern]  # a dangling link: glob skips it, but it is what the build left
         if not matched:
@@ -87,7 +92,7 @@ def _outputs_at(root: Path, match: Path, pattern: str) -> list[str]:
     if not path.is_dir():
         return []  # a fifo, socket or device: not an output, as before
     out: list[str] = []
-    for d, dirs, names in os.walk(path):  # os.walk lists links to directories but never enters them
+    for d, dirs, names in jobtree.walk(path):  # never enters a link (listed among the names)
         for name in dirs + names:
             p = Path(d) / name
             r = str(p.relative_to(root))
@@ -114,28 +119,39 @@ class BuildRun:
     timed_out: bool
     outputs: list[str] = field(default_factory=list)
     error: str = ""
+    # The limit of its cgroup the build reached ("": none): the build failed for it, whatever its
+    # exit status (a fork or an allocation of it failed) and timed out or not.
+    reached: str = ""
 
     @property
     def status(self) -> str:
+        if self.reached:
+            return "failed"
         if self.timed_out:
             return "timed_out"
         return "passed" if self.rc == 0 and not self.error else "failed"
 
     def message(self, timeout: float) -> str:
+        if self.reached:
+            return f"build failed: {self.reached}" + (f" (then timed out after {timeout:.0f}s)" if self.timed_out
+                                                      else f" (exit {self.rc})")
         if self.timed_out:
             return f"build timed out after {timeout:.0f}s"
         return self.error or ("" if self.rc == 0 else f"build failed (exit {self.rc})")
 
 
-def _run(sandbox: Sandbox, argv: list[str], log_path: Path, timeout: float, cwd: Path, env: dict[str, str],
-         writable: list[Path], wine_prefix: Path | None = None,
-         shared: list[Path] | None = None, inner: dict[str, str] | None = None) -> tuple[int | None, bool]:
+def _run(sandbox: Sandbox, cat: Catalog, step: catalog_mod.Step | None, argv: list[str], log_path: Path,
+         timeout: float, cwd: Path, env: dict[str, str], writable: list[Path], wine_prefix: Path | None = None,
+         shared: list[Path] | None = None, inner: dict[str, str] | None = None) -> Ran:
     """Every catalog command starts here: confined by the worker's sandbox, writing only to
     the job's own directories, which are handed to the job's uid first, and to ``shared`` ones
-    (already the job uid's). The log is the worker's: it lives beside those directories, never
-    in one the job writes. ``inner``: environment of the command alone (Sandbox.command)."""
+    (already the jobs' group's), within the farm's limits as ``step`` and the catalog lower them.
+    The log is the worker's: it lives beside those directories, never in one the job writes.
+    ``inner``: environment of the command alone (Sandbox.command)."""
     sandbox.give(writable)
-    return sandbox.run(argv, log_path, timeout, cwd, env, writable + (shared or []), wine_prefix, inner)
+    lowered = catalog_mod.limits_for(cat, step)
+    limits = Limits(lowered.get("processes"), lowered.get("memory"), lowered.get("cpu_weight"))
+    return sandbox.run(argv, log_path, timeout, cwd, env, writable + (shared or []), wine_prefix, inner, limits)
 
 
 def run_build(cat: Catalog, target: Target, root: Path, scratch: Path, log_path: Path, sandbox: Sandbox,
@@ -155,10 +171,11 @@ def run_build(cat: Catalog, target: Target, root: Path, scratch: Path, log_path:
         started()
     cache = sandbox.compiler_cache(project) if project else None
     if cache is not None:
-        env["CCACHE_DIR"] = str(cache)
-    rc, timed_out = _run(sandbox, argv, log_path, build.timeout, cwd, env, [scratch, root],
-                         shared=[cache] if cache is not None else None)
-    run = BuildRun(rc, timed_out)
+        # Shared by every slot's uid through the jobs' group (Sandbox.share).
+        env.update(CCACHE_DIR=str(cache), CCACHE_UMASK="002")
+    rc, timed_out, reached, _ = _run(sandbox, cat, None, argv, log_path, build.timeout, cwd, env, [scratch, root],
+                                     shared=[cache] if cache is not None else None)
+    run = BuildRun(rc, timed_out, reached=reached)
     if rc == 0 and not timed_out:
         try:
             run.outputs = collect_outputs(root, [o.format_map(vals) for o in build.outputs])
@@ -214,34 +231,68 @@ def run_suite(cat: Catalog, target: Target, suite: Suite, tree: Path, scratch: P
     _note(log_path, _relinked(tree, process.jobs_root(scratch.parent)) if relink else [])
     loader = scratch.parent / f"{scratch.name}-loader"
     t0 = time.monotonic()
-    rc, timed_out = _run(sandbox, argv, log_path, suite.timeout, cwd, env, [scratch, out, loader, tree], wine_prefix,
-                         inner=hostlib.environment(loader))
+    rc, timed_out, reached, _ = _run(sandbox, cat, suite, argv, log_path, suite.timeout, cwd, env,
+                                     [scratch, out, loader, tree], wine_prefix, inner=hostlib.environment(loader))
     seconds = time.monotonic() - t0
     cases_found: list[CaseResult] = []
-    message = ""
+    message, copied = "", None
+    asked = results
     if results is not None:
-        inside = within(results, [tree, scratch, out])
-        if inside is None:
-            # Read nothing through it: the suite made its results file a link out of the job.
-            message = (f"suite {suite.name}: its results file {results} is a link leading outside the job's "
-                       "directories; the worker reads only files inside them: write the results there")
-        results = inside
+        results, message, copied = _results_copy(suite, results, [tree, scratch, out], log_path.parent / (
+            f"{scratch.name}-results"), sandbox.result_limit or process.LOG_LIMIT)
     try:
         if not message:
             cases_found = outcome.cases(suite.format, suite.name, rc=rc if rc is not None else -1, output=log_path,
-                                        results=results)
+                                        results=results, capped=bool(copied and copied.dropped))
     except OutcomeError as e:
         message = f"suite {suite.name}: {e}"
+    capped = ""
+    if copied is not None and copied.dropped and results is not None:
+        capped = f"suite {suite.name}: {copied.note(asked or results)}"
+        _note(log_path, [capped])
+        with results.open("a") as f:  # the stored copy says where it was cut, as a capped log does
+            f.write(f"\n<!-- {capped} -->\n" if suite.format in ("junit", "ctest") else f"\n# {capped}\n")
     cases_found = _judged(cases_found, suite, loader, tree, prepared, target.runner, log_path)
+    if reached:
+        # The cause, whatever the cases say: the kernel stopped the suite, or refused it, at its limit.
+        then = f", then timed out after {suite.timeout:.0f}s" if timed_out else ""
+        return SuiteRun("failed", f"suite {suite.name}: {reached}{then}" + (f"; {message}" if message else ""),
+                        cases_found, results, seconds)
     if timed_out:
         return SuiteRun("timed_out", f"suite {suite.name} timed out after {suite.timeout:.0f}s and was killed",
                         cases_found, results, seconds)
     if rc == 0 and cases_found and all(c.status in ("passed", "skipped") for c in cases_found):
-        return SuiteRun("passed", "", cases_found, results, seconds)
+        return SuiteRun("passed", capped, cases_found, results, seconds)
     bad = [c.name for c in cases_found if c.status in ("failed", "error")]
     message = message or (f"{len(bad)} failed: {', '.join(bad[:10])}" if bad
                           else f"suite exited {rc} with {len(cases_found)} test results")
-    return SuiteRun("failed", message, cases_found, results, seconds)
+    return SuiteRun("failed", "; ".join(m for m in (message, capped) if m), cases_found, results, seconds)
+
+
+def _results_copy(suite: Suite, results: Path, roots: list[Path], where: Path, limit: int
+                  ) -> tuple[Path | None, str, jobtree.Copied | None]:
+    """The suite's results file as the worker reads and stores it: its own copy of at most
+    ``limit`` bytes ([farm] result_limit), made through jobtree.open_file (a regular file inside
+    the job's directories, never a link out, a FIFO, a socket or a device), under the same name in
+    the worker's directory ``where`` (errors name the file as the suite wrote it). Returns the path to
+    read (the copy; the job's path when there is no file, for the error that names it), a
+    message when it must not be read, and what the copy kept."""
+    inside = within(results, roots)
+    if inside is None:
+        # Read nothing through it: the suite made its results file a link out of the job.
+        return None, (f"suite {suite.name}: its results file {results} is a link leading outside the job's "
+                      "directories; the worker reads only files inside them: write the results there"), None
+    if not os.path.lexists(inside):
+        return inside, "", None
+    copy = where / inside.name
+    try:
+        where.mkdir(exist_ok=True)
+        copied = jobtree.copy_capped(inside, copy, limit)
+    except jobtree.NotAFile as e:
+        return None, f"suite {suite.name}: its results file {e.strerror}; make the suite write a file there", None
+    except OSError as e:
+        return None, f"suite {suite.name}: cannot read its results file {inside}: {e.strerror or e}", None
+    return copy, "", copied
 
 
 def _relinked(tree: Path, others: Path) -> list[str]:
@@ -304,10 +355,13 @@ def run_benchmark(cat: Catalog, target: Target, bench: Benchmark, tree: Path, wo
         argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={counted}", *argv]
     env = catalog_mod.environment(sandbox.environment(), target, bench, vals)
     cwd = tree / bench.cwd.format_map(vals)
-    rc, timed_out = _run(sandbox, argv, out_path, bench.timeout, cwd, env, [scratch, count_dir, tree])
+    rc, timed_out, reached, _ = _run(sandbox, cat, bench, argv, out_path, bench.timeout, cwd, env,
+                                     [scratch, count_dir, tree])
     # Into the job's log within its cap, streamed (the run's output was capped as it came).
     process.append_capped(out_path, log_path, sandbox.log_limit, header=f"--- {tag} ---\n")
     text = out_path.read_text(errors="replace")
+    if reached:
+        raise BenchmarkFailed("failed", f"benchmark {bench.name} ({tag}): {reached}")
     if timed_out or rc != 0:
         raise BenchmarkFailed("timed_out" if timed_out else "failed",
                               f"benchmark {bench.name} ({tag}) " + ("timed out" if timed_out else f"exited {rc}"))
@@ -369,13 +423,19 @@ def curves_of(bench: Benchmark, text: str, variant: Literal["new", "baseline"]) 
     return out
 
 
+MAX_LINE = 64 * 1024
+
+
 def instructions(callgrind_out: Path | None, bench: str) -> float:
     """Total instructions executed, from callgrind's "summary:" line (None: no such file inside
     the job's directory)."""
     try:
-        for line in (callgrind_out.read_text() if callgrind_out is not None else "").splitlines():
-            if line.startswith("summary:") and math.isfinite(count := float(line.split()[1])):
-                return count
+        if callgrind_out is not None:
+            # Streamed, a line (at most MAX_LINE) at a time: a count file is as large as the program.
+            with jobtree.open_file(callgrind_out) as (fh, _):
+                while line := fh.readline(MAX_LINE):
+                    if line.startswith(b"summary:") and math.isfinite(count := float(line.split()[1])):
+                        return count
     except (OSError, IndexError, ValueError):
         pass
     raise BenchmarkFailed("failed", f"benchmark {bench}: callgrind wrote no instruction count "

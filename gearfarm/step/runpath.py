@@ -19,6 +19,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from gearfarm.hosts import jobtree
+
 # Larger files are not read whole into the worker's memory to look for a RUNPATH (a debug
 # build's program is tens of MB; a data file the build left can be anything).
 MAX_SIZE = 512 * 1024 * 1024
@@ -116,15 +118,16 @@ def relink(tree: Path, others: Path | None = None) -> tuple[list[Relinked], list
     others = Path(os.path.abspath(others)) if others is not None else None
     done: list[Relinked] = []
     notes: list[str] = []
-    for top, dirs, files in os.walk(tree):
-        dirs.sort()
-        for name in sorted(files):
+    for top, _, files in jobtree.walk(tree):
+        for name in files:
             path = Path(top) / name
             if path.is_symlink() or not path.is_file():
                 continue
-            with open(path, "rb") as fh:
-                if fh.read(4) != b"\x7fELF":
+            try:
+                if jobtree.read_capped(path, 4)[0] != b"\x7fELF":
                     continue
+            except OSError:
+                continue
             if path.stat().st_size > MAX_SIZE:
                 notes.append(f"{path.relative_to(tree)}: larger than {MAX_SIZE >> 20} MiB, its RUNPATH was not read")
                 continue

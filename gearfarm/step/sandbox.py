@@ -1,6 +1,16 @@
 """Where a job's commands run: a build, a suite or a benchmark is the project's code, and a
 commit can be hostile, so it runs where it cannot reach the worker's secrets.
 
+Every command, in both modes, runs in a cgroup of its own where the host lets the worker make
+one (gearfarm/hosts/cgroup.py): its processes, memory and CPU weight bounded by [farm]
+job_pids_max, job_memory_max and job_cpu_weight, lowered by the catalog's [limits]; a command
+that reaches one is said to (Ran.reached) and its step fails naming it.
+
+Each worker process (a slot) runs its jobs as a uid of its own, the first of [farm] job_uid's
+range whose lock in UID_LOCKS it can take (slot_uid): no two slots of any farm on the host run
+jobs as one uid at once. Every slot's jobs share one group, job_uid's gid, which owns what the
+jobs share (the compiler cache, sandbox_shared).
+
 Mode ``bwrap`` (the default): bubblewrap (Debian's ``bubblewrap``) starts the command in new
 user, PID, mount, IPC, UTS and network namespaces, as uid/gid 65534 with no capabilities.
 Outside those namespaces the command is not the worker either: a worker running as root first
@@ -35,6 +45,8 @@ show, what to mask) is the farm's decision.
 
 from __future__ import annotations
 
+import fcntl
+import functools
 import logging
 import os
 import shutil
@@ -47,7 +59,8 @@ from typing import NamedTuple
 
 from gearfarm.config import Config
 from gearfarm.formats.catalog import RESERVED_ENV  # the rule is the catalog's
-from gearfarm.hosts import process
+from gearfarm.formats.words import size_text
+from gearfarm.hosts import cgroup, process
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +74,11 @@ FARM_DIRS = ("/etc/gearfarm",)
 ENV_PASSED = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM", "SOURCE_DATE_EPOCH")
 ENV_PREFIXES = ("LC_",)
 UNPRIVILEGED = "65534"  # nobody / nogroup
+
+
+# Where a root worker's slots lock the uid each runs its jobs as (slot_uid): host-wide, so two
+# farms on the host never share one, and root's alone.
+UID_LOCKS = Path("/run/gearfarm/job-uids")
 
 
 # Where a root worker binds a job's directories for bubblewrap to find as the job's uid (in a
@@ -81,6 +99,15 @@ class SandboxError(RuntimeError):
     """The configured sandbox cannot run commands on this host."""
 
 
+class Ran(NamedTuple):
+    """How a command ended: process.run_logged's exit code and whether it timed out, and the
+    limit of its cgroup it reached ("": none, or no cgroup) with the peaks the kernel counted."""
+    rc: int | None
+    timed_out: bool
+    reached: str = ""
+    usage: cgroup.Usage | None = None
+
+
 @dataclass(frozen=True)
 class Sandbox:
     mode: str = "bwrap"
@@ -92,13 +119,20 @@ class Sandbox:
     shared: tuple[Path, ...] = field(default_factory=tuple)
     # Variables of the worker's environment passed on besides ENV_PASSED (e.g. CCACHE_DIR).
     env_names: tuple[str, ...] = field(default_factory=tuple)
-    # The uid (and gid) job commands run as outside the sandbox; None: the worker's own (a
-    # worker that is not root cannot switch, see for_config).
+    # The uid job commands run as outside the sandbox (the slot's: slot_uid); None: the worker's
+    # own (a worker that is not root cannot switch, see for_config).
     uid: int | None = None
     # The most of a command's output its job's log keeps ([farm] log_limit; None: process's default).
     log_limit: int | None = None
+    # The most of a suite's results file (JUnit, TAP) the worker reads and stores ([farm] result_limit).
+    result_limit: int | None = None
     # The builds' compiler cache ([farm] ccache): each project's builds write only its own part.
     ccache: Path | None = None
+    # The gid every slot's jobs run as, which owns what they share; None: uid's.
+    gid: int | None = None
+    # Where each command's cgroup is made (None: the host gives none) and the farm's limits.
+    cgroups: cgroup.Tree | None = None
+    limits: cgroup.Limits = cgroup.Limits()
     # The size of the sandbox's /tmp, a tmpfs ([farm] job_tmp_size; None: the kernel's default,
     # half the host's memory): a job that fills it finds it full, the host's memory does not.
     tmp_size: int | None = None
@@ -147,19 +181,37 @@ class Sandbox:
         # job's uid, finds it; nothing else of the host becomes reachable that way.
         sources = [*dirs, *(d for d in self.readonly if d.is_dir())]
         staged = {d: f"{STAGE}/{n}" for n, d in enumerate(sources)}
-        user = [find_tool("setpriv", "util-linux"), f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
+        gid = self.uid if self.gid is None else self.gid
+        user = [find_tool("setpriv", "util-linux"), f"--reuid={self.uid}", f"--regid={gid}", "--clear-groups",
                 "--inh-caps=-all", "--"]
         return Launch([*user, *self._bwrap(dirs, Path(cwd).resolve(), staged), *setenv, "--", *argv], out_env,
                       (STAGE, [str(d) for d in sources]))
 
     def run(self, argv: Sequence[str], log_path: Path, timeout: float, cwd: Path, env: Mapping[str, str],
             writable: Iterable[Path], wine_prefix: Path | None = None,
-            inner: Mapping[str, str] | None = None) -> tuple[int | None, bool]:
+            inner: Mapping[str, str] | None = None, limits: cgroup.Limits | None = None) -> Ran:
         """Run ``argv`` confined (command()) under its supervisor, its output appended to
-        ``log_path``: process.run_logged's (exit code, timed out)."""
+        ``log_path``, in a cgroup of its own with the farm's limits lowered to ``limits`` (the
+        catalog's): how it ended. A limit it reached is said at the end of its log."""
         launch = self.command(argv, env, cwd, writable, wine_prefix, inner)
-        return process.run_logged(launch.argv, log_path, timeout, cwd=cwd, env=launch.env, shown=argv,
-                                  limit=self.log_limit, stage=launch.stage)
+        if self.cgroups is None:
+            rc, timed_out = process.run_logged(launch.argv, log_path, timeout, cwd=cwd, env=launch.env, shown=argv,
+                                               limit=self.log_limit, stage=launch.stage)
+            return Ran(rc, timed_out)
+        group = self.cgroups.group(self.limits.within(limits or cgroup.Limits()))
+        try:
+            rc, timed_out = process.run_logged(launch.argv, log_path, timeout, cwd=cwd, env=launch.env, shown=argv,
+                                               limit=self.log_limit, stage=launch.stage, cgroup=group.procs())
+            usage = group.usage()
+        finally:
+            group.close()
+        if usage.reached:
+            peaks = [f"{usage.processes_peak} processes" if usage.processes_peak is not None else "",
+                     f"{usage.memory_peak / 2**20:.1f} MiB of memory" if usage.memory_peak is not None else ""]
+            with log_path.open("a") as f:
+                f.write(f"*** {usage.reached} (at most {' and '.join(p for p in peaks if p) or 'unknown'}): the "
+                        "job's cgroup stopped it ([farm] job_pids_max, job_memory_max or the catalog's [limits]) ***\n")
+        return Ran(rc, timed_out, usage.reached, usage)
 
     def compiler_cache(self, project: str) -> Path | None:
         """The project's part of the compiler cache (made, and the job uid's), or None without one.
@@ -169,8 +221,24 @@ class Sandbox:
         mine = self.ccache / project
         mine.mkdir(parents=True, exist_ok=True)
         if self.uid is not None and self.mode != "none":
-            os.lchown(mine, self.uid, self.uid)
+            self.share([mine])
         return mine
+
+    def share(self, paths: Iterable[Path]) -> None:
+        """Hand directories every slot's jobs write to the jobs' group: setgid and group-writable,
+        so what one slot's uid makes there stays the group's (ccache: CCACHE_UMASK=002). The tops
+        stay the worker's: no slot's job can take them from the others (chmod)."""
+        if self.uid is None or self.mode == "none":
+            return
+        gid = self.uid if self.gid is None else self.gid
+        for top in paths:
+            if not top.is_dir() or top.is_symlink():
+                continue
+            os.lchown(top, os.geteuid(), gid)
+            os.chmod(top, 0o2770)
+            for d, dirs, files in os.walk(top):
+                for name in dirs + files:
+                    os.lchown(os.path.join(d, name), -1, gid)
 
     def give(self, paths: Iterable[Path]) -> None:
         """Hand the job's own directories to its uid, whole (the worker unpacked them as itself):
@@ -180,10 +248,11 @@ class Sandbox:
         for top in paths:
             if not top.is_dir() or top.is_symlink():
                 continue
-            os.lchown(top, self.uid, self.uid)
+            gid = self.uid if self.gid is None else self.gid
+            os.lchown(top, self.uid, gid)
             for d, dirs, files in os.walk(top):
                 for name in dirs + files:
-                    os.lchown(os.path.join(d, name), self.uid, self.uid)
+                    os.lchown(os.path.join(d, name), self.uid, gid)
 
     def _bwrap(self, writable: list[Path], cwd: Path, staged: Mapping[Path, str]) -> list[str]:
         args = [find_bwrap(), "--unshare-all", "--die-with-parent", "--new-session",
@@ -230,7 +299,7 @@ class Sandbox:
         with tempfile.TemporaryDirectory(prefix="gearfarm-sandbox-check-") as tmp:
             log = Path(tmp) / "log"
             try:
-                rc, timed_out = self.run(["true"], log, 30, Path("/"), self.environment(), [])
+                rc, timed_out, _, _ = self.run(["true"], log, 30, Path("/"), self.environment(), [])
                 said = log.read_text(errors="replace").splitlines()[1:]
             except OSError as e:
                 rc, timed_out, said = None, False, [str(e)]
@@ -272,17 +341,100 @@ def within(path: Path, roots: Iterable[Path]) -> Path | None:
     return None
 
 
+_slot: tuple[int, int, int] | None = None  # (pid, uid, the lock's fd) of this process's slot_uid
+
+
+def slot_uid(first: int, count: int, locks: Path | None = None) -> int:
+    """The uid this process (a worker slot) runs its jobs as, for its whole life: the first of
+    ``first`` .. ``first + count - 1`` whose lock file in ``locks`` (UID_LOCKS) no other process of
+    the host holds, held (flock) until this process ends. SandboxError when every one is held,
+    or when the lock directory is not root's alone (anyone who could write it could take uids)."""
+    global _slot
+    if _slot is not None and _slot[0] == os.getpid():
+        return _slot[1]
+    where = locks or UID_LOCKS
+    where.mkdir(mode=0o755, parents=True, exist_ok=True)
+    for d in (where, where.parent):
+        st = d.lstat()
+        if st.st_uid != 0 or st.st_mode & 0o022 or not os.path.isdir(d) or os.path.islink(d):
+            raise SandboxError(f"{d} holds the host's job uid locks but is owned by uid {st.st_uid} with mode "
+                               f"{st.st_mode & 0o7777:o}: another user could take or fake them. Fix: make it root's, "
+                               "mode 0755 (or remove it: the worker makes it)")
+    for uid in range(first, first + count):
+        fd = os.open(where / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        _slot = (os.getpid(), uid, fd)
+        return uid
+    raise SandboxError(f"every job uid from {first} to {first + count - 1} ([farm] job_uid, job_uids) is held by "
+                       f"another worker slot on this host (locks in {where}): raise [farm] job_uids, or run fewer "
+                       "slots")
+
+
+@functools.cache
+def host_cgroups(version: int | None = None) -> cgroup.Tree | str:
+    """This process's tree of job cgroups, made once, with what dead workers left removed; or
+    why the host gives it none."""
+    try:
+        tree = cgroup.detect(version)
+    except cgroup.CgroupError as e:
+        return str(e)
+    for gone in tree.sweep():
+        log.info("removed the job cgroup %s, left by a worker that is gone", gone)
+    return tree
+
+
+_said: set[str] = set()
+
+
+def _once(level: int, text: str) -> None:
+    """Log ``text`` once in this process's life: a worker of several roles makes a sandbox each."""
+    if text not in _said:
+        _said.add(text)
+        log.log(level, text)
+
+
+def release() -> None:
+    """A stopping worker's own job cgroups go."""
+    if host_cgroups.cache_info().currsize:
+        tree = host_cgroups()
+        if isinstance(tree, cgroup.Tree):
+            tree.release()
+
+
 def for_config(cfg: Config) -> Sandbox:
-    """The sandbox a worker runs its jobs in, as ``cfg`` says ([farm] sandbox, job_uid), checked
-    once: a worker that cannot confine its jobs refuses to start rather than run them with its
-    keys in reach. Only root can switch jobs to the job uid; another worker warns that its jobs
-    share its uid outside the sandbox."""
+    """The sandbox a worker runs its jobs in, as ``cfg`` says ([farm] sandbox, job_uid, the job
+    limits), checked once: a worker that cannot confine its jobs refuses to start rather than run
+    them with its keys in reach. Only root can switch jobs to a job uid (this slot's: slot_uid);
+    another worker warns that its jobs share its uid outside the sandbox. A worker whose host
+    gives it no cgroups for its jobs says so, and runs them without those limits, or refuses to
+    start when [farm] job_limits = "required"."""
     uid: int | None = cfg.farm.job_uid or None
     if uid is not None and os.geteuid() != 0:
         log.warning("jobs run as this worker's own uid %d outside their sandbox ([farm] job_uid %d needs a worker "
                     "started as root): a job that escaped its mount view could read what this worker reads",
                     os.geteuid(), uid)
         uid = None
+    gid = uid
+    if uid is not None and cfg.farm.sandbox != "none":
+        uid = slot_uid(uid, cfg.farm.job_uids)
+        _once(logging.INFO, f"this slot runs its jobs as uid {uid} (group {gid})")
+    tree = host_cgroups()
+    if isinstance(tree, str):
+        if cfg.farm.job_limits == "required":
+            raise SandboxError(f"[farm] job_limits = \"required\", and {tree}")
+        _once(logging.WARNING, f"jobs run without process, memory and CPU limits: {tree}")
+        tree = None
+    else:
+        _once(logging.INFO, f"each job command runs in a cgroup (v{tree.version}: "
+              f"{', '.join(tree.controllers()) or 'no controller'}) of at most {cfg.farm.job_pids_max or 'any'} "
+              f"processes and {size_text(cfg.farm.job_memory_max) if cfg.farm.job_memory_max else 'any'} of memory, "
+              f"CPU weight {cfg.farm.job_cpu_weight}")
     keys = [Path(cfg.source) if cfg.source else None, cfg.path(cfg.gearman.tls_key) if cfg.gearman.tls_key else None]
     exposed = [f for f in keys if f is not None and f.is_file() and f.stat().st_mode & 0o004]
     if exposed:
@@ -293,16 +445,19 @@ def for_config(cfg: Config) -> Sandbox:
     box = Sandbox(cfg.farm.sandbox, tuple(cfg.secret_files()),
                   tuple(cfg.path(p) for p in cfg.farm.sandbox_readonly),
                   tuple(cfg.path(p) for p in cfg.farm.sandbox_shared), tuple(cfg.farm.sandbox_env),
-                  uid if cfg.farm.sandbox != "none" else None, cfg.farm.log_limit,
+                  uid if cfg.farm.sandbox != "none" else None, cfg.farm.log_limit, cfg.farm.result_limit,
                   cfg.path(os.path.expanduser(cfg.farm.ccache)) if cfg.farm.ccache else None,
+                  gid if cfg.farm.sandbox != "none" else None, tree,
+                  cgroup.Limits(cfg.farm.job_pids_max or None, cfg.farm.job_memory_max or None,
+                                cfg.farm.job_cpu_weight),
                   cfg.farm.job_tmp_size)
     box.check()
     try:
         process.reaper_command()  # built now: no command of any job runs without its supervisor
     except process.ReaperError as e:
         raise SandboxError(str(e)) from e
-    # Directories meant to be shared by every job are the job uid's: jobs write there.
-    box.give(list(box.shared))
+    # Directories meant to be shared by every job are the jobs' group's: every slot's jobs write there.
+    box.share(list(box.shared))
     if box.mode == "none":
         log.warning("jobs run unconfined ([farm] sandbox = \"none\"): a hostile commit can read this "
                     "host's farm config and keys")

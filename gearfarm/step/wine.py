@@ -60,8 +60,8 @@ def template(box: Sandbox, cache: Path) -> Path:
         # wineserver -w: the registry is on disk before the reaper ends the command's processes.
         argv = ["sh", "-c", "wineboot --init && wineserver -w"]
         box.give([making])
-        rc, timed_out = box.run(argv, log, TEMPLATE_TIMEOUT, making, box.environment({"WINEDEBUG": "-all"}), [making],
-                                wine_prefix=making)
+        rc, timed_out, _, _ = box.run(argv, log, TEMPLATE_TIMEOUT, making, box.environment({"WINEDEBUG": "-all"}),
+                                      [making], wine_prefix=making)
         if rc != 0 or timed_out or not (making / "system.reg").is_file():
             shutil.rmtree(making, ignore_errors=True)
             raise WineError(f"wineboot could not make this host's wine prefix template (exit {rc}"

@@ -1,6 +1,7 @@
 """The lab's systemd units and crontab (docker/systemd/): every unit passes `systemd-analyze
 verify` with nothing to say (the check itself is shown to catch a broken unit), every
-long-running unit is confined to an exposure of at most 4.0 in `systemd-analyze security`, the
+long-running unit is confined to an exposure of at most 4.0 in `systemd-analyze security` (a
+worker slot 4.1: its cgroup is delegated to it for its jobs' limits), the
 worker template instantiates per role, and the crontab line cannot start a second nightly while
 one runs (its flock, run for real, with a stand-in for nightly.bash that records its starts).
 The timers agree with the crontab and the nightly's timeout with the example config's deadline;
@@ -33,6 +34,10 @@ UNITS = ROOT / "docker" / "systemd"
 # The units that run all the time (the nightly and the prune are oneshot, started by timers).
 LONG_RUNNING = ("gearfarm-gearmand.service", "gearfarm-stunnel.service", "gearfarm-collector.service",
                 "gearfarm-web.service", "gearfarm-worker@build-test.1.service")
+# The most exposure each may have: 4.0, but a worker slot's cgroup is delegated to it (Delegate=,
+# and so no ProtectControlGroups=, which would make it read-only on systemd 252), where it makes
+# its jobs' cgroups: their process, memory and CPU limits (gearfarm/hosts/cgroup.py) cost 0.2.
+MOST = {name: 4.1 if name.startswith("gearfarm-worker@") else 4.0 for name in LONG_RUNNING}
 
 
 def _installed(tmp_path: Path) -> Path:
@@ -172,7 +177,7 @@ def _exposure(unit: Path) -> float:
 def test_every_long_running_unit_is_confined_to_an_exposure_of_at_most_4(tmp_path: Path) -> None:
     units = _installed(tmp_path)
     rated = {name: _exposure(units / name) for name in LONG_RUNNING}
-    assert all(exposure <= 4.0 for exposure in rated.values()), rated
+    assert all(exposure <= MOST[name] for name, exposure in rated.items()), rated
     # The figures the units' comments and docs/lab.md's table quote are these.
     table = dict(re.findall(r"^\| `(gearfarm-[a-z@]+)` \| (\d\.\d) \|", (ROOT / "docs" / "lab.md").read_text(), re.M))
     for name, exposure in rated.items():
@@ -381,6 +386,16 @@ def test_the_installed_units_run_a_farm_under_a_real_systemd(tmp_path: Path) -> 
                   "print(r.status, 'linux-aarch64' in r.read().decode())")
         assert page.split() == ["200", "True"], page
         assert rev[:12] in out, out
+        # Each slot ran its jobs as a uid of its own, and said at its start whether its jobs run in
+        # cgroups of their own, under its unit's delegated group (docs/security.md, "Limits per
+        # job"): in this container on a cgroup v1 host, podman mounts the controllers read-only,
+        # so each says they do not, and why.
+        said = sh("journalctl --no-pager -o cat -u 'gearfarm-worker@*'", check=False)
+        (tmp_path / "workers.txt").write_text(said)
+        assert len(set(re.findall(r"this slot runs its jobs as uid (\d+)", said))) == len(workers), said[-3000:]
+        starts = re.findall(r"each job command runs in a cgroup \(v|jobs run without process, memory and CPU limits: "
+                            r"cannot make job cgroups under /sys/fs/cgroup/\S+ \(Read-only file system\)", said)
+        assert len(starts) == len(workers), said[-3000:]
 
         # Nothing was restarted, and every unit stops cleanly.
         for unit in services:

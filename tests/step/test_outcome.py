@@ -4,6 +4,7 @@ tests under ctest after relocate."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -324,6 +325,17 @@ def test_metrics_from_file_errors_name_file_and_metric(tmp_path: Path) -> None:
     for value in ('"12.5"', "true", "null"):
         with pytest.raises(OutcomeError, match="ops = "):
             metrics_from_file(log(tmp_path, f'{{"ops": {value}}}', "v.json"), ["ops"])
+
+
+@pytest.mark.timeout(60)
+def test_a_metrics_file_that_is_a_fifo_or_too_large_is_refused_naming_it(tmp_path: Path) -> None:
+    """A benchmark's FIFO as its metrics file hung the worker's read_text for good."""
+    os.mkfifo(tmp_path / "m.json")
+    with pytest.raises(OutcomeError, match=r"the metrics file \S+/m\.json is a FIFO, not a regular file"):
+        metrics_from_file(tmp_path / "m.json", ["ops"])
+    big = log(tmp_path, '{"ops": 1, "pad": "' + "x" * (2 << 20) + '"}', "big.json")
+    with pytest.raises(OutcomeError, match=r"big\.json is 2097\d+ bytes, more than the 1024 KiB"):
+        metrics_from_file(big, ["ops"])
 
 
 BENCH_OUTPUT = """\

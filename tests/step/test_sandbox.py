@@ -156,7 +156,7 @@ def test_files_the_config_names_are_masked_inside_visible_trees(tmp_path: Path) 
     log = tmp_path / "out.log"
     cmd = ["sh", "-c", f"cat {tools}/cc-wrapper; cat {key}; ls {secret_dir}; echo made > {work}/out; "
                        f"echo no > {tools}/planted; id -u"]
-    rc, _ = box.run(cmd, log, 30, work, box.environment(), [work])
+    rc = box.run(cmd, log, 30, work, box.environment(), [work]).rc
     assert rc == 0, log.read_text()
     text = log.read_text()
     assert "a toolchain file" in text and "secret" not in text.split("\n", 1)[1], text
@@ -190,7 +190,7 @@ box = Sandbox("bwrap", uid=2_000_000_000)
 work = Path(sys.argv[1])
 box.give([work])
 before = Path("/proc/self/mountinfo").read_text()
-rc, _ = box.run(["sh", "-c", "id -u > out"], Path(sys.argv[2]), 30, work, box.environment(), [work])
+rc = box.run(["sh", "-c", "id -u > out"], Path(sys.argv[2]), 30, work, box.environment(), [work]).rc
 after = Path("/proc/self/mountinfo").read_text()
 print(rc, "gearfarm-stage" in after, len(after.splitlines()) - len(before.splitlines()))
 """

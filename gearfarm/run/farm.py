@@ -34,7 +34,7 @@ from gearfarm.formats.catalog import Catalog
 from gearfarm.formats.job import KINDS
 from gearfarm.formats.seal import Signer
 from gearfarm.gearman import admin
-from gearfarm.hosts import probe, process
+from gearfarm.hosts import jobdisk, probe, process
 from gearfarm.hosts.gearmand import Gearmand
 from gearfarm.hosts.minio_server import MinioServer
 from gearfarm.s3.keys import ROLE_WRITES
@@ -272,6 +272,8 @@ class EmbeddedFarm:
         # all at once: each exits as soon as its loop wakes (Worker.wake on SIGTERM).
         process.stop_all(list(self.procs.values()), timeout=10)  # type: ignore[arg-type]
         self.procs.clear()
+        # A worker killed on the way (past its grace) leaves its job disk mounted: not the host's.
+        jobdisk.sweep(self.state / "work")
         if self.minio:
             self.minio.stop()
         if self.gearmand:
@@ -319,6 +321,7 @@ def stop_from_state(state_dir: Path, timeout: float = 10.0) -> Stopped:
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline and any(_alive(rec) for rec in ours.values()):
             time.sleep(0.05)
+    jobdisk.sweep(state_dir / "work")  # the job disks of workers that did not close theirs
     path.unlink(missing_ok=True)
     return Stopped(list(ours), skipped)
 

@@ -197,14 +197,19 @@ class JobDisk:
                 process.remove(path)
 
     def _ready(self) -> None:
-        """Room for the next job: the last jobs' directories removed if they hold much, and the
-        disk made again if that did not free it."""
-        if not self.heavy():
+        """Room for the next job: the last jobs' directories removed if they hold much, or if
+        anything else is there (what a removal could not take), and the disk made again if that
+        did not empty it."""
+        if not self.mounted:
+            return
+        waiting = {p.name for p in process.pending() if p.parent == self.top}
+        if not self.heavy() and set(os.listdir(self.top)) <= waiting:
             return
         process.tidy()
-        if self.heavy():
-            log.warning("the job disk %s still holds %d MiB after its jobs' directories were removed: made again",
-                        self.top, (self.used() - self.empty) // MiB)
+        left = sorted(os.listdir(self.top))
+        if self.heavy() or left:
+            log.warning("the job disk %s still holds %d MiB (%s) after its jobs' directories were removed: made "
+                        "again", self.top, (self.used() - self.empty) // MiB, ", ".join(left[:5]))
             self.remake()
 
 

@@ -650,6 +650,12 @@ def remove_later(path: Path) -> None:
         _LATER.append(path)
 
 
+def pending() -> list[Path]:
+    """The job dirs left for later (remove_later) and not removed yet."""
+    with _LATER_LOCK:
+        return _LATER[:]
+
+
 def remove(path: Path) -> None:
     """Remove a job dir now, whatever the job left in it."""
     _rmtree(path)

@@ -168,3 +168,22 @@ def test_gearmands_queue_works_again_once_its_full_disk_has_room(tmp_path: Path)
             client.close()
     finally:
         subprocess.run(["umount", "-l", str(top)])
+
+
+@root_only
+def test_what_no_removal_can_take_goes_with_the_disk_made_again(state: Path) -> None:
+    """An immutable file (chattr +i: root's removal fails on it too) left in a job's dir: the
+    next job finds its disk empty, the disk made again."""
+    disk = jobdisk.JobDisk(process.owner_dir(state / "work"), 64 * MiB).open()
+    try:
+        with disk.job_dir("test", later=True) as job:
+            stuck = job / "stuck"
+            stuck.write_bytes(b"x")
+            subprocess.run(["chattr", "+i", str(stuck)], check=True)
+        process.tidy()  # the removal, which leaves it (and quarantines nothing across filesystems)
+        assert stuck.exists()
+        with disk.job_dir("test", later=True) as second:
+            assert os.listdir(disk.top) == [second.name] and not stuck.exists()
+    finally:
+        disk.close()
+    assert not os.path.ismount(disk.top)

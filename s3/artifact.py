@@ -34,6 +34,7 @@ from typing import IO, Any
 import zstandard
 from botocore.exceptions import ClientError
 
+from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError, sha256_file
 
 # Inside the tree's own namespace: the artifact is unpacked into a job's tree (over the source
@@ -56,6 +57,27 @@ _GZIP_MAGIC = b"\x1f\x8b"
 
 class ArtifactError(RuntimeError):
     """An artifact is incomplete, tampered with, or unsafe to unpack."""
+
+
+class Replaced(ArtifactError):
+    """An object at a build's keys that no build the farm signed made: replaced or planted
+    outside the farm (a role's keys can write any object of their target)."""
+
+    def __init__(self, message: str, key: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def quarantine(store: ArtifactStore, prefix: str, at: float) -> dict[str, str]:
+    """Move every object under the artifact ``prefix`` (keys.artifact_prefix: its archive,
+    manifest and provenance, which describe one another) aside, under keys.quarantine, where it
+    is kept for a look; the keys moved and where to. Copied first, deleted after: an object is
+    never only in flight."""
+    moved = {key: keys.quarantine(key, at) for key in store.list(prefix.rstrip("/") + "/")}
+    for key, aside in moved.items():
+        store.copy(key, aside)
+    store.delete(list(moved))
+    return moved
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -266,9 +288,10 @@ def publish(store: ArtifactStore, archive_key: str, manifest_key: str, archive_p
     the builds the farm's records name, as the build worker always gives it), the stored one is
     used only when it is byte for byte this build's (builds pack reproducibly) or one of those:
     anything else was put there outside the farm (a role key can write any object) and raises
-    ArtifactError naming both digests, before anything is written. The manifest object is written if absent; one that
-    already exists must name the same archive sha256, or this raises ArtifactError (an existing
-    object is never overwritten).
+    Replaced naming both digests, before anything is written. The manifest object is written if
+    absent; one that already exists must name the same archive sha256, or this raises Replaced.
+    An existing object is never overwritten: the caller moves a replaced one aside (quarantine)
+    and publishes again.
 
     ``manifest`` is what pack() returned for ``archive_path``. The returned dict is the
     manifest plus keys that are not part of it (strip them before storing it anywhere):
@@ -285,10 +308,9 @@ def publish(store: ArtifactStore, archive_key: str, manifest_key: str, archive_p
     if raced:
         final = _stored_manifest(store, archive_key, archive_path.parent)
         if signed is not None and final["archive_sha256"] not in (local_sha, *signed):
-            raise ArtifactError(
+            raise Replaced(
                 f"artifact {archive_key} in S3 has sha256 {final['archive_sha256']}, which no build the farm signed "
-                f"has, and this build made {local_sha}: it was replaced or planted outside the farm. The farm never "
-                "overwrites an artifact: keep the object for a look, remove it (mc rm), and build again")
+                f"has, and this build made {local_sha}: it was replaced or planted outside the farm", archive_key)
     else:
         uploaded += archive_path.stat().st_size
         final = dict(manifest)
@@ -302,13 +324,13 @@ def publish(store: ArtifactStore, archive_key: str, manifest_key: str, archive_p
             existing = json.loads(body)
             existing_sha = existing["archive_sha256"]
         except (ValueError, KeyError, TypeError) as e:
-            raise ArtifactError(f"manifest object {manifest_key} exists but is not a valid manifest ({e}); "
-                                "it is never overwritten: delete it by hand if it is garbage") from e
+            raise Replaced(f"manifest object {manifest_key} exists but is not a valid manifest ({e}): it was "
+                           "replaced or planted outside the farm", manifest_key) from e
         if existing_sha != final["archive_sha256"]:
-            raise ArtifactError(
+            raise Replaced(
                 f"manifest object {manifest_key} names archive sha256 {existing_sha}, but the stored archive "
-                f"{archive_key} has sha256 {final['archive_sha256']}: the manifest was tampered with or "
-                "written for another archive; refusing to overwrite it")
+                f"{archive_key} has sha256 {final['archive_sha256']}: the manifest was replaced or planted outside "
+                "the farm, or written for another archive", manifest_key)
     return {**final, "uploaded_bytes": uploaded, "raced": raced, "manifest_sha256": hashlib.sha256(body).hexdigest()}
 
 

@@ -7,10 +7,11 @@ sources/<rev>/source.tar.zst                            the tree at a commit (th
 sources/<rev>/manifest.json                            its sha256 and size
 catalogs/<sha256>.toml                                 a catalog the nightly validated, by content
 projects/<project>/latest.json                         the project's newest catalog (worker probing)
-runs/<run>/<target>/<step>/log.txt | junit.xml           a job's files, when too large for its record to carry
+runs/<run>/<target>/<step>/files/<sha256>/log.txt | junit.xml   a job's files, when too large for its record to carry
 runs/<run>/<target>/<step>/results/<attempt>-<digest>.json   one sealed result record each
 runs/<run>/<target>/<step>/cases/<sha256>.json.zst          a record's cases, when too many for the record
 cancels/<run>/run.json | cancels/<run>/<target>/<step>.json   a person cancelled the run / the job (a marker)
+quarantine/<UTC time>/artifacts/...                    a build's objects found replaced in S3, moved aside for a look
 runs/<run>/report.json | report.html
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:#-]*$")
 
@@ -60,6 +62,17 @@ def provenance_of(artifact_key: str) -> str:
     return f"{prefix}/provenance.intoto.json"
 
 
+def quarantine(key: str, at: float) -> str:
+    """Where an artifact's object found replaced outside the farm is kept for a look: its key
+    under ``quarantine/`` and the UTC time it was moved (its second; a clash is a new copy of the
+    same object, which the move then overwrites)."""
+    if not key.startswith("artifacts/"):
+        raise ValueError(f"{key[:200]!r} is not an artifact's object")
+    for piece in key.split("/"):
+        part(piece)
+    return f"quarantine/{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(at))}/{key}"
+
+
 def source(rev: str) -> str:
     """Content-addressed by the commit: a tree at a commit never changes, so one upload serves
     every later nightly of that revision."""
@@ -78,8 +91,22 @@ def project_latest(project: str) -> str:
     return f"projects/{part(project)}/latest.json"
 
 
-def job_file(run_id: str, target: str, step: str, name: str) -> str:
-    return f"runs/{part(run_id)}/{part(target)}/{part(step)}/{part(name)}"
+def job_file(run_id: str, target: str, step: str, name: str, sha256: str | None = None) -> str:
+    """Where a job's file is in S3, by the sha256 of its bytes, which its record gives
+    (gearfarm.formats.result.FileSum): two attempts of a job (one taken over while the other
+    still ran) never write one key, and no key of a file is known before the file is. Without
+    ``sha256``: the key records from before files were named by content give (read, never
+    written: no role may write there)."""
+    own = f"runs/{part(run_id)}/{part(target)}/{part(step)}/"
+    if sha256 is None:
+        return own + part(name)
+    return f"{own}files/{_sha256(sha256, 'file')}/{part(name)}"
+
+
+def _sha256(value: str, what: str) -> str:
+    if len(value) != 64 or value.strip("0123456789abcdef"):
+        raise ValueError(f"{what} digest {value[:80]!r} is not a sha256 (64 hex digits)")
+    return value
 
 
 def result(run_id: str, target: str, step: str, attempt: int, digest: str) -> str:
@@ -102,9 +129,7 @@ def cases(run_id: str, target: str, step: str, sha256: str) -> str:
     """A result record's test cases when they would make it too large (gearfarm.formats.result.offload_cases):
     under the job's own prefix, which its role may write and the collector may read (ROLE_WRITES,
     ROLE_READS); named by the sha256 of the object, which the record is sealed with."""
-    if len(sha256) != 64 or sha256.strip("0123456789abcdef"):
-        raise ValueError(f"cases digest {sha256[:80]!r} is not a sha256 (64 hex digits)")
-    return f"runs/{part(run_id)}/{part(target)}/{part(step)}/cases/{sha256}.json.zst"
+    return f"runs/{part(run_id)}/{part(target)}/{part(step)}/cases/{_sha256(sha256, 'cases')}.json.zst"
 
 
 def is_result(key: str) -> bool:
@@ -136,17 +161,39 @@ def cancels(run_id: str) -> str:
 
 # -- who may touch what: each worker role's MinIO user gets exactly this (s3/minio.py) ----
 
-# Object patterns under the bucket ('*' spans '/'), {target} being each target a user serves
-# ('*' for all). Every worker role reads the whole bucket (sources, catalogs, artifacts, the
-# nightly's markers); each writes only its own steps' files of its own targets, and only builds
-# write artifacts. The collector takes results over Gearman and may read the runs' files. The
-# nightly and the dashboard use the farm's own [s3] keys.
+def _job_keys(step: str, *names: str) -> tuple[str, ...]:
+    """The keys a job of steps ``step`` writes under its own prefix: its files by content and name
+    (job_file), its sealed records (result) and, for a suite, its offloaded cases (cases)."""
+    own = f"runs/*/{{target}}/{step}/"
+    return (*(f"{own}files/*/{n}" for n in names), own + "results/*.json",
+            *((own + "cases/*.json.zst",) if step.startswith("test") else ()))
+
+
+# The objects of one build, as a role pattern.
+ARTIFACT_FILES = ("artifacts/*/{target}/*/artifact.tar.zst", "artifacts/*/{target}/*/manifest.json",
+                  "artifacts/*/{target}/*/provenance.intoto.json")
+
+
+# Object patterns under the bucket, {target} being each target a user serves ('*' for all). Each
+# names whole keys of the layout above, one key kind a pattern, and role_policy denies any key in
+# which a '*' (which in IAM matches '/' too) would stand for more than one component: so a role
+# writes only its own kind of key, of its own targets, at the place the layout gives it. Every
+# worker role reads the whole bucket (sources, catalogs, artifacts, the nightly's markers); only
+# builds write artifacts. The collector takes results over Gearman and may read the runs' files.
+# The nightly and the dashboard use the farm's own [s3] keys. Which run a key is of, no static
+# policy can know: a test host can write the files of its targets' test jobs of any run, and
+# what makes that harmless is the sha256 each record gives its files (docs/security.md, "Files
+# in S3").
 ROLE_WRITES: dict[str, tuple[str, ...]] = {
-    "build": ("artifacts/*/{target}/*", "runs/*/{target}/build/*"),
-    "test": ("runs/*/{target}/test-*",),
-    "perf": ("runs/*/{target}/perf-*",),
+    # A build moves an artifact's objects it finds replaced aside (quarantine: a copy, then a
+    # delete) and stores its own in their place: a host that may write an artifact's keys may as
+    # well move what stands there.
+    "build": (*ARTIFACT_FILES, *(f"quarantine/*/{a}" for a in ARTIFACT_FILES), *_job_keys("build", "log.txt")),
+    "test": _job_keys("test-*", "log.txt", "junit.xml"),
+    "perf": _job_keys("perf-*", "log.txt"),
     "collector": (),
 }
+ROLE_DELETES: dict[str, tuple[str, ...]] = {"build": ARTIFACT_FILES}
 ROLE_READS: dict[str, tuple[str, ...]] = {"build": ("*",), "test": ("*",), "perf": ("*",), "collector": ("runs/*",)}
 ALL_TARGETS = ("*",)
 
@@ -164,7 +211,28 @@ def role_policy(bucket: str, role: str, targets: tuple[str, ...] = ALL_TARGETS) 
         {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [f"{arn}/{p}" for p in ROLE_READS[role]]},
     ]
     if ROLE_WRITES[role]:
+        writes = [p.format(target=t) for p in ROLE_WRITES[role] for t in targets]
         statements.append({"Effect": "Allow", "Action": ["s3:PutObject", "s3:AbortMultipartUpload",
                                                            "s3:ListMultipartUploadParts"],
-                           "Resource": [f"{arn}/{p.format(target=t)}" for p in ROLE_WRITES[role] for t in targets]})
+                           "Resource": [f"{arn}/{p}" for p in writes]})
+    if ROLE_DELETES.get(role):
+        statements.append({"Effect": "Allow", "Action": ["s3:DeleteObject"],
+                           "Resource": [f"{arn}/{p.format(target=t)}" for p in ROLE_DELETES[role] for t in targets]})
+    if ROLE_WRITES[role]:
+        # A Deny wins over any Allow: the keys that match a write (or delete) pattern only through
+        # a '*' standing for several components (runs/R/T/build/results/T/test-x.json). (A '*'
+        # standing for nothing makes an empty component, which MinIO refuses in any key.) Made from
+        # the patterns of every target, once: a policy holds 20 KiB in MinIO, whatever a host serves.
+        denied = dict.fromkeys(d for p in (*ROLE_WRITES[role], *ROLE_DELETES.get(role, ()))
+                               for d in spanning(p.format(target="*")))
+        statements.append({"Effect": "Deny", "Action": ["s3:PutObject", "s3:DeleteObject"],
+                           "Resource": [f"{arn}/{d}" for d in denied]})
     return {"Version": "2012-10-17", "Statement": statements}
+
+
+def spanning(pattern: str) -> list[str]:
+    """The patterns of the keys that match ``pattern`` only when one of its '*' takes in a '/':
+    each '*' in turn made '*/*'. A key of the layout has exactly as many '/' as the pattern of its
+    kind, so it matches none of these; a key with more matches one."""
+    at = [i for i, c in enumerate(pattern) if c == "*"]
+    return [f"{pattern[:i]}*/*{pattern[i + 1:]}" for i in at]

@@ -450,6 +450,12 @@ class ArtifactStore:
 
         return self._retry(f"list {prefix or 'the bucket'}", page_all)
 
+    def copy(self, src: str, dst: str) -> None:
+        """Copy the object at ``src`` to ``dst`` inside the bucket, on the server (boto3's managed
+        copy: in parts past 5 GiB, which one CopyObject cannot)."""
+        self._retry(f"copy {src} to {dst}", lambda: self.s3.copy({"Bucket": self.bucket, "Key": src},
+                                                                  self.bucket, dst))
+
     def delete(self, keys: list[str]) -> int:
         """Delete ``keys`` (1,000 a request, S3's most); returns how many the store deleted.
         StoreError naming the first key it refused."""

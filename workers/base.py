@@ -39,9 +39,9 @@ from gearfarm.formats.result import (
     CASES_CONTENT_TYPE,
     DISPOSITIONS,
     FILES_MAX,
-    JOB_FILES,
     RecordError,
     ResultRecord,
+    file_sum,
     fit,
     pack_file,
     peek_record,
@@ -552,7 +552,6 @@ class Attempt:
         self.disk = disk or tmpd
         self.admission = admission
         self.timings: dict[str, float] = {"queue_wait": max(0.0, started - p.submitted_at)}
-        self.log_key = keys.job_file(p.run_id, p.target, p.step, "log.txt")
         self.log_path = tmpd / f"{ctx.role}.log"
         self.log_path.write_text(f"gearfarm {p.step} of {p.project} for {p.target} at {p.rev} on {ctx.name}\n")
 
@@ -579,40 +578,43 @@ class Attempt:
 
     def record(self, status: str, message: str = "", files: dict[str, tuple[Path, str]] | None = None,
                **fields: object) -> ResultRecord:
-        """The record of work that ran, naming its log and ``files`` (key: path and content type,
-        such as a suite's junit.xml); one that is not `passed` carries the log's tail, which is
-        what a person reads first. A build's or test's files travel in the record while they fit
-        (FILES_MAX, the log first), and the ledger keeps them with it: they are durable when the
-        record is, and no request to S3 is on the job's way, which with those of each record's
-        copy was a third of a job's cost in the farm (docs/speed.md, twenty-seventh round).
-        Larger ones, and a benchmark's (its record carries samples and curves), go to S3 before
-        the record, at once. Not before the claim was granted: the log's key is the job's,
-        whichever attempt writes it."""
+        """The record of work that ran, naming its log and ``files`` (JOB_FILES name: path and
+        content type, such as a suite's junit.xml) by their sha256 and size, which every reader
+        checks; one that is not `passed` carries the log's tail, which is what a person reads
+        first. A build's or test's files travel in the record while they fit (FILES_MAX, the log
+        first), and the ledger keeps them with it: they are durable when the record is, and no
+        request to S3 is on the job's way, which with those of each record's copy was a third of
+        a job's cost in the farm (docs/speed.md, twenty-seventh round). Larger ones, and a
+        benchmark's (its record carries samples and curves), go to S3 before the record, at once,
+        at keys named by their sha256 (keys.job_file), put-if-absent: a stored file is never
+        replaced, and the same file put again is already there. Not before the claim was
+        granted."""
         self.admission.settle()
         limit = self.limit_reached() if status != "passed" else ""
         if limit:
             self.note(f"*** {limit} ***")
             message = f"{limit}; {message}" if message else limit
-        carried, puts = {}, []
+        carried, puts, sums, named = {}, [], {}, {}
         room = 0 if self.p.kind == "perf" else FILES_MAX
-        for key, (path, kind) in {self.log_key: (self.log_path, "text/plain; charset=utf-8"), **(files or {})}.items():
-            name = key.rsplit("/", 1)[-1]
+        for name, (path, kind) in {"log.txt": (self.log_path, "text/plain; charset=utf-8"), **(files or {})}.items():
+            sums[name] = file_sum(path)
+            named[name] = keys.job_file(self.p.run_id, self.p.target, self.p.step, name, sums[name].sha256)
             # A file many times the room is not read in to learn that it does not fit.
-            packed = pack_file(path.read_bytes()) if name in JOB_FILES and path.stat().st_size <= 16 * room else ""
+            packed = pack_file(path.read_bytes()) if path.stat().st_size <= 16 * room else ""
             if packed and len(packed) <= room:
                 carried[name] = packed
                 room -= len(packed)
             else:
-                puts.append((key, path, kind))
-        beside = [self.ctx.uploads.submit(self.ctx.store.put_file, *put) for put in puts[1:]]
+                puts.append((named[name], path, kind))
+        beside = [self.ctx.uploads.submit(self.ctx.store.put_file_if_absent, *put) for put in puts[1:]]
         if puts:
-            self.ctx.store.put_file(*puts[0])
+            self.ctx.store.put_file_if_absent(*puts[0])
         for put in beside:
             put.result()
         tail = "" if status == "passed" else process.log_tail(self.log_path, LOG_TAIL_LINES)
         return self.ctx.record(self.p, status, started_at=self.started, finished_at=time.time(),
-                               timings=self.timings, log_key=self.log_key, message=message, log_tail=tail,
-                               files=carried, **fields)
+                               timings=self.timings, log_key=named["log.txt"], junit_key=named.get("junit.xml"),
+                               message=message, log_tail=tail, files=carried, file_sums=sums, **fields)
 
     def limit_reached(self) -> str:
         """The disk limit a job that failed reached, said as its failure's cause ("" if none): its

@@ -22,6 +22,7 @@ from gearfarm.formats.job import SignedBuild
 from gearfarm.formats.result import ResultRecord
 from gearfarm.run import snapshot
 from gearfarm.s3 import artifact, keys
+from gearfarm.s3.store import StoreError, sha256_file
 from gearfarm.step import runner
 from gearfarm.workers.base import Attempt
 
@@ -73,6 +74,7 @@ def build(attempt: Attempt) -> ResultRecord:
     art_key = keys.artifact(p.rev, p.target, tc_id)
     man_key = keys.manifest(p.rev, p.target, tc_id)
     reused = False
+    alarms: list[str] = []
     bytes_up = 0
     status = "passed"
     message = ""
@@ -80,12 +82,16 @@ def build(attempt: Attempt) -> ResultRecord:
     manifest: dict[str, object] = {}
     man_sha: str | None = None
     signed = next((b for b in p.signed_builds if b.artifact_key == art_key), None)
-    stored = reusable(attempt, signed, man_key)
+    try:
+        stored = reusable(attempt, signed, man_key)
+    except artifact.Replaced as e:
+        alarms.append(set_aside(attempt, keys.artifact_prefix(p.rev, p.target, tc_id), e))
+        stored = None
     if stored is not None and signed is not None:
         manifest, man_sha = stored, signed.manifest_sha256
         reused = True
         attempt.note(f"artifact {art_key} exists (sha256 {signed.artifact_sha256}, manifest sha256 {man_sha}, "
-                  "as the farm signed them): build and upload skipped, 0 bytes moved")
+                  "as the farm signed them; the archive checked): build and upload skipped, 0 bytes uploaded")
         timings["lookup"] = time.monotonic() - t0
     else:
         root, scratch = attempt.disk / "root", attempt.scratch()
@@ -108,8 +114,19 @@ def build(attempt: Attempt) -> ResultRecord:
             # Put-if-absent: a concurrent build of the same (rev, target, toolchain) cannot
             # replace the archive under a sha256 another build's tests were given; and an
             # object there that is not this build's nor one the farm signed is refused.
-            manifest = artifact.publish(ctx.store, art_key, man_key, archive, packed,
-                                        [b.artifact_sha256 for b in p.signed_builds if b.artifact_key == art_key])
+            signed_shas = [b.artifact_sha256 for b in p.signed_builds if b.artifact_key == art_key]
+            try:
+                manifest = artifact.publish(ctx.store, art_key, man_key, archive, packed, signed_shas)
+            except artifact.Replaced as e:
+                # Moved aside, kept for a look, and this build stored in its place: one alarm,
+                # not every later night of the target refused until someone removes it.
+                alarms.append(set_aside(attempt, keys.artifact_prefix(p.rev, p.target, tc_id), e))
+                try:
+                    manifest = artifact.publish(ctx.store, art_key, man_key, archive, packed, signed_shas)
+                except artifact.Replaced as again:
+                    raise artifact.ArtifactError(
+                        f"{again}, again right after this build moved what it found there aside ({alarms[-1]}): "
+                        "something with the build role's S3 keys is writing there now; find it") from again
             man_sha = str(manifest["manifest_sha256"])
             if not manifest["raced"]:
                 # What this host built, signed by it: only the host that made the archive says so.
@@ -129,10 +146,28 @@ def build(attempt: Attempt) -> ResultRecord:
             timings["upload"] = time.monotonic() - t0
 
     ok = status == "passed"
-    return attempt.record(status, message, bytes_uploaded=bytes_up, reused_artifact=reused,
+    return attempt.record(status, message, bytes_uploaded=bytes_up, reused_artifact=reused, alarms=alarms,
                        artifact_key=art_key if ok else None,
                        artifact_sha256=str(manifest["archive_sha256"]) if ok else None,
                        manifest_sha256=man_sha if ok else None)
+
+
+def set_aside(attempt: Attempt, prefix: str, found: artifact.Replaced) -> str:
+    """Move the objects at a build's keys aside (artifact.quarantine) after ``found`` one of
+    them not made by the farm; the alarm that says what was found and where it is kept."""
+    try:
+        moved = artifact.quarantine(attempt.ctx.store, prefix, time.time())
+    except StoreError as e:
+        raise artifact.ArtifactError(
+            f"{found}; moving it aside failed ({e}): the build role's S3 user needs DeleteObject on artifacts/ and "
+            "PutObject under quarantine/ (make the roles again: gearfarm store roles), or keep the object for a "
+            "look, remove it (mc rm) and build again") from e
+    where = ", ".join(f"{k} -> {v}" for k, v in sorted(moved.items()))
+    alarm = (f"{found.key} was replaced in S3 outside the farm ({found}); moved aside, kept for a look: "
+             f"{where}; built again and stored this build's")
+    attempt.note(f"ALARM: {alarm}")
+    log.error("build %s: %s", attempt.p.job_id, alarm)
+    return alarm
 
 
 def reusable(attempt: Attempt, signed: SignedBuild | None, man_key: str) -> dict[str, object] | None:
@@ -153,4 +188,27 @@ def reusable(attempt: Attempt, signed: SignedBuild | None, man_key: str) -> dict
         log.error("stored manifest %s has sha256 %s, the farm signed %s: replaced in S3", man_key, got,
                   signed.manifest_sha256)
         return None
-    return manifest
+    return manifest if check_archive(attempt, signed) else None
+
+
+def check_archive(attempt: Attempt, signed: SignedBuild) -> bool:
+    """Whether S3 still holds the archive the farm signed at ``signed``'s key (False: gone or
+    unreadable, build again); Replaced when it holds another: a reused build names it to its test
+    jobs, which would refuse it night after night. The one download is kept in this host's cache,
+    where the host's test jobs of the build take it."""
+    ctx, path = attempt.ctx, attempt.tmpd / f"stored{artifact.ARCHIVE_SUFFIX}"
+    with ctx.archives.fetching(signed.artifact_sha256):
+        try:
+            ctx.store.get_file(signed.artifact_key, path)
+        except Exception:  # gone (pruned) or unreadable: build again, as for its manifest
+            path.unlink(missing_ok=True)
+            return False
+        got = sha256_file(path)
+        if got == signed.artifact_sha256:
+            ctx.archives.add(got, path)
+    path.unlink(missing_ok=True)
+    if got == signed.artifact_sha256:
+        return True
+    raise artifact.Replaced(f"artifact {signed.artifact_key} in S3 has sha256 {got}, not the "
+                            f"{signed.artifact_sha256} the farm signed: it was replaced outside the farm",
+                            signed.artifact_key)

@@ -12,7 +12,7 @@ from pathlib import Path
 from gearfarm.formats.job import Payload
 from gearfarm.formats.result import ResultRecord
 from gearfarm.run import snapshot
-from gearfarm.s3 import artifact, keys
+from gearfarm.s3 import artifact
 from gearfarm.step import runner, wine
 from gearfarm.workers.base import Attempt, Context
 
@@ -68,7 +68,6 @@ def handle(attempt: Attempt) -> ResultRecord:
     ctx, p, target = attempt.ctx, attempt.p, attempt.target
     assert p.name is not None
     suite = attempt.cat.suite(p.name)
-    junit_key = keys.job_file(p.run_id, p.target, p.step, "junit.xml")
     try:
         tree = fetch_artifact(ctx, p, attempt.disk / "root", attempt.timings, source=suite.source, aside=attempt.tmpd)
     except artifact.ArtifactError as e:
@@ -83,6 +82,6 @@ def handle(attempt: Attempt) -> ResultRecord:
                            p.cases)
     attempt.timings["test"] = run.seconds
     has_junit = suite.format in ("junit", "ctest") and run.results is not None and run.results.is_file()
-    files = {junit_key: (run.results, "application/xml")} if has_junit and run.results is not None else {}
-    return attempt.record(run.status, run.message, files, junit_key=junit_key if has_junit else None,
-                       artifact_key=p.artifact_key, artifact_sha256=p.artifact_sha256, cases=run.cases)
+    files = {"junit.xml": (run.results, "application/xml")} if has_junit and run.results is not None else {}
+    return attempt.record(run.status, run.message, files, artifact_key=p.artifact_key,
+                          artifact_sha256=p.artifact_sha256, cases=run.cases)

@@ -56,7 +56,7 @@ from gearfarm.db import DatabaseUnavailable
 from gearfarm.formats import catalog as catalog_mod
 from gearfarm.formats.catalog import Catalog, CatalogError
 from gearfarm.formats.job import Artifact
-from gearfarm.formats.result import TERMINAL, ResultRecord, unpack_file
+from gearfarm.formats.result import TERMINAL, FileSum, ResultRecord, unpack_file
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +69,14 @@ IN_CHUNK = 500
 
 class StoredFiles(NamedTuple):
     """A job's files as its row knows them (ResultsDB.job_files): which record they are of
-    (attempt, finished), the S3 key it names for each (JOB_FILES name -> key or None) and those
-    it carried (name -> pack_file's text)."""
+    (attempt, finished), the S3 key it names for each (JOB_FILES name -> key or None), those
+    it carried (name -> pack_file's text) and what the record says each is (name -> FileSum:
+    none in a record from before files were bound to records)."""
 
     made: tuple[int, float | None]
     keys: dict[str, str | None]
     carried: dict[str, str]
+    sums: dict[str, FileSum] = {}
 
 
 class Base(DeclarativeBase):
@@ -629,6 +631,15 @@ class ResultsDB:
             if run is not None:
                 run.notes = {**(run.notes or {}), **notes}
 
+    def add_alarm(self, run_id: str, text: str) -> None:
+        """Add to a run's alarms (its notes' ``alarms``): something done to the farm from outside
+        that the farm undid, which its report and mail name loudly though the run may pass."""
+        with self.session(write=True) as s:
+            run = s.get(Run, run_id)
+            if run is not None:
+                alarms = list((run.notes or {}).get("alarms", []))
+                run.notes = {**(run.notes or {}), "alarms": [*alarms, text]}
+
     def get_run(self, run_id: str) -> Run | None:
         with self.session() as s:
             return s.get(Run, run_id)
@@ -730,14 +741,15 @@ class ResultsDB:
         (gearfarm.report.joblog)."""
         ids, got = list(job_ids), {}
         cols = (JobRow.job_id, JobRow.attempt, JobRow.finished_at, JobRow.record["log_key"].as_string(),
-                JobRow.record["junit_key"].as_string(), JobRow.files)
+                JobRow.record["junit_key"].as_string(), JobRow.files, JobRow.record["file_sums"])
         with self.engine.connect() as conn:
             # In slices: a cancelled run ends thousands of jobs in one poll, more than an IN list
             # of an older SQLite takes.
             for at in range(0, len(ids), 500):
-                for j, a, f, log, junit, files in conn.execute(
+                for j, a, f, log, junit, files, sums in conn.execute(
                         select(*cols).where(JobRow.job_id.in_(ids[at:at + 500]))):
-                    got[j] = StoredFiles((a, f), {"log.txt": log, "junit.xml": junit}, files or {})
+                    got[j] = StoredFiles((a, f), {"log.txt": log, "junit.xml": junit}, files or {},
+                                         {n: FileSum.model_validate(v) for n, v in (sums or {}).items()})
         return got
 
     def carried_sizes(self) -> dict[str, int]:

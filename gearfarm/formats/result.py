@@ -21,6 +21,7 @@ import binascii
 import hashlib
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, get_args
 
 import zstandard
@@ -87,6 +88,32 @@ def _carried(text: str) -> Iterator[bytes]:
                 yield chunk
     except (binascii.Error, zstandard.ZstdError) as e:
         raise ValueError(f"not a file as a record carries one (zstd in base64): {e}") from e
+
+
+def file_sum(path: Path) -> FileSum:
+    """The sha256 and size of a file, read in chunks (a log may be 64 MiB)."""
+    h, size = hashlib.sha256(), 0
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            size += len(chunk)
+    return FileSum(sha256=h.hexdigest(), size=size)
+
+
+def check_file(want_sha256: str, want_size: int | None, sha256: str, size: int, name: str, where: str) -> str:
+    """"" when a file's bytes found ``where`` (the store, the results database, the copy on disk)
+    are those its signed record names (its sha256, and its size when the record gives one), else
+    what a reader says in their place. The one wording of the refusal: the dashboard's pages,
+    downloads, the report's copies and its problems list say it."""
+    if sha256 == want_sha256 and size == (size if want_size is None else want_size):
+        return ""
+    what = _FILE_WORDS.get(name, name)
+    says = f"{want_size} bytes, sha256 {want_sha256[:16]}…" if want_size is not None else f"sha256 {want_sha256[:16]}…"
+    return (f"this {what} in the {where} does not match the sha256 its signed record gives ({size} bytes, "
+            f"sha256 {sha256[:16]}…; the record says {says}): it was changed after the job; not shown")
+
+
+_FILE_WORDS = {"log.txt": "log", "junit.xml": "JUnit file", "artifact.tar.zst": "build archive"}
 
 
 # What replaces a NUL in a record's text (PostgreSQL's text holds none).
@@ -158,6 +185,15 @@ class CurveRecord(_Stored):
     lines: dict[str, list[tuple[float, float]]] = Field(default_factory=dict)
 
 
+class FileSum(_Stored):
+    """What a record says one of its job's files is: the sha256 and size of its bytes. Sealed with
+    the record, so a copy anywhere (S3, the database, the report's copy on disk) that does not
+    match was changed after the job (check_file)."""
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+
+
 class ResultRecord(_Stored):
     NESTED = frozenset({"cases", "samples", "curves"})
 
@@ -192,6 +228,10 @@ class ResultRecord(_Stored):
     # The job's files it carries (JOB_FILES name -> pack_file), instead of S3 holding them at
     # log_key and junit_key, which name them either way (Attempt.record chooses).
     files: dict[str, str] = Field(default_factory=dict)
+    # Each of those files (JOB_FILES name -> its sha256 and size), carried or in S3: what every
+    # reader checks the bytes it found against (check_file). Empty in records from before files
+    # were bound to them, whose files are shown as not verified.
+    file_sums: dict[str, FileSum] = Field(default_factory=dict)
     message: str = ""
     log_tail: str = ""
     cases: list[CaseResult] = Field(default_factory=list)
@@ -214,6 +254,9 @@ class ResultRecord(_Stored):
     reference_rev: str | None = None
     # Perf jobs: the curves the benchmark recorded while it ran (its catalog entry's curves).
     curves: list[CurveRecord] = Field(default_factory=list)
+    # What the worker found done to the farm from outside and undid (a build's artifact replaced
+    # in S3, moved aside): said loudly in the report and the mail, whatever the job's status.
+    alarms: list[str] = Field(default_factory=list)
 
     @field_validator("files")
     @classmethod
@@ -233,6 +276,21 @@ class ResultRecord(_Stored):
             except ValueError as e:
                 raise ValueError(f"its {name} cannot be read: {e}") from e
         return files
+
+    @model_validator(mode="after")
+    def _carried_files_match_their_sums(self) -> ResultRecord:
+        unknown = sorted(set(self.file_sums) - set(JOB_FILES))
+        if unknown:
+            raise ValueError(f"a record names the sha256 of {', '.join(JOB_FILES)} only, "
+                             f"not {', '.join(unknown)[:200]}")
+        for name, carried in self.files.items():
+            want = self.file_sums.get(name)
+            if want is not None:
+                data = unpack_file(carried)
+                why = check_file(want.sha256, want.size, hashlib.sha256(data).hexdigest(), len(data), name, "record")
+                if why:
+                    raise ValueError(why)
+        return self
 
     @property
     def duration(self) -> float | None:
@@ -261,13 +319,13 @@ class ResultRecord(_Stored):
 # Fields only some records have (cases kept in S3, a build's manifest): left out of the body
 # when empty, so that every other record is sealed (and digested) byte for byte as before they
 # existed.
-_OPTIONAL_FIELDS = ("cases_key", "cases_sha256", "cases_count", "manifest_sha256")
+_OPTIONAL_FIELDS = ("cases_key", "cases_sha256", "cases_count", "manifest_sha256", "file_sums")
 
 
 def _body(rec: ResultRecord) -> dict[str, Any]:
     body = rec.model_dump(mode="json")
     for name in _OPTIONAL_FIELDS:
-        if body[name] is None:
+        if body[name] is None or body[name] == {}:
             del body[name]
     return body
 

@@ -1,4 +1,4 @@
-"""Gearman administrative (text) protocol: ``status``, ``workers``, ``version``.
+"""Gearman administrative (text) protocol: ``status``, ``workers``, ``version``, ``maxqueue``.
 
 gearmand speaks a line protocol on the same port as the binary one (it looks at the
 first byte).  Each helper opens a short-lived connection, because admin queries are
@@ -273,3 +273,16 @@ def getpid(host: str, port: int, ssl_context: ssl.SSLContext | None = None, time
         raise ProtocolError(
             f"gearmand admin {format_address(host, port)}: unexpected getpid reply {line!r}"
         ) from None
+
+
+def maxqueue(host: str, port: int, function: str, size: int | None = None,
+             ssl_context: ssl.SSLContext | None = None, timeout: float = 5.0) -> None:
+    """Set the queue limit of ``function`` (gearmand's ``maxqueue``: submissions past it are
+    refused with QUEUE_ERROR); None lifts it (gearmand's default, 0: no limit). gearmand applies it
+    only to a function it knows, and answers OK either way."""
+    if not function or any(c.isspace() for c in function):
+        raise ValueError(f"not a function name gearmand's text protocol can carry: {function!r}")
+    command = f"maxqueue {function}" + ("" if size is None else f" {int(size)}")
+    (line,) = _command(host, port, command, multiline=False, ssl_context=ssl_context, timeout=timeout)
+    if line.strip() != "OK":
+        raise ProtocolError(f"gearmand admin {format_address(host, port)}: unexpected maxqueue reply {line!r}")

@@ -37,7 +37,7 @@ from gearfarm.hosts import reach
 from gearfarm.hosts.connection import gearman_client
 from gearfarm.report import joblog
 from gearfarm.run import nightly, rerun
-from gearfarm.run.execution import Executor, Watcher
+from gearfarm.run.execution import Abandoned, Executor, Watcher
 from gearfarm.run.ledger import Ledger
 from gearfarm.run.snapshot import SourceError
 from gearfarm.s3.store import ArtifactStore, StoreError
@@ -111,12 +111,18 @@ def run_night(cfg: Config, projects: Sequence[Project], seed: int, observer: Obs
                 # New failures are re-run once before the report, so it can tell flaky from broken.
                 settle=lambda p, records: rerun.rerun_new_failures(ex, p, records, say=observer.say),
                 unclosed=lambda p, e: unclosed.setdefault(p.run_id, str(e).splitlines()[0]))
-        except GearmanError as e:
-            copier.close()
-            raise NightError(f"cannot submit to gearmand: {e}") from e
-        except nightly.RunError as e:
-            copier.close()
-            raise NightError(str(e)) from e
+        except Abandoned as e:
+            # Its runs are closed with the cause in every job's row: their reports say it.
+            why = f"cannot submit to gearmand: {e}" if isinstance(e.cause, GearmanError) else str(e)
+            if not e.runs and not failed:
+                copier.close()
+                raise NightError(why) from e
+            by_run, plans = dict(e.runs), [p for p in plans if p.run_id in e.runs]
+            problems = [n.error for n in failed if n.farm] + [why]
+            runs = [_not_run(db, n, seed, by_run, problems) for n in failed]
+            runs += [_closed(cfg, db, p, by_run, unclosed, problems) for p in plans]
+            return _publish(cfg, db, store, plans, runs, by_run, problems, seed, observer, report_dir,
+                            copier.close(), bisect=False)
     problems = [n.error for n in failed if n.farm]
     # The projects that could not run first: they are the night's news.
     runs = [_not_run(db, n, seed, by_run, problems) for n in failed]
@@ -228,8 +234,9 @@ def _not_run(db: ResultsDB, n: NotRun, seed: int, by_run: dict[str, list[ResultR
 
 def _publish(cfg: Config, db: ResultsDB, store: ArtifactStore, plans: list[nightly.Plan], runs: list[Run],
              by_run: dict[str, list[ResultRecord]], problems: list[str], seed: int, observer: Observer,
-             report_dir: Path | None, copied: dict[str, joblog.Made]) -> int:
-    """Write and send the reports, bisect what they found, say the farm's problems; the exit status."""
+             report_dir: Path | None, copied: dict[str, joblog.Made], bisect: bool = True) -> int:
+    """Write and send the reports, bisect what they found (unless ``bisect`` is False: a night
+    that could not go on has nothing a probe could judge), say the farm's problems; the exit status."""
     from gearfarm.report import document, publisher
 
     pub = publisher.publish(cfg, db, store, runs, by_run, copied=copied)
@@ -252,7 +259,7 @@ def _publish(cfg: Config, db: ResultsDB, store: ArtifactStore, plans: list[night
     if pub.delivery is not None and not pub.delivery.error:
         d = pub.delivery
         observer.result(f"mail: {'sent to ' + ', '.join(d.recipients) if d.sent else d.eml}")
-    if cfg.bisect.auto:
+    if cfg.bisect.auto and bisect:
         problems += _bisect_after(cfg, db, store, runs, by_run, seed, observer)
     for problem in problems:
         observer.problem(problem)

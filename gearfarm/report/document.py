@@ -137,6 +137,9 @@ class Report(BaseModel):
     # Why the project could not run at all tonight (its revision, its catalog, its snapshot:
     # gearfarm.run.nightly.ProjectError); set only for such a run, which has no jobs.
     not_run: str | None = None
+    # Done to the farm from outside and undone (a queue limit a peer set, a build replaced in
+    # S3): named first in the report and the mail, though the run may pass.
+    alarms: list[str] = []
 
     def absent(self, target: str, step: str) -> str:
         """What a matrix cell without a result means: "missing" (the job was expected and has no
@@ -149,9 +152,10 @@ class Report(BaseModel):
         green = "passed" + (f", {fixed} fixed" if fixed else "")
         # (a project that could not run is one short part of a night's subject: its section says why)
         state = "could not run" if self.not_run else green if self.all_green else self.headline
+        alarmed = f" ({counted(len(self.alarms), 'alarm')})" if self.alarms else ""
         return self.model_copy(update={
-            "subject": f"[gearfarm] {self.project} {self.run_id} at {self.rev[:12]}: {self.headline}",
-            "summary": f"{self.project} {state}"})
+            "subject": f"[gearfarm] {self.project} {self.run_id} at {self.rev[:12]}: {self.headline}{alarmed}",
+            "summary": f"{self.project} {state}{alarmed}"})
 
     def with_performance(self, entries: list[Item], figures: Sequence[Item] = ()) -> Report:
         """The performance section: the changes (``entries``; regressions also go into the
@@ -272,7 +276,10 @@ def build(run: Run, records: list[ResultRecord], links: Links | None = None,
     not_run = run.notes.get("error") if run.state == NOT_RUN and isinstance(run.notes, dict) else None
     if not_run:
         green, headline = False, f"could not run: {_first_line(not_run)}"
+    alarms = [str(a) for a in (run.notes or {}).get("alarms", [])] if isinstance(run.notes, dict) else []
+    alarms += [f"{r.target} {r.step}: {a}" for r in sorted(records, key=lambda r: r.job_id) for a in r.alarms]
     return Report(**{
+        "alarms": alarms,
         "run_id": run.run_id, "project": run.project, "rev": run.rev, "created_at": run.created_at,
         "finished_at": finished, "wall_seconds": round(finished - run.created_at, 3), "headline": headline,
         "all_green": green, "counts": counts,

@@ -19,11 +19,12 @@ from sqlalchemy.exc import SQLAlchemyError
 from gearfarm.config import Config
 from gearfarm.db.results import ResultsDB
 from gearfarm.formats.result import ResultRecord
-from gearfarm.gearman import Client, admin
+from gearfarm.gearman import Client, GearmanError, admin
 from gearfarm.run import nightly
 from gearfarm.run.ledger import Ledger
 from gearfarm.run.nightly import Plan
 from gearfarm.run.outbox import Outbox
+from gearfarm.run.queuelimit import QueueLimits, QueueRefused
 from gearfarm.s3.store import ArtifactStore
 
 
@@ -66,7 +67,7 @@ class Executor:
     def outbox(self) -> Outbox:
         """One for the executor's life: what gearmand did not take for one plan (or an inner
         execute's, the re-run's) goes at the next poll of any."""
-        return Outbox(self.db, self.client, self.cfg.nightly_signer())
+        return Outbox(self.db, self.client, self.cfg.nightly_signer(), QueueLimits(self.cfg))
 
     def execute(self, plans: Sequence[Plan], watcher: Watcher | None = None,
                 settle: Callable[[Plan, list[ResultRecord]], None] | None = None,
@@ -78,15 +79,18 @@ class Executor:
         runs stay recorded, and a nightly started again with the same run ids resubmits only
         what is not terminal."""
         watcher = watcher or Quiet()
-        for p in plans:
-            watcher.submitted(p, nightly.submit(self.cfg, self.db, self.outbox, p))
-        for p in plans:
-            records = nightly.wait(self.cfg, self.db, self.ledger, self.store, self.client, p,
-                                   lambda states, fns, p=p: watcher.progress(p, states, fns),  # type: ignore[misc]
-                                   poll=poll, outbox=self.outbox)
-            watcher.waited(p, records)
-            if settle is not None:
-                settle(p, records)
+        try:
+            for p in plans:
+                watcher.submitted(p, nightly.submit(self.cfg, self.db, self.outbox, p))
+            for p in plans:
+                records = nightly.wait(self.cfg, self.db, self.ledger, self.store, self.client, p,
+                                       lambda states, fns, p=p: watcher.progress(p, states, fns),  # type: ignore[misc]
+                                       poll=poll, outbox=self.outbox)
+                watcher.waited(p, records)
+                if settle is not None:
+                    settle(p, records)
+        except (GearmanError, nightly.RunError, QueueRefused) as e:
+            raise Abandoned(e, self.abandon(plans, f"not run: the nightly could not go on ({e})")) from e
         out: dict[str, list[ResultRecord]] = {}
         for p in plans:
             try:
@@ -101,3 +105,32 @@ class Executor:
                     raise
                 unclosed(p, e)
         return out
+
+    def abandon(self, plans: Sequence[Plan], why: str) -> dict[str, list[ResultRecord]]:
+        """Close the runs of a night that cannot go on (gearmand refused or lost, the database
+        away too long): every job not ended is recorded ``infra`` with ``why``, builds first
+        (their dependents end with them), and the run is closed and finished, never left
+        "running" on /live; each run's records. A run the database cannot close is left out."""
+        out: dict[str, list[ResultRecord]] = {}
+        for p in plans:
+            try:
+                done = self.db.terminal_ids(p.run_id)
+                for jid in sorted(p.expected, key=lambda j: j.kind != "build"):
+                    if str(jid) not in done:
+                        nightly.expire(self.ledger, p, [jid], "infra", why)
+                        if jid.kind == "build":
+                            done = self.db.terminal_ids(p.run_id)
+                self.ledger.close(p.run_id)
+                self.db.finish_run(p.run_id, "finished")
+                out[p.run_id] = self.db.jobs(p.run_id)
+            except SQLAlchemyError:
+                continue
+        return out
+
+
+class Abandoned(nightly.RunError):
+    """A night that could not go on (``cause``); its runs closed, with their records in ``runs``."""
+
+    def __init__(self, cause: BaseException, runs: dict[str, list[ResultRecord]]) -> None:
+        super().__init__(str(cause))
+        self.cause, self.runs = cause, runs

@@ -44,6 +44,7 @@ from gearfarm.hosts.connection import ssl_context
 from gearfarm.run import snapshot
 from gearfarm.run.ledger import Ledger, farm_record
 from gearfarm.run.outbox import Outbox
+from gearfarm.run.queuelimit import QueueLimits
 from gearfarm.run.states import Pending, RunStates
 from gearfarm.s3 import keys
 from gearfarm.s3.store import ArtifactStore, StoreError
@@ -392,7 +393,7 @@ class Watchdog:
         # Cancel requests whose S3 marker is written.
         self.marked: set[int] = set()
         self.signer = cfg.nightly_signer()
-        self.outbox = outbox if outbox is not None else Outbox(db, client, self.signer)
+        self.outbox = outbox if outbox is not None else Outbox(db, client, self.signer, QueueLimits(cfg))
         self._lease_view: tuple[float, dict[tuple[str, int], tuple[str, int]]] | None = None
         run = db.get_run(p.run_id)
         self.created_at = run.created_at if run is not None else time.time()

@@ -15,7 +15,8 @@ import logging
 from gearfarm.db.results import ResultsDB
 from gearfarm.formats.job import Payload, sign
 from gearfarm.formats.seal import Signer
-from gearfarm.gearman import BackgroundJob, Client, ServerUnavailable
+from gearfarm.gearman import BackgroundJob, Client, ServerError, ServerUnavailable
+from gearfarm.run.queuelimit import QueueLimits, refused_by_limit
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +24,8 @@ log = logging.getLogger(__name__)
 class Outbox:
     """Sends a run's payloads to gearmand; keeps, by job, the latest attempt no server took."""
 
-    def __init__(self, db: ResultsDB, client: Client, signer: Signer) -> None:
-        self.db, self.client, self.signer = db, client, signer
+    def __init__(self, db: ResultsDB, client: Client, signer: Signer, limits: QueueLimits | None = None) -> None:
+        self.db, self.client, self.signer, self.limits = db, client, signer, limits
         self._kept: dict[str, Payload] = {}
 
     @property
@@ -42,21 +43,31 @@ class Outbox:
         When no server takes them, all are kept, those some server took before it went too: sent
         again, a job still queued coalesces under its unique id, and one that ran already is
         refused its claim ("ran already"). A server that answers with an error (a full queue)
-        still raises: it is up and said no."""
+        still raises: it is up and said no, except for a queue limit (QUEUE_ERROR), which the
+        farm never sets: with ``limits`` it is lifted, reported in the run's alarms, and the
+        payloads submitted again (gearfarm.run.queuelimit)."""
         if not payloads:
             return
         self.db.set_live(payloads[0].run_id, {p.job_id: ("queued", p.attempt) for p in payloads})
-        try:
-            self.client.submit_background_many(BackgroundJob(p.function, sign(p, self.signer), p.unique)
-                                               for p in payloads)
-        except ServerUnavailable as e:
-            log.warning("gearmand took none of %d jobs of run %s (%s); they are sent when it answers",
-                        len(payloads), payloads[0].run_id, e)
-            for p in payloads:
-                kept = self._kept.get(p.job_id)
-                if kept is None or kept.attempt <= p.attempt:
-                    self._kept[p.job_id] = p
-            return
+        while True:
+            try:
+                self.client.submit_background_many(BackgroundJob(p.function, sign(p, self.signer), p.unique)
+                                                   for p in payloads)
+                break
+            except ServerError as e:
+                if self.limits is None or not refused_by_limit(e) or e.index is None:
+                    raise
+                refused = payloads[e.index]
+                alarm = self.limits.lift(e, refused.function, {p.function for p in payloads})
+                self.db.add_alarm(refused.run_id, alarm)
+            except ServerUnavailable as e:
+                log.warning("gearmand took none of %d jobs of run %s (%s); they are sent when it answers",
+                            len(payloads), payloads[0].run_id, e)
+                for p in payloads:
+                    kept = self._kept.get(p.job_id)
+                    if kept is None or kept.attempt <= p.attempt:
+                        self._kept[p.job_id] = p
+                return
         for p in payloads:
             kept = self._kept.get(p.job_id)
             if kept is not None and kept.attempt <= p.attempt:

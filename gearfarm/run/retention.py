@@ -181,6 +181,9 @@ def survey(cfg: Config, db: ResultsDB, store: ArtifactStore, now: float | None =
                 if ages[e.name][1] == "running":
                     e.reasons.append("the run is still running")
             e.reasons += runs.get(e.name, [])
+        elif e.name == "quarantine":
+            e.reasons.append("objects a build found replaced in S3, kept for a look: never pruned (remove them "
+                             "with mc rm once looked at)")
         else:
             e.reasons.append("catalogs and project markers are never pruned")
         if not e.reasons and e.last_used >= limit:

@@ -153,12 +153,12 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
         # Only a session the server still has: logging out or removing the account deletes it.
         return account.session_user(db, session.get("sid"))
 
-    def job_output(chunks: Iterator[bytes], download: str | None = None) -> Response:
+    def job_output(chunks: Iterator[bytes], download: str | None = None, status: int = 200) -> Response:
         """A file a job wrote, as inert text (or a download named ``download``); the
         after_request hook gives it the sandboxing CSP."""
         g.job_output = True
         if download is None:
-            return Response(_closing(chunks), content_type="text/plain; charset=utf-8")
+            return Response(_closing(chunks), status=status, content_type="text/plain; charset=utf-8")
         return Response(_closing(chunks), content_type="application/octet-stream",
                         headers={"Content-Disposition": f'attachment; filename="{download}"'})
 
@@ -450,6 +450,9 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
             chunks = joblog.stream(db, store, run_dir(cfg, run_id), run_id, target, step, name)
         except ValueError as e:
             abort(400, str(e))
+        except joblog.Altered as e:
+            # Not the job's file: what was found is not served, and the answer says why.
+            return job_output(iter([f"{target}/{step} of run {run_id}: {e}\n".encode()]), status=409)
         if chunks is None:
             abort(404, f"no {name} for {target}/{step} of run {run_id}: not in the results database or the store, "
                        "and no copy on disk")
@@ -461,12 +464,15 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
         """A step's log as a page: numbered lines to link to, its header, search, the run's other
         steps. The text is the job's and is escaped like every value (the raw log, served inert,
         is a link away)."""
+        refused = ""
         try:
             chunks = joblog.stream(db, store, run_dir(cfg, run_id), run_id, target, step, "log.txt")
         except ValueError as e:
             abort(400, str(e))
+        except joblog.Altered as e:
+            chunks, refused = None, str(e)
         text = b"".join(chunks).decode("utf-8", "replace") if chunks is not None else None
-        data = dashboard.step_log(db, run_id, target, step, text)
+        data = dashboard.step_log(db, run_id, target, step, text, refused)
         if data is None:
             abort(404, f"no step {target}/{step} in run {run_id}")
         return page("step.html.j2", data)
@@ -480,11 +486,17 @@ def create_app(cfg: Config, db: ResultsDB | None = None, store: ArtifactStore | 
         if rec is None or not rec.artifact_key:
             abort(404, f"no artifact for {target}/{step} of run {run_id}")
         key = keys.provenance_of(rec.artifact_key) if provenance else rec.artifact_key
+        filename = key.rsplit("/", 1)[-1]
         try:
             chunks = store.stream(key)
+            if not provenance and rec.artifact_sha256:
+                # The archive the record names, or nothing: a build role's keys can replace it. (The
+                # provenance is signed; `gearfarm artifact verify` checks it with the archive.)
+                chunks = joblog.checked(chunks, rec.artifact_sha256, None, filename, "store")
         except StoreError as e:
             abort(503, f"the artifact store does not answer ({e}); artifacts are not copied to disk")
-        filename = key.rsplit("/", 1)[-1]
+        except joblog.Altered as e:
+            return job_output(iter([f"{target}/{step} of run {run_id}: {e}\n".encode()]), status=409)
         return job_output(chunks, download=f"{target}-{filename}")
 
     @app.get("/run/<run_id>/artifact/<target>/<step>")

@@ -788,17 +788,18 @@ _DROPPED = re.compile(r"^\*\*\* \d+ bytes of output dropped here \(log capped at
 LOG_LINES = 50_000
 
 
-def step_log(db: ResultsDB, run_id: str, target: str, step: str, text: str | None) -> dict[str, Any] | None:
+def step_log(db: ResultsDB, run_id: str, target: str, step: str, text: str | None,
+             refused: str = "") -> dict[str, Any] | None:
     """A step's log as a page: the step's record (status, host, duration, attempt, message), the
     commands it ran (the log's `$ ` lines), its lines numbered, where its output was capped, and
     the run's other steps on the same target. None when the run has neither a record of the step
-    nor its log."""
+    nor its log. ``refused``: why the log found is not shown (gearfarm.report.joblog.Altered)."""
     run = db.get_run(run_id)
     if run is None:
         return None
     records = db.jobs(run_id, target)  # the target's only: a big night's are thousands, with their cases
     rec = next((r for r in records if r.step == step), None)
-    if rec is None and text is None:
+    if rec is None and text is None and not refused:
         return None
     lines = _ANSI.sub("", text).split("\n") if text is not None else []
     if lines and lines[-1] == "":
@@ -812,7 +813,9 @@ def step_log(db: ResultsDB, run_id: str, target: str, step: str, text: str | Non
             "finished_at": rec.finished_at, "message": rec.message},
         "commands": [(n, line[2:]) for n, line in enumerate(shown, 1) if line.startswith("$ ")],
         "capped": [n for n, line in enumerate(shown, 1) if _DROPPED.match(line)],
-        "lines": shown, "more_lines": len(lines) - len(shown), "has_log": text is not None,
+        "lines": shown, "more_lines": len(lines) - len(shown), "has_log": text is not None, "refused": refused,
+        # A record from before files were bound to records gives no sha256: its log is shown unchecked.
+        "unchecked": text is not None and rec is not None and "log.txt" not in rec.file_sums,
         "siblings": [{"step": r.step, "status": r.status}
                      for r in sorted(records, key=lambda r: step_key(r.step)) if r.step != step]}
 

@@ -1213,3 +1213,18 @@ def test_a_job_on_the_other_server_waits_no_longer_than_look_around(
     assert started - queued < worker_module.LOOK_AROUND + 0.5, started - queued
     assert len(ran) < 400, "the second server's job waited for the first server's queue to empty"
 
+
+
+def test_admin_maxqueue_without_a_size_lifts_a_cap_any_peer_set(gearmand: Gearmand) -> None:
+    """What the nightly does when it meets a cap (gearfarm.run.queuelimit): a plain socket capped
+    the function; admin.maxqueue with no size lifts it, and the refused submission goes through."""
+    cap_queue(gearmand, "lifted", 1)
+    with Client([gearmand.address]) as client:
+        with pytest.raises(ServerError) as info:
+            client.submit_background("lifted", b"", "lifted-1")
+        assert info.value.code == "QUEUE_ERROR"
+        admin.maxqueue(*gearmand.address, "lifted")
+        client.submit_background("lifted", b"", "lifted-1")
+    assert admin.status(*gearmand.address)["lifted"].queued == 2
+    with pytest.raises(ValueError):
+        admin.maxqueue(*gearmand.address, "two words")

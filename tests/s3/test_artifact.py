@@ -30,7 +30,7 @@ import pytest
 import zstandard
 
 from gearfarm.hosts.minio_server import MinioServer
-from gearfarm.s3 import artifact
+from gearfarm.s3 import artifact, keys
 from gearfarm.s3 import store as store_mod
 from gearfarm.s3.store import ArtifactStore
 
@@ -380,9 +380,32 @@ def test_publish_refuses_a_manifest_object_that_disagrees_with_the_stored_archiv
     # Same when the manifest object was there before any archive was.
     art2, man2 = "t/tampered2/artifact.tar.zst", "t/tampered2/manifest.json"
     store.put_bytes(man2, tampered, "application/json")
-    with pytest.raises(artifact.ArtifactError, match="refusing to overwrite"):
+    with pytest.raises(artifact.Replaced, match="replaced or planted outside the farm") as e2:
         artifact.publish(store, art2, man2, path, man)
-    assert store.get_bytes(man2) == tampered
+    assert e2.value.key == man2 and store.get_bytes(man2) == tampered
+
+
+def test_a_replaced_build_is_moved_aside_whole_and_kept_then_published_again(store: ArtifactStore,
+                                                                             tmp_path: Path) -> None:
+    """What the build worker does when publish finds an object the farm did not make: the
+    build's objects move under quarantine/ (copied, then deleted), byte for byte, and the same
+    publish then stores this build."""
+    prefix = keys.artifact_prefix("f" * 40, "linux-x86_64", "0123456789abcdef")
+    art_key, man_key = keys.artifact("f" * 40, "linux-x86_64", "0123456789abcdef"), f"{prefix}/manifest.json"
+    planted_path, planted = _pack(tmp_path, "intruder", exe=EXE + b"a backdoor")
+    store.put_file(art_key, planted_path, "application/zstd")
+    store.put_bytes(f"{prefix}/provenance.intoto.json", b"{}", "application/json")
+    mine_path, mine = _pack(tmp_path, "mine")
+    with pytest.raises(artifact.Replaced) as e:
+        artifact.publish(store, art_key, man_key, mine_path, mine, signed=[])
+    assert e.value.key == art_key
+    moved = artifact.quarantine(store, prefix, 1_800_000_000.0)
+    assert moved == {k: f"quarantine/20270115T080000Z/{k}" for k in (art_key, f"{prefix}/provenance.intoto.json")}
+    assert store.get_bytes(moved[art_key]) == planted_path.read_bytes() and list(store.list(prefix + "/")) == []
+    got = artifact.publish(store, art_key, man_key, mine_path, mine, signed=[])
+    assert not got["raced"] and got["archive_sha256"] == mine["archive_sha256"]
+    with pytest.raises(ValueError):
+        keys.quarantine("runs/x/log.txt", 0.0)
 
 
 def test_publish_refuses_a_manifest_that_is_not_for_the_archive(store: ArtifactStore, tmp_path: Path) -> None:

@@ -113,7 +113,7 @@ def test_role_users_are_made_at_the_first_endpoint_that_answers(minio: MinioServ
     admin = s3(minio, dead(), minio.endpoint)
     make_role_users(admin, roles)
     store = ArtifactStore(admin.model_copy(update={"roles": roles}).for_role("test"), retry_for=0)
-    store.put_bytes(keys.job_file("r1", "linux-x86_64", "test-unit", "log.txt"), b"mine")
+    store.put_bytes(keys.job_file("r1", "linux-x86_64", "test-unit", "log.txt", "f" * 64), b"mine")
 
 
 def test_endpoints_are_urls_listed_once() -> None:

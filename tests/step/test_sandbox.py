@@ -233,10 +233,10 @@ def test_each_role_s3_user_can_do_only_what_its_role_does(tmp_path: Path) -> Non
             keys.source("c" * 40): set(),
             keys.catalog("d" * 64): set(),
             keys.project_latest("engine"): set(),
-            keys.job_file(run, "linux-x86_64", "build", "log.txt"): {"build"},
-            keys.job_file(run, "linux-x86_64", "test-unit", "log.txt"): {"test"},
+            keys.job_file(run, "linux-x86_64", "build", "log.txt", "f" * 64): {"build"},
+            keys.job_file(run, "linux-x86_64", "test-unit", "log.txt", "f" * 64): {"test"},
             keys.result(run, "linux-x86_64", "test-unit", 1, "e" * 64): {"test"},
-            keys.job_file(run, "linux-x86_64", "perf-oltp", "log.txt"): {"perf"},
+            keys.job_file(run, "linux-x86_64", "perf-oltp", "log.txt", "f" * 64): {"perf"},
             keys.report(run, "html"): set(),
             keys.cancel(run): set(),
             # A job's marker too: under the job's prefix, its role could cancel any such job.
@@ -258,21 +258,22 @@ def test_each_role_s3_user_can_do_only_what_its_role_does(tmp_path: Path) -> Non
             assert not store[role].exists(keys.source("f" * 40))  # a missing key is a 404, not a 403
         with pytest.raises(StoreError, match="AccessDenied"):
             store["collector"].get_bytes(art)
-        assert store["collector"].get_bytes(keys.job_file(run, "linux-x86_64", "test-unit", "log.txt")) == b"ok"
+        test_log = keys.job_file(run, "linux-x86_64", "test-unit", "log.txt", "f" * 64)
+        assert store["collector"].get_bytes(test_log) == b"ok"
         # A host's users for its own targets only: another target's files and artifacts are refused.
         mine = {r: S3Keys(access_key=f"t-{r}-x86", secret_key=f"{r}-x86-secret-0123456789") for r in ("build", "test")}
         make_role_users(minio.s3_config(), mine, {r: ("linux-x86_64",) for r in mine})
         scoped = {r: ArtifactStore(base.model_copy(update={"roles": mine}).for_role(r), retry_for=0, attempts=1)
                   for r in mine}
         for role, own, other in (
-                ("test", keys.job_file(run, "linux-x86_64", "test-unit", "log.txt"),
-                 keys.job_file(run, "linux-aarch64", "test-unit", "log.txt")),
+                ("test", keys.job_file(run, "linux-x86_64", "test-unit", "log.txt", "f" * 64),
+                 keys.job_file(run, "linux-aarch64", "test-unit", "log.txt", "f" * 64)),
                 ("test", keys.result(run, "linux-x86_64", "test-unit", 1, "e" * 64),
                  keys.result(run, "windows-x86_64", "test-unit", 1, "e" * 64)),
                 ("build", keys.artifact("b" * 40, "linux-x86_64", "tc1"),
                  keys.artifact("b" * 40, "linux-aarch64", "tc1")),
-                ("build", keys.job_file(run, "linux-x86_64", "build", "log.txt"),
-                 keys.job_file(run, "linux-aarch64", "build", "log.txt"))):
+                ("build", keys.job_file(run, "linux-x86_64", "build", "log.txt", "f" * 64),
+                 keys.job_file(run, "linux-aarch64", "build", "log.txt", "f" * 64))):
             scoped[role].put_bytes(own, b"mine")
             with pytest.raises(StoreError, match="AccessDenied"):
                 scoped[role].put_bytes(other, b"forged")
@@ -294,9 +295,9 @@ def test_store_roles_makes_the_users_and_prints_their_config(tmp_path: Path) -> 
         cfg = config_mod.Config(s3=minio.s3_config().model_copy(update={"roles": {
             "test": S3Keys(**section["test"])}}))
         test_store = ArtifactStore(cfg.s3.for_role("test"), retry_for=0, attempts=1)
-        test_store.put_bytes(keys.job_file("r1", "linux-x86_64", "test-unit", "log.txt"), b"mine")
+        test_store.put_bytes(keys.job_file("r1", "linux-x86_64", "test-unit", "log.txt", "f" * 64), b"mine")
         for forged in (keys.artifact("a" * 40, "linux-x86_64", "tc"),
-                       keys.job_file("r1", "linux-aarch64", "test-unit", "log.txt")):
+                       keys.job_file("r1", "linux-aarch64", "test-unit", "log.txt", "f" * 64)):
             with pytest.raises(StoreError, match="AccessDenied"):
                 test_store.put_bytes(forged, b"forged")
         bad = gearfarm("store", "roles", "--config", str(admin), "--roles", "janitor", timeout=60)

@@ -52,6 +52,8 @@ def test_a_step_page_numbers_the_lines_and_says_what_ran_where(site: tuple[Any, 
     assert f'href="/run/{rid}/log/linux-t00/test-unit">raw</a>' in html
     assert f'href="/run/{rid}/step/linux-t00/build">build' in html  # the target's other steps
     assert f'href="/run/{rid}">' in html  # back to the run
+    # Its record (made as before files were bound to records) names no sha256: said, not hidden.
+    assert 'id="log-unchecked"' in html and "unchecked" in html
 
 
 def test_the_run_matrix_links_each_step_page_and_unknown_steps_are_404(site: tuple[Any, str]) -> None:

@@ -141,7 +141,7 @@ def test_a_job_is_prepared_while_its_claim_is_asked_and_nothing_of_a_refused_one
             time.sleep(0.05)
         # Its log travels in the record (a small one), not to S3 on the job's way.
         rec, _ = open_record(collector.records[0], keyring([cfg.host_signer().public_text]))
-        assert rec.log_key == keys.job_file("granted", TARGET, "test-unit", "log.txt")
+        assert rec.log_key == keys.job_file("granted", TARGET, "test-unit", "log.txt", rec.file_sums["log.txt"].sha256)
         assert b"ok 1 - ran" in unpack_file(rec.files["log.txt"])
         assert rec.log_key not in set(store.list("runs/granted/"))
 

@@ -317,6 +317,11 @@ class FarmConfig(_Section):
     # with 12 % of a core and a queue of 650 behind them; sixteen keep the queue near empty.
     # Their database connections are opened when the collector starts (docs/lab.md).
     collector_threads: int = Field(default=16, ge=1, le=64)
+    # Seconds a worker or collector whose parent process is gone waits for any gearmand to answer
+    # before it exits; 0: never. The embedded farm's processes get 30: their parent is the farm
+    # that owns their gearmand, and with both gone nothing would ever stop them. A lab's are
+    # daemons under systemd (their parent never goes), which keep retrying through any outage.
+    orphan_wait: float = Field(default=0.0, ge=0)
 
 
 class BisectConfig(_Section):

@@ -188,12 +188,16 @@ ROLE_WRITES: dict[str, tuple[str, ...]] = {
     # A build moves an artifact's objects it finds replaced aside (quarantine: a copy, then a
     # delete) and stores its own in their place: a host that may write an artifact's keys may as
     # well move what stands there.
-    "build": (*ARTIFACT_FILES, *(f"quarantine/*/{a}" for a in ARTIFACT_FILES), *_job_keys("build", "log.txt")),
+    "build": (*ARTIFACT_FILES, *_job_keys("build", "log.txt")),
     "test": _job_keys("test-*", "log.txt", "junit.xml"),
     "perf": _job_keys("perf-*", "log.txt"),
     "collector": (),
 }
-ROLE_DELETES: dict[str, tuple[str, ...]] = {"build": ARTIFACT_FILES}
+# What a role writes whatever the targets it serves: a build's objects moved aside (one pattern,
+# not one a target: a policy holds 20 KiB in MinIO, and a host of forty targets must fit).
+ROLE_WRITES_ANY: dict[str, tuple[str, ...]] = {"build": tuple(f"quarantine/*/{a.format(target='*')}"
+                                                              for a in ARTIFACT_FILES)}
+ROLE_DELETES: dict[str, tuple[str, ...]] = {"build": ("artifacts/*/{target}/*/*",)}
 ROLE_READS: dict[str, tuple[str, ...]] = {"build": ("*",), "test": ("*",), "perf": ("*",), "collector": ("runs/*",)}
 ALL_TARGETS = ("*",)
 
@@ -211,7 +215,7 @@ def role_policy(bucket: str, role: str, targets: tuple[str, ...] = ALL_TARGETS) 
         {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [f"{arn}/{p}" for p in ROLE_READS[role]]},
     ]
     if ROLE_WRITES[role]:
-        writes = [p.format(target=t) for p in ROLE_WRITES[role] for t in targets]
+        writes = [*(p.format(target=t) for p in ROLE_WRITES[role] for t in targets), *ROLE_WRITES_ANY.get(role, ())]
         statements.append({"Effect": "Allow", "Action": ["s3:PutObject", "s3:AbortMultipartUpload",
                                                            "s3:ListMultipartUploadParts"],
                            "Resource": [f"{arn}/{p}" for p in writes]})
@@ -223,7 +227,8 @@ def role_policy(bucket: str, role: str, targets: tuple[str, ...] = ALL_TARGETS) 
         # a '*' standing for several components (runs/R/T/build/results/T/test-x.json). (A '*'
         # standing for nothing makes an empty component, which MinIO refuses in any key.) Made from
         # the patterns of every target, once: a policy holds 20 KiB in MinIO, whatever a host serves.
-        denied = dict.fromkeys(d for p in (*ROLE_WRITES[role], *ROLE_DELETES.get(role, ()))
+        denied = dict.fromkeys(d for p in (*ROLE_WRITES[role], *ROLE_WRITES_ANY.get(role, ()),
+                                           *ROLE_DELETES.get(role, ()))
                                for d in spanning(p.format(target="*")))
         statements.append({"Effect": "Deny", "Action": ["s3:PutObject", "s3:DeleteObject"],
                            "Resource": [f"{arn}/{d}" for d in denied]})

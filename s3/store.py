@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import io
 import logging
 import os
 import threading
@@ -105,6 +106,48 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+class _FilePart(io.RawIOBase):
+    """One part of a file as the body of an upload_part: read from disk as botocore hashes and
+    sends it, never held whole. A worker uploading a 64 MiB JUnit held PARALLEL parts of
+    PART_SIZE in memory (and botocore a copy of each) when parts were read in as bytes. Written
+    here because neither boto3 nor io has a file window that botocore sizes by len() (given a
+    fileno(), botocore would size the body by the whole file)."""
+
+    def __init__(self, path: Path, offset: int, length: int) -> None:
+        super().__init__()
+        self._f = path.open("rb", buffering=0)
+        self._start, self._length, self._pos = offset, length, 0
+
+    def __len__(self) -> int:
+        return self._length
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
+        self._pos = max(0, min(self._length, base + pos))
+        return self._pos
+
+    def readinto(self, buf: Any) -> int:
+        n = min(len(buf), self._length - self._pos)
+        if n <= 0:
+            return 0
+        got = os.preadv(self._f.fileno(), [memoryview(buf)[:n]], self._start + self._pos)
+        self._pos += got
+        return got
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
 
 
 class ArtifactStore:
@@ -301,14 +344,13 @@ class ArtifactStore:
         upload = self.s3.create_multipart_upload(Bucket=self.bucket, Key=key, ContentType=content_type)["UploadId"]
         completed = False
         try:
-            with path.open("rb") as f, ThreadPoolExecutor(PARALLEL, thread_name_prefix="s3-put") as pool:
-                fd = f.fileno()
+            with ThreadPoolExecutor(PARALLEL, thread_name_prefix="s3-put") as pool:
 
                 def send(number: int) -> dict[str, object]:
                     offset = (number - 1) * PART_SIZE
-                    body = os.pread(fd, min(PART_SIZE, size - offset), offset)
-                    etag = self.s3.upload_part(Bucket=self.bucket, Key=key, UploadId=upload, PartNumber=number,
-                                               Body=body)["ETag"]
+                    with _FilePart(path, offset, min(PART_SIZE, size - offset)) as body:
+                        etag = self.s3.upload_part(Bucket=self.bucket, Key=key, UploadId=upload, PartNumber=number,
+                                                   Body=body)["ETag"]
                     return {"ETag": etag, "PartNumber": number}
 
                 parts = list(pool.map(send, range(1, -(-size // PART_SIZE) + 1)))

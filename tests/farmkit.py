@@ -7,7 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -294,3 +294,30 @@ def carried_files(db_url: str) -> dict[str, bytes]:
     with db.engine.connect() as conn:
         rows = conn.execute(select(JobRow.job_id, JobRow.files).where(JobRow.files.is_not(None))).all()
     return {f"{job}/{name}": unpack_file(text) for job, files in rows for name, text in (files or {}).items()}
+
+
+def descendants(roots: Iterable[int]) -> dict[int, list[str]]:
+    """The live processes below ``roots`` (their children, theirs, ...), roots excluded, with
+    their command lines: what a test started, found from its own pids, never from every
+    process of the machine by name."""
+    parent: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat = Path(f"/proc/{name}/stat").read_bytes()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(b")") + 2:].split()
+            if fields[0] not in (b"Z", b"X"):
+                parent[int(name)] = int(fields[1])
+    below: dict[int, list[str]] = {}
+    frontier = set(roots)
+    while frontier:
+        frontier = {pid for pid, ppid in parent.items() if ppid in frontier and pid not in below}
+        for pid in frontier:
+            try:
+                below[pid] = [a.decode(errors="replace") for a in
+                              Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]]
+            except OSError:
+                below[pid] = []
+    return below

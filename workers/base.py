@@ -446,20 +446,21 @@ class Context:
             stop.wait(delay)
             delay = min(delay * 2, 10.0)
 
-    def renew(self, p: Payload, beat: int) -> Answer | None:
+    def renew(self, p: Payload, beat: int) -> tuple[Answer, str] | None:
         """A signed heartbeat of the held lease: what tells the nightly the job is alive
         (WORK_STATUS can be sent by whatever holds the Gearman job), and the ledger's answer,
-        which says `cancelled` once the nightly recorded the job or its run cancelled; None when
+        which says `cancelled` once the nightly recorded the job or its run cancelled and
+        `refused` once the attempt is no longer this worker's (its run closed, its lease taken
+        over), with the ledger's reason; None when
         no answer came within a heartbeat (the collector away or behind). One waits per attempt
         (its unique id): a beat sent while the last one waits joins it."""
         unique = "beat-" + hashlib.sha256(f"{p.unique}|{self.name}".encode()).hexdigest()[:40]
         try:
-            word, _ = lease_answer(self.client.submit(COLLECT_FUNCTION, self._lease(p, beat), unique=unique,
-                                                      timeout=HEARTBEAT_SECONDS, priority="high"))
+            return lease_answer(self.client.submit(COLLECT_FUNCTION, self._lease(p, beat), unique=unique,
+                                                   timeout=HEARTBEAT_SECONDS, priority="high"))
         except (GearmanError, TimeoutError) as e:
             log.warning("no answer to the heartbeat of %s: %s", p.job_id, e)
             return None
-        return word
 
     def cancelled(self, p: Payload) -> bool:
         """Whether a person cancelled the job or its run, by the nightly's signed marker in S3:
@@ -629,6 +630,22 @@ class Attempt:
                     f"{size_text(farm.job_disk)} ([farm] job_disk)")
         return ""
 
+    def stopped(self, flag: process.CancelFlag) -> ResultRecord:
+        """The record of work whose command was stopped (``flag`` says why), with its log: a
+        person's cancel is `cancelled`; a job still running at its run's deadline is
+        `timed_out`, the project's own (it held its slot past the night's end, whatever its
+        catalog's timeout). A job that is no longer this worker's (its run closed, its lease
+        another's) is dropped with no record (Refused): the run has its answer already."""
+        if flag.kind == "refused":
+            raise Refused(flag.reason)
+        if flag.kind == "limit":  # one of the farm's limits, reached: the job's own failure
+            self.note(f"*** {flag.reason} ***")
+            return self.record("failed", flag.reason)
+        if flag.kind == "deadline":
+            return self.record("timed_out", f"{self.p.step} {flag.reason}: it held its slot past the end of the "
+                               "night, and was stopped with everything it started")
+        return self.record("cancelled", f"cancelled while running{f' ({flag.reason})' if flag.reason else ''}")
+
     def refuse(self, message: str, **fields: object) -> ResultRecord:
         """An `infra` record naming no log, for work that must not run or go on (a host without
         the tools, an artifact that does not verify): the farm's failure, not the project's."""
@@ -718,7 +735,14 @@ class Heartbeat:
     the job's commands stop within a signed beat of the nightly recording it (10 s by default).
     Only a beat the ledger did not answer looks in S3 for the nightly's marker instead: a LIST
     at every heartbeat of every running job was half of a slot's own work on a long job, and
-    of MinIO's (docs/speed.md)."""
+    of MinIO's (docs/speed.md).
+
+    It also sets ``cancel`` when the job is no longer this worker's to run (the ledger answers a
+    beat `refused`: its run was closed; `held` or `done`: another worker took its attempt over),
+    and at the run's deadline the payload carries, by this host's clock: nothing of a run
+    outlives its deadline, whatever the catalog's timeout and whether or not the collector
+    answers (a suite that traps SIGTERM held its slot for good when only a `cancelled` answer
+    stopped it)."""
 
     def __init__(self, ctx: Context, job: Job, p: Payload) -> None:
         self.ctx, self.job, self.p = ctx, job, p
@@ -745,8 +769,7 @@ class Heartbeat:
                     reason = (f"the disk holding the farm's state fell below [farm] min_free "
                               f"({size_text(ctx.cfg.farm.min_free)}) while this job ran: it wrote "
                               f"{wrote / jobdisk.GiB:.2f} GiB")
-                    log.warning("job %s stopped: %s", self.p.job_id, reason)
-                    self.cancel.set(reason)
+                    self._end("limit", reason)
         except Exception:
             log.exception("job %s: its watch of the free space stopped", self.p.job_id)
 
@@ -762,20 +785,40 @@ class Heartbeat:
 
     def _beats(self) -> None:
         ctx, p, n = self.ctx, self.p, 0
-        while not self.stop.wait(HEARTBEAT_SECONDS):
+        due = time.monotonic() + HEARTBEAT_SECONDS
+        while True:
+            wait = due - time.monotonic()
+            if not self.cancel.is_set():
+                wait = min(wait, p.deadline - time.time())  # woken at the deadline, not a beat after
+            if self.stop.wait(max(0.0, wait)):
+                return
+            if time.time() >= p.deadline and not self.cancel.is_set():
+                self._end("deadline", "killed at its run's deadline "
+                          f"({time.strftime('%H:%M:%S', time.localtime(p.deadline))}), still running")
+            if time.monotonic() < due:
+                continue
+            due = time.monotonic() + HEARTBEAT_SECONDS
             n += 1
             self.job.status(n, 0)
             if not self.leased.is_set() or n % ctx.lease_beats:
                 continue
-            word = ctx.renew(p, n)
+            said = ctx.renew(p, n)
+            due = time.monotonic() + HEARTBEAT_SECONDS  # after its answer, which may take a heartbeat
             if self.cancel.is_set() or self.stop.is_set():
                 continue
             try:
-                if word == "cancelled" or (word is None and ctx.cancelled(p)):
-                    log.warning("job %s (%s) was cancelled: stopping it", self.job.handle, p.job_id)
-                    self.cancel.set()
+                if said is not None and said[0] in ("refused", "held", "done"):
+                    # Its run was reported and closed, another worker holds or finished the
+                    # attempt: whatever this one did now would be late or rejected.
+                    self._end("refused", f"no longer this worker's to run ({said[0]}: {said[1]})")
+                elif (said is not None and said[0] == "cancelled") or (said is None and ctx.cancelled(p)):
+                    self._end("cancelled", "")
             except StoreError as e:
                 log.warning("cannot check whether job %s was cancelled: %s", p.job_id, e)
+
+    def _end(self, kind: str, reason: str) -> None:
+        log.warning("job %s (%s): %s: stopping it", self.job.handle, self.p.job_id, reason or "cancelled")
+        self.cancel.set(kind, reason)
 
 
 def perform_job(ctx: Context, p: Payload, job: Job, work: Work, cancel: process.CancelFlag,
@@ -792,7 +835,7 @@ def perform_job(ctx: Context, p: Payload, job: Job, work: Work, cancel: process.
     except Refused:
         raise
     except process.Cancelled as e:
-        if cancel.reason:  # a limit it reached: the job's own failure
+        if cancel.kind == "limit":  # a limit it reached: the job's own failure
             rec = ctx.record(p, "failed", message=cancel.reason, started_at=began, finished_at=time.time())
         else:
             rec = ctx.record(p, "cancelled", message=f"cancelled while running ({e})", started_at=began,
@@ -845,11 +888,9 @@ def run_step(ctx: Context, p: Payload, work: Work, admission: Admission,
         return work(attempt)
     except process.Cancelled:
         flag = process.CANCEL.get()
-        if flag is None or not flag.reason:
+        if flag is None:
             raise
-        # Stopped for a limit it reached: its failure, with its log and the reason at its end.
-        attempt.note(f"*** {flag.reason} ***")
-        return attempt.record("failed", flag.reason)
+        return attempt.stopped(flag)
 
 
 def handle_result(ctx: Context, p: Payload, rec: ResultRecord) -> bytes:

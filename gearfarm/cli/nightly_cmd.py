@@ -154,6 +154,7 @@ def nightly_cmd(config_path: str | None, projects_file: Path | None, project_nam
         if farm is not None and not keep:
             farm.stop()
         elif farm is not None:
+            farm.detach()
             console.print(f"farm left running (config {farm.config_path}); stop it with: gearfarm farm stop")
     exit_now(code)
 

@@ -31,6 +31,7 @@ from sqlalchemy import (
     Text,
     TextClause,
     UniqueConstraint,
+    and_,
     bindparam,
     case,
     cast,
@@ -38,6 +39,7 @@ from sqlalchemy import (
     event,
     func,
     inspect,
+    or_,
     select,
     text,
     tuple_,
@@ -1019,6 +1021,20 @@ class ResultsDB:
             q = (select(LeaseRow.job_id, LeaseRow.attempt, LeaseRow.host, LeaseRow.beats)
                  .where(LeaseRow.run_id == run_id, LeaseRow.done.is_(False)))
             return {(j, a): (h, b) for j, a, h, b in conn.execute(q)}
+
+    def holders(self, before: float, since: float) -> list[tuple[str, str, float]]:
+        """(job id, holder's host, claimed at) of the jobs of every run that held a worker slot
+        from before ``before`` until ``since`` or later: claimed before it, and still held (a
+        signed beat since ``since``) or recorded as finished since. What a job that never started
+        by its run's deadline waited behind, though those jobs may have ended since (another
+        run's, stopped at its own deadline a moment earlier)."""
+        with self.polling() as conn:
+            ended = select(JobRow.finished_at).where(JobRow.job_id == LeaseRow.job_id,
+                                                     JobRow.attempt == LeaseRow.attempt).scalar_subquery()
+            q = (select(LeaseRow.job_id, LeaseRow.host, LeaseRow.claimed_at)
+                 .where(LeaseRow.claimed_at < before,
+                        or_(and_(LeaseRow.done.is_(False), LeaseRow.beat_at >= since), ended >= since)))
+            return [(j, h, c) for j, h, c in conn.execute(q)]
 
     def live(self, run_ids: Iterable[str]) -> dict[str, LiveJob]:
         ids = list(run_ids)

@@ -172,6 +172,10 @@ class Worker:
         # woken for a job another worker took), before it sleeps again: chores that wait for
         # time nobody's job needs.
         self.idle: Callable[[], None] | None = None
+        # Asked, while no server is connected, with the seconds since one last was: True ends
+        # ``work`` (the caller's rule for when its servers are gone for good); None: never.
+        self.give_up: Callable[[float], bool] | None = None
+        self._down_since: float | None = None  # time.monotonic() since no server is connected
         self.max_backoff = max_backoff
         self._io_timeout = io_timeout
         self._prefer = prefer
@@ -324,7 +328,22 @@ class Worker:
                     self._drop(server, exc)
                     continue
             live.append(server)
+        if live:
+            self._down_since = None
+        elif self._down_since is None:
+            self._down_since = time.monotonic()
         return live
+
+    def _gone(self) -> bool:
+        """Whether the caller's ``give_up`` says the servers are gone for good."""
+        if self.give_up is None or self._down_since is None:
+            return False
+        silent = time.monotonic() - self._down_since
+        if not self.give_up(silent):
+            return False
+        log.error("worker %s: no gearmand has answered for %.0fs (%s); stopping", self.client_id, silent,
+                  ", ".join(s.address for s in self._servers))
+        return True
 
     # -- grabbing and running --------------------------------------------------------
 
@@ -551,7 +570,7 @@ class Worker:
         """Serve jobs until ``stop`` is set; never raises for server/protocol trouble."""
         try:
             ran = False
-            while not stop.is_set():
+            while not stop.is_set() and not self._gone():
                 try:
                     if self._grab_and_run(stop):
                         ran = True

@@ -3,6 +3,7 @@ a CA), shared by the nightly, the CLI, the collector and the worker roles."""
 
 from __future__ import annotations
 
+import os
 import ssl
 from collections.abc import Callable, Mapping
 
@@ -35,5 +36,19 @@ def gearman_client(cfg: Config) -> Client:
 
 def gearman_worker(cfg: Config, client_id: str,
                    prefer: Callable[[Mapping[str, int]], str | None] | None = None) -> Worker:
-    return Worker(cfg.gearman.addresses(), client_id=client_id, ssl_context=ssl_context(cfg),
-                  server_hostname=cfg.gearman.tls_server_name, prefer=prefer, poll_interval=IDLE_POLL)
+    worker = Worker(cfg.gearman.addresses(), client_id=client_id, ssl_context=ssl_context(cfg),
+                    server_hostname=cfg.gearman.tls_server_name, prefer=prefer, poll_interval=IDLE_POLL)
+    worker.give_up = orphaned(cfg.farm.orphan_wait)
+    return worker
+
+
+def orphaned(wait: float) -> Callable[[float], bool] | None:
+    """When a worker's job servers are gone for good ([farm] orphan_wait): the process that
+    started it is gone (it was re-parented) and no gearmand has answered for ``wait`` seconds.
+    An embedded farm's gearmand goes only with its farm, so a slot its farm's stop missed (or
+    whose farm was killed) would otherwise log "reconnecting" for ever; while its farm lives, a
+    gearmand restart is waited out whatever it takes. None (never): a lab's daemons."""
+    if wait <= 0:
+        return None
+    parent = os.getppid()
+    return lambda silent: silent >= wait and os.getppid() != parent

@@ -124,11 +124,17 @@ class CancelFlag:
         self._set = threading.Event()
         self._lock = threading.Lock()
         self._fd: int | None = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-        # Why, when the job is stopped for a limit it reached (its failure, not a cancel).
+        # Why the job was stopped, kept from the first set(): "cancelled" (a person), "deadline"
+        # (its run's deadline passed), "refused" (the job is no longer this worker's) or "limit" (it
+        # reached one of the farm's limits, [farm] min_free: its own failure), and
+        # the words the job's log and record give for it.
+        self.kind = "cancelled"
         self.reason = ""
 
-    def set(self, reason: str = "") -> None:
-        self.reason = self.reason or reason
+    def set(self, kind: str = "cancelled", reason: str = "") -> None:
+        with self._lock:
+            if not self._set.is_set():
+                self.kind, self.reason = kind, reason
         self._set.set()
         with self._lock:
             if self._fd is not None:
@@ -446,8 +452,9 @@ def run_logged(argv: Sequence[str], log_path: Path, timeout: float, cwd: Path | 
             raise OSError(pump.error.errno, f"cannot write the job's log {log_path}: {pump.error.strerror}")
         cancel = CANCEL.get()
         if cancel is not None and cancel.is_set():
-            log.write(b"\n*** cancelled: the command and everything it started were stopped ***\n")
-            raise Cancelled(f"{argv[0]} stopped: the job was cancelled")
+            why = cancel.reason or "cancelled"
+            log.write(f"\n*** {why}: the command and everything it started were stopped ***\n".encode())
+            raise Cancelled(f"{argv[0]} stopped: {cancel.reason or 'the job was cancelled'}")
         if reason == "error":
             log.write(f"cannot start {argv[0]}: {detail}\n".encode())
             return 127, False
@@ -569,12 +576,23 @@ def cmdline(pid: int) -> list[str] | None:
     return [os.fsdecode(a) for a in raw.split(b"\0")[:-1]]
 
 
-def identity(pid: int) -> dict[str, Any] | None:
+def identity(pid: int, argv: Sequence[str] | None = None, wait: float = 5.0) -> dict[str, Any] | None:
     """What proves later that ``pid`` is still this process (JSON-ready); None if it is gone.
     The start time tells a recycled pid apart, the boot id a pid of an earlier boot, the
-    command line guards against both failing at once."""
-    st = proc_stat(pid)
+    command line guards against both failing at once.
+
+    ``argv``: what the process was just started with (Popen's), waited for up to ``wait``
+    seconds. Popen returns before the kernel shows the new command line: /proc/<pid>/cmdline
+    read at once was still the parent's or empty in 151 of 300 starts, and a process recorded
+    so is never "provably" the one started (is_same), so a stop from the state file left it
+    running (issue #76, case 11: a restarted slot outlived `gearfarm farm stop`)."""
     args = cmdline(pid)
+    if argv is not None:
+        until = time.monotonic() + wait
+        while args is not None and args != list(argv) and time.monotonic() < until:
+            time.sleep(0.001)
+            args = cmdline(pid)
+    st = proc_stat(pid)
     if st is None or st.state in ("Z", "X") or args is None:
         return None
     return {"pid": pid, "start": st.start, "boot": boot_id(), "pgid": st.pgid, "cmdline": args}

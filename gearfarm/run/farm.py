@@ -5,6 +5,8 @@ every part runs exactly as in the lab."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -14,6 +16,7 @@ import sys
 import threading
 import time
 import tomllib
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,15 @@ from gearfarm.s3.keys import ROLE_WRITES
 
 log = logging.getLogger(__name__)
 STATE_FILE = "farm.json"
+# Held (flock) while the state file is written or a process it lists is started or stopped: a
+# slot the supervisor restarts while `gearfarm farm stop` stops the farm is either in the file
+# the stop reads or never started (_locked).
+LOCK_FILE = "farm.lock"
+
+
+# [farm] orphan_wait of the embedded farm's processes: a slot or collector whose farm process is
+# gone and whose gearmand has not answered for this long exits (gearfarm.hosts.connection.orphaned).
+ORPHAN_WAIT = 30.0
 
 
 class FarmError(RuntimeError):
@@ -71,6 +83,8 @@ class EmbeddedFarm:
         self.missing: dict[str, dict[str, str]] = {}
         self.functions: set[str] = {"collect"}
         self.args: dict[str, list[str]] = {}
+        # What each was last started with, as the state file must record its command line.
+        self.argv: dict[str, list[str]] = {}
         self.restarts: dict[str, int] = {}
         self._stopping = threading.Event()
         self._supervisor: threading.Thread | None = None
@@ -169,7 +183,7 @@ class EmbeddedFarm:
             farm=FarmConfig(repo=str(self.repo), state_dir=str(self.state), no_worker_wait=30.0, slots=self.slots,
                             sandbox=self.sandbox, nightly_keys=[signers[0].public_text],
                             signing_key=str(self.state / "keys" / "nightly.key"),
-                            host_key=str(self.state / "keys" / "host.key"),
+                            host_key=str(self.state / "keys" / "host.key"), orphan_wait=ORPHAN_WAIT,
                             **self.settings.model_dump(exclude={"slots"})),
         )
         config_mod.dump(self.cfg, self.config_path)
@@ -220,6 +234,7 @@ class EmbeddedFarm:
         argv = [sys.executable, "-m", "gearfarm.cli", *args, "--config", str(self.config_path)]
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.worker_env)
         self.procs[name] = process.spawn(argv, self.state / "logs" / f"{name}.log", env=env)
+        self.argv[name] = argv
 
     def supervise(self) -> None:
         """Restart workers and the collector when they die, as systemd's Restart=always does
@@ -229,10 +244,8 @@ class EmbeddedFarm:
                 self._heal_gearmand()
                 for name, proc in list(self.procs.items()):
                     if proc.poll() is not None and not self._stopping.is_set():  # type: ignore[attr-defined]
-                        log.warning("%s exited (%s); restarting it", name, proc.returncode)  # type: ignore[attr-defined]
-                        self.restarts[name] = self.restarts.get(name, 0) + 1
-                        self.spawn(name, self.args[name])
-                        self._record()
+                        if not self._restart(name, proc.returncode):  # type: ignore[attr-defined]
+                            return
 
         self._supervisor = threading.Thread(target=loop, name="farm-supervisor", daemon=True)
         self._supervisor.start()
@@ -251,18 +264,47 @@ class EmbeddedFarm:
         except Exception:  # the supervisor goes on; the next look tries again
             log.exception("gearmand's queue failed and it cannot be restarted yet")
 
+    def _restart(self, name: str, code: int | None) -> bool:
+        """Start ``name`` again and record it, both under the farm's lock; False (and nothing
+        started) once the farm is being stopped, by this process or by `gearfarm farm stop` from
+        another: a slot restarted after the stop read the state file outlived the farm, logging
+        "lost gearmand … reconnecting", its parent gone (issue #76, case 11)."""
+        with _locked(self.state):
+            if self._stopping.is_set() or _stopping(self.state):
+                log.warning("%s exited (%s); not restarted: the farm is being stopped", name, code)
+                return False
+            log.warning("%s exited (%s); restarting it", name, code)
+            self.restarts[name] = self.restarts.get(name, 0) + 1
+            self.spawn(name, self.args[name])
+            self._write_state()
+        return True
+
     def _record(self) -> None:
-        """Write farm.json: every pid, and what proves later that it is still the process we
-        started (start time, command line, boot, process group), so that a stop from the
-        state file never kills a process that merely got a recorded pid."""
+        with _locked(self.state):
+            self._write_state()
+
+    def _write_state(self) -> None:
+        """Write farm.json (under the lock, atomically: a stop never reads half of it): every
+        pid, and what proves later that it is still the process we started (start time, command
+        line, boot, process group), so that a stop from the state file never kills a process
+        that merely got a recorded pid."""
         pids = {n: p.pid for n, p in self.procs.items()}  # type: ignore[attr-defined]
         if self.minio and self.minio.proc:
             pids["minio"] = self.minio.proc.pid
         if self.gearmand and self.gearmand.pid:
             pids["gearmand"] = self.gearmand.pid
-        procs = {n: ident for n, pid in pids.items() if (ident := process.identity(pid)) is not None}
-        (self.state / STATE_FILE).write_text(json.dumps({"pids": pids, "procs": procs,
-                                                         "config": str(self.config_path)}))
+        procs = {n: ident for n, pid in pids.items()
+                 if (ident := process.identity(pid, self.argv.get(n))) is not None}
+        _write_json(self.state / STATE_FILE, {"pids": pids, "procs": procs, "config": str(self.config_path)})
+
+    def detach(self) -> None:
+        """Leave the farm running without this process (`nightly --keep`): its supervisor ends
+        first and the state file says every process it started, so `gearfarm farm stop` finds
+        them all; what dies from now on is not restarted."""
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join()
+        self._record()
 
     def stop(self) -> None:
         self._stopping.set()
@@ -297,7 +339,14 @@ def stop_from_state(state_dir: Path, timeout: float = 10.0) -> Stopped:
     path = state_dir / STATE_FILE
     if not path.exists():
         return Stopped([], [])
-    state = json.loads(path.read_text())
+    # Marked stopping under the lock first: a supervisor still running (the farm's process is
+    # alive) restarts nothing after this, and what it restarted before is in what is read here.
+    with _locked(state_dir):
+        try:
+            state = json.loads(path.read_text())
+        except FileNotFoundError:
+            return Stopped([], [])
+        _write_json(path, {**state, "stopping": True})
     pids: dict[str, int] = state.get("pids", {})
     records: dict[str, dict[str, Any]] = state.get("procs", {})
     ours: dict[str, dict[str, Any]] = {}
@@ -324,6 +373,34 @@ def stop_from_state(state_dir: Path, timeout: float = 10.0) -> Stopped:
     jobdisk.sweep(state_dir / "work")  # the job disks of workers that did not close theirs
     path.unlink(missing_ok=True)
     return Stopped(list(ours), skipped)
+
+
+@contextlib.contextmanager
+def _locked(state_dir: Path) -> Iterator[None]:
+    """The farm's lock (LOCK_FILE), held across processes for the ``with``."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(state_dir / LOCK_FILE, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _stopping(state_dir: Path) -> bool:
+    """Whether a stop from the state file has begun (or ended: the file is gone)."""
+    try:
+        return bool(json.loads((state_dir / STATE_FILE).read_text()).get("stopping"))
+    except FileNotFoundError:
+        return True
+    except ValueError:
+        return False
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
 
 
 def _signal_process(rec: dict[str, Any], sig: int) -> None:

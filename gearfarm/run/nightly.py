@@ -673,16 +673,10 @@ def wait(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, clien
                     cancel_due = time.monotonic() + CANCEL_LOOK
                 now = time.time()
                 if now > p.deadline:
-                    reconcile(ledger, store, p.run_id, seen)
-                    done = db.terminal_ids(p.run_id)
-                    # Builds first: ending a build ends its dependents (skipped, with the reason).
-                    for jid in sorted(pending, key=lambda j: j.kind != "build"):
-                        if str(jid) in done:
-                            continue
-                        expire(ledger, p, [jid], "infra", f"not finished by the run deadline "
-                               f"({time.strftime('%H:%M:%S', time.localtime(p.deadline))})", watchdog.attempt(jid))
-                        if jid.kind == "build":
-                            done = db.terminal_ids(p.run_id)  # its dependents ended with it
+                    if time.monotonic() - last_reconcile > 2.0:  # the records of jobs stopped at it
+                        reconcile(ledger, store, p.run_id, seen)
+                        last_reconcile = time.monotonic()
+                    _past_deadline(cfg, db, ledger, p, pending, watchdog, now)
                     continue
                 if time.monotonic() - last_reconcile > (RECONCILE_CALM if _collector_keeps_up(table) else 30):
                     # The collector may be down; S3 holds every result the workers reported. While it
@@ -716,6 +710,57 @@ def wait(cfg: Config, db: ResultsDB, ledger: Ledger, store: ArtifactStore, clien
         board.close()
     reconcile(ledger, store, p.run_id, seen)
     return db.jobs(p.run_id)
+
+
+def deadline_grace(cfg: Config) -> float:
+    """Seconds past the run's deadline the nightly waits for the jobs still running then to
+    report themselves stopped: each worker kills its job's tree at the deadline by its own clock
+    (workers/base.py Heartbeat) and records it `timed_out` with its log; two signed beats more
+    cover a worker whose clock is behind, which the ledger then refuses once the run closes."""
+    return 2 * beat_seconds(cfg.farm.lease_timeout) + 5.0
+
+
+def _past_deadline(cfg: Config, db: ResultsDB, ledger: Ledger, p: Plan, pending: Iterable[JobId],
+                   watchdog: Watchdog, now: float) -> None:
+    """End what is left of a run past its deadline. A job whose holder still beats is the
+    project's: it held its slot past the end of the night. Its worker stops it with everything it
+    started and records it `timed_out` with its log; only if no record came within
+    deadline_grace does the nightly record that itself. A job that never started is `infra`,
+    saying which jobs held the slots it waited for (of any run), so the report names them and
+    not "the farm"."""
+    at = time.strftime('%H:%M:%S', time.localtime(p.deadline))
+    done = db.terminal_ids(p.run_id)
+    leases = watchdog._leases(now)
+    holders: list[tuple[str, str, float]] | None = None
+    grace = deadline_grace(cfg)
+    # Builds first: ending a build ends its dependents (skipped, with the reason).
+    for jid in sorted(pending, key=lambda j: j.kind != "build"):
+        if str(jid) in done:
+            continue
+        held = leases.get((str(jid), watchdog.attempt(jid)))
+        if held is not None and watchdog._silent_for(jid, held[1], now) <= watchdog.stale:
+            if now < p.deadline + grace:
+                continue  # its worker is stopping it, and reports it with its log
+            status, why = "timed_out", (f"still running on {held[0]} at the run deadline ({at}): it held its slot "
+                                        f"past the end of the night, and its worker did not report it stopped within "
+                                        f"{grace:.0f}s")
+        elif held is not None:
+            status, why = "infra", (f"not finished by the run deadline ({at}): its worker on {held[0]} stopped "
+                                    "beating before it")
+        else:
+            if holders is None:
+                holders = db.holders(p.deadline, p.deadline - watchdog.stale)
+            busy = sorted((c, j, h) for j, h, c in holders if j != str(jid) and JobId.parse(j).function == jid.function)
+            status, why = "infra", (f"not started by the run deadline ({at}): the slots serving {jid.function} were "
+                                    "held by " + ", ".join(f"{j} (on {h} since "
+                                                           f"{time.strftime('%H:%M:%S', time.localtime(c))})"
+                                                           for c, j, h in busy[:5])
+                                    + (f" and {len(busy) - 5} more" if len(busy) > 5 else "")
+                                    if busy else f"not started by the run deadline ({at}): no worker serving "
+                                    f"{jid.function} took it")
+        expire(ledger, p, [jid], status, why, watchdog.attempt(jid))
+        if jid.kind == "build":
+            done = db.terminal_ids(p.run_id)  # its dependents ended with it
 
 
 def _cancel(db: ResultsDB, ledger: Ledger, store: ArtifactStore, p: Plan, pending: Iterable[JobId],

@@ -242,7 +242,8 @@ class FarmConfig(_Section):
     # with this.
     result_limit: int = Field(default=64 * 1024 * 1024, ge=64 * 1024)
 
-    @field_validator("log_limit", "result_limit", "job_memory_max", mode="before")
+    @field_validator("log_limit", "result_limit", "job_memory_max", "job_tmp_size", "job_disk", "min_free",
+                     mode="before")
     @classmethod
     def _size(cls, v: Any) -> Any:
         return parse_size(v) if isinstance(v, str) else v
@@ -267,6 +268,16 @@ class FarmConfig(_Section):
         """The farm's bounds by the catalog's [limits] key they bound (None: unbounded)."""
         return {"processes": self.job_pids_max or None, "memory": self.job_memory_max or None,
                 "cpu_weight": self.job_cpu_weight}
+
+    # The most a job may keep in its sandbox's /tmp (a tmpfs: the host's memory), bytes or a size.
+    job_tmp_size: int = Field(default=1024**3, ge=1024 * 1024)
+    # The filesystem of a job's own directories (its $HOME, its tree and scratch): a
+    # root worker puts them on a loop-mounted ext4 image of this size per slot, so a job cannot
+    # fill the disk the farm lives on (gearfarm/hosts/jobdisk.py); bytes or a size.
+    job_disk: int = Field(default=8 * 1024**3, ge=16 * 1024 * 1024)
+    # Free space the state directory's filesystem keeps (bytes or a size): below it a worker takes
+    # no job, and ends the running job that wrote the most, as that job's failure.
+    min_free: int = Field(default=1024**3, ge=0)
     # Build and test jobs the embedded farm's host runs at once (its worker slots); 0: one per
     # core. More oversubscribes the cores: measured on 2 cores, ten workers made every job slower
     # and the nightly no shorter.
@@ -471,8 +482,11 @@ class EmbeddedSettings(_Section):
     job_memory_max: int = Field(default=FarmConfig.model_fields["job_memory_max"].default, ge=0)
     job_cpu_weight: int = Field(default=FarmConfig.model_fields["job_cpu_weight"].default, ge=1, le=10000)
     job_limits: str = Field(default="if-available", pattern=r"^(if-available|required)$")
+    job_tmp_size: int = Field(default=FarmConfig.model_fields["job_tmp_size"].default, ge=1024 * 1024)
+    job_disk: int = Field(default=FarmConfig.model_fields["job_disk"].default, ge=16 * 1024 * 1024)
+    min_free: int = Field(default=FarmConfig.model_fields["min_free"].default, ge=0)
 
-    @field_validator("job_memory_max", mode="before")
+    @field_validator("job_memory_max", "job_tmp_size", "job_disk", "min_free", mode="before")
     @classmethod
     def _size(cls, v: Any) -> Any:
         return parse_size(v) if isinstance(v, str) else v

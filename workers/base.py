@@ -47,8 +47,9 @@ from gearfarm.formats.result import (
     peek_record,
 )
 from gearfarm.formats.seal import SealError
+from gearfarm.formats.words import size_text
 from gearfarm.gearman import GearmanError, Job
-from gearfarm.hosts import host, process
+from gearfarm.hosts import host, jobdisk, process
 from gearfarm.hosts.cache import ArchiveCache
 from gearfarm.hosts.connection import gearman_client, gearman_worker
 from gearfarm.hosts.hostlock import HostLock
@@ -67,6 +68,9 @@ OUTBOX_MAX = 1
 # S3 copy (which the nightly's reconcile reads) instead; the collector answers in milliseconds.
 PUBLISH_WAIT = 5.0
 LOG_TAIL_LINES = 40
+# How often a running job's slot looks at the state directory's free space ([farm] min_free): a
+# job writing at disk speed fills gigabytes between two heartbeats.
+SPACE_SECONDS = 1.0
 
 
 @dataclass
@@ -91,6 +95,8 @@ class Context:
         self.spool = self.state / "spool" / f"{socket.gethostname()}-{role}"
         # Job directories, one owner directory per worker process (gearfarm.hosts.process.job_dir).
         self.work = self.state / "work"
+        # Where its jobs' own directories go: a disk of their own once serve() opened it.
+        self.disk = jobdisk.JobDisk(process.owner_dir(self.work), cfg.farm.job_disk)
         # Verified artifacts this host's test and perf jobs fetched, shared by its workers.
         self.archives = ArchiveCache(self.state / "cache" / "artifacts")
         # The role's own MinIO user: a build may write artifacts, a test may not (s3.keys).
@@ -131,6 +137,8 @@ class Context:
         # for each job was a millisecond of the job's start on a busy host (Thread.start waits
         # until the new thread runs).
         self.beats = ThreadPoolExecutor(max_workers=2, thread_name_prefix="heartbeat")
+        # A job's watch of the state directory's free space (Heartbeat._watch), the same way.
+        self.watches = ThreadPoolExecutor(max_workers=2, thread_name_prefix="space")
         # Every this many heartbeats, one signed beat of a job's lease.
         self.lease_beats = beat_every(cfg.farm.lease_timeout)
         # Checked now: a worker that cannot confine its jobs refuses to start.
@@ -224,6 +232,7 @@ class Context:
         it spooled is then any sibling's to deliver)."""
         self.claims.shutdown(wait=False, cancel_futures=True)
         self.beats.shutdown(wait=False, cancel_futures=True)
+        self.watches.shutdown(wait=False, cancel_futures=True)
         self.client.close()
         if self._owner_fd is not None:
             os.close(self._owner_fd)
@@ -372,6 +381,15 @@ class Context:
                 for at in self.spool.glob("owners/*"):
                     self._alive(at.name)
                 self._swept = True
+
+    def short_of_space(self) -> str:
+        """Why this host must take no job now ("" when it may): its state directory's filesystem
+        has less free than [farm] min_free."""
+        free, floor = jobdisk.fs_free(self.state, self.work), self.cfg.farm.min_free
+        if free >= floor:
+            return ""
+        return (f"the disk holding the farm's state ({self.state}) has {size_text(free)} free, below "
+                f"[farm] min_free ({size_text(floor)})")
 
     def record(self, p: Payload, status: str, **fields: object) -> ResultRecord:
         return ResultRecord(job_id=p.job_id, run_id=p.run_id, target=p.target, kind=p.kind, step=p.step,
@@ -528,8 +546,11 @@ class Attempt:
     granted), and the two ways a step ends (``record``, ``refuse``)."""
 
     def __init__(self, ctx: Context, p: Payload, cat: Catalog, target: Target, tmpd: Path, started: float,
-                 admission: Admission) -> None:
+                 admission: Admission, disk: Path | None = None) -> None:
         self.ctx, self.p, self.cat, self.target, self.tmpd, self.started = ctx, p, cat, target, tmpd, started
+        # The job's own directories (its tree, scratch, $HOME) go on its disk; ``tmpd`` keeps the
+        # worker's files of the job (its log, archives), which a full job disk cannot fail.
+        self.disk = disk or tmpd
         self.admission = admission
         self.timings: dict[str, float] = {"queue_wait": max(0.0, started - p.submitted_at)}
         self.log_path = tmpd / f"{ctx.role}.log"
@@ -552,7 +573,7 @@ class Attempt:
 
     def scratch(self) -> Path:
         """The job's scratch dir, made when asked: a build that reuses a stored artifact has none."""
-        scratch = self.tmpd / "scratch"
+        scratch = self.disk / "scratch"
         scratch.mkdir()
         return scratch
 
@@ -570,6 +591,10 @@ class Attempt:
         replaced, and the same file put again is already there. Not before the claim was
         granted."""
         self.admission.settle()
+        limit = self.limit_reached() if status != "passed" else ""
+        if limit:
+            self.note(f"*** {limit} ***")
+            message = f"{limit}; {message}" if message else limit
         carried, puts, sums, named = {}, [], {}, {}
         room = 0 if self.p.kind == "perf" else FILES_MAX
         for name, (path, kind) in {"log.txt": (self.log_path, "text/plain; charset=utf-8"), **(files or {})}.items():
@@ -592,6 +617,19 @@ class Attempt:
                                timings=self.timings, log_key=named["log.txt"], junit_key=named.get("junit.xml"),
                                message=message, log_tail=tail, files=carried, file_sums=sums, **fields)
 
+    def limit_reached(self) -> str:
+        """The disk limit a job that failed reached, said as its failure's cause ("" if none): its
+        own disk full, or a "No space left on device" in its log (its /tmp, a tmpfs the worker
+        cannot look into once the command is over)."""
+        if self.ctx.disk.full():
+            return self.ctx.disk.limit_note()
+        if "No space left on device" in process.log_tail(self.log_path, LOG_TAIL_LINES):
+            farm = self.ctx.cfg.farm
+            return (f"a filesystem of the job's was full (\"No space left on device\" in its log): its /tmp holds "
+                    f"at most {size_text(farm.job_tmp_size)} ([farm] job_tmp_size), its $HOME and tree "
+                    f"{size_text(farm.job_disk)} ([farm] job_disk)")
+        return ""
+
     def stopped(self, flag: process.CancelFlag) -> ResultRecord:
         """The record of work whose command was stopped (``flag`` says why), with its log: a
         person's cancel is `cancelled`; a job still running at its run's deadline is
@@ -600,6 +638,9 @@ class Attempt:
         another's) is dropped with no record (Refused): the run has its answer already."""
         if flag.kind == "refused":
             raise Refused(flag.reason)
+        if flag.kind == "limit":  # one of the farm's limits, reached: the job's own failure
+            self.note(f"*** {flag.reason} ***")
+            return self.record("failed", flag.reason)
         if flag.kind == "deadline":
             return self.record("timed_out", f"{self.p.step} {flag.reason}: it held its slot past the end of the "
                                "night, and was stopped with everything it started")
@@ -620,6 +661,13 @@ def handle_job(ctx: Context, work: Work, job: Job) -> bytes:
     to the ledger was the removal of the job's dir longer (docs/speed.md)."""
     t0 = time.monotonic()
     p = accept(ctx, job)
+    short = _wait_for_space(ctx, p)
+    if short:
+        # Completed with no record and no claim: the nightly submits it again once gearmand no
+        # longer holds it ([farm] lost_grace), for a host with room to take.
+        log.warning("DROPPED job %s (%s): %s; this host takes no job until there is room", job.handle, p.job_id,
+                    short)
+        return f"dropped: {short}".encode()
     with Heartbeat(ctx, job, p) as beat, _Tail(job) as tail:
         admission = Admission(ctx, p, job, beat, t0)
         try:
@@ -632,6 +680,21 @@ def handle_job(ctx: Context, work: Work, job: Job) -> bytes:
             return f"dropped: {e}".encode()
         rec.timings["admit"] = round(admission.seconds, 4)
         return handle_result(ctx, p, rec)
+
+
+def _wait_for_space(ctx: Context, p: Payload) -> str:
+    """Before a job: "" once the state directory's filesystem has [farm] min_free free, waiting
+    for it a while (less than a lease's life, or the nightly takes the job held for lost); else
+    why it has not."""
+    short = ctx.short_of_space()
+    if not short:
+        return ""
+    log.warning("job %s waits: %s", p.job_id, short)
+    deadline = time.monotonic() + ctx.cfg.farm.lease_timeout / 2
+    while short and time.monotonic() < deadline:
+        time.sleep(SPACE_SECONDS)
+        short = ctx.short_of_space()
+    return short
 
 
 class _Tail(contextlib.ExitStack):
@@ -688,7 +751,27 @@ class Heartbeat:
 
     def __enter__(self) -> Heartbeat:
         self.ctx.beats.submit(self._beat)
+        self.ctx.watches.submit(self._watch)
         return self
+
+    def _watch(self) -> None:
+        """While the job runs: should the state directory's filesystem fall below [farm] min_free,
+        the job that wrote the most there (on this host: jobdisk.JobDisk.writes_most) is
+        stopped, and fails naming it; the others go on, and nothing is blamed on them."""
+        ctx = self.ctx
+        try:
+            while not self.stop.wait(SPACE_SECONDS):
+                if self.cancel.is_set() or not ctx.short_of_space():
+                    continue
+                floor = max(16 * jobdisk.MiB, ctx.cfg.farm.min_free // 16)
+                if ctx.disk.writes_most(floor):
+                    wrote = ctx.disk.written()
+                    reason = (f"the disk holding the farm's state fell below [farm] min_free "
+                              f"({size_text(ctx.cfg.farm.min_free)}) while this job ran: it wrote "
+                              f"{wrote / jobdisk.GiB:.2f} GiB")
+                    self._end("limit", reason)
+        except Exception:
+            log.exception("job %s: its watch of the free space stopped", self.p.job_id)
 
     def __exit__(self, *_: object) -> None:
         self.stop.set()
@@ -752,8 +835,11 @@ def perform_job(ctx: Context, p: Payload, job: Job, work: Work, cancel: process.
     except Refused:
         raise
     except process.Cancelled as e:
-        rec = ctx.record(p, "cancelled", message=f"cancelled while running ({e})", started_at=began,
-                         finished_at=time.time())
+        if cancel.kind == "limit":  # a limit it reached: the job's own failure
+            rec = ctx.record(p, "failed", message=cancel.reason, started_at=began, finished_at=time.time())
+        else:
+            rec = ctx.record(p, "cancelled", message=f"cancelled while running ({e})", started_at=began,
+                             finished_at=time.time())
     except Exception as e:
         log.exception("job %s failed inside the worker", job.handle)
         rec = ctx.record(p, "infra", message=f"worker error: {type(e).__name__}: {e}", started_at=began,
@@ -796,7 +882,8 @@ def run_step(ctx: Context, p: Payload, work: Work, admission: Admission,
     # Under the worker's own work dir, so a worker killed mid-job has it swept on restart. A
     # build's or test's goes when the next command starts (process.job_dir's ``later``).
     tmpd = tail.enter_context(process.job_dir(ctx.work, ctx.role, later=ctx.role != "perf"))
-    attempt = Attempt(ctx, p, cat, target, tmpd, started, admission)
+    disk = tail.enter_context(ctx.disk.job_dir(ctx.role, later=ctx.role != "perf"))
+    attempt = Attempt(ctx, p, cat, target, tmpd, started, admission, disk)
     try:
         return work(attempt)
     except process.Cancelled:
@@ -832,8 +919,12 @@ def serve(cfg: Config, functions: list[tuple[str, str, Work]], stop: threading.E
     # minutes to start on a loaded host.
     ctxs = {role: Context(cfg, role) for role in dict.fromkeys(role for role, _, _ in functions)}
     first = next(iter(ctxs.values()))
+    jobdisk.sweep(first.work)
     for gone in process.sweep_work_dirs(first.work):
         log.info("removed %s, left by a worker that died mid-job", gone)
+    disk = first.disk.open()
+    for ctx in ctxs.values():
+        ctx.disk = disk
     stop = stop or threading.Event()
     worker = gearman_worker(cfg, f"{socket.gethostname()}-{'+'.join(ctxs)}-{os.getpid()}", prefer)
     worker.idle = functools.partial(_tidy, first)  # the last job's dir, when no next command came for it
@@ -854,6 +945,7 @@ def serve(cfg: Config, functions: list[tuple[str, str, Work]], stop: threading.E
             if not ctx.drain(DRAIN_SECONDS):
                 log.warning("results still being published at stop; they wait in %s", ctx.spool)
             ctx.close()
+        disk.close()
         process.release_work_dir(first.work)
         sandbox.release()
 

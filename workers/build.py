@@ -94,7 +94,7 @@ def build(attempt: Attempt) -> ResultRecord:
                   "as the farm signed them; the archive checked): build and upload skipped, 0 bytes uploaded")
         timings["lookup"] = time.monotonic() - t0
     else:
-        root, scratch = tmpd / "root", attempt.scratch()
+        root, scratch = attempt.disk / "root", attempt.scratch()
         size = snapshot.fetch_source(ctx.store, p.rev, p.source_sha256, root, tmpd)
         timings["source"] = time.monotonic() - t0
         attempt.note(f"source snapshot {keys.source(p.rev)}: {size} bytes, sha256 verified")

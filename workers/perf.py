@@ -55,13 +55,13 @@ def handle(attempt: Attempt) -> ResultRecord:
     samples: list[Sample] = []
     curves: list[CurveRecord] = []
     status, message = "passed", ""
-    new_tree = fetch_artifact(ctx, p, tmpd / "new", attempt.timings)
+    new_tree = fetch_artifact(ctx, p, attempt.disk / "new", attempt.timings, aside=tmpd)
     base_tree = None
     if p.baseline_key and p.baseline_sha256 and p.baseline_rev:
         base = p.model_copy(update={"rev": p.baseline_rev, "artifact_key": p.baseline_key,
                                     "artifact_sha256": p.baseline_sha256})
         try:
-            base_tree = fetch_artifact(ctx, base, tmpd / "base", {})
+            base_tree = fetch_artifact(ctx, base, attempt.disk / "base", {}, aside=tmpd)
             note = f"paired with the last good build {p.baseline_rev}"
         except ArtifactError as e:
             # Tonight's figures are still worth having: run unpaired, and say why.
@@ -76,7 +76,7 @@ def handle(attempt: Attempt) -> ResultRecord:
             ref = p.model_copy(update={"rev": p.reference_rev, "artifact_key": p.reference_key,
                                        "artifact_sha256": p.reference_sha256})
             try:
-                ref_tree, ref_rev = fetch_artifact(ctx, ref, tmpd / "ref", {}), p.reference_rev
+                ref_tree, ref_rev = fetch_artifact(ctx, ref, attempt.disk / "ref", {}, aside=tmpd), p.reference_rev
                 note = f"and with the reference build {p.reference_rev}"
             except ArtifactError as e:
                 note = f"the reference build {p.reference_rev} cannot be used ({e}); running without it"
@@ -93,7 +93,7 @@ def handle(attempt: Attempt) -> ResultRecord:
             t0 = time.monotonic()
             attempt.start()
             with activity:
-                _measure(attempt.cat, attempt.target, bench, p, new_tree, base_tree, tmpd, log_path, samples,
+                _measure(attempt.cat, attempt.target, bench, p, new_tree, base_tree, attempt.disk, log_path, samples,
                          ctx.sandbox, curves, ref_tree)
     except runner.BenchmarkFailed as e:
         status, message = e.status, str(e)

@@ -19,11 +19,13 @@ from gearfarm.workers.base import Attempt, Context
 log = logging.getLogger(__name__)
 
 
-def fetch_artifact(ctx: Context, p: Payload, tree: Path, timings: dict[str, float], source: bool = False) -> Path:
+def fetch_artifact(ctx: Context, p: Payload, tree: Path, timings: dict[str, float], source: bool = False,
+                   aside: Path | None = None) -> Path:
     """Download (or take from this host's cache) and verify the artifact into ``tree`` (over the
-    source snapshot when ``source``); returns ``tree``."""
+    source snapshot when ``source``); returns ``tree``. The archives go to ``aside`` (the job's
+    dir of the worker's own files; default: beside ``tree``)."""
     assert p.artifact_key and p.artifact_sha256
-    tmp = tree.parent
+    tmp = aside or tree.parent
     t0 = time.monotonic()
     if source:
         snapshot.fetch_source(ctx.store, p.rev, p.source_sha256, tree, tmp)
@@ -67,12 +69,14 @@ def handle(attempt: Attempt) -> ResultRecord:
     assert p.name is not None
     suite = attempt.cat.suite(p.name)
     try:
-        tree = fetch_artifact(ctx, p, attempt.tmpd / "root", attempt.timings, source=suite.source)
+        tree = fetch_artifact(ctx, p, attempt.disk / "root", attempt.timings, source=suite.source, aside=attempt.tmpd)
     except artifact.ArtifactError as e:
         # Nothing from an unverified artifact runs; this is the farm's failure, not the project's.
         return attempt.refuse(str(e), timings=attempt.timings)
     scratch = attempt.scratch()
     attempt.start()
+    # Beside the job's log, not on its disk: the prefix is hard links to the host's template,
+    # which cannot cross to another filesystem.
     prefix = wine.job_prefix(ctx.sandbox, ctx.state / "wine", target.runner, attempt.tmpd)
     run = runner.run_suite(attempt.cat, target, suite, tree, scratch, attempt.log_path, p.seed, ctx.sandbox, prefix,
                            p.cases)

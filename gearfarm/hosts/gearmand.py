@@ -22,6 +22,8 @@ from gearfarm.hosts.daemon import Daemon, Failure, PortTaken
 from gearfarm.hosts.net import free_port, wait_port
 
 _FALLBACK_BINARY = "/usr/sbin/gearmand"
+# Free bytes beside a failed persistent queue before heal() restarts gearmand on it.
+QUEUE_ROOM = 4 * 1024 * 1024
 
 
 class GearmandError(RuntimeError):
@@ -92,12 +94,39 @@ class Gearmand(Daemon):
         self.stderr_file = self.log_path
         self.pid_file = self.state_dir / "gearmand.pid"
         self._binary = ""
+        self._log_seen = 0  # how far heal() has read gearmand's log
+        self._queue_broken = False
 
     def prepare(self) -> None:
         self._binary = find_gearmand()
         if self.queue_db is not None:
             self.queue_db.parent.mkdir(parents=True, exist_ok=True)
             write_ahead(self.queue_db)
+
+    def heal(self) -> bool:
+        """Restart gearmand (same port, its persistent queue kept) if its sqlite queue failed
+        and there is room again; True if it did. gearmand 1.1.20's sqlite queue does not come
+        back by itself after a write failed (a full disk): it loses track of its transaction,
+        and every background submission after, with the space back, fails with QUEUE_ERROR
+        ("COMMIT called on FLUSH error: cannot commit - no transaction is active") until it is
+        restarted (measured: a queue on a 16 MiB tmpfs, filled, then freed). The jobs it had
+        committed are in the queue file, and a restart has them again."""
+        try:
+            with self.log_file.open("rb") as f:
+                f.seek(self._log_seen)
+                new = f.read(4 * 1024 * 1024)
+                self._log_seen = f.tell()
+        except OSError:
+            new = b""
+        if b"plugins/queue/sqlite" in new and b"QUEUE_ERROR" in new:
+            self._queue_broken = True
+        if not self._queue_broken or self.queue_db is None or shutil.disk_usage(self.queue_db.parent).free < QUEUE_ROOM:
+            return False
+        self.restart()
+        self._queue_broken = False
+        with contextlib.suppress(OSError):
+            self._log_seen = self.log_file.stat().st_size
+        return True
 
     def pick_port(self) -> int:
         # This module's free_port, looked up at call time: tests replace it to stage a lost race.

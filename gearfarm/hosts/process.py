@@ -125,7 +125,8 @@ class CancelFlag:
         self._lock = threading.Lock()
         self._fd: int | None = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         # Why the job was stopped, kept from the first set(): "cancelled" (a person), "deadline"
-        # (its run's deadline passed) or "refused" (the job is no longer this worker's), and
+        # (its run's deadline passed), "refused" (the job is no longer this worker's) or "limit" (it
+        # reached one of the farm's limits, [farm] min_free: its own failure), and
         # the words the job's log and record give for it.
         self.kind = "cancelled"
         self.reason = ""
@@ -644,17 +645,38 @@ def job_dir(root: Path, prefix: str, later: bool = False) -> Iterator[Path]:
     ``later`` when the next command starts (TIDY) or the worker is idle (tidy). What a worker
     killed in the middle of a job, or before it removed one, leaves behind, sweep_work_dirs()
     removes."""
-    owner = root / _owner()
+    owner = owner_dir(root)
     owner.mkdir(parents=True, exist_ok=True)
     path = Path(tempfile.mkdtemp(prefix=prefix, dir=owner))
     try:
         yield path
     finally:
         if later:
-            with _LATER_LOCK:
-                _LATER.append(path)
+            remove_later(path)
         else:
-            _rmtree(path)
+            remove(path)
+
+
+def owner_dir(root: Path) -> Path:
+    """This process's own directory under ``root``, where its job dirs are (job_dir)."""
+    return root / _owner()
+
+
+def remove_later(path: Path) -> None:
+    """Remove the job dir ``path`` when the next command starts or the worker is idle (tidy)."""
+    with _LATER_LOCK:
+        _LATER.append(path)
+
+
+def pending() -> list[Path]:
+    """The job dirs left for later (remove_later) and not removed yet."""
+    with _LATER_LOCK:
+        return _LATER[:]
+
+
+def remove(path: Path) -> None:
+    """Remove a job dir now, whatever the job left in it."""
+    _rmtree(path)
 
 
 # Job dirs to remove later (job_dir's ``later``): a test job's dir took 2 ms to remove, on the
@@ -683,7 +705,11 @@ def tidy() -> None:
 
 
 def jobs_root(job: Path) -> Path:
-    """Where the job dir ``job`` (job_dir's) and this host's other jobs' dirs are: ``root``."""
+    """Where the job dir ``job`` (job_dir's, or one on its owner's job disk) and this host's other
+    jobs' dirs are: ``root``."""
+    for up in job.parents:
+        if _OWNER.fullmatch(up.name):
+            return up.parent
     return job.parent.parent
 
 

@@ -37,7 +37,7 @@ from gearfarm.formats.catalog import Catalog
 from gearfarm.formats.job import KINDS
 from gearfarm.formats.seal import Signer
 from gearfarm.gearman import admin
-from gearfarm.hosts import probe, process
+from gearfarm.hosts import jobdisk, probe, process
 from gearfarm.hosts.gearmand import Gearmand
 from gearfarm.hosts.minio_server import MinioServer
 from gearfarm.s3.keys import ROLE_WRITES
@@ -241,6 +241,7 @@ class EmbeddedFarm:
         on a lab host: a killed worker's job goes back to gearmand, and capacity comes back."""
         def loop() -> None:
             while not self._stopping.wait(1.0):
+                self._heal_gearmand()
                 for name, proc in list(self.procs.items()):
                     if proc.poll() is not None and not self._stopping.is_set():  # type: ignore[attr-defined]
                         if not self._restart(name, proc.returncode):  # type: ignore[attr-defined]
@@ -248,6 +249,20 @@ class EmbeddedFarm:
 
         self._supervisor = threading.Thread(target=loop, name="farm-supervisor", daemon=True)
         self._supervisor.start()
+
+    def _heal_gearmand(self) -> None:
+        """gearmand's persistent queue failed (its disk was full) and there is room again: it is
+        restarted, as it does not recover by itself (Gearmand.heal); workers and the nightly
+        reconnect as after any restart of it."""
+        if self.gearmand is None or self._stopping.is_set():
+            return
+        try:
+            if self.gearmand.heal():
+                log.warning("gearmand's queue failed (its disk was full) and there is room again: gearmand restarted")
+                self.restarts["gearmand"] = self.restarts.get("gearmand", 0) + 1
+                self._record()
+        except Exception:  # the supervisor goes on; the next look tries again
+            log.exception("gearmand's queue failed and it cannot be restarted yet")
 
     def _restart(self, name: str, code: int | None) -> bool:
         """Start ``name`` again and record it, both under the farm's lock; False (and nothing
@@ -299,6 +314,8 @@ class EmbeddedFarm:
         # all at once: each exits as soon as its loop wakes (Worker.wake on SIGTERM).
         process.stop_all(list(self.procs.values()), timeout=10)  # type: ignore[arg-type]
         self.procs.clear()
+        # A worker killed on the way (past its grace) leaves its job disk mounted: not the host's.
+        jobdisk.sweep(self.state / "work")
         if self.minio:
             self.minio.stop()
         if self.gearmand:
@@ -353,6 +370,7 @@ def stop_from_state(state_dir: Path, timeout: float = 10.0) -> Stopped:
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline and any(_alive(rec) for rec in ours.values()):
             time.sleep(0.05)
+    jobdisk.sweep(state_dir / "work")  # the job disks of workers that did not close theirs
     path.unlink(missing_ok=True)
     return Stopped(list(ours), skipped)
 

@@ -342,7 +342,8 @@ def run_benchmark(cat: Catalog, target: Target, bench: Benchmark, tree: Path, wo
     ``curves``, the curves the catalog declares are read from its output and appended."""
     scratch = work / f"scratch-{tag}"
     scratch.mkdir()
-    out_path = work / f"out-{tag}.log"
+    # The run's output is the worker's file: beside the job's log, not in a directory the job writes.
+    out_path = log_path.parent / f"out-{tag}.log"
     vals = catalog_mod.values(cat, target, {"root": str(tree), "scratch": str(scratch), "junit": "",
                                             "seed": str(seed)})
     argv = (target.runner if bench.runner else []) + catalog_mod.expand(bench.argv, vals, target.runner)

@@ -23,7 +23,7 @@ Its file system holds only:
     own files inside them masked: /etc/gearfarm and every file the worker's config names
     (the config itself, TLS keys and certificates, CA bundles);
   * a fresh /proc of its own PID namespace (no /proc/<worker>/environ to read), a minimal
-    /dev and an empty /tmp;
+    /dev and an empty /tmp of at most [farm] job_tmp_size;
   * the job's own directories, writable (handed to the job's uid).
 Nothing a catalog says can add to this: mounts, HOME, TMPDIR and a wine prefix (one per job,
 inside the job's directory) come from the worker only, and catalog.parse refuses an `env` that
@@ -133,6 +133,9 @@ class Sandbox:
     # Where each command's cgroup is made (None: the host gives none) and the farm's limits.
     cgroups: cgroup.Tree | None = None
     limits: cgroup.Limits = cgroup.Limits()
+    # The size of the sandbox's /tmp, a tmpfs ([farm] job_tmp_size; None: the kernel's default,
+    # half the host's memory): a job that fills it finds it full, the host's memory does not.
+    tmp_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -256,7 +259,8 @@ class Sandbox:
                 "--uid", UNPRIVILEGED, "--gid", UNPRIVILEGED]
         # First: what is mounted later (a toolchain or a job directory under /tmp) must not be
         # covered by the empty /tmp.
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        args += [*(["--size", str(self.tmp_size)] if self.tmp_size else []), "--tmpfs", "/tmp"]
         trees: list[Path] = []
         for top in SYSTEM:
             p = Path(top)
@@ -445,7 +449,8 @@ def for_config(cfg: Config) -> Sandbox:
                   cfg.path(os.path.expanduser(cfg.farm.ccache)) if cfg.farm.ccache else None,
                   gid if cfg.farm.sandbox != "none" else None, tree,
                   cgroup.Limits(cfg.farm.job_pids_max or None, cfg.farm.job_memory_max or None,
-                                cfg.farm.job_cpu_weight))
+                                cfg.farm.job_cpu_weight),
+                  cfg.farm.job_tmp_size)
     box.check()
     try:
         process.reaper_command()  # built now: no command of any job runs without its supervisor

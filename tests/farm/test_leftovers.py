@@ -157,11 +157,17 @@ def _night(farm: EmbeddedFarm, projects: str) -> dict[str, Any]:
 
 
 def _leftovers(state: Path) -> list[str]:
-    """What the work dirs and the quarantine hold (names, without walking a deep tree)."""
+    """What the work dirs and the quarantine hold (names, without walking a deep tree): a live
+    slot's job disk (its image and mount point, gearfarm/hosts/jobdisk.py) by what is on it."""
     out = []
     for top in (state / "work", state / "quarantine"):
         for owner in sorted(top.iterdir()) if top.is_dir() else []:
-            out += [f"{owner}/{j.name}" for j in owner.iterdir()] if owner.is_dir() else [str(owner)]
+            if not owner.is_dir():
+                out.append(str(owner))
+                continue
+            out += [f"{owner}/{j.name}" for j in owner.iterdir() if j.name not in ("disk", "disk.img")]
+            disk = owner / "disk"
+            out += [f"{disk}/{j.name}" for j in disk.iterdir()] if disk.is_dir() else []
     return out
 
 

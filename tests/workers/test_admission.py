@@ -79,9 +79,10 @@ class Collector:
         if lease.beat:
             return b"granted "
         deadline = time.monotonic() + 5
-        while not list(self.work.glob(f"*/test*/root/{self.unpacked}")) and time.monotonic() < deadline:
+        # The job's tree is on its slot's job disk (gearfarm.hosts.jobdisk), in its owner's dir.
+        while not list(self.work.glob(f"*/disk/test*/root/{self.unpacked}")) and time.monotonic() < deadline:
             time.sleep(0.01)
-        self.unpacked_when_asked[lease.job_id] = bool(list(self.work.glob(f"*/test*/root/{self.unpacked}")))
+        self.unpacked_when_asked[lease.job_id] = bool(list(self.work.glob(f"*/disk/test*/root/{self.unpacked}")))
         return self.answers[lease.job_id].encode()
 
 
@@ -154,7 +155,8 @@ def test_a_job_is_prepared_while_its_claim_is_asked_and_nothing_of_a_refused_one
         # Its job dir is gone, and the granted one's: left for later (the record first), they go
         # when the slot is idle (process.tidy) if no next command came.
         deadline = time.monotonic() + 10
-        while list((tmp_path / "state" / "work").glob("*/test*")):
+        work = tmp_path / "state" / "work"
+        while list(work.glob("*/test*")) or list(work.glob("*/disk/test*")):
             assert time.monotonic() < deadline, "the jobs' dirs were left behind"
             time.sleep(0.05)
     finally:

@@ -24,6 +24,26 @@ suites = [{suites}]
 """
 
 
+# The smallest project a farm test runs: a build of one file and one TAP case on linux-x86_64
+# (an innocent project beside a hostile one, or a farm's start/stop cycles).
+CATALOG_TINY = """schema = 2
+
+[build]
+argv = ["sh", "-c", "echo built > out.txt"]
+outputs = ["out.txt"]
+timeout = 60
+
+[suites.quick]
+argv = ["sh", "-c", "echo 1..1; echo ok 1 - quick"]
+format = "tap"
+timeout = 60
+
+[targets.linux-x86_64]
+tools = ["sh"]
+suites = ["quick"]
+"""
+
+
 def _init(repo: Path, files: dict[str, str]) -> str:
     for name, text in files.items():
         path = repo / name

@@ -25,7 +25,7 @@ from gearfarm.db.results import ResultsDB
 from gearfarm.formats import catalog as catalog_mod
 from gearfarm.run.farm import EmbeddedFarm
 from tests.farmkit import ROOT, carried_files, descendants, gearfarm, wait_for
-from tests.projects import _init
+from tests.projects import CATALOG_TINY, _init
 
 SLEEPER = "31536019"
 HANG = f"""schema = 2
@@ -46,22 +46,7 @@ tools = ["sh"]
 suites = ["hang"]
 """
 
-INNOCENT = """schema = 2
-
-[build]
-argv = ["sh", "-c", "echo built > out.txt"]
-outputs = ["out.txt"]
-timeout = 60
-
-[suites.quick]
-argv = ["sh", "-c", "echo 1..1; echo ok 1 - quick"]
-format = "tap"
-timeout = 60
-
-[targets.linux-x86_64]
-tools = ["sh"]
-suites = ["quick"]
-"""
+INNOCENT = CATALOG_TINY
 # The first night's run deadline: room for the farm's nightly to prepare and build both
 # projects on one slot on a loaded machine, and for the suite to be running well before it.
 DEADLINE = 75

@@ -27,25 +27,10 @@ from gearfarm.config import ProjectConfig
 from gearfarm.formats import catalog as catalog_mod
 from gearfarm.run.farm import EmbeddedFarm
 from tests.farmkit import descendants, gearfarm
-from tests.projects import _init
+from tests.projects import CATALOG_TINY, _init
 
 CYCLES = int(os.environ.get("GEARFARM_CYCLES", "4"))
-TINY = """schema = 2
-
-[build]
-argv = ["sh", "-c", "echo built > out.txt"]
-outputs = ["out.txt"]
-timeout = 60
-
-[suites.quick]
-argv = ["sh", "-c", "echo 1..1; echo ok 1 - quick"]
-format = "tap"
-timeout = 60
-
-[targets.linux-x86_64]
-tools = ["sh"]
-suites = ["quick"]
-"""
+TINY = CATALOG_TINY
 
 
 def _naming(state: Path) -> dict[int, list[str]]:

@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from gearfarm.config import Config
+from gearfarm.formats.words import counted
 from gearfarm.gearman import GearmanError, ServerError, admin
 from gearfarm.gearman.protocol import format_address
 from gearfarm.hosts.connection import ssl_context
@@ -54,9 +55,9 @@ class QueueLimits:
         if self.lifted[refused] > LIFTS:
             raise QueueRefused(
                 f"gearmand refuses jobs of {refused} ({error.code}: {error.text}) although the nightly lifted its "
-                f"queue limit {LIFTS} times: a peer keeps setting it (maxqueue {refused} N over gearmand's text "
-                f"admin protocol). {self.who()}. Find that process or host and stop "
-                "it; then run the night again")
+                f"queue limit {counted(LIFTS, 'time')}: a peer keeps setting it (maxqueue {refused} N over "
+                f"gearmand's text admin protocol). {self.who()}. Find that process or host and stop it; then run the "
+                "night again")
         names = sorted({*functions, refused, COLLECT})
         ctx = ssl_context(self.cfg)
         failed = []

@@ -39,7 +39,7 @@ from gearfarm.step import runner as step
 from gearfarm.step import sandbox
 from tests.farmkit import claim, gearfarm
 from tests.pg import pg_server, pg_url  # noqa: F401 - fixtures
-from tests.projects import _init
+from tests.projects import CATALOG_TINY, _init
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -181,7 +181,9 @@ def test_log_limit_is_read_from_the_config_in_bytes_or_mib(tmp_path: Path) -> No
     work = tmp_path / "job"
     work.mkdir()
     log = tmp_path / "job.log"
-    rc, _ = step._run(box, ["sh", "-c", "head -c 3000000 /dev/zero"], log, 60, work, box.environment(), [work])
+    cat = catalog_mod.parse(CATALOG_TINY, "tiny")
+    rc, _, _, _ = step._run(box, cat, None, ["sh", "-c", "head -c 3000000 /dev/zero"], log, 60, work,
+                            box.environment(), [work])
     assert rc == 0 and MiB <= log.stat().st_size < MiB + 4096
     assert b"bytes of output dropped here (log capped at 1 MiB: [farm] log_limit)" in log.read_bytes()
 

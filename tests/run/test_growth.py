@@ -527,6 +527,10 @@ def test_a_worker_makes_one_context_per_role_not_per_target(tmp_path: Path, monk
             made.append(role)
             self.work = tmp_path / "work"
             self.client = self
+            self.disk = self  # the slot's job disk: opened once, closed at the end
+
+        def open(self) -> Ctx:
+            return self
 
         def close(self) -> None:
             pass

@@ -817,7 +817,8 @@ class Heartbeat:
                 log.warning("cannot check whether job %s was cancelled: %s", p.job_id, e)
 
     def _end(self, kind: str, reason: str) -> None:
-        log.warning("job %s (%s): %s: stopping it", self.job.handle, self.p.job_id, reason or "cancelled")
+        log.warning("job %s (%s)%s: stopping it", self.job.handle, self.p.job_id,
+                    f": {reason}" if reason else " was cancelled")
         self.cancel.set(kind, reason)
 
 
